@@ -1,0 +1,194 @@
+//! Element types of the IR and how each one is spelled, stored and rounded.
+
+use std::fmt;
+
+/// The element type of a tensor. One runtime enum for the whole graph; typed Rust values only exist at the host
+/// boundary (see `lazuli_lazy::Element`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F64,
+    F16,
+    BF16,
+    I32,
+    I64,
+    U8,
+    Bool,
+}
+
+impl DType {
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::Bool,
+    ];
+
+    /// The element type as MLIR spells it inside `tensor<…>`.
+    pub fn mlir(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::U8 => "ui8",
+            DType::Bool => "i1",
+        }
+    }
+
+    /// Bytes per element in a dense host buffer (bool is one byte, as PJRT stores PRED).
+    pub fn byte_size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::I64 | DType::U8)
+    }
+
+    pub fn is_signed(self) -> bool {
+        matches!(self, DType::I32 | DType::I64) || self.is_float()
+    }
+
+    /// Comparison type StableHLO wants for `compare` on this element type.
+    pub fn compare_type(self) -> &'static str {
+        match self {
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 => "FLOAT",
+            DType::I32 | DType::I64 => "SIGNED",
+            DType::U8 | DType::Bool => "UNSIGNED",
+        }
+    }
+
+    /// Round an f64 to the nearest value this type can hold, the way a conversion on the device does
+    /// (floats round to nearest even, integers truncate toward zero and wrap, bool is `x != 0`).
+    /// The reference interpreter computes in f64 and rounds through this after every op.
+    pub fn round(self, x: f64) -> f64 {
+        match self {
+            DType::F64 => x,
+            DType::F32 => x as f32 as f64,
+            DType::F16 => half::f16::from_f64(x).to_f64(),
+            DType::BF16 => half::bf16::from_f64(x).to_f64(),
+            DType::I32 => (x.trunc() as i64) as i32 as f64,
+            DType::I64 => x.trunc() as i64 as f64,
+            DType::U8 => (x.trunc() as i64) as u8 as f64,
+            DType::Bool => (x != 0.0) as u8 as f64,
+        }
+    }
+
+    /// A scalar as an MLIR `dense<…>` literal body: floats as exact hex bit patterns (also covers ±inf and NaN).
+    pub fn literal(self, x: f64) -> String {
+        match self {
+            DType::F64 => format!("0x{:016X}", x.to_bits()),
+            DType::F32 => format!("0x{:08X}", (x as f32).to_bits()),
+            DType::F16 => format!("0x{:04X}", half::f16::from_f64(x).to_bits()),
+            DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(x).to_bits()),
+            DType::I32 | DType::I64 | DType::U8 => format!("{}", self.round(x) as i64),
+            DType::Bool => (if x != 0.0 { "true" } else { "false" }).to_string(),
+        }
+    }
+
+    /// The smallest value of the type (the identity of `max`): -inf for floats.
+    pub fn lowest(self) -> f64 {
+        match self {
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
+            DType::I32 => i32::MIN as f64,
+            DType::I64 => i64::MIN as f64,
+            DType::U8 | DType::Bool => 0.0,
+        }
+    }
+
+    /// The largest value of the type (the identity of `min`): +inf for floats.
+    pub fn highest(self) -> f64 {
+        match self {
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::INFINITY,
+            DType::I32 => i32::MAX as f64,
+            DType::I64 => i64::MAX as f64,
+            DType::U8 => 255.0,
+            DType::Bool => 1.0,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            DType::U8 => "u8",
+            DType::Bool => "bool",
+            other => other.mlir(),
+        };
+        f.write_str(s)
+    }
+}
+
+/// A tensor's static type: element type and dimensions. Displayed as `f32[2,3]`, lowered as `tensor<2x3xf32>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub dims: Vec<usize>,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, dims: impl Into<Vec<usize>>) -> Self {
+        TensorType { dtype, dims: dims.into() }
+    }
+
+    pub fn scalar(dtype: DType) -> Self {
+        TensorType { dtype, dims: Vec::new() }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    pub fn elements(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    pub fn byte_size(&self) -> usize {
+        self.elements() * self.dtype.byte_size()
+    }
+
+    pub fn with_dtype(&self, dtype: DType) -> Self {
+        TensorType { dtype, dims: self.dims.clone() }
+    }
+
+    /// `tensor<2x3xf32>`; a scalar is `tensor<f32>`.
+    pub fn mlir(&self) -> String {
+        let mut s = String::with_capacity(16 + 4 * self.dims.len());
+        s.push_str("tensor<");
+        for d in &self.dims {
+            s.push_str(&d.to_string());
+            s.push('x');
+        }
+        s.push_str(self.dtype.mlir());
+        s.push('>');
+        s
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.dtype)?;
+        for (i, d) in self.dims.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}

@@ -1,0 +1,139 @@
+//! Graph → StableHLO text. Every op is written in MLIR's generic form (`"stablehlo.add"(%a, %b) : (…) -> …`), which
+//! every StableHLO parser accepts regardless of pretty-printing changes, followed by the node's `loc(…)`.
+
+use std::fmt::Write;
+
+use crate::dtype::TensorType;
+use crate::graph::{Graph, Loc};
+
+/// Module-level settings of the emitted program.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EmitOptions {
+    pub num_partitions: u32,
+    pub num_replicas: u32,
+}
+
+impl Default for EmitOptions {
+    fn default() -> Self {
+        EmitOptions { num_partitions: 1, num_replicas: 1 }
+    }
+}
+
+/// What an op's `lower` rule sees: its operands' SSA names and types, its result type and location, and a way to
+/// append lines.
+pub struct LowerCx<'a> {
+    text: &'a mut String,
+    counter: &'a mut usize,
+    args: Vec<(String, &'a TensorType)>,
+    out: &'a TensorType,
+    loc: Loc,
+}
+
+impl<'a> LowerCx<'a> {
+    pub fn arg(&self, i: usize) -> &str {
+        &self.args[i].0
+    }
+
+    pub fn arg_ty(&self, i: usize) -> &TensorType {
+        self.args[i].1
+    }
+
+    pub fn out_ty(&self) -> &TensorType {
+        self.out
+    }
+
+    pub fn num_args(&self) -> usize {
+        self.args.len()
+    }
+
+    /// A fresh SSA name.
+    pub fn fresh(&mut self) -> String {
+        *self.counter += 1;
+        format!("%t{}", *self.counter)
+    }
+
+    /// Emit `op` applied to all of this node's operands, giving the node's result type. `attrs` is the inside of
+    /// the generic attribute dictionary (may be empty).
+    pub fn op_on_args(&mut self, op: &str, attrs: &str) -> String {
+        let names: Vec<String> = self.args.iter().map(|a| a.0.clone()).collect();
+        let tys: Vec<&TensorType> = self.args.iter().map(|a| a.1).collect();
+        let out = self.out;
+        self.op(op, &names, &tys, attrs, None, out)
+    }
+
+    /// Emit one generic op line with explicit operands, an optional region and the result type.
+    pub fn op(
+        &mut self,
+        op: &str,
+        operands: &[String],
+        operand_tys: &[&TensorType],
+        attrs: &str,
+        region: Option<&str>,
+        result: &TensorType,
+    ) -> String {
+        let name = self.fresh();
+        let t = &mut *self.text;
+        let _ = write!(t, "    {name} = \"{op}\"({})", operands.join(", "));
+        if let Some(r) = region {
+            let _ = write!(t, " ({r})");
+        }
+        if !attrs.is_empty() {
+            let _ = write!(t, " {{{attrs}}}");
+        }
+        t.push_str(" : (");
+        for (i, ty) in operand_tys.iter().enumerate() {
+            if i > 0 {
+                t.push_str(", ");
+            }
+            t.push_str(&ty.mlir());
+        }
+        let _ = writeln!(t, ") -> {} {}", result.mlir(), self.loc.mlir());
+        name
+    }
+}
+
+/// `array<i64: 1, 0>`
+pub fn i64_array(v: &[usize]) -> String {
+    if v.is_empty() {
+        return "array<i64>".to_string();
+    }
+    let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("array<i64: {}>", items.join(", "))
+}
+
+/// Lower a whole graph to a StableHLO module with a `@main` taking the parameters and returning the outputs.
+pub fn emit(graph: &Graph, opts: &EmitOptions) -> String {
+    let mut text = String::with_capacity(128 + graph.nodes.len() * 96);
+    let _ = writeln!(
+        text,
+        "module @lazuli attributes {{mhlo.num_partitions = {} : i32, mhlo.num_replicas = {} : i32}} {{",
+        opts.num_partitions, opts.num_replicas
+    );
+    text.push_str("  func.func @main(");
+    let mut names: Vec<String> = vec![String::new(); graph.nodes.len()];
+    for (i, &id) in graph.params.iter().enumerate() {
+        if i > 0 {
+            text.push_str(", ");
+        }
+        let node = &graph.nodes[id];
+        names[id] = format!("%arg{i}");
+        let _ = write!(text, "%arg{i}: {} {}", node.ty.mlir(), node.loc.mlir());
+    }
+    text.push_str(") -> (");
+    let out_tys: Vec<String> = graph.outputs.iter().map(|&o| graph.nodes[o].ty.mlir()).collect();
+    text.push_str(&out_tys.join(", "));
+    text.push_str(") {\n");
+    let mut counter = 0usize;
+    for (id, node) in graph.nodes.iter().enumerate() {
+        if !names[id].is_empty() {
+            continue; // parameters are block arguments
+        }
+        let args = node.operands.iter().map(|&o| (names[o].clone(), &graph.nodes[o].ty)).collect();
+        let mut cx = LowerCx { text: &mut text, counter: &mut counter, args, out: &node.ty, loc: node.loc };
+        names[id] = node.op.lower(&mut cx);
+    }
+    let outs: Vec<&str> = graph.outputs.iter().map(|&o| names[o].as_str()).collect();
+    let _ = writeln!(text, "    \"func.return\"({}) : ({}) -> ()", outs.join(", "), out_tys.join(", "));
+    text.push_str("  }\n}\n");
+    text
+}

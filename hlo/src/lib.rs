@@ -1,0 +1,24 @@
+//! lazuli's graph IR and its lowering to StableHLO text. No runtime: `lazuli-lazy` records into this IR and
+//! `lazuli-pjrt` compiles the text it emits.
+//!
+//! - [`dtype`]: element types and tensor types.
+//! - [`graph`]: nodes with op, operands, type and the user's source location; a reference interpreter.
+//! - [`op`] and [`ops`]: the op set; each family's shape rule, lowering and reference stand in one file.
+//! - [`emit`]: the StableHLO text emitter.
+#![forbid(unsafe_code)]
+
+pub mod dtype;
+pub mod emit;
+pub mod graph;
+pub mod op;
+pub mod ops;
+
+pub use dtype::{DType, TensorType};
+pub use emit::{emit, EmitOptions};
+pub use graph::{Graph, Loc, Node, NodeId};
+pub use op::{Op, OpRules};
+pub use ops::dot::DotGeneral;
+pub use ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind};
+pub use ops::layout::{BroadcastInDim, Reshape, Transpose};
+pub use ops::leaf::{Constant, Iota, Parameter};
+pub use ops::reduce::{Reduce, ReduceKind};

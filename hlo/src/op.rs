@@ -1,0 +1,93 @@
+//! The op set. Each op family lives in one file of `ops/` and implements [`OpRules`]: its shape/dtype rule, its
+//! StableHLO lowering and its reference semantics stand together, and a family that forgets one fails to compile.
+//! The `match`es below are exhaustive, so a new variant without rules fails to compile too.
+
+use ndarray::ArrayD;
+
+use crate::dtype::TensorType;
+use crate::emit::LowerCx;
+use crate::ops::{
+    dot::DotGeneral,
+    elementwise::{Binary, Compare, Convert, Select, Unary},
+    layout::{BroadcastInDim, Reshape, Transpose},
+    leaf::{Constant, Iota, Parameter},
+    reduce::Reduce,
+};
+
+/// The rules every op family provides.
+pub trait OpRules {
+    /// Short name used in diagnostics (`add`, `dot_general`, …).
+    fn name(&self) -> &'static str;
+    /// Shape and dtype of the result, or a message saying why the operands do not fit.
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String>;
+    /// Write the StableHLO for this op; returns the SSA value holding the result.
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String;
+    /// Reference semantics on the host, in f64 (the interpreter rounds the result to the node's dtype).
+    fn reference(&self, out: &TensorType, operands: &[&ArrayD<f64>]) -> ArrayD<f64>;
+}
+
+/// One node's operation. Hash and Eq cover structure only (no values of parameters), which is what the
+/// executable cache keys on.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Parameter(Parameter),
+    Constant(Constant),
+    Iota(Iota),
+    Unary(Unary),
+    Binary(Binary),
+    Compare(Compare),
+    Select(Select),
+    Convert(Convert),
+    Reshape(Reshape),
+    Transpose(Transpose),
+    BroadcastInDim(BroadcastInDim),
+    Reduce(Reduce),
+    DotGeneral(DotGeneral),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $o:ident => $e:expr) => {
+        match $self {
+            Op::Parameter($o) => $e,
+            Op::Constant($o) => $e,
+            Op::Iota($o) => $e,
+            Op::Unary($o) => $e,
+            Op::Binary($o) => $e,
+            Op::Compare($o) => $e,
+            Op::Select($o) => $e,
+            Op::Convert($o) => $e,
+            Op::Reshape($o) => $e,
+            Op::Transpose($o) => $e,
+            Op::BroadcastInDim($o) => $e,
+            Op::Reduce($o) => $e,
+            Op::DotGeneral($o) => $e,
+        }
+    };
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        dispatch!(self, o => o.name())
+    }
+
+    pub fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        dispatch!(self, o => o.infer(operands))
+    }
+
+    pub fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        dispatch!(self, o => o.lower(cx))
+    }
+
+    pub fn reference(&self, out: &TensorType, operands: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        dispatch!(self, o => o.reference(out, operands))
+    }
+}
+
+/// Check an operand count; every family's `infer` starts with this.
+pub(crate) fn arity(name: &str, operands: &[&TensorType], n: usize) -> Result<(), String> {
+    if operands.len() == n {
+        Ok(())
+    } else {
+        Err(format!("{name} takes {n} operand(s), got {}", operands.len()))
+    }
+}

@@ -1,0 +1,95 @@
+//! Leaves: program parameters, splat constants and iota.
+
+use ndarray::{ArrayD, IxDyn};
+
+use crate::dtype::TensorType;
+use crate::emit::LowerCx;
+use crate::op::{arity, OpRules};
+
+/// Parameter `index` of the program. Its type is the node's; the graph assigns indices in order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Parameter {
+    pub index: usize,
+}
+
+impl OpRules for Parameter {
+    fn name(&self) -> &'static str {
+        "parameter"
+    }
+    fn infer(&self, _: &[&TensorType]) -> Result<TensorType, String> {
+        Err("a parameter's type is given by Graph::parameter, not inferred".into())
+    }
+    fn lower(&self, _: &mut LowerCx<'_>) -> String {
+        unreachable!("parameters are block arguments of @main, never lowered as ops")
+    }
+    fn reference(&self, out: &TensorType, _: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        unreachable!("the interpreter binds parameters before evaluation ({out})")
+    }
+}
+
+/// A constant with every element equal to one value (a splat). The value is part of the graph's structure:
+/// use it for values that define the program (0 for a sum's init, 1 for a mask), never for user data.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Constant {
+    /// `f64::to_bits` of the value (bits keep Hash/Eq total, NaN included).
+    pub bits: u64,
+    pub ty: TensorType,
+}
+
+impl Constant {
+    pub fn new(value: f64, ty: TensorType) -> Self {
+        Constant { bits: value.to_bits(), ty }
+    }
+    pub fn value(&self) -> f64 {
+        f64::from_bits(self.bits)
+    }
+}
+
+impl OpRules for Constant {
+    fn name(&self) -> &'static str {
+        "constant"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        arity("constant", operands, 0)?;
+        Ok(self.ty.clone())
+    }
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        let ty = cx.out_ty().clone();
+        let attrs = format!("value = dense<{}> : {}", ty.dtype.literal(self.value()), ty.mlir());
+        cx.op("stablehlo.constant", &[], &[], &attrs, None, &ty)
+    }
+    fn reference(&self, out: &TensorType, _: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        ArrayD::from_elem(IxDyn(&out.dims), out.dtype.round(self.value()))
+    }
+}
+
+/// `0, 1, 2, …` along dimension `dim` of the given type, constant along the others.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Iota {
+    pub dim: usize,
+    pub ty: TensorType,
+}
+
+impl OpRules for Iota {
+    fn name(&self) -> &'static str {
+        "iota"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        arity("iota", operands, 0)?;
+        if self.dim >= self.ty.rank() {
+            return Err(format!("iota dimension {} out of range for {}", self.dim, self.ty));
+        }
+        if self.ty.dtype == crate::DType::Bool {
+            return Err("iota of bool is not defined".into());
+        }
+        Ok(self.ty.clone())
+    }
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        let ty = cx.out_ty().clone();
+        let attrs = format!("iota_dimension = {} : i64", self.dim);
+        cx.op("stablehlo.iota", &[], &[], &attrs, None, &ty)
+    }
+    fn reference(&self, out: &TensorType, _: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        ArrayD::from_shape_fn(IxDyn(&out.dims), |ix| ix[self.dim] as f64)
+    }
+}

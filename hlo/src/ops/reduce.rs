@@ -1,0 +1,80 @@
+//! Reductions over a set of axes (sum, max, min); mean is sum divided by the count, composed by the recorder.
+
+use ndarray::{ArrayD, Axis};
+
+use crate::dtype::{DType, TensorType};
+use crate::emit::{i64_array, LowerCx};
+use crate::op::{arity, OpRules};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    Sum,
+    Max,
+    Min,
+}
+
+impl ReduceKind {
+    /// Name, the StableHLO op of the reducer body, and the identity value for a dtype.
+    fn row(self, dt: DType) -> (&'static str, &'static str, f64) {
+        match self {
+            ReduceKind::Sum => ("sum", "stablehlo.add", 0.0),
+            ReduceKind::Max => ("max", "stablehlo.maximum", dt.lowest()),
+            ReduceKind::Min => ("min", "stablehlo.minimum", dt.highest()),
+        }
+    }
+}
+
+/// Reduce the listed axes (sorted, unique) away.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Reduce {
+    pub kind: ReduceKind,
+    pub axes: Vec<usize>,
+}
+
+impl OpRules for Reduce {
+    fn name(&self) -> &'static str {
+        self.kind.row(DType::F32).0
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        let name = self.name();
+        arity(name, operands, 1)?;
+        let t = operands[0];
+        if self.axes.windows(2).any(|w| w[0] >= w[1]) || self.axes.iter().any(|&a| a >= t.rank()) {
+            return Err(format!("{name}: axes {:?} are not sorted unique dimensions of {t}", self.axes));
+        }
+        if self.kind == ReduceKind::Sum && t.dtype == DType::Bool {
+            return Err(format!("sum is not defined for {t}; convert to an integer type first"));
+        }
+        let dims: Vec<usize> =
+            t.dims.iter().enumerate().filter(|(i, _)| !self.axes.contains(i)).map(|(_, &d)| d).collect();
+        Ok(TensorType::new(t.dtype, dims))
+    }
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        let in_ty = cx.arg_ty(0).clone();
+        let out = cx.out_ty().clone();
+        let scalar = TensorType::scalar(in_ty.dtype);
+        let (_, body_op, init) = self.kind.row(in_ty.dtype);
+        let init_attr = format!("value = dense<{}> : {}", in_ty.dtype.literal(init), scalar.mlir());
+        let init_name = cx.op("stablehlo.constant", &[], &[], &init_attr, None, &scalar);
+        let s = scalar.mlir();
+        let region = format!(
+            "{{\n    ^bb0(%a: {s}, %b: {s}):\n      %r = \"{body_op}\"(%a, %b) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%r) : ({s}) -> ()\n    }}"
+        );
+        let x = cx.arg(0).to_string();
+        let attrs = format!("dimensions = {}", i64_array(&self.axes));
+        cx.op("stablehlo.reduce", &[x, init_name], &[&in_ty, &scalar], &attrs, Some(&region), &out)
+    }
+    fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        let (_, _, init) = self.kind.row(out.dtype);
+        let kind = self.kind;
+        let mut a = x[0].clone();
+        for &ax in self.axes.iter().rev() {
+            a = a.fold_axis(Axis(ax), init, |&acc, &v| match kind {
+                ReduceKind::Sum => acc + v,
+                ReduceKind::Max => if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.max(v) },
+                ReduceKind::Min => if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.min(v) },
+            });
+        }
+        a
+    }
+}

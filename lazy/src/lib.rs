@@ -1,0 +1,28 @@
+//! lazuli's lazy tensors: recording ops into a graph, materializing it through PJRT, and caching compiled programs
+//! by graph structure.
+//!
+//! - [`tensor`]: the `Tensor` handle, constructors from host data, reads (`item`, `to_vec`, `to_ndarray`,
+//!   `Display`) and `sync()`, the step boundary.
+//! - [`record`]: the user-facing ops (shape-checked at the user's line, numpy broadcasting).
+//! - [`materialize`]: graph collection, structure hash, executable cache, execution.
+//! - [`runtime`]: plugin and client set-up; [`metrics`]: counters.
+#![forbid(unsafe_code)]
+
+pub mod element;
+pub mod error;
+pub mod materialize;
+pub mod metrics;
+mod operators;
+pub mod record;
+mod reference;
+pub mod runtime;
+pub mod tensor;
+
+pub use element::Element;
+pub use error::{Error, Result};
+pub use lazuli_hlo::{DType, Loc};
+pub use materialize::Cause;
+pub use metrics::{metrics, Metrics};
+pub use record::{broadcast_shapes, Operand};
+pub use runtime::{init, platform, Backend, Config};
+pub use tensor::{sync, Tensor};

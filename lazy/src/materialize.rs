@@ -1,0 +1,191 @@
+//! Materialization: collect the pending graph under some target tensors, look its structure up in the executable
+//! cache (compiling on a miss), run it, and store the results on their nodes.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Instant;
+
+use lazuli_hlo::{emit, EmitOptions, Graph, Loc, NodeId};
+use lazuli_pjrt::{Buffer, CompileOptions, ElementType};
+
+use crate::error::{Error, Result};
+use crate::metrics::{Counters, COUNTERS};
+use crate::runtime::{runtime, Runtime};
+use crate::tensor::{Node, State};
+
+/// Why a materialization happened (diagnostics build on this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    Item,
+    ToVec,
+    Display,
+    Sync,
+    Explicit,
+}
+
+/// The graph under the targets.
+pub(crate) struct Traced {
+    pub graph: Graph,
+    /// Ready nodes (host or device data) bound to the parameters, in parameter order.
+    pub leaves: Vec<Arc<Node>>,
+    /// Pending nodes to receive the outputs, in output order.
+    pub targets: Vec<Arc<Node>>,
+}
+
+pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
+    use lazuli_hlo::DType::*;
+    match dt {
+        F32 => ElementType::F32,
+        F64 => ElementType::F64,
+        F16 => ElementType::F16,
+        BF16 => ElementType::BF16,
+        I32 => ElementType::S32,
+        I64 => ElementType::S64,
+        U8 => ElementType::U8,
+        Bool => ElementType::Pred,
+    }
+}
+
+/// Copy a host leaf to the device once; later materializations reuse the buffer.
+fn device_buffer(rt: &Runtime, node: &Node) -> Result<Arc<Buffer>> {
+    let mut state = node.lock();
+    let bytes = match &*state {
+        State::Device(b) => return Ok(b.clone()),
+        State::Host(bytes) => bytes.clone(),
+        State::Pending { .. } => unreachable!("only ready nodes are parameters"),
+    };
+    let dims: Vec<i64> = node.ty.dims.iter().map(|&d| d as i64).collect();
+    let buf = Arc::new(rt.client.buffer_from_host(&bytes, element_type(node.ty.dtype), &dims, &rt.device)?);
+    Counters::add(&COUNTERS.bytes_to_device, bytes.len() as u64);
+    *state = State::Device(buf.clone());
+    Ok(buf)
+}
+
+/// Walk the pending graph below `targets` (iteratively: graphs can be deep) and build the IR in topological order.
+pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
+    let mut graph = Graph::new();
+    let mut leaves = Vec::new();
+    let mut ids: HashMap<*const Node, NodeId> = HashMap::new();
+    let mut outputs = Vec::new();
+    for target in targets {
+        if ids.contains_key(&Arc::as_ptr(target)) && outputs.iter().any(|n: &Arc<Node>| Arc::ptr_eq(n, target)) {
+            continue;
+        }
+        // Post-order DFS: (node, operands already pushed?)
+        let mut stack: Vec<(Arc<Node>, bool)> = vec![(target.clone(), false)];
+        while let Some((node, expanded)) = stack.pop() {
+            let key = Arc::as_ptr(&node);
+            if ids.contains_key(&key) {
+                continue;
+            }
+            let state = node.lock();
+            match &*state {
+                State::Pending { op, operands } => {
+                    if expanded {
+                        let operand_ids = operands.iter().map(|o| ids[&Arc::as_ptr(o)]).collect();
+                        let id = graph.push_typed(op.clone(), operand_ids, node.ty.clone(), node.loc);
+                        drop(state);
+                        ids.insert(key, id);
+                    } else {
+                        let operands = operands.clone();
+                        drop(state);
+                        stack.push((node, true));
+                        for o in operands.into_iter().rev() {
+                            if !ids.contains_key(&Arc::as_ptr(&o)) {
+                                stack.push((o, false));
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    drop(state);
+                    let id = graph.parameter(node.ty.clone(), node.loc);
+                    ids.insert(key, id);
+                    leaves.push(node);
+                }
+            }
+        }
+        if target.is_pending() {
+            graph.outputs.push(ids[&Arc::as_ptr(target)]);
+            outputs.push(target.clone());
+        }
+    }
+    Traced { graph, leaves, targets: outputs }
+}
+
+/// Hash of the graph's structure: ops, operand wiring, types, outputs. Never values, never source lines, so the
+/// same computation with new data (or recorded from another line) reuses the compiled program.
+pub(crate) fn structure_hash(graph: &Graph) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    graph.nodes.len().hash(&mut h);
+    for n in &graph.nodes {
+        n.op.hash(&mut h);
+        n.operands.hash(&mut h);
+        n.ty.hash(&mut h);
+    }
+    graph.outputs.hash(&mut h);
+    h.finish()
+}
+
+/// Compute `targets` (those still pending) in one program.
+pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Result<()> {
+    if !targets.iter().any(|t| t.is_pending()) {
+        return Ok(());
+    }
+    let rt = runtime()?;
+    let traced = trace(targets);
+    if traced.targets.is_empty() {
+        return Ok(());
+    }
+    let args: Vec<Arc<Buffer>> = traced.leaves.iter().map(|n| device_buffer(rt, n)).collect::<Result<_>>()?;
+    let key = structure_hash(&traced.graph);
+    let cached = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+    let exe = match cached {
+        Some(exe) => {
+            Counters::add(&COUNTERS.cache_hits, 1);
+            exe
+        }
+        None => {
+            let text = emit(&traced.graph, &EmitOptions::default());
+            dump_program(key, &text);
+            let t0 = Instant::now();
+            let exe = rt
+                .client
+                .compile(&text, &CompileOptions::default())
+                .map_err(|source| Error::Compile { at, source })?;
+            Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
+            Counters::add(&COUNTERS.compiles, 1);
+            let exe = Arc::new(exe);
+            rt.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, exe.clone());
+            exe
+        }
+    };
+    let t0 = Instant::now();
+    let arg_refs: Vec<&Buffer> = args.iter().map(|b| b.as_ref()).collect();
+    let outs = exe.execute(&arg_refs).map_err(|source| Error::Execute { at, source })?;
+    Counters::add(&COUNTERS.execute_ns, t0.elapsed().as_nanos() as u64);
+    Counters::add(&COUNTERS.executions, 1);
+    if outs.len() != traced.targets.len() {
+        return Err(Error::Internal(format!(
+            "the program returned {} outputs, {} expected",
+            outs.len(),
+            traced.targets.len()
+        )));
+    }
+    for (node, buf) in traced.targets.iter().zip(outs) {
+        // Dropping the op and operands here releases the graph above computed values.
+        *node.lock() = State::Device(Arc::new(buf));
+    }
+    Ok(())
+}
+
+/// With `LAZULI_DUMP_DIR` set, write every compiled program there as `<hash>.mlir` (for bug reports and for
+/// reading what XLA was given). Best effort: a failed write never fails the computation.
+fn dump_program(key: u64, text: &str) {
+    if let Some(dir) = std::env::var_os("LAZULI_DUMP_DIR") {
+        let dir = std::path::PathBuf::from(dir);
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(dir.join(format!("{key:016x}.mlir")), text);
+    }
+}

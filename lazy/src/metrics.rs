@@ -1,0 +1,92 @@
+//! Process-wide counters of what the runtime did, readable at any time and cheap to update (relaxed atomics).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub(crate) struct Counters {
+    pub compiles: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub executions: AtomicU64,
+    pub compile_ns: AtomicU64,
+    pub execute_ns: AtomicU64,
+    pub bytes_to_device: AtomicU64,
+    pub bytes_to_host: AtomicU64,
+}
+
+pub(crate) static COUNTERS: Counters = Counters {
+    compiles: AtomicU64::new(0),
+    cache_hits: AtomicU64::new(0),
+    executions: AtomicU64::new(0),
+    compile_ns: AtomicU64::new(0),
+    execute_ns: AtomicU64::new(0),
+    bytes_to_device: AtomicU64::new(0),
+    bytes_to_host: AtomicU64::new(0),
+};
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+}
+
+/// A snapshot of the counters. Differences of two snapshots measure a region of code (`after - before`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Metrics {
+    /// Programs compiled (executable cache misses).
+    pub compiles: u64,
+    /// Materializations whose program was already compiled.
+    pub cache_hits: u64,
+    /// Programs executed.
+    pub executions: u64,
+    pub compile_ms: f64,
+    pub execute_ms: f64,
+    /// Bytes copied host → device (tensor data and host scalars).
+    pub bytes_to_device: u64,
+    /// Bytes copied device → host (reads).
+    pub bytes_to_host: u64,
+}
+
+/// The counters now.
+pub fn metrics() -> Metrics {
+    let c = &COUNTERS;
+    Metrics {
+        compiles: c.compiles.load(Relaxed),
+        cache_hits: c.cache_hits.load(Relaxed),
+        executions: c.executions.load(Relaxed),
+        compile_ms: c.compile_ns.load(Relaxed) as f64 / 1e6,
+        execute_ms: c.execute_ns.load(Relaxed) as f64 / 1e6,
+        bytes_to_device: c.bytes_to_device.load(Relaxed),
+        bytes_to_host: c.bytes_to_host.load(Relaxed),
+    }
+}
+
+impl std::ops::Sub for Metrics {
+    type Output = Metrics;
+    fn sub(self, b: Metrics) -> Metrics {
+        Metrics {
+            compiles: self.compiles - b.compiles,
+            cache_hits: self.cache_hits - b.cache_hits,
+            executions: self.executions - b.executions,
+            compile_ms: self.compile_ms - b.compile_ms,
+            execute_ms: self.execute_ms - b.execute_ms,
+            bytes_to_device: self.bytes_to_device - b.bytes_to_device,
+            bytes_to_host: self.bytes_to_host - b.bytes_to_host,
+        }
+    }
+}
+
+impl fmt::Display for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "compiles: {}, cache hits: {}, executions: {}, compile: {:.1} ms, execute: {:.3} ms, to device: {} B, to host: {} B",
+            self.compiles,
+            self.cache_hits,
+            self.executions,
+            self.compile_ms,
+            self.execute_ms,
+            self.bytes_to_device,
+            self.bytes_to_host
+        )
+    }
+}

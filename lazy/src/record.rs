@@ -1,0 +1,469 @@
+//! Recording: the user-facing ops. Each is `#[track_caller]`, checks its operands with the op's shape rule at the
+//! call, and panics naming the user's line when they do not fit, before anything reaches XLA. Numpy broadcasting is
+//! made explicit here (`broadcast_in_dim`), so the IR's elementwise ops see equal shapes.
+
+use lazuli_hlo::{
+    Binary, BinaryKind, BroadcastInDim, Compare, CompareDir, Constant, Convert, DType, DotGeneral, Iota, Loc, Op,
+    Reduce, ReduceKind, Reshape, Select, TensorType, Transpose, Unary, UnaryKind,
+};
+
+use crate::tensor::Tensor;
+
+/// A recording error is a programmer error: panic with the op's message and the user's line.
+#[track_caller]
+pub(crate) fn fail(loc: Loc, msg: impl std::fmt::Display) -> ! {
+    panic!("lazuli: {msg}\n  recorded at {loc}")
+}
+
+/// Record `op` on `operands` at `loc`, inferring the result type by the op's rule.
+#[track_caller]
+pub(crate) fn apply(op: Op, operands: &[&Tensor], loc: Loc) -> Tensor {
+    let tys: Vec<&TensorType> = operands.iter().map(|t| t.tensor_type()).collect();
+    match op.infer(&tys) {
+        Ok(ty) => Tensor::record(op, operands.iter().map(|t| t.node.clone()).collect(), ty, loc),
+        Err(msg) => fail(loc, msg),
+    }
+}
+
+/// Numpy's broadcast of two shapes, or `None`.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+/// Normalize a possibly negative axis.
+#[track_caller]
+pub(crate) fn axis(ax: isize, rank: usize, what: &str, loc: Loc) -> usize {
+    let a = if ax < 0 { ax + rank as isize } else { ax };
+    if a < 0 || a as usize >= rank {
+        fail(loc, format!("{what}: axis {ax} is out of range for a tensor of rank {rank}"));
+    }
+    a as usize
+}
+
+/// Something usable as the second operand of a binary op: a tensor, or a host scalar that becomes a program
+/// parameter of the other operand's dtype (so a new value, e.g. a learning rate, does not recompile).
+pub trait Operand {
+    fn into_tensor(self, like: DType, loc: Loc) -> Tensor;
+}
+
+impl Operand for &Tensor {
+    fn into_tensor(self, _: DType, _: Loc) -> Tensor {
+        self.clone()
+    }
+}
+impl Operand for Tensor {
+    fn into_tensor(self, _: DType, _: Loc) -> Tensor {
+        self
+    }
+}
+macro_rules! scalar_operand {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            fn into_tensor(self, like: DType, loc: Loc) -> Tensor {
+                Tensor::host(TensorType::scalar(like), crate::element::scalar_bytes(like, self as f64), loc)
+            }
+        }
+    )*};
+}
+scalar_operand!(f64, f32, i32, i64, u8);
+
+impl Tensor {
+    /// Broadcast to `dims` by numpy's rules (leading dimensions added, size-1 dimensions repeated).
+    #[track_caller]
+    pub fn broadcast_to(&self, dims: &[usize]) -> Tensor {
+        self.broadcast_at(dims, Loc::caller())
+    }
+
+    #[track_caller]
+    pub(crate) fn broadcast_at(&self, dims: &[usize], loc: Loc) -> Tensor {
+        if self.dims() == dims {
+            return self.clone();
+        }
+        if dims.len() < self.rank() {
+            fail(loc, format!("broadcast: cannot broadcast {} to fewer dimensions {dims:?}", self.tensor_type()));
+        }
+        let map = (dims.len() - self.rank()..dims.len()).collect();
+        apply(Op::BroadcastInDim(BroadcastInDim { dims: dims.to_vec(), map }), &[self], loc)
+    }
+
+    /// Broadcast operands to one shape; they must share a dtype.
+    #[track_caller]
+    fn broadcast_all(ts: &[&Tensor], what: &str, loc: Loc) -> Vec<Tensor> {
+        let mut dims = ts[0].dims().to_vec();
+        for t in &ts[1..] {
+            if t.dtype() != ts[0].dtype() && what != "where" {
+                fail(loc, format!("{what}: dtypes differ: {} vs {}; convert one with .to_dtype(…)", ts[0].tensor_type(), t.tensor_type()));
+            }
+            dims = broadcast_shapes(&dims, t.dims()).unwrap_or_else(|| {
+                let all: Vec<String> = ts.iter().map(|t| t.tensor_type().to_string()).collect();
+                fail(loc, format!("{what}: shapes {} do not broadcast", all.join(" and ")))
+            });
+        }
+        ts.iter().map(|t| t.broadcast_at(&dims, loc)).collect()
+    }
+
+    #[track_caller]
+    pub(crate) fn binary_at(&self, other: impl Operand, kind: BinaryKind, loc: Loc) -> Tensor {
+        let other = other.into_tensor(self.dtype(), loc);
+        let op = Op::Binary(Binary { kind });
+        let v = Tensor::broadcast_all(&[self, &other], op.name(), loc);
+        apply(op, &[&v[0], &v[1]], loc)
+    }
+
+    #[track_caller]
+    fn unary(&self, kind: UnaryKind) -> Tensor {
+        apply(Op::Unary(Unary { kind }), &[self], Loc::caller())
+    }
+
+    #[track_caller]
+    fn compare(&self, other: impl Operand, dir: CompareDir) -> Tensor {
+        let loc = Loc::caller();
+        let other = other.into_tensor(self.dtype(), loc);
+        let op = Op::Compare(Compare { dir });
+        let v = Tensor::broadcast_all(&[self, &other], op.name(), loc);
+        apply(op, &[&v[0], &v[1]], loc)
+    }
+
+    /// Elementwise maximum (broadcasting).
+    #[track_caller]
+    pub fn maximum(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Max, Loc::caller())
+    }
+    /// Elementwise minimum (broadcasting).
+    #[track_caller]
+    pub fn minimum(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Min, Loc::caller())
+    }
+    /// Elementwise power (broadcasting).
+    #[track_caller]
+    pub fn pow(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Pow, Loc::caller())
+    }
+    /// Logical/bitwise and of bool or integer tensors.
+    #[track_caller]
+    pub fn and(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::And, Loc::caller())
+    }
+    /// Logical/bitwise or of bool or integer tensors.
+    #[track_caller]
+    pub fn or(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Or, Loc::caller())
+    }
+
+    #[track_caller]
+    pub fn exp(&self) -> Tensor {
+        self.unary(UnaryKind::Exp)
+    }
+    #[track_caller]
+    pub fn log(&self) -> Tensor {
+        self.unary(UnaryKind::Log)
+    }
+    #[track_caller]
+    pub fn sqrt(&self) -> Tensor {
+        self.unary(UnaryKind::Sqrt)
+    }
+    #[track_caller]
+    pub fn rsqrt(&self) -> Tensor {
+        self.unary(UnaryKind::Rsqrt)
+    }
+    #[track_caller]
+    pub fn tanh(&self) -> Tensor {
+        self.unary(UnaryKind::Tanh)
+    }
+    #[track_caller]
+    pub fn sin(&self) -> Tensor {
+        self.unary(UnaryKind::Sin)
+    }
+    #[track_caller]
+    pub fn cos(&self) -> Tensor {
+        self.unary(UnaryKind::Cos)
+    }
+    #[track_caller]
+    pub fn abs(&self) -> Tensor {
+        self.unary(UnaryKind::Abs)
+    }
+    #[track_caller]
+    pub fn sigmoid(&self) -> Tensor {
+        self.unary(UnaryKind::Logistic)
+    }
+    #[track_caller]
+    pub fn neg(&self) -> Tensor {
+        self.unary(UnaryKind::Neg)
+    }
+
+    /// `self == other` elementwise, as a bool tensor.
+    #[track_caller]
+    pub fn eq(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Eq)
+    }
+    #[track_caller]
+    pub fn ne(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Ne)
+    }
+    #[track_caller]
+    pub fn lt(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Lt)
+    }
+    #[track_caller]
+    pub fn le(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Le)
+    }
+    #[track_caller]
+    pub fn gt(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Gt)
+    }
+    #[track_caller]
+    pub fn ge(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Ge)
+    }
+
+    /// `where(self, on_true, on_false)`: `self` is a bool tensor; all three broadcast together.
+    #[track_caller]
+    pub fn select(&self, on_true: impl Operand, on_false: impl Operand) -> Tensor {
+        let loc = Loc::caller();
+        if self.dtype() != DType::Bool {
+            fail(loc, format!("select: the condition must be bool, got {}", self.tensor_type()));
+        }
+        let t = on_true.into_tensor(DType::F32, loc);
+        let f = on_false.into_tensor(t.dtype(), loc);
+        if t.dtype() != f.dtype() {
+            fail(loc, format!("select: branch dtypes differ: {} vs {}", t.tensor_type(), f.tensor_type()));
+        }
+        let v = Tensor::broadcast_all(&[self, &t, &f], "where", loc);
+        apply(Op::Select(Select), &[&v[0], &v[1], &v[2]], loc)
+    }
+
+    /// Convert the element type.
+    #[track_caller]
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        apply(Op::Convert(Convert { to: dtype }), &[self], Loc::caller())
+    }
+
+    /// Reshape (row-major); one dimension may be `-1` and is inferred.
+    #[track_caller]
+    pub fn reshape(&self, dims: &[isize]) -> Tensor {
+        let loc = Loc::caller();
+        let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let holes = dims.iter().filter(|&&d| d < 0).count();
+        let fill = if holes == 1 && known > 0 && self.elements() % known == 0 {
+            self.elements() / known
+        } else if holes == 0 {
+            0
+        } else {
+            fail(loc, format!("reshape: cannot reshape {} to {dims:?}", self.tensor_type()))
+        };
+        if dims.iter().any(|&d| d < -1) {
+            fail(loc, format!("reshape: invalid dimension in {dims:?}"));
+        }
+        let dims: Vec<usize> = dims.iter().map(|&d| if d < 0 { fill } else { d as usize }).collect();
+        if dims == self.dims() {
+            return self.clone();
+        }
+        apply(Op::Reshape(Reshape { dims }), &[self], loc)
+    }
+
+    /// Permute dimensions: result dimension `i` is dimension `perm[i]` of `self` (negative axes allowed).
+    #[track_caller]
+    pub fn permute(&self, perm: &[isize]) -> Tensor {
+        let loc = Loc::caller();
+        let perm: Vec<usize> = perm.iter().map(|&p| axis(p, self.rank(), "permute", loc)).collect();
+        apply(Op::Transpose(Transpose { perm }), &[self], loc)
+    }
+
+    /// Swap the last two dimensions (matrix transpose).
+    #[track_caller]
+    pub fn t(&self) -> Tensor {
+        let loc = Loc::caller();
+        let r = self.rank();
+        if r < 2 {
+            fail(loc, format!("t: needs rank ≥ 2, got {}", self.tensor_type()));
+        }
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        apply(Op::Transpose(Transpose { perm }), &[self], loc)
+    }
+
+    #[track_caller]
+    fn reduce(&self, kind: ReduceKind, axes: &[isize], keepdim: bool) -> Tensor {
+        let loc = Loc::caller();
+        let mut ax: Vec<usize> = axes.iter().map(|&a| axis(a, self.rank(), "reduce", loc)).collect();
+        ax.sort_unstable();
+        ax.dedup();
+        let r = apply(Op::Reduce(Reduce { kind, axes: ax.clone() }), &[self], loc);
+        if keepdim {
+            let dims: Vec<isize> =
+                (0..self.rank()).map(|i| if ax.contains(&i) { 1 } else { self.dims()[i] as isize }).collect();
+            r.reshape(&dims)
+        } else {
+            r
+        }
+    }
+
+    /// Sum over `axes` (negative allowed), removing them.
+    #[track_caller]
+    pub fn sum(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Sum, axes, false)
+    }
+    /// Sum over `axes`, keeping them with size 1.
+    #[track_caller]
+    pub fn sum_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Sum, axes, true)
+    }
+    /// Sum of all elements (a scalar).
+    #[track_caller]
+    pub fn sum_all(&self) -> Tensor {
+        let all: Vec<isize> = (0..self.rank() as isize).collect();
+        self.reduce(ReduceKind::Sum, &all, false)
+    }
+    #[track_caller]
+    pub fn max(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Max, axes, false)
+    }
+    #[track_caller]
+    pub fn max_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Max, axes, true)
+    }
+    #[track_caller]
+    pub fn min(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Min, axes, false)
+    }
+    #[track_caller]
+    pub fn min_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Min, axes, true)
+    }
+
+    /// Mean over `axes` of a floating-point tensor.
+    #[track_caller]
+    pub fn mean(&self, axes: &[isize]) -> Tensor {
+        self.mean_impl(axes, false)
+    }
+    #[track_caller]
+    pub fn mean_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.mean_impl(axes, true)
+    }
+    #[track_caller]
+    pub fn mean_all(&self) -> Tensor {
+        let all: Vec<isize> = (0..self.rank() as isize).collect();
+        self.mean_impl(&all, false)
+    }
+
+    #[track_caller]
+    fn mean_impl(&self, axes: &[isize], keepdim: bool) -> Tensor {
+        let loc = Loc::caller();
+        if !self.dtype().is_float() {
+            fail(loc, format!("mean: needs a floating-point tensor, got {}; convert it first", self.tensor_type()));
+        }
+        let mut count = 1usize;
+        let mut seen = Vec::new();
+        for &a in axes {
+            let a = axis(a, self.rank(), "mean", loc);
+            if !seen.contains(&a) {
+                seen.push(a);
+                count *= self.dims()[a];
+            }
+        }
+        let s = self.reduce(ReduceKind::Sum, axes, keepdim);
+        // The count is structure (it follows from the shape), so it is a constant, not a parameter.
+        let c = apply(Op::Constant(Constant::new(count as f64, TensorType::scalar(self.dtype()))), &[], loc);
+        s.binary_at(&c, BinaryKind::Div, loc)
+    }
+
+    /// Matrix product with numpy's rules: 1-D operands are vectors, batch dimensions broadcast.
+    #[track_caller]
+    pub fn matmul(&self, other: &Tensor) -> Tensor {
+        let loc = Loc::caller();
+        let (a, b) = (self, other);
+        if a.rank() == 0 || b.rank() == 0 {
+            fail(loc, format!("matmul: operands must have rank ≥ 1, got {} and {}", a.tensor_type(), b.tensor_type()));
+        }
+        let a2 = if a.rank() == 1 { a.reshape(&[1, a.dims()[0] as isize]) } else { a.clone() };
+        let b2 = if b.rank() == 1 { b.reshape(&[b.dims()[0] as isize, 1]) } else { b.clone() };
+        let (ra, rb) = (a2.rank(), b2.rank());
+        let (m, k1) = (a2.dims()[ra - 2], a2.dims()[ra - 1]);
+        let (k2, n) = (b2.dims()[rb - 2], b2.dims()[rb - 1]);
+        if k1 != k2 {
+            fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
+        }
+        let batch = broadcast_shapes(&a2.dims()[..ra - 2], &b2.dims()[..rb - 2]).unwrap_or_else(|| {
+            fail(loc, format!("matmul: batch dimensions do not broadcast: {} @ {}", a.tensor_type(), b.tensor_type()))
+        });
+        let nb = batch.len();
+        let mut da = batch.clone();
+        da.extend([m, k1]);
+        let mut db = batch.clone();
+        db.extend([k2, n]);
+        let (a3, b3) = (a2.broadcast_at(&da, loc), b2.broadcast_at(&db, loc));
+        let dot = DotGeneral {
+            lhs_batch: (0..nb).collect(),
+            rhs_batch: (0..nb).collect(),
+            lhs_contract: vec![nb + 1],
+            rhs_contract: vec![nb],
+        };
+        let r = apply(Op::DotGeneral(dot), &[&a3, &b3], loc);
+        // Drop the unit dimensions that stood for vectors.
+        let mut out: Vec<isize> = batch.iter().map(|&d| d as isize).collect();
+        if a.rank() > 1 {
+            out.push(m as isize);
+        }
+        if b.rank() > 1 {
+            out.push(n as isize);
+        }
+        if out.len() == r.rank() {
+            r
+        } else {
+            r.reshape(&out)
+        }
+    }
+
+    /// A tensor of zeros (a constant: zeros define structure, not data).
+    #[track_caller]
+    pub fn zeros(dims: &[usize], dtype: DType) -> Tensor {
+        apply(Op::Constant(Constant::new(0.0, TensorType::new(dtype, dims))), &[], Loc::caller())
+    }
+
+    /// A tensor of ones (a constant).
+    #[track_caller]
+    pub fn ones(dims: &[usize], dtype: DType) -> Tensor {
+        apply(Op::Constant(Constant::new(1.0, TensorType::new(dtype, dims))), &[], Loc::caller())
+    }
+
+    /// A tensor filled with `value`. The value is a program parameter: another value reuses the compiled program.
+    #[track_caller]
+    pub fn full(dims: &[usize], value: f64, dtype: DType) -> Tensor {
+        let loc = Loc::caller();
+        Tensor::host(TensorType::scalar(dtype), crate::element::scalar_bytes(dtype, value), loc).broadcast_at(dims, loc)
+    }
+
+    /// `0, 1, …, n-1`.
+    #[track_caller]
+    pub fn arange(n: usize, dtype: DType) -> Tensor {
+        apply(Op::Iota(Iota { dim: 0, ty: TensorType::new(dtype, [n]) }), &[], Loc::caller())
+    }
+
+    /// `start, start+step, …` below `end` (the count is structure; start and step are parameters).
+    #[track_caller]
+    pub fn arange_step(start: f64, end: f64, step: f64, dtype: DType) -> Tensor {
+        let loc = Loc::caller();
+        if step == 0.0 || !((end - start) / step).is_finite() {
+            fail(loc, format!("arange: invalid range {start}..{end} step {step}"));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let i = apply(Op::Iota(Iota { dim: 0, ty: TensorType::new(dtype, [n]) }), &[], loc);
+        i.binary_at(step, BinaryKind::Mul, loc).binary_at(start, BinaryKind::Add, loc)
+    }
+}

@@ -1,0 +1,41 @@
+//! Evaluate pending tensors on the host with the IR's reference rules (ndarray, f64), without XLA. Tests compare
+//! XLA's results with this; users can use it to check a suspicious numeric result.
+
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn};
+
+use crate::element::bytes_to_f64;
+use crate::error::Result;
+use crate::materialize::trace;
+use crate::metrics::{Counters, COUNTERS};
+use crate::tensor::{State, Tensor};
+
+impl Tensor {
+    /// This tensor computed by the host reference interpreter (values as f64, rounded to the dtype after every op).
+    /// Runs nothing on the device; reads device-resident inputs back if needed.
+    pub fn evaluate_reference(&self) -> Result<ArrayD<f64>> {
+        let node = &self.node;
+        if !node.is_pending() {
+            let v = self.to_f64_vec()?;
+            return Ok(ArrayD::from_shape_vec(IxDyn(self.dims()), v).expect("buffer matches type"));
+        }
+        let traced = trace(std::slice::from_ref(node));
+        let mut params = Vec::with_capacity(traced.leaves.len());
+        for leaf in &traced.leaves {
+            let bytes = match &*leaf.lock() {
+                State::Host(b) => b.clone(),
+                State::Device(buf) => {
+                    let b = buf.to_host()?;
+                    Counters::add(&COUNTERS.bytes_to_host, b.len() as u64);
+                    Arc::new(b)
+                }
+                State::Pending { .. } => unreachable!("leaves are ready"),
+            };
+            let v = bytes_to_f64(leaf.ty.dtype, &bytes);
+            params.push(ArrayD::from_shape_vec(IxDyn(&leaf.ty.dims), v).expect("buffer matches type"));
+        }
+        let mut outs = traced.graph.evaluate(&params).map_err(crate::error::Error::Internal)?;
+        Ok(outs.remove(0))
+    }
+}

@@ -1,0 +1,126 @@
+//! The process-wide runtime: one PJRT plugin and client, the device tensors live on, and the executable cache.
+//! Created on first materialization from the environment, or explicitly with [`init`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use lazuli_pjrt::{provision, Client, ClientOptions, Device, LoadedExecutable, Plugin};
+
+use crate::error::{Error, Result};
+
+/// Which kind of plugin to load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// XLA's CPU plugin, provisioned automatically (see `lazuli_pjrt::provision`).
+    Cpu,
+    /// An installed CUDA plugin (`jax_plugins/xla_cuda13` or `xla_cuda12`), or `LAZULI_GPU_PLUGIN`.
+    Gpu,
+    /// libtpu from `LAZULI_TPU_PLUGIN` or `TPU_LIBRARY_PATH`.
+    Tpu,
+}
+
+/// How the runtime is set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub backend: Backend,
+    /// A plugin file to load instead of the backend's default.
+    pub plugin_path: Option<PathBuf>,
+    /// Number of virtual devices of the CPU plugin.
+    pub cpu_device_count: i64,
+}
+
+impl Config {
+    /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1).
+    pub fn from_env() -> Result<Config> {
+        let backend = match std::env::var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
+            "" | "cpu" => Backend::Cpu,
+            "gpu" | "cuda" => Backend::Gpu,
+            "tpu" => Backend::Tpu,
+            other => return Err(Error::Config(format!("LAZULI_DEVICE={other:?}: expected cpu, gpu or tpu"))),
+        };
+        let cpu_device_count = match std::env::var("LAZULI_CPU_DEVICES") {
+            Ok(s) => s
+                .parse::<i64>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| Error::Config(format!("LAZULI_CPU_DEVICES={s:?}: expected a number ≥ 1")))?,
+            Err(_) => 1,
+        };
+        Ok(Config { backend, plugin_path: None, cpu_device_count })
+    }
+}
+
+pub(crate) struct Runtime {
+    pub client: Client,
+    pub device: Device,
+    pub config: Config,
+    /// Compiled programs by graph structure hash.
+    pub cache: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static INIT: Mutex<()> = Mutex::new(());
+
+impl Runtime {
+    fn new(config: Config) -> Result<Runtime> {
+        // XLA's plugins log every client creation at INFO; keep stderr for what matters unless the user chose.
+        // Set once, before the plugin starts threads that could read the environment.
+        if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+            std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+        }
+        let path = match (&config.plugin_path, config.backend) {
+            (Some(p), _) => p.clone(),
+            (None, Backend::Cpu) => provision::cpu_plugin_path()?,
+            (None, Backend::Gpu) => provision::gpu_plugin_path()?,
+            (None, Backend::Tpu) => provision::tpu_plugin_path()?,
+        };
+        let plugin = Plugin::load(&path)?;
+        let mut opts = ClientOptions::new();
+        if config.backend == Backend::Cpu {
+            opts = opts.cpu_device_count(config.cpu_device_count);
+        }
+        let client = Client::new(&plugin, &opts)?;
+        let device = client
+            .devices()
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Config(format!("the plugin {} reports no devices", path.display())))?;
+        Ok(Runtime { client, device, config, cache: Mutex::new(HashMap::new()) })
+    }
+}
+
+/// The runtime, created from the environment on first use.
+pub(crate) fn runtime() -> Result<&'static Runtime> {
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let config = Config::from_env()?;
+    init_with(config)
+}
+
+fn init_with(config: Config) -> Result<&'static Runtime> {
+    let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rt) = RUNTIME.get() {
+        return if rt.config == config {
+            Ok(rt)
+        } else {
+            Err(Error::Config(format!(
+                "already initialized with {:?}; init() must come before the first tensor is read",
+                rt.config
+            )))
+        };
+    }
+    let rt = Runtime::new(config)?;
+    Ok(RUNTIME.get_or_init(|| rt))
+}
+
+/// Set up the runtime explicitly (before any tensor is read). Calling it again with the same config is a no-op.
+pub fn init(config: Config) -> Result<()> {
+    init_with(config).map(|_| ())
+}
+
+/// The platform the runtime runs on (`"cpu"`, `"cuda"`, …), initializing it if needed.
+pub fn platform() -> Result<String> {
+    Ok(runtime()?.client.platform_name()?)
+}

@@ -1,0 +1,279 @@
+//! `Tensor`: a cheap-to-clone handle to a node of the lazy graph. Ops record nodes; reads materialize them.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use lazuli_hlo::{DType, Loc, Op, TensorType};
+use lazuli_pjrt::Buffer;
+use ndarray::{ArrayD, IxDyn};
+
+use crate::element::{bytes_to_f64, from_bytes, scalar_bytes, to_bytes, Element};
+use crate::error::{Error, Result};
+use crate::materialize::{materialize, Cause};
+use crate::metrics::{Counters, COUNTERS};
+
+/// What a node holds: an op still to run, or data.
+pub(crate) enum State {
+    /// Recorded, not yet computed.
+    Pending { op: Op, operands: Vec<Arc<Node>> },
+    /// Host data not yet copied to the device; it is uploaded by the first materialization that uses it.
+    Host(Arc<Vec<u8>>),
+    /// A device buffer (computed, or uploaded).
+    Device(Arc<Buffer>),
+}
+
+pub(crate) struct Node {
+    pub ty: TensorType,
+    pub loc: Loc,
+    pub state: Mutex<State>,
+    /// Number of `Tensor` handles the user holds; nodes only referenced by other nodes are not "live" for `sync()`.
+    handles: AtomicUsize,
+}
+
+impl Node {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State half-written (every write is one assignment).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_pending(&self) -> bool {
+        matches!(*self.lock(), State::Pending { .. })
+    }
+}
+
+/// Pending nodes that may be live, for `sync()`. Weak, so the registry never keeps a graph alive.
+static PENDING: Mutex<Vec<Weak<Node>>> = Mutex::new(Vec::new());
+
+/// A lazy tensor. Cloning is cheap (a reference count); ops record into the graph and return new tensors;
+/// nothing runs until a value is read (`item`, `to_vec`, `to_ndarray`, `Display`) or `sync()` is called.
+pub struct Tensor {
+    pub(crate) node: Arc<Node>,
+}
+
+impl Clone for Tensor {
+    fn clone(&self) -> Self {
+        self.node.handles.fetch_add(1, Ordering::Relaxed);
+        Tensor { node: self.node.clone() }
+    }
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        self.node.handles.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Tensor {
+    fn from_state(ty: TensorType, loc: Loc, state: State) -> Tensor {
+        let pending = matches!(state, State::Pending { .. });
+        let node = Arc::new(Node { ty, loc, state: Mutex::new(state), handles: AtomicUsize::new(1) });
+        if pending {
+            let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+            if reg.len() >= 1024 && reg.len().is_power_of_two() {
+                reg.retain(|w| w.strong_count() > 0);
+            }
+            reg.push(Arc::downgrade(&node));
+        }
+        Tensor { node }
+    }
+
+    /// Record `op` on `operands`; the op's shape rule has already produced `ty`.
+    pub(crate) fn record(op: Op, operands: Vec<Arc<Node>>, ty: TensorType, loc: Loc) -> Tensor {
+        Tensor::from_state(ty, loc, State::Pending { op, operands })
+    }
+
+    pub(crate) fn host(ty: TensorType, bytes: Vec<u8>, loc: Loc) -> Tensor {
+        Tensor::from_state(ty, loc, State::Host(Arc::new(bytes)))
+    }
+
+    /// A tensor from a slice in row-major order. Panics (at the caller's line) if `data.len()` is not the product
+    /// of `dims`.
+    #[track_caller]
+    pub fn from_slice<T: Element>(data: &[T], dims: &[usize]) -> Tensor {
+        let loc = Loc::caller();
+        let n: usize = dims.iter().product();
+        if n != data.len() {
+            panic!("lazuli: from_slice at {loc}: {} values do not fill dims {dims:?} ({n} elements)", data.len());
+        }
+        Tensor::host(TensorType::new(T::DTYPE, dims), to_bytes(data), loc)
+    }
+
+    /// A tensor from an ndarray array (any layout; copied in logical row-major order).
+    #[track_caller]
+    pub fn from_ndarray<T: Element, S: ndarray::Data<Elem = T>, D: ndarray::Dimension>(
+        a: &ndarray::ArrayBase<S, D>,
+    ) -> Tensor {
+        let data: Vec<T> = a.iter().copied().collect();
+        Tensor::host(TensorType::new(T::DTYPE, a.shape()), to_bytes(&data), Loc::caller())
+    }
+
+    /// A rank-0 tensor. As an operand of an op it is a program parameter, so new values do not recompile.
+    #[track_caller]
+    pub fn scalar<T: Element>(value: T) -> Tensor {
+        Tensor::host(TensorType::scalar(T::DTYPE), to_bytes(&[value]), Loc::caller())
+    }
+
+    /// A rank-0 tensor of any dtype from an f64 (rounded to the dtype).
+    #[track_caller]
+    pub fn scalar_of(dtype: DType, value: f64) -> Tensor {
+        Tensor::host(TensorType::scalar(dtype), scalar_bytes(dtype, value), Loc::caller())
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.node.ty.dtype
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.node.ty.dims
+    }
+
+    pub fn rank(&self) -> usize {
+        self.node.ty.rank()
+    }
+
+    pub fn elements(&self) -> usize {
+        self.node.ty.elements()
+    }
+
+    pub fn tensor_type(&self) -> &TensorType {
+        &self.node.ty
+    }
+
+    /// The line that created this tensor.
+    pub fn location(&self) -> Loc {
+        self.node.loc
+    }
+
+    /// True until the tensor has been computed.
+    pub fn is_pending(&self) -> bool {
+        self.node.is_pending()
+    }
+
+    /// Compute this tensor (if pending) and keep the result on the device.
+    #[track_caller]
+    pub fn materialize(&self) -> Result<()> {
+        materialize(std::slice::from_ref(&self.node), Cause::Explicit, Loc::caller())
+    }
+
+    /// The raw little-endian bytes, computing first if needed.
+    fn bytes(&self, cause: Cause, at: Loc) -> Result<Arc<Vec<u8>>> {
+        materialize(std::slice::from_ref(&self.node), cause, at)?;
+        let state = self.node.lock();
+        match &*state {
+            State::Host(b) => Ok(b.clone()),
+            State::Device(buf) => {
+                let buf = buf.clone();
+                drop(state);
+                let bytes = buf.to_host()?;
+                Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
+                Ok(Arc::new(bytes))
+            }
+            State::Pending { .. } => unreachable!("materialize leaves no target pending"),
+        }
+    }
+
+    fn check_dtype<T: Element>(&self, what: &'static str, at: Loc) -> Result<()> {
+        if T::DTYPE == self.dtype() {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch { what, at, actual: self.dtype(), wanted: T::DTYPE, wanted_variant: T::DTYPE })
+        }
+    }
+
+    /// All elements in row-major order. `T` must be the tensor's dtype.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let at = Loc::caller();
+        self.check_dtype::<T>("to_vec", at)?;
+        Ok(from_bytes(&self.bytes(Cause::ToVec, at)?))
+    }
+
+    /// The single element of a one-element tensor.
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> Result<T> {
+        let at = Loc::caller();
+        self.check_dtype::<T>("item", at)?;
+        if self.elements() != 1 {
+            return Err(Error::NotScalar { at, elements: self.elements() });
+        }
+        Ok(from_bytes::<T>(&self.bytes(Cause::Item, at)?)[0])
+    }
+
+    /// The tensor as an ndarray array.
+    #[track_caller]
+    pub fn to_ndarray<T: Element>(&self) -> Result<ArrayD<T>> {
+        let at = Loc::caller();
+        self.check_dtype::<T>("to_ndarray", at)?;
+        let v = from_bytes(&self.bytes(Cause::ToVec, at)?);
+        Ok(ArrayD::from_shape_vec(IxDyn(self.dims()), v).expect("the buffer matches the tensor type"))
+    }
+
+    /// Any dtype's values as f64 (exact for every dtype but large i64).
+    #[track_caller]
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let at = Loc::caller();
+        Ok(bytes_to_f64(self.dtype(), &self.bytes(Cause::ToVec, at)?))
+    }
+}
+
+/// Live pending tensors: those the user still holds a handle to.
+pub(crate) fn live_pending() -> Vec<Arc<Node>> {
+    let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut live = Vec::new();
+    reg.retain(|w| match w.upgrade() {
+        Some(n) if n.is_pending() => {
+            if n.handles.load(Ordering::Relaxed) > 0 {
+                live.push(n);
+            }
+            true
+        }
+        _ => false,
+    });
+    live
+}
+
+/// The step boundary: compute every live pending tensor in one program, keeping results on the device.
+#[track_caller]
+pub fn sync() -> Result<()> {
+    let at = Loc::caller();
+    let live = live_pending();
+    materialize(&live, Cause::Sync, at)
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = if self.is_pending() { "pending" } else { "ready" };
+        write!(f, "Tensor({}, {state}, recorded at {})", self.node.ty, self.node.loc)
+    }
+}
+
+/// Printing materializes (cause `Display`) and shows the values with the tensor type.
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The formatting machinery hides the user's line; name the line that recorded the tensor instead.
+        let at = self.node.loc;
+        let bytes = match self.bytes(Cause::Display, at) {
+            Ok(b) => b,
+            Err(e) => return write!(f, "<{}: error: {e}>", self.node.ty),
+        };
+        let shape = IxDyn(self.dims());
+        macro_rules! show {
+            ($t:ty) => {{
+                let a = ArrayD::from_shape_vec(shape, from_bytes::<$t>(&bytes)).expect("buffer matches type");
+                write!(f, "{a}")
+            }};
+        }
+        match self.dtype() {
+            DType::F32 => show!(f32),
+            DType::F64 => show!(f64),
+            DType::F16 => show!(half::f16),
+            DType::BF16 => show!(half::bf16),
+            DType::I32 => show!(i32),
+            DType::I64 => show!(i64),
+            DType::U8 => show!(u8),
+            DType::Bool => show!(bool),
+        }?;
+        write!(f, " : {}", self.node.ty)
+    }
+}

@@ -1,0 +1,95 @@
+//! `Buffer`: an array on a device, owned by this process.
+
+use std::sync::Arc;
+
+use crate::client::{byte_len, ClientInner, Device};
+use crate::element_type::ElementType;
+use crate::error::{Error, Result};
+use crate::ffi::BufferHandle;
+
+/// A device array. Element type and dimensions are fixed; dropping it frees the device memory.
+pub struct Buffer {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) handle: BufferHandle,
+    ty: ElementType,
+    dims: Vec<i64>,
+}
+
+impl Buffer {
+    pub(crate) fn new(client: Arc<ClientInner>, handle: BufferHandle, ty: ElementType, dims: Vec<i64>) -> Buffer {
+        Buffer { client, handle, ty, dims }
+    }
+
+    /// Takes ownership of a buffer the plugin produced (an execution output), reading its type and shape.
+    /// The handle is destroyed if that fails.
+    pub(crate) fn from_handle(client: Arc<ClientInner>, handle: BufferHandle) -> Result<Buffer> {
+        let api = client.api();
+        let described = api.buffer_element_type(handle).and_then(|raw| {
+            let ty = ElementType::from_raw(raw).ok_or_else(|| {
+                Error::invalid(format!("the program produced an element type lazuli does not support (PJRT type {raw})"))
+            })?;
+            Ok((ty, api.buffer_dimensions(handle)?))
+        });
+        match described {
+            Ok((ty, dims)) => Ok(Buffer::new(client, handle, ty, dims)),
+            Err(e) => {
+                api.buffer_destroy(handle);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn element_type(&self) -> ElementType {
+        self.ty
+    }
+
+    pub fn dims(&self) -> Vec<i64> {
+        self.dims.clone()
+    }
+
+    /// Number of elements.
+    pub fn element_count(&self) -> usize {
+        self.dims.iter().map(|&d| d as usize).product()
+    }
+
+    /// Copies the array to the host: dense, row-major, `element_count() * byte_size()` bytes.
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let bytes = self.client.api().buffer_to_host(self.handle, self.dims.len())?;
+        let expected = byte_len(self.ty, &self.dims)?;
+        if bytes.len() != expected {
+            return Err(Error::Pjrt {
+                call: "PJRT_Buffer_ToHostBuffer",
+                code: None,
+                message: format!("got {} bytes for {:?} {:?}, expected {expected}", bytes.len(), self.ty, self.dims),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// The device holding the buffer.
+    pub fn device(&self) -> Result<Device> {
+        let handle = self.client.api().buffer_device(self.handle)?;
+        self.client.device(handle).ok_or_else(|| Error::Pjrt {
+            call: "PJRT_Buffer_Device",
+            code: None,
+            message: "the buffer's device is not an addressable device of its client".into(),
+        })
+    }
+
+    /// Bytes the buffer occupies on the device (may include padding).
+    pub fn on_device_size(&self) -> Result<usize> {
+        self.client.api().buffer_on_device_size(self.handle)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        self.client.api().buffer_destroy(self.handle);
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({:?} {:?})", self.ty, self.dims)
+    }
+}

@@ -1,0 +1,104 @@
+//! The crate's one error type. Every failing PJRT call becomes [`Error::Pjrt`] with the call's name, the
+//! plugin's status code and its message; inputs that would crash a plugin are refused as
+//! [`Error::InvalidInput`] before any call is made.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A PJRT status code (the absl status codes the C API reports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    Cancelled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl ErrorCode {
+    /// Maps `PJRT_Error_Code`; `None` for OK (0) and for values this crate does not know.
+    pub fn from_raw(code: i32) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        Some(match code {
+            1 => Cancelled,
+            2 => Unknown,
+            3 => InvalidArgument,
+            4 => DeadlineExceeded,
+            5 => NotFound,
+            6 => AlreadyExists,
+            7 => PermissionDenied,
+            8 => ResourceExhausted,
+            9 => FailedPrecondition,
+            10 => Aborted,
+            11 => OutOfRange,
+            12 => Unimplemented,
+            13 => Internal,
+            14 => Unavailable,
+            15 => DataLoss,
+            16 => Unauthenticated,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The plugin file could not be opened as a PJRT plugin (missing, not a shared object, no `GetPjrtApi`).
+    #[error("cannot load PJRT plugin {}: {reason}", path.display())]
+    Load { path: PathBuf, reason: String },
+
+    /// The plugin speaks a PJRT C API version whose struct layouts this crate cannot use.
+    #[error(
+        "PJRT plugin {} implements C API {}.{}, but lazuli needs {}.{} or newer with major version {} \
+         (struct layouts differ); use a newer plugin",
+        path.display(), found.0, found.1, need.0, need.1, need.0
+    )]
+    ApiVersion { path: PathBuf, found: (i32, i32), need: (i32, i32) },
+
+    /// A PJRT call returned an error.
+    #[error("{call} failed ({}): {message}", code.map_or("no status code".to_string(), |c| format!("{c:?}")))]
+    Pjrt { call: &'static str, code: Option<ErrorCode>, message: String },
+
+    /// An argument was refused before reaching the plugin.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// A plugin could not be found or fetched; the message says how to fix it.
+    #[error("{0}")]
+    Provision(String),
+}
+
+impl Error {
+    /// The PJRT status code, for errors that came from the plugin.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Pjrt { code, .. } => *code,
+            Error::InvalidInput(_) => Some(ErrorCode::InvalidArgument),
+            _ => None,
+        }
+    }
+
+    /// The PJRT entry point that failed (e.g. `"PJRT_Client_Compile"`), for errors from the plugin.
+    pub fn call(&self) -> Option<&'static str> {
+        match self {
+            Error::Pjrt { call, .. } => Some(call),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Error {
+        Error::InvalidInput(msg.into())
+    }
+}

@@ -1,0 +1,120 @@
+//! `LoadedExecutable`: a compiled program loaded on its devices, and running it.
+
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::client::{ClientInner, Device};
+use crate::error::{Error, Result};
+use crate::ffi::ExecHandle;
+
+/// A compiled program. Dropping it frees the executable; it keeps its client alive.
+pub struct LoadedExecutable {
+    client: Arc<ClientInner>,
+    handle: ExecHandle,
+    devices: Vec<Device>,
+    num_outputs: usize,
+}
+
+impl LoadedExecutable {
+    pub(crate) fn new(client: Arc<ClientInner>, handle: ExecHandle) -> Result<LoadedExecutable> {
+        // Owned from here on: an error below drops `exe`, which destroys the handle.
+        let mut exe = LoadedExecutable { client, handle, devices: Vec::new(), num_outputs: 0 };
+        let api = exe.client.api();
+        for device in api.executable_addressable_devices(handle)? {
+            let device = exe.client.device(device).ok_or_else(|| Error::Pjrt {
+                call: "PJRT_LoadedExecutable_AddressableDevices",
+                code: None,
+                message: "the executable names a device its client does not address".into(),
+            })?;
+            exe.devices.push(device);
+        }
+        exe.num_outputs = api.executable_num_outputs(handle)?;
+        Ok(exe)
+    }
+
+    /// Outputs per device.
+    pub fn num_outputs(&self) -> Result<usize> {
+        Ok(self.num_outputs)
+    }
+
+    /// Devices the program runs on, one per (replica, partition), in execution order.
+    pub fn addressable_devices(&self) -> Vec<Device> {
+        self.devices.clone()
+    }
+
+    /// Runs a single-device program on the device it was compiled for; `args` must live there.
+    pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>> {
+        if self.devices.len() != 1 {
+            return Err(Error::invalid(format!(
+                "execute runs single-device programs; this one spans {} devices, use execute_sharded",
+                self.devices.len()
+            )));
+        }
+        let mut outputs = self.execute_sharded(&[args.to_vec()])?;
+        Ok(outputs.pop().unwrap_or_default())
+    }
+
+    /// Runs on every addressable device: `args[i]` are the arguments for `addressable_devices()[i]`.
+    /// Returns one output list per device, after all devices finished.
+    pub fn execute_sharded(&self, args: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        self.check_args(args)?;
+        let handles: Vec<Vec<_>> = args.iter().map(|list| list.iter().map(|b| b.handle).collect()).collect();
+        let outputs = self.client.api().execute(self.handle, &handles, self.num_outputs)?;
+        // Wrap every output before reporting any error, so none leaks.
+        let wrapped: Vec<Vec<Result<Buffer>>> = outputs
+            .into_iter()
+            .map(|list| list.into_iter().map(|h| Buffer::from_handle(Arc::clone(&self.client), h)).collect())
+            .collect();
+        wrapped.into_iter().map(|list| list.into_iter().collect()).collect()
+    }
+
+    fn check_args(&self, args: &[Vec<&Buffer>]) -> Result<()> {
+        if args.len() != self.devices.len() {
+            return Err(Error::invalid(format!(
+                "{} argument lists given, the executable runs on {} devices",
+                args.len(),
+                self.devices.len()
+            )));
+        }
+        let num_args = args.first().map_or(0, Vec::len);
+        if args.iter().any(|list| list.len() != num_args) {
+            return Err(Error::invalid("every device needs the same number of arguments"));
+        }
+        let api = self.client.api();
+        for (i, (list, device)) in args.iter().zip(&self.devices).enumerate() {
+            for (j, buffer) in list.iter().enumerate() {
+                if !Arc::ptr_eq(&buffer.client, &self.client) {
+                    return Err(Error::invalid(format!("argument {j} for device {i} belongs to another client")));
+                }
+                if api.buffer_device(buffer.handle)? != device.handle() {
+                    return Err(Error::invalid(format!(
+                        "argument {j} for device list {i} is on {:?}, the program runs there on {device:?}",
+                        buffer.device()?
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A plugin-specific serialization, for [`crate::Client::deserialize_executable`] with the same
+    /// plugin build on a host with the same CPU features.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        self.client.api().executable_serialize(self.handle)
+    }
+}
+
+impl Drop for LoadedExecutable {
+    fn drop(&mut self) {
+        self.client.api().executable_destroy(self.handle);
+    }
+}
+
+impl std::fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedExecutable")
+            .field("devices", &self.devices)
+            .field("num_outputs", &self.num_outputs)
+            .finish()
+    }
+}

@@ -1,0 +1,576 @@
+//! The only place with `unsafe`: loading a plugin and calling its PJRT C API.
+//!
+//! Each wrapper fills one argument struct (layouts in [`layout`]), calls the entry point, turns a returned
+//! `PJRT_Error` into [`Error::Pjrt`] (freeing it), and copies out what it needs. Handles are plain
+//! pointers; the owning types elsewhere in the crate (`Client`, `Buffer`, `LoadedExecutable`) keep each
+//! one alive and destroy it exactly once, and keep the client alive while anything made by it lives.
+
+mod layout;
+
+use std::ffi::{c_char, c_void};
+use std::path::Path;
+use std::ptr::{self, NonNull};
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::plugin::AttrValue;
+use layout as c;
+
+/// Oldest PJRT C API this crate accepts: 0.57 rearranged the `PJRT_Api` function table, and the table
+/// has only grown at its end since, so the entry offsets declared from the 0.81 header hold from 0.57 on.
+/// Argument structs only grow too; an older plugin reads the prefix it knows.
+pub(crate) const MIN_API_VERSION: (i32, i32) = (0, 57);
+
+/// The plugin's function table. Plugins are never unloaded (see `Plugin`), so the table lives for the
+/// rest of the process.
+#[derive(Clone, Copy)]
+pub(crate) struct Api(NonNull<c::PJRT_Api>);
+
+// SAFETY: the table is immutable after `GetPjrtApi` returns and the library is never unloaded; PJRT
+// entry points may be called from any thread.
+unsafe impl Send for Api {}
+// SAFETY: as above; sharing `&Api` only shares reads of an immutable table.
+unsafe impl Sync for Api {}
+
+macro_rules! handle {
+    ($($name:ident => $raw:ident),* $(,)?) => {$(
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub(crate) struct $name(NonNull<c::$raw>);
+        // SAFETY: PJRT clients, devices, buffers and loaded executables are thread-safe objects in the
+        // PJRT contract (the C API wraps xla::PjRtClient/PjRtBuffer/PjRtLoadedExecutable, whose methods
+        // may be called concurrently); the handle is only an address.
+        unsafe impl Send for $name {}
+        // SAFETY: as above.
+        unsafe impl Sync for $name {}
+        impl $name {
+            fn from_raw(p: *mut c::$raw, call: &'static str) -> Result<$name> {
+                NonNull::new(p).map($name).ok_or_else(|| Error::Pjrt {
+                    call,
+                    code: None,
+                    message: "the plugin returned a null handle without an error".into(),
+                })
+            }
+            fn raw(self) -> *mut c::$raw { self.0.as_ptr() }
+        }
+    )*};
+}
+handle!(
+    ClientHandle => PJRT_Client,
+    DeviceHandle => PJRT_Device,
+    BufferHandle => PJRT_Buffer,
+    ExecHandle => PJRT_LoadedExecutable,
+);
+
+/// A value for a `PJRT_NamedValue` create option.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum NamedValueIn {
+    Int64(i64),
+    Bool(bool),
+}
+
+/// Calls `PJRT_Api.$entry` with `&mut $args` and checks the returned error.
+macro_rules! call {
+    ($api:expr, $entry:ident, $args:expr) => {{
+        let api: Api = $api;
+        let offset = std::mem::offset_of!(c::PJRT_Api, $entry);
+        let entry = api.entry(offset, stringify!($entry), |t| {
+            // SAFETY: `entry` checked that the field lies inside the plugin's table.
+            unsafe { ptr::addr_of!((*t).$entry).read() }
+        });
+        match entry {
+            // SAFETY: `f` is the plugin's entry point for this argument struct; the struct is
+            // initialised with the 0.81 `struct_size` and every pointer in it is valid for the call.
+            Ok(f) => api.status(unsafe { f($args) }, stringify!($entry)),
+            Err(e) => Err(e),
+        }
+    }};
+}
+
+/// Copies a (pointer, length) string the plugin owns.
+fn copy_str(p: *const c_char, len: usize) -> String {
+    if p.is_null() || len == 0 {
+        return String::new();
+    }
+    // SAFETY: the plugin returned `len` readable bytes at `p`, alive at least until our next call on
+    // the owning object.
+    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn copy_slice<T: Copy>(p: *const T, len: usize) -> Vec<T> {
+    if p.is_null() || len == 0 {
+        return Vec::new();
+    }
+    // SAFETY: as in `copy_str`: the plugin returned `len` elements at `p`.
+    unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
+}
+
+fn load_error(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Load { path: path.to_path_buf(), reason: reason.into() }
+}
+
+/// dlopen(RTLD_NOW | RTLD_LOCAL) the plugin and fetch its table through `GetPjrtApi`.
+pub(crate) fn open_plugin(path: &Path) -> Result<(libloading::Library, Api)> {
+    #[cfg(unix)]
+    let lib: libloading::Library = {
+        use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+        // SAFETY: loading runs the library's initialisers; a PJRT plugin is built to be loaded this way,
+        // and RTLD_LOCAL keeps its symbols (LLVM, absl, protobuf) from clashing with other plugins.
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+            .map_err(|e| load_error(path, e.to_string()))?
+            .into()
+    };
+    #[cfg(not(unix))]
+    // SAFETY: as above.
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| load_error(path, e.to_string()))?;
+
+    type GetPjrtApi = unsafe extern "C" fn() -> *const c::PJRT_Api;
+    // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
+    let get = unsafe { lib.get::<GetPjrtApi>(b"GetPjrtApi\0") }
+        .map_err(|e| load_error(path, format!("not a PJRT plugin (no GetPjrtApi symbol): {e}")))?;
+    // SAFETY: calling the plugin's exported, argument-free entry point.
+    let raw = unsafe { get() };
+    let table = NonNull::new(raw.cast_mut()).ok_or_else(|| load_error(path, "GetPjrtApi returned null"))?;
+    // SAFETY: `struct_size` is the table's first field, present in every version.
+    let size = unsafe { ptr::addr_of!((*table.as_ptr()).struct_size).read() };
+    if size < std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy) {
+        return Err(load_error(path, format!("PJRT_Api struct_size {size} is too small to be a PJRT table")));
+    }
+    Ok((lib, Api(table)))
+}
+
+impl Api {
+    fn table(self) -> *const c::PJRT_Api {
+        self.0.as_ptr()
+    }
+
+    fn struct_size(self) -> usize {
+        // SAFETY: checked readable in `open_plugin`.
+        unsafe { ptr::addr_of!((*self.table()).struct_size).read() }
+    }
+
+    /// (major, minor) C API version the plugin was built with.
+    pub(crate) fn version(self) -> (i32, i32) {
+        // SAFETY: `open_plugin` checked that the table is large enough to hold the version.
+        let v = unsafe { ptr::addr_of!((*self.table()).pjrt_api_version).read() };
+        (v.major_version, v.minor_version)
+    }
+
+    /// Reads one entry, refusing entries past the plugin's table (an older plugin) or left null.
+    fn entry<F>(
+        self,
+        offset: usize,
+        name: &'static str,
+        read: impl FnOnce(*const c::PJRT_Api) -> Option<F>,
+    ) -> Result<F> {
+        let missing = || Error::Pjrt {
+            call: name,
+            code: Some(ErrorCode::Unimplemented),
+            message: format!("this plugin does not provide {name}"),
+        };
+        if offset + std::mem::size_of::<usize>() > self.struct_size() {
+            return Err(missing());
+        }
+        read(self.table()).ok_or_else(missing)
+    }
+
+    /// Turns a returned `PJRT_Error*` into a `Result`, freeing the error.
+    fn status(self, err: *mut c::PJRT_Error, call: &'static str) -> Result<()> {
+        let Some(err) = NonNull::new(err) else { return Ok(()) };
+        let err = err.as_ptr();
+        let mut message = String::from("(the plugin gave no message)");
+        if let Ok(f) = self.entry(std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Message), "", |t| {
+            // SAFETY: offset checked by `entry`.
+            unsafe { ptr::addr_of!((*t).PJRT_Error_Message).read() }
+        }) {
+            let mut args = c::PJRT_Error_Message_Args::new();
+            args.error = err;
+            // SAFETY: `err` is a live error returned by the plugin.
+            unsafe { f(&mut args) };
+            message = copy_str(args.message, args.message_size);
+        }
+        let mut code_args = c::PJRT_Error_GetCode_Args::new();
+        code_args.error = err;
+        let code = match call!(self, PJRT_Error_GetCode, &mut code_args) {
+            Ok(()) => ErrorCode::from_raw(code_args.code),
+            Err(_) => None,
+        };
+        self.destroy_error(err);
+        Err(Error::Pjrt { call, code, message })
+    }
+
+    fn destroy_error(self, err: *mut c::PJRT_Error) {
+        if let Ok(f) = self.entry(std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy), "", |t| {
+            // SAFETY: offset checked by `entry`.
+            unsafe { ptr::addr_of!((*t).PJRT_Error_Destroy).read() }
+        }) {
+            let mut args = c::PJRT_Error_Destroy_Args::new();
+            args.error = err;
+            // SAFETY: `err` is live and destroyed exactly once, here.
+            unsafe { f(&mut args) };
+        }
+    }
+
+    /// Ignores a failure in a destructor (nothing can be done about it), but still frees the error.
+    fn ignore(result: Result<()>) {
+        let _ = result;
+    }
+
+    /// Blocks until `event` is ready, destroys it and returns its status.
+    fn await_event(self, event: *mut c::PJRT_Event, call: &'static str) -> Result<()> {
+        if event.is_null() {
+            return Ok(());
+        }
+        let mut args = c::PJRT_Event_Await_Args::new();
+        args.event = event;
+        let status = call!(self, PJRT_Event_Await, &mut args).map_err(|e| rename_call(e, call));
+        let mut destroy = c::PJRT_Event_Destroy_Args::new();
+        destroy.event = event;
+        Self::ignore(call!(self, PJRT_Event_Destroy, &mut destroy));
+        status
+    }
+
+    pub(crate) fn plugin_initialize(self) -> Result<()> {
+        call!(self, PJRT_Plugin_Initialize, &mut c::PJRT_Plugin_Initialize_Args::new())
+    }
+
+    pub(crate) fn plugin_attributes(self) -> Result<Vec<(String, AttrValue)>> {
+        let mut args = c::PJRT_Plugin_Attributes_Args::new();
+        call!(self, PJRT_Plugin_Attributes, &mut args)?;
+        Ok(read_named_values(args.attributes, args.num_attributes))
+    }
+
+    pub(crate) fn client_create(self, options: &[(&str, NamedValueIn)]) -> Result<ClientHandle> {
+        let values: Vec<c::PJRT_NamedValue> = options
+            .iter()
+            .map(|(name, value)| {
+                let mut v = c::PJRT_NamedValue::new();
+                v.name = name.as_ptr().cast();
+                v.name_size = name.len();
+                v.value_size = 1;
+                match *value {
+                    NamedValueIn::Int64(i) => {
+                        v.type_ = c::NAMED_VALUE_INT64;
+                        v.value.int64_value = i;
+                    }
+                    NamedValueIn::Bool(b) => {
+                        v.type_ = c::NAMED_VALUE_BOOL;
+                        v.value.bool_value = b;
+                    }
+                }
+                v
+            })
+            .collect();
+        let mut args = c::PJRT_Client_Create_Args::new();
+        args.create_options = values.as_ptr();
+        args.num_options = values.len();
+        call!(self, PJRT_Client_Create, &mut args)?;
+        ClientHandle::from_raw(args.client, "PJRT_Client_Create")
+    }
+
+    pub(crate) fn client_destroy(self, client: ClientHandle) {
+        let mut args = c::PJRT_Client_Destroy_Args::new();
+        args.client = client.raw();
+        Self::ignore(call!(self, PJRT_Client_Destroy, &mut args));
+    }
+
+    pub(crate) fn client_platform_name(self, client: ClientHandle) -> Result<String> {
+        let mut args = c::PJRT_Client_PlatformName_Args::new();
+        args.client = client.raw();
+        call!(self, PJRT_Client_PlatformName, &mut args)?;
+        Ok(copy_str(args.platform_name, args.platform_name_size))
+    }
+
+    pub(crate) fn client_addressable_devices(self, client: ClientHandle) -> Result<Vec<DeviceHandle>> {
+        let mut args = c::PJRT_Client_AddressableDevices_Args::new();
+        args.client = client.raw();
+        call!(self, PJRT_Client_AddressableDevices, &mut args)?;
+        device_list(args.addressable_devices, args.num_addressable_devices, "PJRT_Client_AddressableDevices")
+    }
+
+    /// (id, kind, local hardware id) of a device.
+    pub(crate) fn device_info(self, device: DeviceHandle) -> Result<(i32, String, i32)> {
+        let mut desc = c::PJRT_Device_GetDescription_Args::new();
+        desc.device = device.raw();
+        call!(self, PJRT_Device_GetDescription, &mut desc)?;
+        let mut id = c::PJRT_DeviceDescription_Id_Args::new();
+        id.device_description = desc.device_description;
+        call!(self, PJRT_DeviceDescription_Id, &mut id)?;
+        let mut kind = c::PJRT_DeviceDescription_Kind_Args::new();
+        kind.device_description = desc.device_description;
+        call!(self, PJRT_DeviceDescription_Kind, &mut kind)?;
+        let mut hw = c::PJRT_Device_LocalHardwareId_Args::new();
+        hw.device = device.raw();
+        call!(self, PJRT_Device_LocalHardwareId, &mut hw)?;
+        Ok((id.id, copy_str(kind.device_kind, kind.device_kind_size), hw.local_hardware_id))
+    }
+
+    pub(crate) fn client_compile(
+        self,
+        client: ClientHandle,
+        code: &str,
+        format: &str,
+        options: &[u8],
+    ) -> Result<ExecHandle> {
+        let mut program = c::PJRT_Program::new();
+        // The plugin only reads `code` (allow_in_place_mlir_modification is never set).
+        program.code = code.as_ptr().cast_mut().cast();
+        program.code_size = code.len();
+        program.format = format.as_ptr().cast();
+        program.format_size = format.len();
+        let mut args = c::PJRT_Client_Compile_Args::new();
+        args.client = client.raw();
+        args.program = &program;
+        args.compile_options = options.as_ptr().cast();
+        args.compile_options_size = options.len();
+        call!(self, PJRT_Client_Compile, &mut args)?;
+        ExecHandle::from_raw(args.executable, "PJRT_Client_Compile")
+    }
+
+    /// Copies dense row-major `data` to `device`; returns once the plugin no longer reads `data`.
+    pub(crate) fn buffer_from_host(
+        self,
+        client: ClientHandle,
+        data: &[u8],
+        element_type: i32,
+        dims: &[i64],
+        device: DeviceHandle,
+    ) -> Result<BufferHandle> {
+        let mut args = c::PJRT_Client_BufferFromHostBuffer_Args::new();
+        args.client = client.raw();
+        args.data = data.as_ptr().cast();
+        args.type_ = element_type;
+        args.dims = dims.as_ptr();
+        args.num_dims = dims.len();
+        args.host_buffer_semantics = c::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+        args.device = device.raw();
+        call!(self, PJRT_Client_BufferFromHostBuffer, &mut args)?;
+        let done = self.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer");
+        let buffer = BufferHandle::from_raw(args.buffer, "PJRT_Client_BufferFromHostBuffer");
+        match (done, buffer) {
+            (Ok(()), Ok(b)) => Ok(b),
+            (Err(e), Ok(b)) => {
+                self.buffer_destroy(b);
+                Err(e)
+            }
+            (_, Err(e)) => Err(e),
+        }
+    }
+
+    pub(crate) fn buffer_destroy(self, buffer: BufferHandle) {
+        let mut args = c::PJRT_Buffer_Destroy_Args::new();
+        args.buffer = buffer.raw();
+        Self::ignore(call!(self, PJRT_Buffer_Destroy, &mut args));
+    }
+
+    pub(crate) fn buffer_element_type(self, buffer: BufferHandle) -> Result<i32> {
+        let mut args = c::PJRT_Buffer_ElementType_Args::new();
+        args.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_ElementType, &mut args)?;
+        Ok(args.type_)
+    }
+
+    pub(crate) fn buffer_dimensions(self, buffer: BufferHandle) -> Result<Vec<i64>> {
+        let mut args = c::PJRT_Buffer_Dimensions_Args::new();
+        args.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_Dimensions, &mut args)?;
+        Ok(copy_slice(args.dims, args.num_dims))
+    }
+
+    pub(crate) fn buffer_on_device_size(self, buffer: BufferHandle) -> Result<usize> {
+        let mut args = c::PJRT_Buffer_OnDeviceSizeInBytes_Args::new();
+        args.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_OnDeviceSizeInBytes, &mut args)?;
+        Ok(args.on_device_size_in_bytes)
+    }
+
+    pub(crate) fn buffer_device(self, buffer: BufferHandle) -> Result<DeviceHandle> {
+        let mut args = c::PJRT_Buffer_Device_Args::new();
+        args.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_Device, &mut args)?;
+        DeviceHandle::from_raw(args.device, "PJRT_Buffer_Device")
+    }
+
+    /// Copies the buffer to the host as dense row-major bytes (an explicit major-to-minor host layout,
+    /// so a device with a tiled layout still yields plain row-major data).
+    pub(crate) fn buffer_to_host(self, buffer: BufferHandle, rank: usize) -> Result<Vec<u8>> {
+        let minor_to_major: Vec<i64> = (0..rank as i64).rev().collect();
+        let mut layout = c::PJRT_Buffer_MemoryLayout::new();
+        layout.type_ = c::MEMORY_LAYOUT_TILED;
+        {
+            // SAFETY: `tiled` is the union's only declared member; writing it initialises the union.
+            let tiled = unsafe { &mut layout.layout.tiled };
+            tiled.struct_size = c::PJRT_Buffer_MemoryLayout_Tiled::STRUCT_SIZE;
+            tiled.minor_to_major = minor_to_major.as_ptr();
+            tiled.minor_to_major_size = minor_to_major.len();
+        }
+        let mut args = c::PJRT_Buffer_ToHostBuffer_Args::new();
+        args.src = buffer.raw();
+        args.host_layout = &mut layout;
+        call!(self, PJRT_Buffer_ToHostBuffer, &mut args)?; // dst = null: asks for the size
+        let mut out = vec![0u8; args.dst_size];
+        args.dst = out.as_mut_ptr().cast::<c_void>();
+        args.dst_size = out.len();
+        args.event = ptr::null_mut();
+        call!(self, PJRT_Buffer_ToHostBuffer, &mut args)?;
+        self.await_event(args.event, "PJRT_Buffer_ToHostBuffer")?;
+        Ok(out)
+    }
+
+    pub(crate) fn executable_destroy(self, exe: ExecHandle) {
+        let mut args = c::PJRT_LoadedExecutable_Destroy_Args::new();
+        args.executable = exe.raw();
+        Self::ignore(call!(self, PJRT_LoadedExecutable_Destroy, &mut args));
+    }
+
+    pub(crate) fn executable_addressable_devices(self, exe: ExecHandle) -> Result<Vec<DeviceHandle>> {
+        let mut args = c::PJRT_LoadedExecutable_AddressableDevices_Args::new();
+        args.executable = exe.raw();
+        call!(self, PJRT_LoadedExecutable_AddressableDevices, &mut args)?;
+        device_list(args.addressable_devices, args.num_addressable_devices, "PJRT_LoadedExecutable_AddressableDevices")
+    }
+
+    /// Runs `f` on the (unloaded) `PJRT_Executable` behind `exe`, destroying it afterwards.
+    fn with_executable<R>(self, exe: ExecHandle, f: impl FnOnce(*mut c::PJRT_Executable) -> Result<R>) -> Result<R> {
+        let mut args = c::PJRT_LoadedExecutable_GetExecutable_Args::new();
+        args.loaded_executable = exe.raw();
+        call!(self, PJRT_LoadedExecutable_GetExecutable, &mut args)?;
+        if args.executable.is_null() {
+            return Err(Error::Pjrt {
+                call: "PJRT_LoadedExecutable_GetExecutable",
+                code: None,
+                message: "the plugin returned a null executable".into(),
+            });
+        }
+        let result = f(args.executable);
+        let mut destroy = c::PJRT_Executable_Destroy_Args::new();
+        destroy.executable = args.executable;
+        Self::ignore(call!(self, PJRT_Executable_Destroy, &mut destroy));
+        result
+    }
+
+    pub(crate) fn executable_num_outputs(self, exe: ExecHandle) -> Result<usize> {
+        self.with_executable(exe, |e| {
+            let mut args = c::PJRT_Executable_NumOutputs_Args::new();
+            args.executable = e;
+            call!(self, PJRT_Executable_NumOutputs, &mut args)?;
+            Ok(args.num_outputs)
+        })
+    }
+
+    pub(crate) fn executable_serialize(self, exe: ExecHandle) -> Result<Vec<u8>> {
+        self.with_executable(exe, |e| {
+            let mut args = c::PJRT_Executable_Serialize_Args::new();
+            args.executable = e;
+            call!(self, PJRT_Executable_Serialize, &mut args)?;
+            let bytes = copy_slice(args.serialized_bytes.cast::<u8>(), args.serialized_bytes_size);
+            if let (Some(deleter), false) = (args.serialized_executable_deleter, args.serialized_executable.is_null()) {
+                // SAFETY: frees the backing store exactly once, after the copy above.
+                unsafe { deleter(args.serialized_executable) };
+            }
+            Ok(bytes)
+        })
+    }
+
+    pub(crate) fn executable_deserialize(self, client: ClientHandle, bytes: &[u8]) -> Result<ExecHandle> {
+        let mut args = c::PJRT_Executable_DeserializeAndLoad_Args::new();
+        args.client = client.raw();
+        args.serialized_executable = bytes.as_ptr().cast();
+        args.serialized_executable_size = bytes.len();
+        call!(self, PJRT_Executable_DeserializeAndLoad, &mut args)?;
+        ExecHandle::from_raw(args.loaded_executable, "PJRT_Executable_DeserializeAndLoad")
+    }
+
+    /// Executes with one argument list per addressable device and waits for every device to finish.
+    /// On any error no output is leaked: outputs already produced are destroyed.
+    pub(crate) fn execute(
+        self,
+        exe: ExecHandle,
+        args_per_device: &[Vec<BufferHandle>],
+        num_outputs: usize,
+    ) -> Result<Vec<Vec<BufferHandle>>> {
+        let num_devices = args_per_device.len();
+        let num_args = args_per_device.first().map_or(0, Vec::len);
+        let arg_lists: Vec<Vec<*mut c::PJRT_Buffer>> =
+            args_per_device.iter().map(|list| list.iter().map(|b| b.raw()).collect()).collect();
+        let arg_ptrs: Vec<*const *mut c::PJRT_Buffer> = arg_lists.iter().map(|l| l.as_ptr()).collect();
+        let mut out_lists: Vec<Vec<*mut c::PJRT_Buffer>> = vec![vec![ptr::null_mut(); num_outputs]; num_devices];
+        let out_ptrs: Vec<*mut *mut c::PJRT_Buffer> = out_lists.iter_mut().map(|l| l.as_mut_ptr()).collect();
+        let mut events: Vec<*mut c::PJRT_Event> = vec![ptr::null_mut(); num_devices];
+
+        let mut options = c::PJRT_ExecuteOptions::new();
+        let mut args = c::PJRT_LoadedExecutable_Execute_Args::new();
+        args.executable = exe.raw();
+        args.options = &mut options;
+        args.argument_lists = arg_ptrs.as_ptr();
+        args.num_devices = num_devices;
+        args.num_args = num_args;
+        args.output_lists = out_ptrs.as_ptr();
+        args.device_complete_events = events.as_mut_ptr();
+        call!(self, PJRT_LoadedExecutable_Execute, &mut args)?;
+
+        let mut status = Ok(());
+        for event in events {
+            let done = self.await_event(event, "PJRT_LoadedExecutable_Execute");
+            if status.is_ok() {
+                status = done;
+            }
+        }
+        let mut outputs = Vec::with_capacity(num_devices);
+        for list in &out_lists {
+            let handles: Vec<Option<BufferHandle>> = list.iter().map(|p| NonNull::new(*p).map(BufferHandle)).collect();
+            if handles.iter().any(Option::is_none) && status.is_ok() {
+                status = Err(Error::Pjrt {
+                    call: "PJRT_LoadedExecutable_Execute",
+                    code: None,
+                    message: "the plugin left an output buffer null".into(),
+                });
+            }
+            outputs.push(handles.into_iter().flatten().collect::<Vec<_>>());
+        }
+        if let Err(e) = status {
+            outputs.into_iter().flatten().for_each(|b| self.buffer_destroy(b));
+            return Err(e);
+        }
+        Ok(outputs)
+    }
+}
+
+fn rename_call(e: Error, call: &'static str) -> Error {
+    match e {
+        Error::Pjrt { code, message, .. } => Error::Pjrt { call, code, message },
+        other => other,
+    }
+}
+
+fn device_list(p: *const *mut c::PJRT_Device, n: usize, call: &'static str) -> Result<Vec<DeviceHandle>> {
+    copy_slice(p, n).into_iter().map(|d| DeviceHandle::from_raw(d, call)).collect()
+}
+
+fn read_named_values(p: *const c::PJRT_NamedValue, n: usize) -> Vec<(String, AttrValue)> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: the plugin returned `n` named values at `p`, alive for the life of the process.
+        let v = unsafe { &*p.add(i) };
+        let name = copy_str(v.name, v.name_size);
+        // SAFETY: each union member is read only when `type_` says it is the active one.
+        let value = unsafe {
+            match v.type_ {
+                c::NAMED_VALUE_STRING => AttrValue::String(copy_str(v.value.string_value, v.value_size)),
+                c::NAMED_VALUE_INT64 => AttrValue::Int64(v.value.int64_value),
+                c::NAMED_VALUE_INT64_LIST => AttrValue::Int64List(copy_slice(v.value.int64_array_value, v.value_size)),
+                c::NAMED_VALUE_FLOAT => AttrValue::Float(v.value.float_value),
+                c::NAMED_VALUE_BOOL => AttrValue::Bool(v.value.bool_value),
+                other => AttrValue::Unknown(other),
+            }
+        };
+        out.push((name, value));
+    }
+    out
+}
+
+impl Api {
+    /// Identity of the function table (one per loaded library).
+    pub(crate) fn address(self) -> usize {
+        self.0.as_ptr() as usize
+    }
+}

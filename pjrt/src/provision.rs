@@ -1,0 +1,423 @@
+//! Finding PJRT plugins, and fetching the CPU plugin into a per-user cache on first use.
+//!
+//! The CPU plugin comes from a PyPI wheel, fetched once with `pip download`, checked against a pinned
+//! sha256, and unpacked into `<cache>/plugins/<pip name>-<version>/`. Concurrent processes (test
+//! binaries run in parallel) coordinate through a lock file; even without it they cannot corrupt the
+//! cache, because each writes a private temporary file and renames it into place atomically.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// The CPU plugins lazuli knows how to fetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CpuPluginKind {
+    /// `lammps-jax-pjrt-cpu` 0.11.2: XLA of jaxlib 0.11.2, PJRT C API 0.115. The default.
+    LammpsJax0112,
+    /// `xla-cpu-pjrt` 0.0.1 by the OpenXLA authors, PJRT C API 0.81.
+    XlaCpu001,
+}
+
+/// Where a plugin comes from and how to check it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PluginSpec {
+    pub pip_name: &'static str,
+    pub version: &'static str,
+    pub wheel_file: &'static str,
+    /// sha256 of the wheel file.
+    pub sha256: &'static str,
+    /// Path of the shared object inside the wheel.
+    pub so_member: &'static str,
+    /// Approximate wheel size, for the one-line notice.
+    pub download_mb: u32,
+}
+
+impl CpuPluginKind {
+    pub const ALL: [CpuPluginKind; 2] = [CpuPluginKind::LammpsJax0112, CpuPluginKind::XlaCpu001];
+
+    /// The name used in `LAZULI_CPU_PLUGIN` (the pip package name).
+    pub fn name(self) -> &'static str {
+        self.spec().pip_name
+    }
+
+    pub fn from_name(name: &str) -> Option<CpuPluginKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    pub fn spec(self) -> PluginSpec {
+        match self {
+            CpuPluginKind::LammpsJax0112 => PluginSpec {
+                pip_name: "lammps-jax-pjrt-cpu",
+                version: "0.11.2",
+                wheel_file: "lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
+                sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
+                so_member: "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
+                download_mb: 63,
+            },
+            CpuPluginKind::XlaCpu001 => PluginSpec {
+                pip_name: "xla-cpu-pjrt",
+                version: "0.0.1",
+                wheel_file: "xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl",
+                sha256: "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc",
+                so_member: "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
+                download_mb: 64,
+            },
+        }
+    }
+}
+
+/// The CPU plugin to use: `LAZULI_PJRT_PLUGIN` if set (any plugin file), else the kind named by
+/// `LAZULI_CPU_PLUGIN` (default `lammps-jax-pjrt-cpu`), fetched into the cache if needed.
+pub fn cpu_plugin_path() -> Result<PathBuf> {
+    if let Some(path) = env_path("LAZULI_PJRT_PLUGIN") {
+        return existing(path, "LAZULI_PJRT_PLUGIN");
+    }
+    let kind = match std::env::var("LAZULI_CPU_PLUGIN") {
+        Ok(name) if !name.is_empty() => CpuPluginKind::from_name(&name).ok_or_else(|| {
+            let known: Vec<&str> = CpuPluginKind::ALL.iter().map(|k| k.name()).collect();
+            Error::Provision(format!("LAZULI_CPU_PLUGIN={name:?} is not one of: {}", known.join(", ")))
+        })?,
+        _ => CpuPluginKind::LammpsJax0112,
+    };
+    cpu_plugin_path_for(kind)
+}
+
+/// The cached plugin of `kind`, fetched on first use (needs `python3 -m pip` and network access once).
+pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
+    let spec = kind.spec();
+    let dir = cache_dir()?.join("plugins").join(format!("{}-{}", spec.pip_name, spec.version));
+    let so = dir.join(file_name(spec.so_member));
+    if is_installed(&spec, &so) {
+        return Ok(so);
+    }
+    // One fetch at a time in this process; the lock file covers other processes.
+    static FETCHING: Mutex<()> = Mutex::new(());
+    let _guard = FETCHING.lock().unwrap_or_else(|p| p.into_inner());
+    if is_installed(&spec, &so) {
+        return Ok(so);
+    }
+    fs::create_dir_all(&dir).map_err(|e| fetch_error(&spec, &dir, &format!("cannot create {}: {e}", dir.display())))?;
+    let _lock = match FileLock::acquire(&dir.join(".fetch.lock"), || is_installed(&spec, &so)) {
+        LockOutcome::Done => return Ok(so),
+        LockOutcome::Locked(lock) => Some(lock),
+        LockOutcome::GaveUp => None, // still safe: every write below is a private file renamed into place
+    };
+    if is_installed(&spec, &so) {
+        return Ok(so);
+    }
+    fetch(&spec, &dir, &so).map_err(|reason| fetch_error(&spec, &dir, &reason))?;
+    Ok(so)
+}
+
+/// The CUDA plugin: `LAZULI_GPU_PLUGIN`, else `jax_plugins/xla_cuda13` (then `xla_cuda12`) in the
+/// Python environment's site-packages.
+pub fn gpu_plugin_path() -> Result<PathBuf> {
+    if let Some(path) = env_path("LAZULI_GPU_PLUGIN") {
+        return existing(path, "LAZULI_GPU_PLUGIN");
+    }
+    let dirs = python_paths();
+    for cuda in ["xla_cuda13", "xla_cuda12"] {
+        for dir in &dirs {
+            let candidate = dir.join("jax_plugins").join(cuda).join("xla_cuda_plugin.so");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(Error::Provision(format!(
+        "no CUDA PJRT plugin found in the site-packages of {python}. Install one with \
+         `{python} -m pip install -U \"jax[cuda13]\"` (or jax[cuda12]; it brings the CUDA runtime wheels the \
+         plugin needs), or set LAZULI_GPU_PLUGIN=/path/to/xla_cuda_plugin.so",
+        python = python()
+    )))
+}
+
+/// The TPU plugin: `LAZULI_TPU_PLUGIN`, else `TPU_LIBRARY_PATH`, else `libtpu/libtpu.so` in the Python
+/// environment's site-packages.
+pub fn tpu_plugin_path() -> Result<PathBuf> {
+    for var in ["LAZULI_TPU_PLUGIN", "TPU_LIBRARY_PATH"] {
+        if let Some(path) = env_path(var) {
+            return existing(path, var);
+        }
+    }
+    python_paths()
+        .into_iter()
+        .map(|dir| dir.join("libtpu").join("libtpu.so"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::Provision(format!(
+                "no TPU PJRT plugin found: install it with `{} -m pip install -U libtpu`, or set \
+                 LAZULI_TPU_PLUGIN (or TPU_LIBRARY_PATH) to the path of libtpu.so",
+                python()
+            ))
+        })
+}
+
+/// `$LAZULI_CACHE_DIR`, else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`.
+pub fn cache_dir() -> Result<PathBuf> {
+    if let Some(dir) = env_path("LAZULI_CACHE_DIR") {
+        return Ok(dir);
+    }
+    if let Some(dir) = env_path("XDG_CACHE_HOME") {
+        return Ok(dir.join("lazuli"));
+    }
+    env_path("HOME").map(|home| home.join(".cache").join("lazuli")).ok_or_else(|| {
+        Error::Provision("no cache directory: set LAZULI_CACHE_DIR (or XDG_CACHE_HOME or HOME)".into())
+    })
+}
+
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+fn existing(path: PathBuf, var: &str) -> Result<PathBuf> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::Provision(format!("{var}={} does not name an existing file", path.display())))
+    }
+}
+
+fn python() -> String {
+    std::env::var("LAZULI_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+}
+
+/// site.getsitepackages() + getusersitepackages() + sys.path of the Python in use; empty if it fails.
+fn python_paths() -> Vec<PathBuf> {
+    let script = "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
+    match Command::new(python()).args(["-c", script]).output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(PathBuf::from)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn file_name(member: &str) -> &str {
+    member.rsplit('/').next().unwrap_or(member)
+}
+
+fn marker_path(so: &Path) -> PathBuf {
+    let mut name = so.as_os_str().to_owned();
+    name.push(".sha256");
+    PathBuf::from(name)
+}
+
+/// The marker (written after the .so is in place) records the sha256 of the wheel it came from.
+fn is_installed(spec: &PluginSpec, so: &Path) -> bool {
+    so.is_file() && fs::read_to_string(marker_path(so)).is_ok_and(|m| m.trim() == spec.sha256)
+}
+
+/// A file name no other thread or process uses.
+fn unique(dir: &Path, stem: &str) -> PathBuf {
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    dir.join(format!(".{stem}.{}.{nanos}.tmp", std::process::id()))
+}
+
+/// Downloads (unless the wheel is already in `dir`), verifies and unpacks. Errors are plain reasons;
+/// the caller adds the fix.
+fn fetch(spec: &PluginSpec, dir: &Path, so: &Path) -> std::result::Result<(), String> {
+    let placed = dir.join(spec.wheel_file);
+    let (wheel, download_dir) = if placed.is_file() {
+        (placed, None) // put there by hand, as the error message suggests
+    } else {
+        let download_dir = unique(dir, "download");
+        eprintln!(
+            "lazuli: fetching PJRT CPU plugin {}=={} ({} MB) into {}",
+            spec.pip_name,
+            spec.version,
+            spec.download_mb,
+            dir.display()
+        );
+        let wheel = pip_download(spec, &download_dir);
+        if wheel.is_err() {
+            let _ = fs::remove_dir_all(&download_dir);
+        }
+        (wheel?, Some(download_dir))
+    };
+    let result = verify_and_unpack(spec, &wheel, dir, so);
+    match download_dir {
+        Some(d) => {
+            let _ = fs::remove_dir_all(d);
+        }
+        None if result.is_err() => {
+            let _ = fs::remove_file(&wheel); // a bad hand-placed wheel would fail every run
+        }
+        None => {}
+    }
+    result
+}
+
+fn pip_download(spec: &PluginSpec, into: &Path) -> std::result::Result<PathBuf, String> {
+    let requirement = format!("{}=={}", spec.pip_name, spec.version);
+    let out = Command::new(python())
+        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
+        .arg(&requirement)
+        .arg("-d")
+        .arg(into)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
+        return Err(format!("`{} -m pip download {requirement}` failed: {}", python(), tail.join(" / ")));
+    }
+    let wheel = into.join(spec.wheel_file);
+    if wheel.is_file() {
+        Ok(wheel)
+    } else {
+        Err(format!("pip did not produce {}", spec.wheel_file))
+    }
+}
+
+fn verify_and_unpack(spec: &PluginSpec, wheel: &Path, dir: &Path, so: &Path) -> std::result::Result<(), String> {
+    let digest = sha256_file(wheel).map_err(|e| format!("cannot read {}: {e}", wheel.display()))?;
+    if digest != spec.sha256 {
+        return Err(format!(
+            "{} has sha256 {digest}, expected {} (corrupt or substituted download; it was deleted)",
+            spec.wheel_file, spec.sha256
+        ));
+    }
+    let tmp = unique(dir, file_name(spec.so_member));
+    let unpacked = unpack_member(wheel, spec.so_member, &tmp)
+        .and_then(|()| fs::rename(&tmp, so).map_err(|e| format!("cannot move the plugin into place: {e}")));
+    if unpacked.is_err() {
+        let _ = fs::remove_file(&tmp);
+        return unpacked;
+    }
+    let marker_tmp = unique(dir, "sha256");
+    fs::write(&marker_tmp, format!("{}\n", spec.sha256))
+        .and_then(|()| fs::rename(&marker_tmp, marker_path(so)))
+        .map_err(|e| {
+            let _ = fs::remove_file(&marker_tmp);
+            format!("cannot write the marker next to {}: {e}", so.display())
+        })
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut file = fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&chunk[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn unpack_member(wheel: &Path, member: &str, to: &Path) -> std::result::Result<(), String> {
+    let file = fs::File::open(wheel).map_err(|e| format!("cannot open {}: {e}", wheel.display()))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(|e| format!("{} is not a zip archive: {e}", wheel.display()))?;
+    let mut entry = archive.by_name(member).map_err(|e| format!("{member} not found in the wheel: {e}"))?;
+    let expected = entry.size();
+    let mut out = fs::File::create(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
+    let written = std::io::copy(&mut entry, &mut out).map_err(|e| format!("cannot unpack {member}: {e}"))?;
+    out.flush().and_then(|()| out.sync_all()).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
+    if written != expected {
+        return Err(format!("unpacked {written} bytes of {member}, the wheel says {expected}"));
+    }
+    Ok(())
+}
+
+fn fetch_error(spec: &PluginSpec, dir: &Path, reason: &str) -> Error {
+    Error::Provision(format!(
+        "lazuli could not fetch the PJRT CPU plugin {name}=={version}: {reason}\n\
+         Fix it with one of:\n  \
+         1. {python} -m pip download --no-deps --only-binary=:all: {name}=={version} -d {dir}\n     \
+            (or copy {wheel} there by any means); lazuli then verifies and unpacks it on the next run\n  \
+         2. set LAZULI_PJRT_PLUGIN=/path/to/a/pjrt_plugin.so to use a PJRT plugin you already have",
+        name = spec.pip_name,
+        version = spec.version,
+        python = python(),
+        dir = dir.display(),
+        wheel = spec.wheel_file,
+    ))
+}
+
+/// A lock file made with `create_new`, removed on drop.
+struct FileLock(PathBuf);
+
+enum LockOutcome {
+    Locked(FileLock),
+    /// Another process finished the work while we waited.
+    Done,
+    /// Waited too long; go ahead without the lock.
+    GaveUp,
+}
+
+impl FileLock {
+    const STALE: Duration = Duration::from_secs(30 * 60);
+    const WAIT: Duration = Duration::from_secs(10 * 60);
+
+    fn acquire(path: &Path, done: impl Fn() -> bool) -> LockOutcome {
+        let start = SystemTime::now();
+        loop {
+            match fs::OpenOptions::new().write(true).create_new(true).open(path) {
+                Ok(mut f) => {
+                    let _ = writeln!(f, "{}", std::process::id());
+                    return LockOutcome::Locked(FileLock(path.to_path_buf()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(_) => return LockOutcome::GaveUp, // e.g. read-only cache: no lock possible
+            }
+            if done() {
+                return LockOutcome::Done;
+            }
+            let age = fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            if age.is_some_and(|a| a > Self::STALE) {
+                let _ = fs::remove_file(path); // its owner died mid-fetch
+                continue;
+            }
+            if start.elapsed().is_ok_and(|w| w > Self::WAIT) {
+                return LockOutcome::GaveUp;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_names() {
+        for kind in CpuPluginKind::ALL {
+            assert_eq!(CpuPluginKind::from_name(kind.name()), Some(kind));
+            assert!(kind.spec().wheel_file.starts_with(&kind.spec().pip_name.replace('-', "_")));
+        }
+        assert_eq!(file_name("a/b/c.so"), "c.so");
+    }
+
+    #[test]
+    fn bad_wheel_is_refused_and_deleted() {
+        let dir = std::env::temp_dir().join(format!("lazuli-provision-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let spec = CpuPluginKind::XlaCpu001.spec();
+        fs::write(dir.join(spec.wheel_file), b"not a wheel").unwrap();
+        let so = dir.join("x.so");
+        let err = fetch(&spec, &dir, &so).unwrap_err();
+        assert!(err.contains("sha256"), "{err}");
+        assert!(!dir.join(spec.wheel_file).exists());
+        assert!(!is_installed(&spec, &so));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,27 @@
+//! # lazuli
+//!
+//! A lazy-tensor framework on XLA. Tensor ops record into a graph; nothing runs until a value is needed
+//! (`item()`, `to_vec()`, printing, or [`sync()`], the step boundary). Then the pending graph is lowered to
+//! StableHLO, compiled once per graph structure through a PJRT plugin, and run.
+//!
+//! ```no_run
+//! use lazuli::{DType, Tensor};
+//! let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+//! let w = Tensor::full(&[2, 2], 0.5, DType::F32);
+//! let y = (x.matmul(&w) + 1.0).tanh().sum(&[1]);
+//! println!("{y}"); // compiles and runs here
+//! println!("{}", lazuli::metrics());
+//! ```
+//!
+//! The crates underneath: [`pjrt`] (PJRT runtime and plugin provisioning), [`hlo`] (graph IR and StableHLO
+//! emitter), [`lazy`] (tensors, recording, materialization, cache).
+#![forbid(unsafe_code)]
+
+pub use lazuli_hlo as hlo;
+pub use lazuli_lazy as lazy;
+pub use lazuli_pjrt as pjrt;
+
+pub use lazuli_lazy::{
+    broadcast_shapes, init, metrics, platform, sync, Backend, Cause, Config, DType, Element, Error, Loc, Metrics,
+    Operand, Result, Tensor,
+};
