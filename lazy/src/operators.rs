@@ -36,7 +36,7 @@ macro_rules! binop {
                 self.binary_at(rhs, $kind, Loc::caller())
             }
         }
-        binop!(@scalar $Trait, $method, $kind, f64, f32, i32, i64);
+        binop!(@scalar $Trait, $method, $kind, f64);
     };
     (@scalar $Trait:ident, $method:ident, $kind:expr, $($s:ty),*) => {$(
         impl $Trait<$s> for &Tensor {

@@ -77,7 +77,8 @@ macro_rules! scalar_operand {
         }
     )*};
 }
-scalar_operand!(f64, f32, i32, i64, u8);
+// Only f64: with more scalar types a literal like `2.0` would be ambiguous. It is cast to the tensor's dtype.
+scalar_operand!(f64);
 
 impl Tensor {
     /// Broadcast to `dims` by numpy's rules (leading dimensions added, size-1 dimensions repeated).

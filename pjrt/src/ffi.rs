@@ -85,6 +85,8 @@ macro_rules! call {
     }};
 }
 
+mod executable_calls;
+
 /// Copies a (pointer, length) string the plugin owns.
 fn copy_str(p: *const c_char, len: usize) -> String {
     if p.is_null() || len == 0 {
@@ -105,7 +107,10 @@ fn copy_slice<T: Copy>(p: *const T, len: usize) -> Vec<T> {
 }
 
 fn load_error(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Load { path: path.to_path_buf(), reason: reason.into() }
+    Error::Load {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
 }
 
 /// dlopen(RTLD_NOW | RTLD_LOCAL) the plugin and fetch its table through `GetPjrtApi`.
@@ -121,19 +126,28 @@ pub(crate) fn open_plugin(path: &Path) -> Result<(libloading::Library, Api)> {
     };
     #[cfg(not(unix))]
     // SAFETY: as above.
-    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| load_error(path, e.to_string()))?;
+    let lib =
+        unsafe { libloading::Library::new(path) }.map_err(|e| load_error(path, e.to_string()))?;
 
     type GetPjrtApi = unsafe extern "C" fn() -> *const c::PJRT_Api;
     // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
-    let get = unsafe { lib.get::<GetPjrtApi>(b"GetPjrtApi\0") }
-        .map_err(|e| load_error(path, format!("not a PJRT plugin (no GetPjrtApi symbol): {e}")))?;
+    let get = unsafe { lib.get::<GetPjrtApi>(b"GetPjrtApi\0") }.map_err(|e| {
+        load_error(
+            path,
+            format!("not a PJRT plugin (no GetPjrtApi symbol): {e}"),
+        )
+    })?;
     // SAFETY: calling the plugin's exported, argument-free entry point.
     let raw = unsafe { get() };
-    let table = NonNull::new(raw.cast_mut()).ok_or_else(|| load_error(path, "GetPjrtApi returned null"))?;
+    let table =
+        NonNull::new(raw.cast_mut()).ok_or_else(|| load_error(path, "GetPjrtApi returned null"))?;
     // SAFETY: `struct_size` is the table's first field, present in every version.
     let size = unsafe { ptr::addr_of!((*table.as_ptr()).struct_size).read() };
     if size < std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy) {
-        return Err(load_error(path, format!("PJRT_Api struct_size {size} is too small to be a PJRT table")));
+        return Err(load_error(
+            path,
+            format!("PJRT_Api struct_size {size} is too small to be a PJRT table"),
+        ));
     }
     Ok((lib, Api(table)))
 }
@@ -175,13 +189,19 @@ impl Api {
 
     /// Turns a returned `PJRT_Error*` into a `Result`, freeing the error.
     fn status(self, err: *mut c::PJRT_Error, call: &'static str) -> Result<()> {
-        let Some(err) = NonNull::new(err) else { return Ok(()) };
+        let Some(err) = NonNull::new(err) else {
+            return Ok(());
+        };
         let err = err.as_ptr();
         let mut message = String::from("(the plugin gave no message)");
-        if let Ok(f) = self.entry(std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Message), "", |t| {
-            // SAFETY: offset checked by `entry`.
-            unsafe { ptr::addr_of!((*t).PJRT_Error_Message).read() }
-        }) {
+        if let Ok(f) = self.entry(
+            std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Message),
+            "",
+            |t| {
+                // SAFETY: offset checked by `entry`.
+                unsafe { ptr::addr_of!((*t).PJRT_Error_Message).read() }
+            },
+        ) {
             let mut args = c::PJRT_Error_Message_Args::new();
             args.error = err;
             // SAFETY: `err` is a live error returned by the plugin.
@@ -195,14 +215,22 @@ impl Api {
             Err(_) => None,
         };
         self.destroy_error(err);
-        Err(Error::Pjrt { call, code, message })
+        Err(Error::Pjrt {
+            call,
+            code,
+            message,
+        })
     }
 
     fn destroy_error(self, err: *mut c::PJRT_Error) {
-        if let Ok(f) = self.entry(std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy), "", |t| {
-            // SAFETY: offset checked by `entry`.
-            unsafe { ptr::addr_of!((*t).PJRT_Error_Destroy).read() }
-        }) {
+        if let Ok(f) = self.entry(
+            std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy),
+            "",
+            |t| {
+                // SAFETY: offset checked by `entry`.
+                unsafe { ptr::addr_of!((*t).PJRT_Error_Destroy).read() }
+            },
+        ) {
             let mut args = c::PJRT_Error_Destroy_Args::new();
             args.error = err;
             // SAFETY: `err` is live and destroyed exactly once, here.
@@ -230,7 +258,11 @@ impl Api {
     }
 
     pub(crate) fn plugin_initialize(self) -> Result<()> {
-        call!(self, PJRT_Plugin_Initialize, &mut c::PJRT_Plugin_Initialize_Args::new())
+        call!(
+            self,
+            PJRT_Plugin_Initialize,
+            &mut c::PJRT_Plugin_Initialize_Args::new()
+        )
     }
 
     pub(crate) fn plugin_attributes(self) -> Result<Vec<(String, AttrValue)>> {
@@ -280,11 +312,18 @@ impl Api {
         Ok(copy_str(args.platform_name, args.platform_name_size))
     }
 
-    pub(crate) fn client_addressable_devices(self, client: ClientHandle) -> Result<Vec<DeviceHandle>> {
+    pub(crate) fn client_addressable_devices(
+        self,
+        client: ClientHandle,
+    ) -> Result<Vec<DeviceHandle>> {
         let mut args = c::PJRT_Client_AddressableDevices_Args::new();
         args.client = client.raw();
         call!(self, PJRT_Client_AddressableDevices, &mut args)?;
-        device_list(args.addressable_devices, args.num_addressable_devices, "PJRT_Client_AddressableDevices")
+        device_list(
+            args.addressable_devices,
+            args.num_addressable_devices,
+            "PJRT_Client_AddressableDevices",
+        )
     }
 
     /// (id, kind, local hardware id) of a device.
@@ -301,7 +340,11 @@ impl Api {
         let mut hw = c::PJRT_Device_LocalHardwareId_Args::new();
         hw.device = device.raw();
         call!(self, PJRT_Device_LocalHardwareId, &mut hw)?;
-        Ok((id.id, copy_str(kind.device_kind, kind.device_kind_size), hw.local_hardware_id))
+        Ok((
+            id.id,
+            copy_str(kind.device_kind, kind.device_kind_size),
+            hw.local_hardware_id,
+        ))
     }
 
     pub(crate) fn client_compile(
@@ -344,7 +387,10 @@ impl Api {
         args.host_buffer_semantics = c::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
         args.device = device.raw();
         call!(self, PJRT_Client_BufferFromHostBuffer, &mut args)?;
-        let done = self.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer");
+        let done = self.await_event(
+            args.done_with_host_buffer,
+            "PJRT_Client_BufferFromHostBuffer",
+        );
         let buffer = BufferHandle::from_raw(args.buffer, "PJRT_Client_BufferFromHostBuffer");
         match (done, buffer) {
             (Ok(()), Ok(b)) => Ok(b),
@@ -415,135 +461,28 @@ impl Api {
         self.await_event(args.event, "PJRT_Buffer_ToHostBuffer")?;
         Ok(out)
     }
-
-    pub(crate) fn executable_destroy(self, exe: ExecHandle) {
-        let mut args = c::PJRT_LoadedExecutable_Destroy_Args::new();
-        args.executable = exe.raw();
-        Self::ignore(call!(self, PJRT_LoadedExecutable_Destroy, &mut args));
-    }
-
-    pub(crate) fn executable_addressable_devices(self, exe: ExecHandle) -> Result<Vec<DeviceHandle>> {
-        let mut args = c::PJRT_LoadedExecutable_AddressableDevices_Args::new();
-        args.executable = exe.raw();
-        call!(self, PJRT_LoadedExecutable_AddressableDevices, &mut args)?;
-        device_list(args.addressable_devices, args.num_addressable_devices, "PJRT_LoadedExecutable_AddressableDevices")
-    }
-
-    /// Runs `f` on the (unloaded) `PJRT_Executable` behind `exe`, destroying it afterwards.
-    fn with_executable<R>(self, exe: ExecHandle, f: impl FnOnce(*mut c::PJRT_Executable) -> Result<R>) -> Result<R> {
-        let mut args = c::PJRT_LoadedExecutable_GetExecutable_Args::new();
-        args.loaded_executable = exe.raw();
-        call!(self, PJRT_LoadedExecutable_GetExecutable, &mut args)?;
-        if args.executable.is_null() {
-            return Err(Error::Pjrt {
-                call: "PJRT_LoadedExecutable_GetExecutable",
-                code: None,
-                message: "the plugin returned a null executable".into(),
-            });
-        }
-        let result = f(args.executable);
-        let mut destroy = c::PJRT_Executable_Destroy_Args::new();
-        destroy.executable = args.executable;
-        Self::ignore(call!(self, PJRT_Executable_Destroy, &mut destroy));
-        result
-    }
-
-    pub(crate) fn executable_num_outputs(self, exe: ExecHandle) -> Result<usize> {
-        self.with_executable(exe, |e| {
-            let mut args = c::PJRT_Executable_NumOutputs_Args::new();
-            args.executable = e;
-            call!(self, PJRT_Executable_NumOutputs, &mut args)?;
-            Ok(args.num_outputs)
-        })
-    }
-
-    pub(crate) fn executable_serialize(self, exe: ExecHandle) -> Result<Vec<u8>> {
-        self.with_executable(exe, |e| {
-            let mut args = c::PJRT_Executable_Serialize_Args::new();
-            args.executable = e;
-            call!(self, PJRT_Executable_Serialize, &mut args)?;
-            let bytes = copy_slice(args.serialized_bytes.cast::<u8>(), args.serialized_bytes_size);
-            if let (Some(deleter), false) = (args.serialized_executable_deleter, args.serialized_executable.is_null()) {
-                // SAFETY: frees the backing store exactly once, after the copy above.
-                unsafe { deleter(args.serialized_executable) };
-            }
-            Ok(bytes)
-        })
-    }
-
-    pub(crate) fn executable_deserialize(self, client: ClientHandle, bytes: &[u8]) -> Result<ExecHandle> {
-        let mut args = c::PJRT_Executable_DeserializeAndLoad_Args::new();
-        args.client = client.raw();
-        args.serialized_executable = bytes.as_ptr().cast();
-        args.serialized_executable_size = bytes.len();
-        call!(self, PJRT_Executable_DeserializeAndLoad, &mut args)?;
-        ExecHandle::from_raw(args.loaded_executable, "PJRT_Executable_DeserializeAndLoad")
-    }
-
-    /// Executes with one argument list per addressable device and waits for every device to finish.
-    /// On any error no output is leaked: outputs already produced are destroyed.
-    pub(crate) fn execute(
-        self,
-        exe: ExecHandle,
-        args_per_device: &[Vec<BufferHandle>],
-        num_outputs: usize,
-    ) -> Result<Vec<Vec<BufferHandle>>> {
-        let num_devices = args_per_device.len();
-        let num_args = args_per_device.first().map_or(0, Vec::len);
-        let arg_lists: Vec<Vec<*mut c::PJRT_Buffer>> =
-            args_per_device.iter().map(|list| list.iter().map(|b| b.raw()).collect()).collect();
-        let arg_ptrs: Vec<*const *mut c::PJRT_Buffer> = arg_lists.iter().map(|l| l.as_ptr()).collect();
-        let mut out_lists: Vec<Vec<*mut c::PJRT_Buffer>> = vec![vec![ptr::null_mut(); num_outputs]; num_devices];
-        let out_ptrs: Vec<*mut *mut c::PJRT_Buffer> = out_lists.iter_mut().map(|l| l.as_mut_ptr()).collect();
-        let mut events: Vec<*mut c::PJRT_Event> = vec![ptr::null_mut(); num_devices];
-
-        let mut options = c::PJRT_ExecuteOptions::new();
-        let mut args = c::PJRT_LoadedExecutable_Execute_Args::new();
-        args.executable = exe.raw();
-        args.options = &mut options;
-        args.argument_lists = arg_ptrs.as_ptr();
-        args.num_devices = num_devices;
-        args.num_args = num_args;
-        args.output_lists = out_ptrs.as_ptr();
-        args.device_complete_events = events.as_mut_ptr();
-        call!(self, PJRT_LoadedExecutable_Execute, &mut args)?;
-
-        let mut status = Ok(());
-        for event in events {
-            let done = self.await_event(event, "PJRT_LoadedExecutable_Execute");
-            if status.is_ok() {
-                status = done;
-            }
-        }
-        let mut outputs = Vec::with_capacity(num_devices);
-        for list in &out_lists {
-            let handles: Vec<Option<BufferHandle>> = list.iter().map(|p| NonNull::new(*p).map(BufferHandle)).collect();
-            if handles.iter().any(Option::is_none) && status.is_ok() {
-                status = Err(Error::Pjrt {
-                    call: "PJRT_LoadedExecutable_Execute",
-                    code: None,
-                    message: "the plugin left an output buffer null".into(),
-                });
-            }
-            outputs.push(handles.into_iter().flatten().collect::<Vec<_>>());
-        }
-        if let Err(e) = status {
-            outputs.into_iter().flatten().for_each(|b| self.buffer_destroy(b));
-            return Err(e);
-        }
-        Ok(outputs)
-    }
 }
 
 fn rename_call(e: Error, call: &'static str) -> Error {
     match e {
-        Error::Pjrt { code, message, .. } => Error::Pjrt { call, code, message },
+        Error::Pjrt { code, message, .. } => Error::Pjrt {
+            call,
+            code,
+            message,
+        },
         other => other,
     }
 }
 
-fn device_list(p: *const *mut c::PJRT_Device, n: usize, call: &'static str) -> Result<Vec<DeviceHandle>> {
-    copy_slice(p, n).into_iter().map(|d| DeviceHandle::from_raw(d, call)).collect()
+fn device_list(
+    p: *const *mut c::PJRT_Device,
+    n: usize,
+    call: &'static str,
+) -> Result<Vec<DeviceHandle>> {
+    copy_slice(p, n)
+        .into_iter()
+        .map(|d| DeviceHandle::from_raw(d, call))
+        .collect()
 }
 
 fn read_named_values(p: *const c::PJRT_NamedValue, n: usize) -> Vec<(String, AttrValue)> {
@@ -555,9 +494,13 @@ fn read_named_values(p: *const c::PJRT_NamedValue, n: usize) -> Vec<(String, Att
         // SAFETY: each union member is read only when `type_` says it is the active one.
         let value = unsafe {
             match v.type_ {
-                c::NAMED_VALUE_STRING => AttrValue::String(copy_str(v.value.string_value, v.value_size)),
+                c::NAMED_VALUE_STRING => {
+                    AttrValue::String(copy_str(v.value.string_value, v.value_size))
+                }
                 c::NAMED_VALUE_INT64 => AttrValue::Int64(v.value.int64_value),
-                c::NAMED_VALUE_INT64_LIST => AttrValue::Int64List(copy_slice(v.value.int64_array_value, v.value_size)),
+                c::NAMED_VALUE_INT64_LIST => {
+                    AttrValue::Int64List(copy_slice(v.value.int64_array_value, v.value_size))
+                }
                 c::NAMED_VALUE_FLOAT => AttrValue::Float(v.value.float_value),
                 c::NAMED_VALUE_BOOL => AttrValue::Bool(v.value.bool_value),
                 other => AttrValue::Unknown(other),
