@@ -5,7 +5,7 @@ use lazuli::{DType, Tensor};
 
 /// A little model: y = sum(tanh(x @ w + b) * scale, axis 1). `scale` is a host scalar, so it is a program
 /// parameter: changing it does not recompile.
-fn model(x: &Tensor, w: &Tensor, b: &Tensor, scale: f32) -> Tensor {
+fn model(x: &Tensor, w: &Tensor, b: &Tensor, scale: f64) -> Tensor {
     ((x.matmul(w) + b).tanh() * scale).sum(&[1])
 }
 

@@ -31,6 +31,7 @@ pub fn plugin(which: Which) -> Plugin {
 }
 
 /// Stamps each listed `fn name(plugin: &Plugin)` as one `#[test]` per CPU plugin.
+#[allow(unused_macros)]
 macro_rules! per_plugin {
     ($($name:ident),* $(,)?) => {
         mod lammps_jax_0_11_2 {

@@ -1,0 +1,62 @@
+//! The CUDA plugin end to end. Opt-in, since it needs an NVIDIA GPU and the `jax-cuda13-pjrt` (or
+//! cuda12) wheel in the Python environment: `cargo test -p lazuli-pjrt --test gpu -- --ignored`.
+mod common;
+
+use common::{f32_buffer, read_f32};
+use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
+
+const ADD_MUL: &str = r#"
+func.func @main(%a: tensor<2x3xf32>, %b: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<2x3xbf16>) {
+  %0 = stablehlo.add %a, %b : tensor<2x3xf32>
+  %1 = stablehlo.multiply %a, %b : tensor<2x3xf32>
+  %2 = stablehlo.convert %1 : (tensor<2x3xf32>) -> tensor<2x3xbf16>
+  return %0, %2 : tensor<2x3xf32>, tensor<2x3xbf16>
+}"#;
+
+/// One client for the whole test: a CUDA client reserves most of the GPU memory unless told not to.
+#[test]
+#[ignore = "needs an NVIDIA GPU and the jax-cuda13-pjrt (or -cuda12-) plugin"]
+fn cuda_end_to_end() {
+    let path = provision::gpu_plugin_path().unwrap_or_else(|e| panic!("{e}"));
+    let plugin = Plugin::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("plugin {} API {:?}", path.display(), plugin.api_version());
+    let client = Client::new(&plugin, &ClientOptions::new().bool_option("preallocate", false)).unwrap();
+    let platform = client.platform_name().unwrap();
+    assert!(platform == "cuda" || platform == "gpu", "{platform}");
+    let devices = client.devices();
+    assert!(!devices.is_empty());
+    eprintln!("{platform}: {devices:?}");
+    let d = &devices[0];
+
+    for ty in ElementType::ALL {
+        let bytes: Vec<u8> = (0..6 * ty.byte_size()).map(|i| if ty == ElementType::Pred { (i % 2) as u8 } else { (i * 7 % 251) as u8 }).collect();
+        let b = client.buffer_from_host(&bytes, ty, &[3, 2], d).unwrap_or_else(|e| panic!("{ty:?}: {e}"));
+        assert_eq!(b.to_host().unwrap(), bytes, "{ty:?}");
+        assert_eq!(b.device().unwrap(), *d);
+    }
+
+    let exe = client.compile(ADD_MUL, &CompileOptions::default()).unwrap();
+    assert_eq!(exe.num_outputs().unwrap(), 2);
+    let a = f32_buffer(&client, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], d);
+    let b = f32_buffer(&client, &[0.5, 0.25, -1.0, 2.0, 0.0, 8.0], &[2, 3], d);
+    let out = exe.execute(&[&a, &b]).unwrap();
+    assert_eq!(read_f32(&out[0]), vec![1.5, 2.25, 2.0, 6.0, 5.0, 14.0]);
+    assert_eq!(out[1].element_type(), ElementType::BF16);
+    let bf16: Vec<u16> = out[1].to_host().unwrap().chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    let expected: Vec<u16> = [0.5f32, 0.5, -3.0, 8.0, 0.0, 48.0].iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+    assert_eq!(bf16, expected);
+
+    let loaded = client.deserialize_executable(&exe.serialize().unwrap()).unwrap();
+    assert_eq!(read_f32(&loaded.execute(&[&a, &b]).unwrap()[0]), read_f32(&out[0]));
+    let err = exe.execute(&[&a]).unwrap_err();
+    assert_eq!(err.call(), Some("PJRT_LoadedExecutable_Execute"), "{err}");
+    let err = client.compile("func.func @main(", &CompileOptions::default()).unwrap_err();
+    assert_eq!(err.call(), Some("PJRT_Client_Compile"), "{err}");
+
+    // Host overhead of one small execution, for the report.
+    let start = std::time::Instant::now();
+    for _ in 0..200 {
+        drop(exe.execute(&[&a, &b]).unwrap());
+    }
+    eprintln!("execute + await: {:?} each", start.elapsed() / 200);
+}
