@@ -2,7 +2,12 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use std::sync::Mutex;
+
 use lazuli::{DType, Tensor};
+
+/// The compile counter is process-wide; the tests of this binary take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Run `f`, expect a panic, return its message.
 fn panic_message(f: impl FnOnce()) -> String {
@@ -12,6 +17,7 @@ fn panic_message(f: impl FnOnce()) -> String {
 
 #[test]
 fn shape_mismatch_names_the_users_line() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let a = Tensor::from_slice(&[1.0f32; 6], &[2, 3]);
     let b = Tensor::from_slice(&[1.0f32; 4], &[4]);
     let before = lazuli::metrics();
@@ -49,6 +55,7 @@ fn shape_mismatch_names_the_users_line() {
 
 #[test]
 fn typed_reads_check_the_dtype_and_the_element_count() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let a = Tensor::from_slice(&[1.0f32, 2.0], &[2]);
     let line = line!() + 1;
     let err = a.to_vec::<i32>().unwrap_err().to_string();

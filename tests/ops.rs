@@ -43,7 +43,12 @@ fn run(checks: Vec<Check>) {
         let dt = c.got.dtype();
         let want: Vec<f64> = c.want.iter().map(|&x| dt.round(x)).collect();
         assert_close(&format!("{} vs ndarray", c.name), c.dtype, &got, &want);
-        assert_close(&format!("{} vs reference interpreter", c.name), c.dtype, &got, &r.iter().copied().collect::<Vec<_>>());
+        assert_close(
+            &format!("{} vs reference interpreter", c.name),
+            c.dtype,
+            &got,
+            &r.iter().copied().collect::<Vec<_>>(),
+        );
     }
 }
 
@@ -98,9 +103,16 @@ fn binary_ops_with_broadcasting_every_numeric_dtype() {
         checks.push(Check { name: format!("min {dt}"), dtype: dt, got: a.minimum(&b), want: zip2(&aa, &ba, f64::min) });
         // Host scalars on both sides take the tensor's dtype.
         checks.push(Check { name: format!("scalar add {dt}"), dtype: dt, got: &a + 2.0, want: aa.mapv(|x| x + 2.0) });
-        checks.push(Check { name: format!("scalar rsub {dt}"), dtype: dt, got: 20.0 - &a, want: aa.mapv(|x| 20.0 - x) });
-        let (p, pa) = if dt.is_float() { input(&mut rng, dt, &[4], 0.5, 2.0) } else { input(&mut rng, dt, &[4], 0.0, 4.0) };
-        let (e, ea) = if dt.is_float() { input(&mut rng, dt, &[4], -2.0, 2.0) } else { input(&mut rng, dt, &[4], 0.0, 3.0) };
+        checks.push(Check {
+            name: format!("scalar rsub {dt}"),
+            dtype: dt,
+            got: 20.0 - &a,
+            want: aa.mapv(|x| 20.0 - x),
+        });
+        let (p, pa) =
+            if dt.is_float() { input(&mut rng, dt, &[4], 0.5, 2.0) } else { input(&mut rng, dt, &[4], 0.0, 4.0) };
+        let (e, ea) =
+            if dt.is_float() { input(&mut rng, dt, &[4], -2.0, 2.0) } else { input(&mut rng, dt, &[4], 0.0, 3.0) };
         checks.push(Check { name: format!("pow {dt}"), dtype: dt, got: p.pow(&e), want: zip2(&pa, &ea, f64::powf) });
     }
     for dt in [DType::Bool, DType::I32, DType::U8] {
@@ -113,7 +125,12 @@ fn binary_ops_with_broadcasting_every_numeric_dtype() {
     }
     let (a, aa) = input(&mut rng, DType::Bool, &[3, 4], 0.0, 1.0);
     let (b, ba) = input(&mut rng, DType::Bool, &[3, 4], 0.0, 1.0);
-    checks.push(Check { name: "max bool".into(), dtype: DType::Bool, got: a.maximum(&b), want: zip2(&aa, &ba, f64::max) });
+    checks.push(Check {
+        name: "max bool".into(),
+        dtype: DType::Bool,
+        got: a.maximum(&b),
+        want: zip2(&aa, &ba, f64::max),
+    });
     run(checks);
 }
 
@@ -169,7 +186,12 @@ fn layout_ops_every_dtype() {
     for dt in DType::ALL {
         let (x, xa) = input(&mut rng, dt, &[2, 3, 4], 0.0, 9.0);
         let flat: Vec<f64> = xa.iter().copied().collect();
-        checks.push(Check { name: format!("reshape {dt}"), dtype: dt, got: x.reshape(&[4, -1]), want: array(flat, &[4, 6]) });
+        checks.push(Check {
+            name: format!("reshape {dt}"),
+            dtype: dt,
+            got: x.reshape(&[4, -1]),
+            want: array(flat, &[4, 6]),
+        });
         let want = xa.view().permuted_axes(IxDyn(&[2, 0, 1])).to_owned();
         checks.push(Check { name: format!("permute {dt}"), dtype: dt, got: x.permute(&[2, 0, 1]), want });
         let want = xa.view().permuted_axes(IxDyn(&[0, 2, 1])).to_owned();
@@ -245,7 +267,12 @@ fn matmul_every_numeric_dtype() {
         checks.push(Check { name: format!("matmul 2d {dt}"), dtype: dt, got: a.matmul(&b), want });
         let (c, ca) = input(&mut rng, dt, &[2, 3, 4], lo, hi);
         let (d, da) = input(&mut rng, dt, &[2, 4, 2], lo, hi);
-        checks.push(Check { name: format!("matmul batched {dt}"), dtype: dt, got: c.matmul(&d), want: matmul_ref(&ca, &da, 2, 3, 4, 2) });
+        checks.push(Check {
+            name: format!("matmul batched {dt}"),
+            dtype: dt,
+            got: c.matmul(&d),
+            want: matmul_ref(&ca, &da, 2, 3, 4, 2),
+        });
         // Batch broadcast: [2,3,4] @ [4,5] and a matrix-vector product.
         let want = matmul_ref(&ca, &ndarray::concatenate(Axis(0), &[ba.view(), ba.view()]).unwrap(), 2, 3, 4, 5);
         checks.push(Check { name: format!("matmul broadcast {dt}"), dtype: dt, got: c.matmul(&b), want });
@@ -260,13 +287,33 @@ fn matmul_every_numeric_dtype() {
 fn constructors() {
     let mut checks = Vec::new();
     for dt in NUMBERS {
-        checks.push(Check { name: format!("zeros {dt}"), dtype: dt, got: Tensor::zeros(&[2, 3], dt), want: ArrayD::zeros(IxDyn(&[2, 3])) });
-        checks.push(Check { name: format!("ones {dt}"), dtype: dt, got: Tensor::ones(&[3], dt), want: ArrayD::ones(IxDyn(&[3])) });
-        checks.push(Check { name: format!("full {dt}"), dtype: dt, got: Tensor::full(&[2, 2], 7.0, dt), want: ArrayD::from_elem(IxDyn(&[2, 2]), 7.0) });
+        checks.push(Check {
+            name: format!("zeros {dt}"),
+            dtype: dt,
+            got: Tensor::zeros(&[2, 3], dt),
+            want: ArrayD::zeros(IxDyn(&[2, 3])),
+        });
+        checks.push(Check {
+            name: format!("ones {dt}"),
+            dtype: dt,
+            got: Tensor::ones(&[3], dt),
+            want: ArrayD::ones(IxDyn(&[3])),
+        });
+        checks.push(Check {
+            name: format!("full {dt}"),
+            dtype: dt,
+            got: Tensor::full(&[2, 2], 7.0, dt),
+            want: ArrayD::from_elem(IxDyn(&[2, 2]), 7.0),
+        });
         let want = array((0..6).map(|i| i as f64).collect(), &[6]);
         checks.push(Check { name: format!("arange {dt}"), dtype: dt, got: Tensor::arange(6, dt), want });
     }
     let want = array(vec![1.0, 1.5, 2.0, 2.5], &[4]);
-    checks.push(Check { name: "arange_step".into(), dtype: DType::F32, got: Tensor::arange_step(1.0, 3.0, 0.5, DType::F32), want });
+    checks.push(Check {
+        name: "arange_step".into(),
+        dtype: DType::F32,
+        got: Tensor::arange_step(1.0, 3.0, 0.5, DType::F32),
+        want,
+    });
     run(checks);
 }

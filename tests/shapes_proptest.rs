@@ -15,15 +15,16 @@ fn cfg() -> ProptestConfig {
 
 /// Two shapes that broadcast: a base shape, each side drops some leading dims and sets some dims to 1.
 fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
-    prop::collection::vec(1usize..5, 0..5).prop_flat_map(|base| {
-        let r = base.len();
-        (Just(base), 0..=r, 0..=r, prop::collection::vec(any::<bool>(), r), prop::collection::vec(any::<bool>(), r))
-    })
-    .prop_map(|(base, da, db, ones_a, ones_b)| {
-        let a = base.iter().enumerate().skip(da).map(|(i, &d)| if ones_a[i] { 1 } else { d }).collect();
-        let b = base.iter().enumerate().skip(db).map(|(i, &d)| if ones_b[i] { 1 } else { d }).collect();
-        (a, b)
-    })
+    prop::collection::vec(1usize..5, 0..5)
+        .prop_flat_map(|base| {
+            let r = base.len();
+            (Just(base), 0..=r, 0..=r, prop::collection::vec(any::<bool>(), r), prop::collection::vec(any::<bool>(), r))
+        })
+        .prop_map(|(base, da, db, ones_a, ones_b)| {
+            let a = base.iter().enumerate().skip(da).map(|(i, &d)| if ones_a[i] { 1 } else { d }).collect();
+            let b = base.iter().enumerate().skip(db).map(|(i, &d)| if ones_b[i] { 1 } else { d }).collect();
+            (a, b)
+        })
 }
 
 fn data(seed: u64, dtype: DType, dims: &[usize]) -> (Tensor, ArrayD<f64>) {

@@ -17,16 +17,8 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 8] = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::Bool,
-    ];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8, DType::Bool];
 
     /// The element type as MLIR spells it inside `tensor<…>`.
     pub fn mlir(self) -> &'static str {

@@ -129,9 +129,6 @@ impl Graph {
             let v = node.op.reference(&node.ty, &args).mapv(|x| dt.round(x));
             values[id] = Some(v);
         }
-        self.outputs
-            .iter()
-            .map(|&o| values[o].clone().ok_or_else(|| format!("output {o} has no value")))
-            .collect()
+        self.outputs.iter().map(|&o| values[o].clone().ok_or_else(|| format!("output {o} has no value"))).collect()
     }
 }

@@ -150,10 +150,8 @@ pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Resu
             let text = emit(&traced.graph, &EmitOptions::default());
             dump_program(key, &text);
             let t0 = Instant::now();
-            let exe = rt
-                .client
-                .compile(&text, &CompileOptions::default())
-                .map_err(|source| Error::Compile { at, source })?;
+            let exe =
+                rt.client.compile(&text, &CompileOptions::default()).map_err(|source| Error::Compile { at, source })?;
             Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
             Counters::add(&COUNTERS.compiles, 1);
             let exe = Arc::new(exe);

@@ -105,12 +105,22 @@ impl Tensor {
         let mut dims = ts[0].dims().to_vec();
         for t in &ts[1..] {
             if t.dtype() != ts[0].dtype() && what != "where" {
-                fail(loc, format!("{what}: dtypes differ: {} vs {}; convert one with .to_dtype(…)", ts[0].tensor_type(), t.tensor_type()));
+                fail(
+                    loc,
+                    format!(
+                        "{what}: dtypes differ: {} vs {}; convert one with .to_dtype(…)",
+                        ts[0].tensor_type(),
+                        t.tensor_type()
+                    ),
+                );
             }
-            dims = broadcast_shapes(&dims, t.dims()).unwrap_or_else(|| {
-                let all: Vec<String> = ts.iter().map(|t| t.tensor_type().to_string()).collect();
-                fail(loc, format!("{what}: shapes {} do not broadcast", all.join(" and ")))
-            });
+            dims = match broadcast_shapes(&dims, t.dims()) {
+                Some(d) => d,
+                None => {
+                    let all: Vec<String> = ts.iter().map(|t| t.tensor_type().to_string()).collect();
+                    fail(loc, format!("{what}: shapes {} do not broadcast", all.join(" and ")))
+                }
+            };
         }
         ts.iter().map(|t| t.broadcast_at(&dims, loc)).collect()
     }
@@ -400,9 +410,9 @@ impl Tensor {
         if k1 != k2 {
             fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
         }
-        let batch = broadcast_shapes(&a2.dims()[..ra - 2], &b2.dims()[..rb - 2]).unwrap_or_else(|| {
+        let Some(batch) = broadcast_shapes(&a2.dims()[..ra - 2], &b2.dims()[..rb - 2]) else {
             fail(loc, format!("matmul: batch dimensions do not broadcast: {} @ {}", a.tensor_type(), b.tensor_type()))
-        });
+        };
         let nb = batch.len();
         let mut da = batch.clone();
         da.extend([m, k1]);

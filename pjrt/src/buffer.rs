@@ -16,18 +16,8 @@ pub struct Buffer {
 }
 
 impl Buffer {
-    pub(crate) fn new(
-        client: Arc<ClientInner>,
-        handle: BufferHandle,
-        ty: ElementType,
-        dims: Vec<i64>,
-    ) -> Buffer {
-        Buffer {
-            client,
-            handle,
-            ty,
-            dims,
-        }
+    pub(crate) fn new(client: Arc<ClientInner>, handle: BufferHandle, ty: ElementType, dims: Vec<i64>) -> Buffer {
+        Buffer { client, handle, ty, dims }
     }
 
     /// Takes ownership of a buffer the plugin produced (an execution output), reading its type and shape.
@@ -36,7 +26,9 @@ impl Buffer {
         let api = client.api();
         let described = api.buffer_element_type(handle).and_then(|raw| {
             let ty = ElementType::from_raw(raw).ok_or_else(|| {
-                Error::invalid(format!("the program produced an element type lazuli does not support (PJRT type {raw})"))
+                Error::invalid(format!(
+                    "the program produced an element type lazuli does not support (PJRT type {raw})"
+                ))
             })?;
             Ok((ty, api.buffer_dimensions(handle)?))
         });
@@ -64,21 +56,13 @@ impl Buffer {
 
     /// Copies the array to the host: dense, row-major, `element_count() * byte_size()` bytes.
     pub fn to_host(&self) -> Result<Vec<u8>> {
-        let bytes = self
-            .client
-            .api()
-            .buffer_to_host(self.handle, self.dims.len())?;
+        let bytes = self.client.api().buffer_to_host(self.handle, self.dims.len())?;
         let expected = byte_len(self.ty, &self.dims)?;
         if bytes.len() != expected {
             return Err(Error::Pjrt {
                 call: "PJRT_Buffer_ToHostBuffer",
                 code: None,
-                message: format!(
-                    "got {} bytes for {:?} {:?}, expected {expected}",
-                    bytes.len(),
-                    self.ty,
-                    self.dims
-                ),
+                message: format!("got {} bytes for {:?} {:?}, expected {expected}", bytes.len(), self.ty, self.dims),
             });
         }
         Ok(bytes)

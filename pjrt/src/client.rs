@@ -34,10 +34,7 @@ impl ClientInner {
     /// addressable devices.
     pub(crate) fn device(self: &Arc<Self>, handle: DeviceHandle) -> Option<Device> {
         let index = self.devices.iter().position(|d| d.handle == handle)?;
-        Some(Device {
-            client: Arc::clone(self),
-            index,
-        })
+        Some(Device { client: Arc::clone(self), index })
     }
 }
 
@@ -68,23 +65,12 @@ impl Client {
         let api = plugin.api();
         let handle = api.client_create(&options)?;
         // From here on, dropping `inner` destroys the client, also on the error paths below.
-        let mut inner = ClientInner {
-            plugin: plugin.clone(),
-            handle,
-            devices: Vec::new(),
-        };
+        let mut inner = ClientInner { plugin: plugin.clone(), handle, devices: Vec::new() };
         for device in api.client_addressable_devices(handle)? {
             let (id, kind, local_hardware_id) = api.device_info(device)?;
-            inner.devices.push(DeviceData {
-                handle: device,
-                id,
-                kind,
-                local_hardware_id,
-            });
+            inner.devices.push(DeviceData { handle: device, id, kind, local_hardware_id });
         }
-        Ok(Client {
-            inner: Arc::new(inner),
-        })
+        Ok(Client { inner: Arc::new(inner) })
     }
 
     /// "cpu", "cuda", "rocm", "tpu", …
@@ -98,23 +84,12 @@ impl Client {
 
     /// Addressable devices, in the plugin's order.
     pub fn devices(&self) -> Vec<Device> {
-        (0..self.inner.devices.len())
-            .map(|index| Device {
-                client: Arc::clone(&self.inner),
-                index,
-            })
-            .collect()
+        (0..self.inner.devices.len()).map(|index| Device { client: Arc::clone(&self.inner), index }).collect()
     }
 
     /// Copies dense row-major host data to `device`. `data.len()` must be the product of `dims` times
     /// the element size. Returns once `data` is no longer needed.
-    pub fn buffer_from_host(
-        &self,
-        data: &[u8],
-        ty: ElementType,
-        dims: &[i64],
-        device: &Device,
-    ) -> Result<Buffer> {
+    pub fn buffer_from_host(&self, data: &[u8], ty: ElementType, dims: &[i64], device: &Device) -> Result<Buffer> {
         self.check_device(device)?;
         let expected = byte_len(ty, dims)?;
         if data.len() != expected {
@@ -124,24 +99,15 @@ impl Client {
             )));
         }
         let api = self.inner.api();
-        let handle =
-            api.buffer_from_host(self.inner.handle, data, ty.to_raw(), dims, device.handle())?;
-        Ok(Buffer::new(
-            Arc::clone(&self.inner),
-            handle,
-            ty,
-            dims.to_vec(),
-        ))
+        let handle = api.buffer_from_host(self.inner.handle, data, ty.to_raw(), dims, device.handle())?;
+        Ok(Buffer::new(Arc::clone(&self.inner), handle, ty, dims.to_vec()))
     }
 
     /// Compiles StableHLO (MLIR text or bytecode; entry function `main`).
     pub fn compile(&self, mlir: &str, opts: &CompileOptions) -> Result<LoadedExecutable> {
         let device_ids: Vec<i64> = self.inner.devices.iter().map(|d| i64::from(d.id)).collect();
         let options = opts.to_proto_bytes_for(&device_ids)?;
-        let handle = self
-            .inner
-            .api()
-            .client_compile(self.inner.handle, mlir, "mlir", &options)?;
+        let handle = self.inner.api().client_compile(self.inner.handle, mlir, "mlir", &options)?;
         LoadedExecutable::new(Arc::clone(&self.inner), handle)
     }
 
@@ -150,10 +116,7 @@ impl Client {
         if bytes.is_empty() {
             return Err(Error::invalid("deserialize_executable: empty input"));
         }
-        let handle = self
-            .inner
-            .api()
-            .executable_deserialize(self.inner.handle, bytes)?;
+        let handle = self.inner.api().executable_deserialize(self.inner.handle, bytes)?;
         LoadedExecutable::new(Arc::clone(&self.inner), handle)
     }
 
@@ -161,9 +124,7 @@ impl Client {
         if Arc::ptr_eq(&device.client, &self.inner) {
             Ok(())
         } else {
-            Err(Error::invalid(format!(
-                "{device:?} belongs to another client"
-            )))
+            Err(Error::invalid(format!("{device:?} belongs to another client")))
         }
     }
 }
@@ -171,9 +132,7 @@ impl Client {
 /// Bytes of a dense array, refusing negative dimensions and overflow.
 pub(crate) fn byte_len(ty: ElementType, dims: &[i64]) -> Result<usize> {
     dims.iter()
-        .try_fold(ty.byte_size(), |acc, &d| {
-            usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-        })
+        .try_fold(ty.byte_size(), |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
         .ok_or_else(|| Error::invalid(format!("invalid dimensions {dims:?}")))
 }
 
@@ -217,12 +176,6 @@ impl Eq for Device {}
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Device({} id={} local_hardware_id={})",
-            self.data().kind,
-            self.id(),
-            self.local_hardware_id()
-        )
+        write!(f, "Device({} id={} local_hardware_id={})", self.data().kind, self.id(), self.local_hardware_id())
     }
 }

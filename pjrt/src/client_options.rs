@@ -70,18 +70,14 @@ impl ClientOptions {
                     )));
                 };
                 match (kind, value) {
-                    (Kind::Int, NamedValueIn::Int64(v)) if *v < min => Err(Error::invalid(
-                        format!("client option {name:?} must be >= {min}, got {v}"),
-                    )),
+                    (Kind::Int, NamedValueIn::Int64(v)) if *v < min => {
+                        Err(Error::invalid(format!("client option {name:?} must be >= {min}, got {v}")))
+                    }
                     (Kind::Int, NamedValueIn::Int64(_)) | (Kind::Bool, NamedValueIn::Bool(_)) => {
                         Ok((name.as_str(), *value))
                     }
-                    (Kind::Int, _) => Err(Error::invalid(format!(
-                        "client option {name:?} takes an integer"
-                    ))),
-                    (Kind::Bool, _) => Err(Error::invalid(format!(
-                        "client option {name:?} takes a bool"
-                    ))),
+                    (Kind::Int, _) => Err(Error::invalid(format!("client option {name:?} takes an integer"))),
+                    (Kind::Bool, _) => Err(Error::invalid(format!("client option {name:?} takes a bool"))),
                 }
             })
             .collect()
@@ -95,26 +91,11 @@ mod tests {
     #[test]
     fn validation() {
         assert!(ClientOptions::new().cpu_device_count(4).validated().is_ok());
-        assert!(ClientOptions::new()
-            .cpu_device_count(0)
-            .validated()
-            .is_err());
-        assert!(ClientOptions::new()
-            .bool_option("cpu_device_count", true)
-            .validated()
-            .is_err());
-        assert!(ClientOptions::new()
-            .int_option("asynchronous", 1)
-            .validated()
-            .is_err());
-        assert!(ClientOptions::new()
-            .int_option("no_such_option", 1)
-            .validated()
-            .is_err());
+        assert!(ClientOptions::new().cpu_device_count(0).validated().is_err());
+        assert!(ClientOptions::new().bool_option("cpu_device_count", true).validated().is_err());
+        assert!(ClientOptions::new().int_option("asynchronous", 1).validated().is_err());
+        assert!(ClientOptions::new().int_option("no_such_option", 1).validated().is_err());
         let o = ClientOptions::new().cpu_device_count(2).cpu_device_count(3);
-        assert_eq!(
-            o.validated().unwrap(),
-            vec![("cpu_device_count", NamedValueIn::Int64(3))]
-        );
+        assert_eq!(o.validated().unwrap(), vec![("cpu_device_count", NamedValueIn::Int64(3))]);
     }
 }

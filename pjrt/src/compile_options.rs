@@ -20,12 +20,7 @@ pub struct CompileOptions {
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions {
-            num_replicas: 1,
-            num_partitions: 1,
-            use_spmd_partitioning: false,
-            device_assignment: None,
-        }
+        CompileOptions { num_replicas: 1, num_partitions: 1, use_spmd_partitioning: false, device_assignment: None }
     }
 }
 
@@ -70,19 +65,12 @@ struct ComputationDevice {
 impl CompileOptions {
     /// Options for a program partitioned over `n` devices with SPMD.
     pub fn spmd(n: u32) -> Self {
-        CompileOptions {
-            num_partitions: n,
-            use_spmd_partitioning: true,
-            ..Self::default()
-        }
+        CompileOptions { num_partitions: n, use_spmd_partitioning: true, ..Self::default() }
     }
 
     /// Options that pin a single-device program to the device with global id `device_id`.
     pub fn on_device(device_id: i64) -> Self {
-        CompileOptions {
-            device_assignment: Some(vec![vec![device_id]]),
-            ..Self::default()
-        }
+        CompileOptions { device_assignment: Some(vec![vec![device_id]]), ..Self::default() }
     }
 
     /// Checks the options; see the field docs for the rules.
@@ -93,11 +81,8 @@ impl CompileOptions {
                 self.num_replicas, self.num_partitions
             )));
         }
-        if i32::try_from(self.num_replicas).is_err() || i32::try_from(self.num_partitions).is_err()
-        {
-            return Err(Error::invalid(
-                "num_replicas and num_partitions must fit in i32",
-            ));
+        if i32::try_from(self.num_replicas).is_err() || i32::try_from(self.num_partitions).is_err() {
+            return Err(Error::invalid("num_replicas and num_partitions must fit in i32"));
         }
         if self.num_partitions > 1 && !self.use_spmd_partitioning {
             return Err(Error::invalid(format!(
@@ -107,9 +92,7 @@ impl CompileOptions {
         }
         if let Some(assignment) = &self.device_assignment {
             let shape_ok = assignment.len() == self.num_replicas as usize
-                && assignment
-                    .iter()
-                    .all(|row| row.len() == self.num_partitions as usize);
+                && assignment.iter().all(|row| row.len() == self.num_partitions as usize);
             if !shape_ok {
                 return Err(Error::invalid(format!(
                     "device_assignment must be [num_replicas = {}][num_partitions = {}], got {assignment:?}",
@@ -130,18 +113,13 @@ impl CompileOptions {
     /// The serialized `CompileOptionsProto`.
     pub fn to_proto_bytes(&self) -> Result<Vec<u8>> {
         self.validate()?;
-        let device_assignment =
-            self.device_assignment
-                .as_ref()
-                .map(|assignment| DeviceAssignmentProto {
-                    replica_count: self.num_replicas as i32,
-                    computation_count: self.num_partitions as i32,
-                    computation_devices: (0..self.num_partitions as usize)
-                        .map(|p| ComputationDevice {
-                            replica_device_ids: assignment.iter().map(|row| row[p]).collect(),
-                        })
-                        .collect(),
-                });
+        let device_assignment = self.device_assignment.as_ref().map(|assignment| DeviceAssignmentProto {
+            replica_count: self.num_replicas as i32,
+            computation_count: self.num_partitions as i32,
+            computation_devices: (0..self.num_partitions as usize)
+                .map(|p| ComputationDevice { replica_device_ids: assignment.iter().map(|row| row[p]).collect() })
+                .collect(),
+        });
         let proto = CompileOptionsProto {
             executable_build_options: Some(ExecutableBuildOptionsProto {
                 device_ordinal: -1, // unset, as XLA's own default
@@ -164,13 +142,7 @@ impl CompileOptions {
                 device_ids.len()
             )));
         }
-        if let Some(unknown) = self
-            .device_assignment
-            .iter()
-            .flatten()
-            .flatten()
-            .find(|id| !device_ids.contains(id))
-        {
+        if let Some(unknown) = self.device_assignment.iter().flatten().flatten().find(|id| !device_ids.contains(id)) {
             return Err(Error::invalid(format!(
                 "device_assignment names device id {unknown}, the client's devices are {device_ids:?}"
             )));
@@ -189,37 +161,18 @@ mod tests {
         // field 3 { field 1 = -1 (varint, 10 bytes), field 4 = 1, field 5 = 1 }
         assert_eq!(&bytes[..2], &[0x1a, 15]);
         assert!(bytes.ends_with(&[0x20, 0x01, 0x28, 0x01]));
-        let zero = CompileOptions {
-            num_replicas: 0,
-            ..Default::default()
-        };
+        let zero = CompileOptions { num_replicas: 0, ..Default::default() };
         assert!(matches!(zero.to_proto_bytes(), Err(Error::InvalidInput(_))));
-        let no_spmd = CompileOptions {
-            num_partitions: 2,
-            ..Default::default()
-        };
+        let no_spmd = CompileOptions { num_partitions: 2, ..Default::default() };
         assert!(no_spmd.validate().is_err());
         assert!(CompileOptions::spmd(4).validate().is_ok());
-        let bad_shape = CompileOptions {
-            device_assignment: Some(vec![vec![0, 1]]),
-            ..Default::default()
-        };
+        let bad_shape = CompileOptions { device_assignment: Some(vec![vec![0, 1]]), ..Default::default() };
         assert!(bad_shape.validate().is_err());
-        let dup = CompileOptions {
-            device_assignment: Some(vec![vec![0, 0]]),
-            ..CompileOptions::spmd(2)
-        };
+        let dup = CompileOptions { device_assignment: Some(vec![vec![0, 0]]), ..CompileOptions::spmd(2) };
         assert!(dup.validate().is_err());
-        let ok = CompileOptions {
-            device_assignment: Some(vec![vec![2, 3]]),
-            ..CompileOptions::spmd(2)
-        };
+        let ok = CompileOptions { device_assignment: Some(vec![vec![2, 3]]), ..CompileOptions::spmd(2) };
         let decoded = CompileOptionsProto::decode(ok.to_proto_bytes().unwrap().as_slice()).unwrap();
-        let da = decoded
-            .executable_build_options
-            .unwrap()
-            .device_assignment
-            .unwrap();
+        let da = decoded.executable_build_options.unwrap().device_assignment.unwrap();
         assert_eq!((da.replica_count, da.computation_count), (1, 2));
         assert_eq!(da.computation_devices[1].replica_device_ids, vec![3]);
     }

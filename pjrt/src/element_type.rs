@@ -22,9 +22,7 @@ pub enum ElementType {
 impl ElementType {
     pub const ALL: [ElementType; 13] = {
         use ElementType::*;
-        [
-            Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, F32, F64, BF16,
-        ]
+        [Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, F32, F64, BF16]
     };
 
     /// Bytes per element on the host.

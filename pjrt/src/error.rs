@@ -65,19 +65,11 @@ pub enum Error {
          (struct layouts differ); use a newer plugin",
         path.display(), found.0, found.1, need.0, need.1, need.0
     )]
-    ApiVersion {
-        path: PathBuf,
-        found: (i32, i32),
-        need: (i32, i32),
-    },
+    ApiVersion { path: PathBuf, found: (i32, i32), need: (i32, i32) },
 
     /// A PJRT call returned an error.
     #[error("{call} failed ({}): {message}", code.map_or("no status code".to_string(), |c| format!("{c:?}")))]
-    Pjrt {
-        call: &'static str,
-        code: Option<ErrorCode>,
-        message: String,
-    },
+    Pjrt { call: &'static str, code: Option<ErrorCode>, message: String },
 
     /// An argument was refused before reaching the plugin.
     #[error("invalid input: {0}")]
@@ -89,7 +81,8 @@ pub enum Error {
 }
 
 impl Error {
-    /// The PJRT status code, for errors that came from the plugin.
+    /// The status code: the plugin's for [`Error::Pjrt`], `InvalidArgument` for [`Error::InvalidInput`],
+    /// `None` otherwise.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             Error::Pjrt { code, .. } => *code,

@@ -18,12 +18,7 @@ pub struct LoadedExecutable {
 impl LoadedExecutable {
     pub(crate) fn new(client: Arc<ClientInner>, handle: ExecHandle) -> Result<LoadedExecutable> {
         // Owned from here on: an error below drops `exe`, which destroys the handle.
-        let mut exe = LoadedExecutable {
-            client,
-            handle,
-            devices: Vec::new(),
-            num_outputs: 0,
-        };
+        let mut exe = LoadedExecutable { client, handle, devices: Vec::new(), num_outputs: 0 };
         let api = exe.client.api();
         for device in api.executable_addressable_devices(handle)? {
             let device = exe.client.device(device).ok_or_else(|| Error::Pjrt {
@@ -63,27 +58,14 @@ impl LoadedExecutable {
     /// Returns one output list per device, after all devices finished.
     pub fn execute_sharded(&self, args: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
         self.check_args(args)?;
-        let handles: Vec<Vec<_>> = args
-            .iter()
-            .map(|list| list.iter().map(|b| b.handle).collect())
-            .collect();
-        let outputs = self
-            .client
-            .api()
-            .execute(self.handle, &handles, self.num_outputs)?;
+        let handles: Vec<Vec<_>> = args.iter().map(|list| list.iter().map(|b| b.handle).collect()).collect();
+        let outputs = self.client.api().execute(self.handle, &handles, self.num_outputs)?;
         // Wrap every output before reporting any error, so none leaks.
         let wrapped: Vec<Vec<Result<Buffer>>> = outputs
             .into_iter()
-            .map(|list| {
-                list.into_iter()
-                    .map(|h| Buffer::from_handle(Arc::clone(&self.client), h))
-                    .collect()
-            })
+            .map(|list| list.into_iter().map(|h| Buffer::from_handle(Arc::clone(&self.client), h)).collect())
             .collect();
-        wrapped
-            .into_iter()
-            .map(|list| list.into_iter().collect())
-            .collect()
+        wrapped.into_iter().map(|list| list.into_iter().collect()).collect()
     }
 
     fn check_args(&self, args: &[Vec<&Buffer>]) -> Result<()> {
@@ -96,17 +78,13 @@ impl LoadedExecutable {
         }
         let num_args = args.first().map_or(0, Vec::len);
         if args.iter().any(|list| list.len() != num_args) {
-            return Err(Error::invalid(
-                "every device needs the same number of arguments",
-            ));
+            return Err(Error::invalid("every device needs the same number of arguments"));
         }
         let api = self.client.api();
         for (i, (list, device)) in args.iter().zip(&self.devices).enumerate() {
             for (j, buffer) in list.iter().enumerate() {
                 if !Arc::ptr_eq(&buffer.client, &self.client) {
-                    return Err(Error::invalid(format!(
-                        "argument {j} for device {i} belongs to another client"
-                    )));
+                    return Err(Error::invalid(format!("argument {j} for device {i} belongs to another client")));
                 }
                 if api.buffer_device(buffer.handle)? != device.handle() {
                     return Err(Error::invalid(format!(

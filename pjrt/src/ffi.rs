@@ -107,10 +107,7 @@ fn copy_slice<T: Copy>(p: *const T, len: usize) -> Vec<T> {
 }
 
 fn load_error(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Load {
-        path: path.to_path_buf(),
-        reason: reason.into(),
-    }
+    Error::Load { path: path.to_path_buf(), reason: reason.into() }
 }
 
 /// dlopen(RTLD_NOW | RTLD_LOCAL) the plugin and fetch its table through `GetPjrtApi`.
@@ -120,34 +117,23 @@ pub(crate) fn open_plugin(path: &Path) -> Result<(libloading::Library, Api)> {
         use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
         // SAFETY: loading runs the library's initialisers; a PJRT plugin is built to be loaded this way,
         // and RTLD_LOCAL keeps its symbols (LLVM, absl, protobuf) from clashing with other plugins.
-        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
-            .map_err(|e| load_error(path, e.to_string()))?
-            .into()
+        unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| load_error(path, e.to_string()))?.into()
     };
     #[cfg(not(unix))]
     // SAFETY: as above.
-    let lib =
-        unsafe { libloading::Library::new(path) }.map_err(|e| load_error(path, e.to_string()))?;
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| load_error(path, e.to_string()))?;
 
     type GetPjrtApi = unsafe extern "C" fn() -> *const c::PJRT_Api;
     // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
-    let get = unsafe { lib.get::<GetPjrtApi>(b"GetPjrtApi\0") }.map_err(|e| {
-        load_error(
-            path,
-            format!("not a PJRT plugin (no GetPjrtApi symbol): {e}"),
-        )
-    })?;
+    let get = unsafe { lib.get::<GetPjrtApi>(b"GetPjrtApi\0") }
+        .map_err(|e| load_error(path, format!("not a PJRT plugin (no GetPjrtApi symbol): {e}")))?;
     // SAFETY: calling the plugin's exported, argument-free entry point.
     let raw = unsafe { get() };
-    let table =
-        NonNull::new(raw.cast_mut()).ok_or_else(|| load_error(path, "GetPjrtApi returned null"))?;
+    let table = NonNull::new(raw.cast_mut()).ok_or_else(|| load_error(path, "GetPjrtApi returned null"))?;
     // SAFETY: `struct_size` is the table's first field, present in every version.
     let size = unsafe { ptr::addr_of!((*table.as_ptr()).struct_size).read() };
     if size < std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy) {
-        return Err(load_error(
-            path,
-            format!("PJRT_Api struct_size {size} is too small to be a PJRT table"),
-        ));
+        return Err(load_error(path, format!("PJRT_Api struct_size {size} is too small to be a PJRT table")));
     }
     Ok((lib, Api(table)))
 }
@@ -194,14 +180,10 @@ impl Api {
         };
         let err = err.as_ptr();
         let mut message = String::from("(the plugin gave no message)");
-        if let Ok(f) = self.entry(
-            std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Message),
-            "",
-            |t| {
-                // SAFETY: offset checked by `entry`.
-                unsafe { ptr::addr_of!((*t).PJRT_Error_Message).read() }
-            },
-        ) {
+        if let Ok(f) = self.entry(std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Message), "", |t| {
+            // SAFETY: offset checked by `entry`.
+            unsafe { ptr::addr_of!((*t).PJRT_Error_Message).read() }
+        }) {
             let mut args = c::PJRT_Error_Message_Args::new();
             args.error = err;
             // SAFETY: `err` is a live error returned by the plugin.
@@ -215,22 +197,14 @@ impl Api {
             Err(_) => None,
         };
         self.destroy_error(err);
-        Err(Error::Pjrt {
-            call,
-            code,
-            message,
-        })
+        Err(Error::Pjrt { call, code, message })
     }
 
     fn destroy_error(self, err: *mut c::PJRT_Error) {
-        if let Ok(f) = self.entry(
-            std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy),
-            "",
-            |t| {
-                // SAFETY: offset checked by `entry`.
-                unsafe { ptr::addr_of!((*t).PJRT_Error_Destroy).read() }
-            },
-        ) {
+        if let Ok(f) = self.entry(std::mem::offset_of!(c::PJRT_Api, PJRT_Error_Destroy), "", |t| {
+            // SAFETY: offset checked by `entry`.
+            unsafe { ptr::addr_of!((*t).PJRT_Error_Destroy).read() }
+        }) {
             let mut args = c::PJRT_Error_Destroy_Args::new();
             args.error = err;
             // SAFETY: `err` is live and destroyed exactly once, here.
@@ -258,11 +232,7 @@ impl Api {
     }
 
     pub(crate) fn plugin_initialize(self) -> Result<()> {
-        call!(
-            self,
-            PJRT_Plugin_Initialize,
-            &mut c::PJRT_Plugin_Initialize_Args::new()
-        )
+        call!(self, PJRT_Plugin_Initialize, &mut c::PJRT_Plugin_Initialize_Args::new())
     }
 
     pub(crate) fn plugin_attributes(self) -> Result<Vec<(String, AttrValue)>> {
@@ -312,18 +282,11 @@ impl Api {
         Ok(copy_str(args.platform_name, args.platform_name_size))
     }
 
-    pub(crate) fn client_addressable_devices(
-        self,
-        client: ClientHandle,
-    ) -> Result<Vec<DeviceHandle>> {
+    pub(crate) fn client_addressable_devices(self, client: ClientHandle) -> Result<Vec<DeviceHandle>> {
         let mut args = c::PJRT_Client_AddressableDevices_Args::new();
         args.client = client.raw();
         call!(self, PJRT_Client_AddressableDevices, &mut args)?;
-        device_list(
-            args.addressable_devices,
-            args.num_addressable_devices,
-            "PJRT_Client_AddressableDevices",
-        )
+        device_list(args.addressable_devices, args.num_addressable_devices, "PJRT_Client_AddressableDevices")
     }
 
     /// (id, kind, local hardware id) of a device.
@@ -340,11 +303,7 @@ impl Api {
         let mut hw = c::PJRT_Device_LocalHardwareId_Args::new();
         hw.device = device.raw();
         call!(self, PJRT_Device_LocalHardwareId, &mut hw)?;
-        Ok((
-            id.id,
-            copy_str(kind.device_kind, kind.device_kind_size),
-            hw.local_hardware_id,
-        ))
+        Ok((id.id, copy_str(kind.device_kind, kind.device_kind_size), hw.local_hardware_id))
     }
 
     pub(crate) fn client_compile(
@@ -387,10 +346,7 @@ impl Api {
         args.host_buffer_semantics = c::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
         args.device = device.raw();
         call!(self, PJRT_Client_BufferFromHostBuffer, &mut args)?;
-        let done = self.await_event(
-            args.done_with_host_buffer,
-            "PJRT_Client_BufferFromHostBuffer",
-        );
+        let done = self.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer");
         let buffer = BufferHandle::from_raw(args.buffer, "PJRT_Client_BufferFromHostBuffer");
         match (done, buffer) {
             (Ok(()), Ok(b)) => Ok(b),
@@ -465,24 +421,13 @@ impl Api {
 
 fn rename_call(e: Error, call: &'static str) -> Error {
     match e {
-        Error::Pjrt { code, message, .. } => Error::Pjrt {
-            call,
-            code,
-            message,
-        },
+        Error::Pjrt { code, message, .. } => Error::Pjrt { call, code, message },
         other => other,
     }
 }
 
-fn device_list(
-    p: *const *mut c::PJRT_Device,
-    n: usize,
-    call: &'static str,
-) -> Result<Vec<DeviceHandle>> {
-    copy_slice(p, n)
-        .into_iter()
-        .map(|d| DeviceHandle::from_raw(d, call))
-        .collect()
+fn device_list(p: *const *mut c::PJRT_Device, n: usize, call: &'static str) -> Result<Vec<DeviceHandle>> {
+    copy_slice(p, n).into_iter().map(|d| DeviceHandle::from_raw(d, call)).collect()
 }
 
 fn read_named_values(p: *const c::PJRT_NamedValue, n: usize) -> Vec<(String, AttrValue)> {
@@ -494,13 +439,9 @@ fn read_named_values(p: *const c::PJRT_NamedValue, n: usize) -> Vec<(String, Att
         // SAFETY: each union member is read only when `type_` says it is the active one.
         let value = unsafe {
             match v.type_ {
-                c::NAMED_VALUE_STRING => {
-                    AttrValue::String(copy_str(v.value.string_value, v.value_size))
-                }
+                c::NAMED_VALUE_STRING => AttrValue::String(copy_str(v.value.string_value, v.value_size)),
                 c::NAMED_VALUE_INT64 => AttrValue::Int64(v.value.int64_value),
-                c::NAMED_VALUE_INT64_LIST => {
-                    AttrValue::Int64List(copy_slice(v.value.int64_array_value, v.value_size))
-                }
+                c::NAMED_VALUE_INT64_LIST => AttrValue::Int64List(copy_slice(v.value.int64_array_value, v.value_size)),
                 c::NAMED_VALUE_FLOAT => AttrValue::Float(v.value.float_value),
                 c::NAMED_VALUE_BOOL => AttrValue::Bool(v.value.bool_value),
                 other => AttrValue::Unknown(other),

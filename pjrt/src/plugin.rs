@@ -40,10 +40,7 @@ pub struct Plugin {
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin")
-            .field("path", &self.inner.path)
-            .field("api_version", &self.inner.version)
-            .finish()
+        f.debug_struct("Plugin").field("path", &self.inner.path).field("api_version", &self.inner.version).finish()
     }
 }
 
@@ -68,32 +65,21 @@ impl Plugin {
     pub fn load_with_min_version(path: impl AsRef<Path>, min: (i32, i32)) -> Result<Plugin> {
         let path = path.as_ref();
         if !path.exists() {
-            return Err(Error::Load {
-                path: path.to_path_buf(),
-                reason: "no such file".into(),
-            });
+            return Err(Error::Load { path: path.to_path_buf(), reason: "no such file".into() });
         }
         // Serialize loads so two threads never initialize the same plugin concurrently.
-        let mut loaded = registry()
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut loaded = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (library, api) = ffi::open_plugin(path)?;
         let version = api.version();
         if version.0 != min.0 || version.1 < min.1 {
             // The library stays mapped (dlclose is never called, see `PluginInner`); harmless.
             std::mem::forget(library);
-            return Err(Error::ApiVersion {
-                path: path.to_path_buf(),
-                found: version,
-                need: min,
-            });
+            return Err(Error::ApiVersion { path: path.to_path_buf(), found: version, need: min });
         }
         let key = api_key(api);
         if let Some(inner) = loaded.get(&key) {
             std::mem::forget(library); // dlopen refcount only; same mapping as `inner`
-            return Ok(Plugin {
-                inner: Arc::clone(inner),
-            });
+            return Ok(Plugin { inner: Arc::clone(inner) });
         }
         if let Err(e) = api.plugin_initialize() {
             std::mem::forget(library);

@@ -4,6 +4,15 @@
 //! sha256, and unpacked into `<cache>/plugins/<pip name>-<version>/`. Concurrent processes (test
 //! binaries run in parallel) coordinate through a lock file; even without it they cannot corrupt the
 //! cache, because each writes a private temporary file and renames it into place atomically.
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `LAZULI_PJRT_PLUGIN` | path of the CPU plugin to use; nothing is fetched |
+//! | `LAZULI_CPU_PLUGIN` | `lammps-jax-pjrt-cpu` (default) or `xla-cpu-pjrt` |
+//! | `LAZULI_CACHE_DIR` | cache root (else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`) |
+//! | `LAZULI_PYTHON` | the Python that runs pip and knows the site-packages (default `python3`) |
+//! | `LAZULI_GPU_PLUGIN` | path of the CUDA plugin |
+//! | `LAZULI_TPU_PLUGIN`, `TPU_LIBRARY_PATH` | path of the TPU plugin |
 
 use std::fs;
 use std::io::{Read, Write};
@@ -82,10 +91,7 @@ pub fn cpu_plugin_path() -> Result<PathBuf> {
     let kind = match std::env::var("LAZULI_CPU_PLUGIN") {
         Ok(name) if !name.is_empty() => CpuPluginKind::from_name(&name).ok_or_else(|| {
             let known: Vec<&str> = CpuPluginKind::ALL.iter().map(|k| k.name()).collect();
-            Error::Provision(format!(
-                "LAZULI_CPU_PLUGIN={name:?} is not one of: {}",
-                known.join(", ")
-            ))
+            Error::Provision(format!("LAZULI_CPU_PLUGIN={name:?} is not one of: {}", known.join(", ")))
         })?,
         _ => CpuPluginKind::LammpsJax0112,
     };
@@ -95,9 +101,7 @@ pub fn cpu_plugin_path() -> Result<PathBuf> {
 /// The cached plugin of `kind`, fetched on first use (needs `python3 -m pip` and network access once).
 pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
     let spec = kind.spec();
-    let dir = cache_dir()?
-        .join("plugins")
-        .join(format!("{}-{}", spec.pip_name, spec.version));
+    let dir = cache_dir()?.join("plugins").join(format!("{}-{}", spec.pip_name, spec.version));
     let so = dir.join(file_name(spec.so_member));
     if is_installed(&spec, &so) {
         return Ok(so);
@@ -108,13 +112,7 @@ pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
     if is_installed(&spec, &so) {
         return Ok(so);
     }
-    fs::create_dir_all(&dir).map_err(|e| {
-        fetch_error(
-            &spec,
-            &dir,
-            &format!("cannot create {}: {e}", dir.display()),
-        )
-    })?;
+    fs::create_dir_all(&dir).map_err(|e| fetch_error(&spec, &dir, &format!("cannot create {}: {e}", dir.display())))?;
     let _lock = match FileLock::acquire(&dir.join(".fetch.lock"), || is_installed(&spec, &so)) {
         LockOutcome::Done => return Ok(so),
         LockOutcome::Locked(lock) => Some(lock),
@@ -136,10 +134,7 @@ pub fn gpu_plugin_path() -> Result<PathBuf> {
     let dirs = python_paths();
     for cuda in ["xla_cuda13", "xla_cuda12"] {
         for dir in &dirs {
-            let candidate = dir
-                .join("jax_plugins")
-                .join(cuda)
-                .join("xla_cuda_plugin.so");
+            let candidate = dir.join("jax_plugins").join(cuda).join("xla_cuda_plugin.so");
             if candidate.is_file() {
                 return Ok(candidate);
             }
@@ -161,17 +156,13 @@ pub fn tpu_plugin_path() -> Result<PathBuf> {
             return existing(path, var);
         }
     }
-    python_paths()
-        .into_iter()
-        .map(|dir| dir.join("libtpu").join("libtpu.so"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            Error::Provision(format!(
-                "no TPU PJRT plugin found: install it with `{} -m pip install -U libtpu`, or set \
+    python_paths().into_iter().map(|dir| dir.join("libtpu").join("libtpu.so")).find(|p| p.is_file()).ok_or_else(|| {
+        Error::Provision(format!(
+            "no TPU PJRT plugin found: install it with `{} -m pip install -U libtpu`, or set \
                  LAZULI_TPU_PLUGIN (or TPU_LIBRARY_PATH) to the path of libtpu.so",
-                python()
-            ))
-        })
+            python()
+        ))
+    })
 }
 
 /// `$LAZULI_CACHE_DIR`, else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`.
@@ -184,46 +175,33 @@ pub fn cache_dir() -> Result<PathBuf> {
     }
     env_path("HOME")
         .map(|home| home.join(".cache").join("lazuli"))
-        .ok_or_else(|| {
-            Error::Provision(
-                "no cache directory: set LAZULI_CACHE_DIR (or XDG_CACHE_HOME or HOME)".into(),
-            )
-        })
+        .ok_or_else(|| Error::Provision("no cache directory: set LAZULI_CACHE_DIR (or XDG_CACHE_HOME or HOME)".into()))
 }
 
 fn env_path(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
+    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 fn existing(path: PathBuf, var: &str) -> Result<PathBuf> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(Error::Provision(format!(
-            "{var}={} does not name an existing file",
-            path.display()
-        )))
+        Err(Error::Provision(format!("{var}={} does not name an existing file", path.display())))
     }
 }
 
 fn python() -> String {
-    std::env::var("LAZULI_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "python3".into())
+    std::env::var("LAZULI_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
 }
 
 /// site.getsitepackages() + getusersitepackages() + sys.path of the Python in use; empty if it fails.
 fn python_paths() -> Vec<PathBuf> {
-    let script = "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
+    let script =
+        "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
     match Command::new(python()).args(["-c", script]).output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(PathBuf::from)
-            .collect(),
+        Ok(out) if out.status.success() => {
+            String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(PathBuf::from).collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -245,9 +223,7 @@ fn is_installed(spec: &PluginSpec, so: &Path) -> bool {
 
 /// A file name no other thread or process uses.
 fn unique(dir: &Path, stem: &str) -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     dir.join(format!(".{stem}.{}.{nanos}.tmp", std::process::id()))
 }
 
@@ -289,14 +265,7 @@ fn fetch(spec: &PluginSpec, dir: &Path, so: &Path) -> std::result::Result<(), St
 fn pip_download(spec: &PluginSpec, into: &Path) -> std::result::Result<PathBuf, String> {
     let requirement = format!("{}=={}", spec.pip_name, spec.version);
     let out = Command::new(python())
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-        ])
+        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
         .arg(&requirement)
         .arg("-d")
         .arg(into)
@@ -304,19 +273,8 @@ fn pip_download(spec: &PluginSpec, into: &Path) -> std::result::Result<PathBuf, 
         .map_err(|e| format!("cannot run {}: {e}", python()))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = stderr
-            .lines()
-            .rev()
-            .take(4)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        return Err(format!(
-            "`{} -m pip download {requirement}` failed: {}",
-            python(),
-            tail.join(" / ")
-        ));
+        let tail: Vec<&str> = stderr.lines().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
+        return Err(format!("`{} -m pip download {requirement}` failed: {}", python(), tail.join(" / ")));
     }
     let wheel = into.join(spec.wheel_file);
     if wheel.is_file() {
@@ -326,12 +284,7 @@ fn pip_download(spec: &PluginSpec, into: &Path) -> std::result::Result<PathBuf, 
     }
 }
 
-fn verify_and_unpack(
-    spec: &PluginSpec,
-    wheel: &Path,
-    dir: &Path,
-    so: &Path,
-) -> std::result::Result<(), String> {
+fn verify_and_unpack(spec: &PluginSpec, wheel: &Path, dir: &Path, so: &Path) -> std::result::Result<(), String> {
     let digest = sha256_file(wheel).map_err(|e| format!("cannot read {}: {e}", wheel.display()))?;
     if digest != spec.sha256 {
         return Err(format!(
@@ -340,9 +293,8 @@ fn verify_and_unpack(
         ));
     }
     let tmp = unique(dir, file_name(spec.so_member));
-    let unpacked = unpack_member(wheel, spec.so_member, &tmp).and_then(|()| {
-        fs::rename(&tmp, so).map_err(|e| format!("cannot move the plugin into place: {e}"))
-    });
+    let unpacked = unpack_member(wheel, spec.so_member, &tmp)
+        .and_then(|()| fs::rename(&tmp, so).map_err(|e| format!("cannot move the plugin into place: {e}")));
     if unpacked.is_err() {
         let _ = fs::remove_file(&tmp);
         return unpacked;
@@ -367,33 +319,20 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
         }
         hasher.update(&chunk[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn unpack_member(wheel: &Path, member: &str, to: &Path) -> std::result::Result<(), String> {
-    let file =
-        fs::File::open(wheel).map_err(|e| format!("cannot open {}: {e}", wheel.display()))?;
-    let mut archive = zip::ZipArchive::new(file)
-        .map_err(|e| format!("{} is not a zip archive: {e}", wheel.display()))?;
-    let mut entry = archive
-        .by_name(member)
-        .map_err(|e| format!("{member} not found in the wheel: {e}"))?;
+    let file = fs::File::open(wheel).map_err(|e| format!("cannot open {}: {e}", wheel.display()))?;
+    let mut archive =
+        zip::ZipArchive::new(file).map_err(|e| format!("{} is not a zip archive: {e}", wheel.display()))?;
+    let mut entry = archive.by_name(member).map_err(|e| format!("{member} not found in the wheel: {e}"))?;
     let expected = entry.size();
-    let mut out =
-        fs::File::create(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
-    let written =
-        std::io::copy(&mut entry, &mut out).map_err(|e| format!("cannot unpack {member}: {e}"))?;
-    out.flush()
-        .and_then(|()| out.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", to.display()))?;
+    let mut out = fs::File::create(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
+    let written = std::io::copy(&mut entry, &mut out).map_err(|e| format!("cannot unpack {member}: {e}"))?;
+    out.flush().and_then(|()| out.sync_all()).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
     if written != expected {
-        return Err(format!(
-            "unpacked {written} bytes of {member}, the wheel says {expected}"
-        ));
+        return Err(format!("unpacked {written} bytes of {member}, the wheel says {expected}"));
     }
     Ok(())
 }
@@ -431,11 +370,7 @@ impl FileLock {
     fn acquire(path: &Path, done: impl Fn() -> bool) -> LockOutcome {
         let start = SystemTime::now();
         loop {
-            match fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-            {
+            match fs::OpenOptions::new().write(true).create_new(true).open(path) {
                 Ok(mut f) => {
                     let _ = writeln!(f, "{}", std::process::id());
                     return LockOutcome::Locked(FileLock(path.to_path_buf()));
@@ -446,10 +381,7 @@ impl FileLock {
             if done() {
                 return LockOutcome::Done;
             }
-            let age = fs::metadata(path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok());
+            let age = fs::metadata(path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
             if age.is_some_and(|a| a > Self::STALE) {
                 let _ = fs::remove_file(path); // its owner died mid-fetch
                 continue;
@@ -476,18 +408,14 @@ mod tests {
     fn kinds_and_names() {
         for kind in CpuPluginKind::ALL {
             assert_eq!(CpuPluginKind::from_name(kind.name()), Some(kind));
-            assert!(kind
-                .spec()
-                .wheel_file
-                .starts_with(&kind.spec().pip_name.replace('-', "_")));
+            assert!(kind.spec().wheel_file.starts_with(&kind.spec().pip_name.replace('-', "_")));
         }
         assert_eq!(file_name("a/b/c.so"), "c.so");
     }
 
     #[test]
     fn bad_wheel_is_refused_and_deleted() {
-        let dir =
-            std::env::temp_dir().join(format!("lazuli-provision-test-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("lazuli-provision-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let spec = CpuPluginKind::XlaCpu001.spec();
         fs::write(dir.join(spec.wheel_file), b"not a wheel").unwrap();

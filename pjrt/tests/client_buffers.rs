@@ -3,9 +3,7 @@
 mod common;
 
 use common::client;
-use lazuli_pjrt::{
-    Buffer, Client, ClientOptions, Device, ElementType, Error, LoadedExecutable, Plugin,
-};
+use lazuli_pjrt::{Buffer, Client, ClientOptions, Device, ElementType, Error, LoadedExecutable, Plugin};
 
 #[test]
 fn handles_are_send_and_sync() {
@@ -33,21 +31,10 @@ fn device_counts_follow_the_option(plugin: &Plugin) {
 }
 
 fn bad_create_options_never_reach_the_plugin(plugin: &Plugin) {
-    let unknown = Client::new(
-        plugin,
-        &ClientOptions::new().int_option("no_such_option", 1),
-    )
-    .unwrap_err();
-    assert!(
-        matches!(&unknown, Error::InvalidInput(m) if m.contains("no_such_option")),
-        "{unknown:?}"
-    );
+    let unknown = Client::new(plugin, &ClientOptions::new().int_option("no_such_option", 1)).unwrap_err();
+    assert!(matches!(&unknown, Error::InvalidInput(m) if m.contains("no_such_option")), "{unknown:?}");
     // A bool cpu_device_count aborts xla-cpu-pjrt 0.0.1; here it must be a plain error.
-    let mistyped = Client::new(
-        plugin,
-        &ClientOptions::new().bool_option("cpu_device_count", true),
-    )
-    .unwrap_err();
+    let mistyped = Client::new(plugin, &ClientOptions::new().bool_option("cpu_device_count", true)).unwrap_err();
     assert!(matches!(mistyped, Error::InvalidInput(_)), "{mistyped:?}");
     let zero = Client::new(plugin, &ClientOptions::new().cpu_device_count(0)).unwrap_err();
     assert!(matches!(zero, Error::InvalidInput(_)), "{zero:?}");
@@ -58,67 +45,26 @@ fn sample_bytes(ty: ElementType) -> Vec<u8> {
     use ElementType::*;
     match ty {
         Pred => vec![1, 0, 0, 1, 1, 0],
-        S8 => [-128i8, -1, 0, 1, 7, 127]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
+        S8 => [-128i8, -1, 0, 1, 7, 127].iter().flat_map(|x| x.to_le_bytes()).collect(),
         U8 => vec![0, 1, 2, 128, 254, 255],
-        S16 => [i16::MIN, -2, 0, 3, 1000, i16::MAX]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        U16 => [0u16, 1, 2, 40000, 65534, u16::MAX]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        S32 => [i32::MIN, -5, 0, 6, 1 << 20, i32::MAX]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        U32 => [0u32, 1, 7, 1 << 31, u32::MAX - 1, u32::MAX]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        S64 => [i64::MIN, -9, 0, 10, 1 << 40, i64::MAX]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
-        U64 => [0u64, 1, 3, 1 << 63, u64::MAX - 1, u64::MAX]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
+        S16 => [i16::MIN, -2, 0, 3, 1000, i16::MAX].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        U16 => [0u16, 1, 2, 40000, 65534, u16::MAX].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        S32 => [i32::MIN, -5, 0, 6, 1 << 20, i32::MAX].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        U32 => [0u32, 1, 7, 1 << 31, u32::MAX - 1, u32::MAX].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        S64 => [i64::MIN, -9, 0, 10, 1 << 40, i64::MAX].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        U64 => [0u64, 1, 3, 1 << 63, u64::MAX - 1, u64::MAX].iter().flat_map(|x| x.to_le_bytes()).collect(),
         // 1.0, -2.0, 65504 (max), smallest subnormal, -0.0, +inf
-        F16 => [0x3C00u16, 0xC000, 0x7BFF, 0x0001, 0x8000, 0x7C00]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect(),
+        F16 => [0x3C00u16, 0xC000, 0x7BFF, 0x0001, 0x8000, 0x7C00].iter().flat_map(|x| x.to_le_bytes()).collect(),
         // 1.0, -2.0, largest finite, smallest subnormal, -0.0, quiet NaN
-        BF16 => [0x3F80u16, 0xC000, 0x7F7F, 0x0001, 0x8000, 0x7FC0]
+        BF16 => [0x3F80u16, 0xC000, 0x7F7F, 0x0001, 0x8000, 0x7FC0].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        F32 => [1.5f32, -0.0, f32::MAX, f32::from_bits(1), f32::INFINITY, f32::NAN]
             .iter()
             .flat_map(|x| x.to_le_bytes())
             .collect(),
-        F32 => [
-            1.5f32,
-            -0.0,
-            f32::MAX,
-            f32::from_bits(1),
-            f32::INFINITY,
-            f32::NAN,
-        ]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect(),
-        F64 => [
-            1.5f64,
-            -0.0,
-            f64::MIN,
-            f64::from_bits(1),
-            f64::NEG_INFINITY,
-            f64::NAN,
-        ]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect(),
+        F64 => [1.5f64, -0.0, f64::MIN, f64::from_bits(1), f64::NEG_INFINITY, f64::NAN]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
     }
 }
 
@@ -129,9 +75,7 @@ fn every_element_type_round_trips_exactly(plugin: &Plugin) {
         let bytes = sample_bytes(ty);
         assert_eq!(bytes.len(), 6 * ty.byte_size(), "{ty:?}");
         for dims in [&[2i64, 3][..], &[6], &[3, 1, 2]] {
-            let b = c
-                .buffer_from_host(&bytes, ty, dims, device)
-                .unwrap_or_else(|e| panic!("{ty:?}: {e}"));
+            let b = c.buffer_from_host(&bytes, ty, dims, device).unwrap_or_else(|e| panic!("{ty:?}: {e}"));
             assert_eq!(b.element_type(), ty);
             assert_eq!(b.dims(), dims);
             assert_eq!(b.device().unwrap(), *device);
@@ -144,14 +88,10 @@ fn every_element_type_round_trips_exactly(plugin: &Plugin) {
 fn scalars_and_empty_arrays_round_trip(plugin: &Plugin) {
     let c = client(plugin, 1);
     let d = &c.devices()[0];
-    let s = c
-        .buffer_from_host(&7i64.to_le_bytes(), ElementType::S64, &[], d)
-        .unwrap();
+    let s = c.buffer_from_host(&7i64.to_le_bytes(), ElementType::S64, &[], d).unwrap();
     assert_eq!(s.dims(), Vec::<i64>::new());
     assert_eq!(s.to_host().unwrap(), 7i64.to_le_bytes());
-    let empty = c
-        .buffer_from_host(&[], ElementType::F32, &[0, 3], d)
-        .unwrap();
+    let empty = c.buffer_from_host(&[], ElementType::F32, &[0, 3], d).unwrap();
     assert_eq!(empty.dims(), vec![0, 3]);
     assert_eq!(empty.to_host().unwrap(), Vec::<u8>::new());
 }
@@ -160,9 +100,7 @@ fn host_data_may_be_dropped_right_after_the_copy(plugin: &Plugin) {
     let c = client(plugin, 1);
     let d = &c.devices()[0];
     let mut data = common::f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
-    let b = c
-        .buffer_from_host(&data, ElementType::F32, &[4], d)
-        .unwrap();
+    let b = c.buffer_from_host(&data, ElementType::F32, &[4], d).unwrap();
     data.iter_mut().for_each(|x| *x = 0xAB);
     drop(data);
     assert_eq!(common::read_f32(&b), vec![1.0, 2.0, 3.0, 4.0]);
@@ -171,18 +109,12 @@ fn host_data_may_be_dropped_right_after_the_copy(plugin: &Plugin) {
 fn wrong_host_sizes_and_foreign_devices_are_refused(plugin: &Plugin) {
     let c = client(plugin, 1);
     let d = &c.devices()[0];
-    let short = c
-        .buffer_from_host(&[0u8; 7], ElementType::F32, &[2], d)
-        .unwrap_err();
+    let short = c.buffer_from_host(&[0u8; 7], ElementType::F32, &[2], d).unwrap_err();
     assert!(matches!(short, Error::InvalidInput(_)), "{short:?}");
-    let negative = c
-        .buffer_from_host(&[], ElementType::F32, &[-1], d)
-        .unwrap_err();
+    let negative = c.buffer_from_host(&[], ElementType::F32, &[-1], d).unwrap_err();
     assert!(matches!(negative, Error::InvalidInput(_)), "{negative:?}");
     let other = client(plugin, 1);
-    let foreign = other
-        .buffer_from_host(&[0u8; 4], ElementType::F32, &[1], d)
-        .unwrap_err();
+    let foreign = other.buffer_from_host(&[0u8; 4], ElementType::F32, &[1], d).unwrap_err();
     assert!(matches!(foreign, Error::InvalidInput(_)), "{foreign:?}");
 }
 

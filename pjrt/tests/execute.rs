@@ -74,9 +74,7 @@ fn a_program_pinned_to_device_2_runs_there(plugin: &Plugin) {
 fn several_outputs_come_back_in_order(plugin: &Plugin) {
     let c = client(plugin, 1);
     let d = &c.devices()[0];
-    let exe = c
-        .compile(SUM_PRODUCT_FLOOR, &CompileOptions::default())
-        .unwrap();
+    let exe = c.compile(SUM_PRODUCT_FLOOR, &CompileOptions::default()).unwrap();
     assert_eq!(exe.num_outputs().unwrap(), 3);
     let a = f32_buffer(&c, &[1.0, 2.5, -3.0], &[3], d);
     let b = f32_buffer(&c, &[4.0, 2.0, 2.5], &[3], d);
@@ -95,40 +93,22 @@ fn spmd_over_four_devices(plugin: &Plugin) {
     assert_eq!(devices, c.devices());
     assert_eq!(exe.num_outputs().unwrap(), 2);
     let x: Vec<f32> = (0..16).map(|i| i as f32).collect();
-    let shards: Vec<_> = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| f32_buffer(&c, &x[4 * i..4 * i + 4], &[2, 2], d))
-        .collect();
+    let shards: Vec<_> =
+        devices.iter().enumerate().map(|(i, d)| f32_buffer(&c, &x[4 * i..4 * i + 4], &[2, 2], d)).collect();
     let args: Vec<Vec<_>> = shards.iter().map(|s| vec![s]).collect();
     let out = exe.execute_sharded(&args).unwrap();
     assert_eq!(out.len(), 4);
-    let column_sums = vec![
-        (0..8).map(|r| (2 * r) as f32).sum::<f32>(),
-        (0..8).map(|r| (2 * r + 1) as f32).sum(),
-    ];
+    let column_sums = vec![(0..8).map(|r| (2 * r) as f32).sum::<f32>(), (0..8).map(|r| (2 * r + 1) as f32).sum()];
     for (i, (outputs, device)) in out.iter().zip(&devices).enumerate() {
         assert_eq!(outputs.len(), 2);
         assert_eq!(outputs[0].dims(), vec![2, 2]);
         assert_eq!(outputs[0].device().unwrap(), *device);
-        assert_eq!(
-            read_f32(&outputs[0]),
-            x[4 * i..4 * i + 4]
-                .iter()
-                .map(|v| 2.0 * v)
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(read_f32(&outputs[0]), x[4 * i..4 * i + 4].iter().map(|v| 2.0 * v).collect::<Vec<_>>());
         assert_eq!(read_f32(&outputs[1]), column_sums);
     }
     // A sharded program cannot be run through the single-device entry point.
-    assert!(matches!(
-        exe.execute(&[&shards[0]]),
-        Err(Error::InvalidInput(_))
-    ));
-    assert!(matches!(
-        exe.execute_sharded(&args[..3]),
-        Err(Error::InvalidInput(_))
-    ));
+    assert!(matches!(exe.execute(&[&shards[0]]), Err(Error::InvalidInput(_))));
+    assert!(matches!(exe.execute_sharded(&args[..3]), Err(Error::InvalidInput(_))));
 }
 
 fn serialized_executables_load_and_agree(plugin: &Plugin) {
@@ -149,10 +129,7 @@ fn serialized_executables_load_and_agree(plugin: &Plugin) {
     let loaded2 = c2.deserialize_executable(&bytes).unwrap();
     let a2 = f32_buffer(&c2, &A, &[2, 3], &c2.devices()[0]);
     let b2 = f32_buffer(&c2, &B, &[2, 3], &c2.devices()[0]);
-    assert_eq!(
-        read_f32(&loaded2.execute(&[&a2, &b2]).unwrap()[0]),
-        A_PLUS_B
-    );
+    assert_eq!(read_f32(&loaded2.execute(&[&a2, &b2]).unwrap()[0]), A_PLUS_B);
     assert!(c.deserialize_executable(&[]).is_err());
 }
 
@@ -163,33 +140,18 @@ fn malformed_stablehlo_reports_the_parse_error(plugin: &Plugin) {
     assert_eq!(err.call(), Some("PJRT_Client_Compile"));
     assert!(err.code().is_some(), "{err:?}");
     let text = err.to_string();
-    assert!(
-        text.contains("stablehlo.ad") && text.contains("3:"),
-        "{text}"
-    );
+    assert!(text.contains("stablehlo.ad") && text.contains("3:"), "{text}");
 }
 
 fn invalid_compile_options_never_reach_the_plugin(plugin: &Plugin) {
     let c = client(plugin, 2);
     let cases = [
-        CompileOptions {
-            num_replicas: 0,
-            ..CompileOptions::default()
-        },
-        CompileOptions {
-            num_partitions: 0,
-            ..CompileOptions::default()
-        },
-        CompileOptions {
-            num_partitions: 2,
-            ..CompileOptions::default()
-        }, // no SPMD
-        CompileOptions::spmd(4),      // more than 2 devices
-        CompileOptions::on_device(7), // no such device
-        CompileOptions {
-            device_assignment: Some(vec![vec![0, 1]]),
-            ..CompileOptions::default()
-        },
+        CompileOptions { num_replicas: 0, ..CompileOptions::default() },
+        CompileOptions { num_partitions: 0, ..CompileOptions::default() },
+        CompileOptions { num_partitions: 2, ..CompileOptions::default() }, // no SPMD
+        CompileOptions::spmd(4),                                           // more than 2 devices
+        CompileOptions::on_device(7),                                      // no such device
+        CompileOptions { device_assignment: Some(vec![vec![0, 1]]), ..CompileOptions::default() },
     ];
     for opts in cases {
         let err = c.compile(ADD, &opts).unwrap_err();
@@ -209,10 +171,7 @@ fn wrong_argument_count_is_an_error(plugin: &Plugin) {
     let err = exe.execute(&[&a, &a, &a]).unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidArgument), "{err:?}");
     // The executable is still usable afterwards.
-    assert_eq!(
-        read_f32(&exe.execute(&[&a, &a]).unwrap()[0]),
-        A.map(|x| 2.0 * x)
-    );
+    assert_eq!(read_f32(&exe.execute(&[&a, &a]).unwrap()[0]), A.map(|x| 2.0 * x));
 }
 
 fn buffers_of_another_client_are_refused(plugin: &Plugin) {

@@ -29,7 +29,9 @@ fn cuda_end_to_end() {
     let d = &devices[0];
 
     for ty in ElementType::ALL {
-        let bytes: Vec<u8> = (0..6 * ty.byte_size()).map(|i| if ty == ElementType::Pred { (i % 2) as u8 } else { (i * 7 % 251) as u8 }).collect();
+        let bytes: Vec<u8> = (0..6 * ty.byte_size())
+            .map(|i| if ty == ElementType::Pred { (i % 2) as u8 } else { (i * 7 % 251) as u8 })
+            .collect();
         let b = client.buffer_from_host(&bytes, ty, &[3, 2], d).unwrap_or_else(|e| panic!("{ty:?}: {e}"));
         assert_eq!(b.to_host().unwrap(), bytes, "{ty:?}");
         assert_eq!(b.device().unwrap(), *d);

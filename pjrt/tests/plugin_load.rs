@@ -12,24 +12,13 @@ fn loads_with_version_and_attributes(plugin: &Plugin) {
     assert!(minor >= 57, "minor {minor}");
     assert!(plugin.path().is_file());
     let attrs = plugin.attributes().expect("attributes");
-    let get = |name: &str| {
-        attrs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-    };
-    assert!(
-        matches!(get("xla_version"), Some(AttrValue::Int64(_))),
-        "{attrs:?}"
-    );
+    let get = |name: &str| attrs.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    assert!(matches!(get("xla_version"), Some(AttrValue::Int64(_))), "{attrs:?}");
     match get("stablehlo_minimum_version") {
         Some(AttrValue::Int64List(v)) => assert_eq!(v.len(), 3, "{v:?}"),
         other => panic!("stablehlo_minimum_version: {other:?}"),
     }
-    assert!(matches!(
-        get("stablehlo_current_version"),
-        Some(AttrValue::Int64List(_))
-    ));
+    assert!(matches!(get("stablehlo_current_version"), Some(AttrValue::Int64List(_))));
 }
 
 fn loading_twice_shares_one_plugin(plugin: &Plugin) {
@@ -41,28 +30,15 @@ fn loading_twice_shares_one_plugin(plugin: &Plugin) {
 fn version_too_new_is_refused(plugin: &Plugin) {
     let (_, minor) = plugin.api_version();
     let err = Plugin::load_with_min_version(plugin.path(), (0, 999)).unwrap_err();
-    assert!(
-        matches!(err, Error::ApiVersion { found: (0, m), need: (0, 999), .. } if m == minor),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::ApiVersion { found: (0, m), need: (0, 999), .. } if m == minor), "{err:?}");
     let text = err.to_string();
-    assert!(
-        text.contains(&format!("implements C API 0.{minor}")),
-        "{text}"
-    );
+    assert!(text.contains(&format!("implements C API 0.{minor}")), "{text}");
     assert!(text.contains("needs 0.999 or newer"), "{text}");
     let err = Plugin::load_with_min_version(plugin.path(), (1, 0)).unwrap_err();
-    assert!(
-        matches!(err, Error::ApiVersion { need: (1, 0), .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::ApiVersion { need: (1, 0), .. }), "{err:?}");
 }
 
-per_plugin!(
-    loads_with_version_and_attributes,
-    loading_twice_shares_one_plugin,
-    version_too_new_is_refused
-);
+per_plugin!(loads_with_version_and_attributes, loading_twice_shares_one_plugin, version_too_new_is_refused);
 
 #[test]
 fn missing_file_is_a_load_error() {

@@ -71,7 +71,10 @@ pub fn assert_close(what: &str, dtype: DType, got: &[f64], want: &[f64]) {
     let tol = tolerance(dtype);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs().max(g.abs()));
-        assert!(ok, "{what} ({dtype}): element {i}: got {g}, want {w} (tolerance {tol})\n got: {got:?}\nwant: {want:?}");
+        assert!(
+            ok,
+            "{what} ({dtype}): element {i}: got {g}, want {w} (tolerance {tol})\n got: {got:?}\nwant: {want:?}"
+        );
     }
 }
 

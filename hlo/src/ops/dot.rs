@@ -55,7 +55,8 @@ impl OpRules for DotGeneral {
         {
             return Err(format!("dot_general: invalid dimension numbers {self:?} for {l} and {r}"));
         }
-        for (a, b) in self.lhs_batch.iter().zip(&self.rhs_batch).chain(self.lhs_contract.iter().zip(&self.rhs_contract)) {
+        for (a, b) in self.lhs_batch.iter().zip(&self.rhs_batch).chain(self.lhs_contract.iter().zip(&self.rhs_contract))
+        {
             if l.dims[*a] != r.dims[*b] {
                 return Err(format!(
                     "dot_general: dimension {a} of {l} ({}) does not match dimension {b} of {r} ({})",
@@ -78,7 +79,10 @@ impl OpRules for DotGeneral {
         .into_iter()
         .flatten()
         .collect();
-        cx.op_on_args("stablehlo.dot_general", &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")))
+        cx.op_on_args(
+            "stablehlo.dot_general",
+            &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")),
+        )
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let (l, r) = (x[0], x[1]);

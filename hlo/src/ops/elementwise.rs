@@ -95,15 +95,33 @@ fn binary_row(k: BinaryKind) -> (&'static str, &'static str, Accepts, fn(f64, f6
         Add => ("add", "stablehlo.add", Accepts::Numbers, |a, b, _| a + b),
         Sub => ("sub", "stablehlo.subtract", Accepts::Numbers, |a, b, _| a - b),
         Mul => ("mul", "stablehlo.multiply", Accepts::Numbers, |a, b, _| a * b),
-        Div => ("div", "stablehlo.divide", Accepts::Numbers, |a, b, t| {
-            if t.is_float() {
-                a / b
-            } else {
-                (a / b).trunc()
-            }
-        }),
-        Max => ("max", "stablehlo.maximum", Accepts::Any, |a, b, _| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }),
-        Min => ("min", "stablehlo.minimum", Accepts::Any, |a, b, _| if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }),
+        Div => {
+            ("div", "stablehlo.divide", Accepts::Numbers, |a, b, t| if t.is_float() { a / b } else { (a / b).trunc() })
+        }
+        Max => (
+            "max",
+            "stablehlo.maximum",
+            Accepts::Any,
+            |a, b, _| {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(b)
+                }
+            },
+        ),
+        Min => (
+            "min",
+            "stablehlo.minimum",
+            Accepts::Any,
+            |a, b, _| {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.min(b)
+                }
+            },
+        ),
         Pow => ("pow", "stablehlo.power", Accepts::Numbers, |a, b, _| a.powf(b)),
         And => ("and", "stablehlo.and", Accepts::Logical, |a, b, t| logical(a, b, t, |x, y| x & y)),
         Or => ("or", "stablehlo.or", Accepts::Logical, |a, b, t| logical(a, b, t, |x, y| x | y)),

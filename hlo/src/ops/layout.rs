@@ -21,7 +21,11 @@ impl OpRules for Reshape {
         let t = operands[0];
         let n: usize = self.dims.iter().product();
         if n != t.elements() {
-            return Err(format!("reshape: cannot reshape {t} ({} elements) to {:?} ({n} elements)", t.elements(), self.dims));
+            return Err(format!(
+                "reshape: cannot reshape {t} ({} elements) to {:?} ({n} elements)",
+                t.elements(),
+                self.dims
+            ));
         }
         Ok(TensorType::new(t.dtype, self.dims.clone()))
     }
@@ -54,7 +58,11 @@ impl OpRules for Transpose {
         arity("transpose", operands, 1)?;
         let t = operands[0];
         if !is_permutation(&self.perm, t.rank()) {
-            return Err(format!("transpose: {:?} is not a permutation of the {} dimensions of {t}", self.perm, t.rank()));
+            return Err(format!(
+                "transpose: {:?} is not a permutation of the {} dimensions of {t}",
+                self.perm,
+                t.rank()
+            ));
         }
         Ok(TensorType::new(t.dtype, self.perm.iter().map(|&p| t.dims[p]).collect::<Vec<_>>()))
     }

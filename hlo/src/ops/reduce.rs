@@ -71,8 +71,20 @@ impl OpRules for Reduce {
         for &ax in self.axes.iter().rev() {
             a = a.fold_axis(Axis(ax), init, |&acc, &v| match kind {
                 ReduceKind::Sum => acc + v,
-                ReduceKind::Max => if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.max(v) },
-                ReduceKind::Min => if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.min(v) },
+                ReduceKind::Max => {
+                    if v.is_nan() || acc.is_nan() {
+                        f64::NAN
+                    } else {
+                        acc.max(v)
+                    }
+                }
+                ReduceKind::Min => {
+                    if v.is_nan() || acc.is_nan() {
+                        f64::NAN
+                    } else {
+                        acc.min(v)
+                    }
+                }
             });
         }
         a

@@ -2,9 +2,7 @@
 
 use std::ptr::{self, NonNull};
 
-use super::{
-    c, copy_slice, device_list, Api, BufferHandle, ClientHandle, DeviceHandle, ExecHandle,
-};
+use super::{c, copy_slice, device_list, Api, BufferHandle, ClientHandle, DeviceHandle, ExecHandle};
 use crate::error::{Error, Result};
 
 impl Api {
@@ -14,26 +12,15 @@ impl Api {
         Self::ignore(call!(self, PJRT_LoadedExecutable_Destroy, &mut args));
     }
 
-    pub(crate) fn executable_addressable_devices(
-        self,
-        exe: ExecHandle,
-    ) -> Result<Vec<DeviceHandle>> {
+    pub(crate) fn executable_addressable_devices(self, exe: ExecHandle) -> Result<Vec<DeviceHandle>> {
         let mut args = c::PJRT_LoadedExecutable_AddressableDevices_Args::new();
         args.executable = exe.raw();
         call!(self, PJRT_LoadedExecutable_AddressableDevices, &mut args)?;
-        device_list(
-            args.addressable_devices,
-            args.num_addressable_devices,
-            "PJRT_LoadedExecutable_AddressableDevices",
-        )
+        device_list(args.addressable_devices, args.num_addressable_devices, "PJRT_LoadedExecutable_AddressableDevices")
     }
 
     /// Runs `f` on the (unloaded) `PJRT_Executable` behind `exe`, destroying it afterwards.
-    fn with_executable<R>(
-        self,
-        exe: ExecHandle,
-        f: impl FnOnce(*mut c::PJRT_Executable) -> Result<R>,
-    ) -> Result<R> {
+    fn with_executable<R>(self, exe: ExecHandle, f: impl FnOnce(*mut c::PJRT_Executable) -> Result<R>) -> Result<R> {
         let mut args = c::PJRT_LoadedExecutable_GetExecutable_Args::new();
         args.loaded_executable = exe.raw();
         call!(self, PJRT_LoadedExecutable_GetExecutable, &mut args)?;
@@ -65,14 +52,8 @@ impl Api {
             let mut args = c::PJRT_Executable_Serialize_Args::new();
             args.executable = e;
             call!(self, PJRT_Executable_Serialize, &mut args)?;
-            let bytes = copy_slice(
-                args.serialized_bytes.cast::<u8>(),
-                args.serialized_bytes_size,
-            );
-            if let (Some(deleter), false) = (
-                args.serialized_executable_deleter,
-                args.serialized_executable.is_null(),
-            ) {
+            let bytes = copy_slice(args.serialized_bytes.cast::<u8>(), args.serialized_bytes_size);
+            if let (Some(deleter), false) = (args.serialized_executable_deleter, args.serialized_executable.is_null()) {
                 // SAFETY: frees the backing store exactly once, after the copy above.
                 unsafe { deleter(args.serialized_executable) };
             }
@@ -80,11 +61,7 @@ impl Api {
         })
     }
 
-    pub(crate) fn executable_deserialize(
-        self,
-        client: ClientHandle,
-        bytes: &[u8],
-    ) -> Result<ExecHandle> {
+    pub(crate) fn executable_deserialize(self, client: ClientHandle, bytes: &[u8]) -> Result<ExecHandle> {
         let mut args = c::PJRT_Executable_DeserializeAndLoad_Args::new();
         args.client = client.raw();
         args.serialized_executable = bytes.as_ptr().cast();
@@ -103,16 +80,11 @@ impl Api {
     ) -> Result<Vec<Vec<BufferHandle>>> {
         let num_devices = args_per_device.len();
         let num_args = args_per_device.first().map_or(0, Vec::len);
-        let arg_lists: Vec<Vec<*mut c::PJRT_Buffer>> = args_per_device
-            .iter()
-            .map(|list| list.iter().map(|b| b.raw()).collect())
-            .collect();
-        let arg_ptrs: Vec<*const *mut c::PJRT_Buffer> =
-            arg_lists.iter().map(|l| l.as_ptr()).collect();
-        let mut out_lists: Vec<Vec<*mut c::PJRT_Buffer>> =
-            vec![vec![ptr::null_mut(); num_outputs]; num_devices];
-        let out_ptrs: Vec<*mut *mut c::PJRT_Buffer> =
-            out_lists.iter_mut().map(|l| l.as_mut_ptr()).collect();
+        let arg_lists: Vec<Vec<*mut c::PJRT_Buffer>> =
+            args_per_device.iter().map(|list| list.iter().map(|b| b.raw()).collect()).collect();
+        let arg_ptrs: Vec<*const *mut c::PJRT_Buffer> = arg_lists.iter().map(|l| l.as_ptr()).collect();
+        let mut out_lists: Vec<Vec<*mut c::PJRT_Buffer>> = vec![vec![ptr::null_mut(); num_outputs]; num_devices];
+        let out_ptrs: Vec<*mut *mut c::PJRT_Buffer> = out_lists.iter_mut().map(|l| l.as_mut_ptr()).collect();
         let mut events: Vec<*mut c::PJRT_Event> = vec![ptr::null_mut(); num_devices];
 
         let mut options = c::PJRT_ExecuteOptions::new();
@@ -135,10 +107,7 @@ impl Api {
         }
         let mut outputs = Vec::with_capacity(num_devices);
         for list in &out_lists {
-            let handles: Vec<Option<BufferHandle>> = list
-                .iter()
-                .map(|p| NonNull::new(*p).map(BufferHandle))
-                .collect();
+            let handles: Vec<Option<BufferHandle>> = list.iter().map(|p| NonNull::new(*p).map(BufferHandle)).collect();
             if handles.iter().any(Option::is_none) && status.is_ok() {
                 status = Err(Error::Pjrt {
                     call: "PJRT_LoadedExecutable_Execute",
@@ -149,10 +118,7 @@ impl Api {
             outputs.push(handles.into_iter().flatten().collect::<Vec<_>>());
         }
         if let Err(e) = status {
-            outputs
-                .into_iter()
-                .flatten()
-                .for_each(|b| self.buffer_destroy(b));
+            outputs.into_iter().flatten().for_each(|b| self.buffer_destroy(b));
             return Err(e);
         }
         Ok(outputs)

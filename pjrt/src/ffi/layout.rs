@@ -1,6 +1,6 @@
 //! `#[repr(C)]` mirrors of the PJRT C API structs this crate uses, written from `pjrt_c_api.h` 0.81.
 //!
-//! Every argument struct starts with `struct_size` and `extension_start`; [`pjrt_args!`] adds those two
+//! Every argument struct starts with `struct_size` and `extension_start`; `pjrt_args!` adds those two
 //! fields and computes `STRUCT_SIZE` the way the header's `PJRT_STRUCT_SIZE` does (end of the last field,
 //! without trailing padding). A plugin rejects a struct whose `struct_size` is smaller than its own.
 #![allow(non_snake_case, non_camel_case_types)]
@@ -231,10 +231,7 @@ pjrt_args!(PJRT_Buffer_MemoryLayout_Tiled {
 pub(crate) union MemoryLayoutUnion {
     pub tiled: std::mem::ManuallyDrop<PJRT_Buffer_MemoryLayout_Tiled>,
 }
-pjrt_args!(PJRT_Buffer_MemoryLayout {
-    layout: MemoryLayoutUnion,
-    type_: CEnum
-});
+pjrt_args!(PJRT_Buffer_MemoryLayout { layout: MemoryLayoutUnion, type_: CEnum });
 pjrt_args!(PJRT_Buffer_ToHostBuffer_Args {
     src: *mut PJRT_Buffer,
     host_layout: *mut PJRT_Buffer_MemoryLayout,
@@ -316,8 +313,7 @@ pub(crate) struct PJRT_Api {
 
     pub PJRT_LoadedExecutable_Destroy: Entry<PJRT_LoadedExecutable_Destroy_Args>,
     pub PJRT_LoadedExecutable_GetExecutable: Entry<PJRT_LoadedExecutable_GetExecutable_Args>,
-    pub PJRT_LoadedExecutable_AddressableDevices:
-        Entry<PJRT_LoadedExecutable_AddressableDevices_Args>,
+    pub PJRT_LoadedExecutable_AddressableDevices: Entry<PJRT_LoadedExecutable_AddressableDevices_Args>,
     _PJRT_LoadedExecutable_Delete: Unused,
     _PJRT_LoadedExecutable_IsDeleted: Unused,
     pub PJRT_LoadedExecutable_Execute: Entry<PJRT_LoadedExecutable_Execute_Args>,
@@ -374,10 +370,7 @@ mod tests {
             (PJRT_Executable_DeserializeAndLoad_Args::STRUCT_SIZE, 64),
             (PJRT_LoadedExecutable_Destroy_Args::STRUCT_SIZE, 24),
             (PJRT_LoadedExecutable_GetExecutable_Args::STRUCT_SIZE, 32),
-            (
-                PJRT_LoadedExecutable_AddressableDevices_Args::STRUCT_SIZE,
-                40,
-            ),
+            (PJRT_LoadedExecutable_AddressableDevices_Args::STRUCT_SIZE, 40),
             (PJRT_ExecuteOptions::STRUCT_SIZE, 112),
             (PJRT_LoadedExecutable_Execute_Args::STRUCT_SIZE, 80),
             (PJRT_Buffer_Destroy_Args::STRUCT_SIZE, 24),
@@ -401,10 +394,7 @@ mod tests {
         assert_eq!(offset_of!(PJRT_Api, PJRT_Executable_Destroy), 360);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Executable_Serialize), 432);
         assert_eq!(offset_of!(PJRT_Api, PJRT_LoadedExecutable_Destroy), 440);
-        assert_eq!(
-            offset_of!(PJRT_Api, PJRT_Executable_DeserializeAndLoad),
-            488
-        );
+        assert_eq!(offset_of!(PJRT_Api, PJRT_Executable_DeserializeAndLoad), 488);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_Destroy), 504);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_ToHostBuffer), 600);
     }

@@ -18,10 +18,7 @@ pub fn plugin(which: Which) -> Plugin {
     static XLA_CPU: OnceLock<Plugin> = OnceLock::new();
     let (cell, path) = match which {
         Which::Default => (&DEFAULT, provision::cpu_plugin_path as fn() -> _),
-        Which::XlaCpu => (
-            &XLA_CPU,
-            (|| provision::cpu_plugin_path_for(CpuPluginKind::XlaCpu001)) as fn() -> _,
-        ),
+        Which::XlaCpu => (&XLA_CPU, (|| provision::cpu_plugin_path_for(CpuPluginKind::XlaCpu001)) as fn() -> _),
     };
     cell.get_or_init(|| {
         let path = path().unwrap_or_else(|e| panic!("cannot provision the {which:?} plugin: {e}"));
@@ -52,23 +49,15 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 pub fn to_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 pub fn to_i32(bytes: &[u8]) -> Vec<i32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 pub fn f32_buffer(client: &Client, v: &[f32], dims: &[i64], device: &Device) -> Buffer {
-    client
-        .buffer_from_host(&f32_bytes(v), ElementType::F32, dims, device)
-        .expect("buffer_from_host")
+    client.buffer_from_host(&f32_bytes(v), ElementType::F32, dims, device).expect("buffer_from_host")
 }
 
 pub fn read_f32(buffer: &Buffer) -> Vec<f32> {
