@@ -10,7 +10,7 @@ fn model(x: &Tensor, w: &Tensor, b: &Tensor, scale: f64) -> Tensor {
 }
 
 fn main() -> lazuli::Result<()> {
-    println!("lazuli quickstart on {}", lazuli::platform()?);
+    println!("lazuli quickstart on {}", lazuli::runtime_info()?);
 
     let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let w = Tensor::from_slice(&[0.1f32, -0.2, 0.3, -0.4, 0.5, -0.6], &[3, 2]);

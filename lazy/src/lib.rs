@@ -24,5 +24,5 @@ pub use lazuli_hlo::{DType, Loc};
 pub use materialize::Cause;
 pub use metrics::{metrics, Metrics};
 pub use record::{broadcast_shapes, Operand};
-pub use runtime::{init, platform, Backend, Config};
+pub use runtime::{init, platform, runtime_info, Backend, Config, RuntimeInfo};
 pub use tensor::{sync, Tensor};

@@ -124,3 +124,39 @@ pub fn init(config: Config) -> Result<()> {
 pub fn platform() -> Result<String> {
     Ok(runtime()?.client.platform_name()?)
 }
+
+/// What the runtime loaded: useful in logs and bug reports.
+#[derive(Clone, Debug)]
+pub struct RuntimeInfo {
+    pub platform: String,
+    pub plugin_path: PathBuf,
+    /// The plugin's PJRT C API version (major, minor).
+    pub api_version: (i32, i32),
+    pub device_count: usize,
+    /// The device programs run on.
+    pub device: String,
+}
+
+/// Describe the runtime, initializing it if needed.
+pub fn runtime_info() -> Result<RuntimeInfo> {
+    let rt = runtime()?;
+    let plugin = rt.client.plugin();
+    Ok(RuntimeInfo {
+        platform: rt.client.platform_name()?,
+        plugin_path: plugin.path().to_path_buf(),
+        api_version: plugin.api_version(),
+        device_count: rt.client.devices().len(),
+        device: format!("{} {}", rt.device.kind(), rt.device.id()),
+    })
+}
+
+impl std::fmt::Display for RuntimeInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let file = self.plugin_path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        write!(
+            f,
+            "{} ({} device(s), running on {}), plugin {file} with PJRT C API {}.{}",
+            self.platform, self.device_count, self.device, self.api_version.0, self.api_version.1
+        )
+    }
+}
