@@ -22,6 +22,6 @@ pub use lazuli_lazy as lazy;
 pub use lazuli_pjrt as pjrt;
 
 pub use lazuli_lazy::{
-    broadcast_shapes, init, metrics, platform, runtime_info, sync, Backend, Cause, Config, DType, Element, Error, Loc,
-    Metrics, Operand, Result, RuntimeInfo, Tensor,
+    broadcast_shapes, grad, init, metrics, no_grad, platform, runtime_info, sync, value_and_grad, Backend, Cause,
+    Config, DType, Element, Error, Loc, Metrics, Operand, Result, RuntimeInfo, Tensor,
 };

@@ -7,12 +7,14 @@
 //! - [`emit`]: the StableHLO text emitter.
 #![forbid(unsafe_code)]
 
+pub mod builder;
 pub mod dtype;
 pub mod emit;
 pub mod graph;
 pub mod op;
 pub mod ops;
 
+pub use builder::Builder;
 pub use dtype::{DType, TensorType};
 pub use emit::{emit, EmitOptions};
 pub use graph::{Graph, Loc, Node, NodeId};

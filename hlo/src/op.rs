@@ -4,6 +4,7 @@
 
 use ndarray::ArrayD;
 
+use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
@@ -24,6 +25,9 @@ pub trait OpRules {
     fn lower(&self, cx: &mut LowerCx<'_>) -> String;
     /// Reference semantics on the host, in f64 (the interpreter rounds the result to the node's dtype).
     fn reference(&self, out: &TensorType, operands: &[&ArrayD<f64>]) -> ArrayD<f64>;
+    /// Vector-Jacobian product: the cotangents of the operands `x`, given the result `out` and its cotangent `g`
+    /// (recorded through `b`). `None` for operands without a gradient (integers, predicates, indices).
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>>;
 }
 
 /// One node's operation. Hash and Eq cover structure only (no values of parameters), which is what the
@@ -80,6 +84,10 @@ impl Op {
 
     pub fn reference(&self, out: &TensorType, operands: &[&ArrayD<f64>]) -> ArrayD<f64> {
         dispatch!(self, o => o.reference(out, operands))
+    }
+
+    pub fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        dispatch!(self, o => o.vjp(b, x, out, g))
     }
 }
 

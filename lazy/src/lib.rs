@@ -8,6 +8,7 @@
 //! - [`runtime`]: plugin and client set-up; [`metrics`]: counters.
 #![forbid(unsafe_code)]
 
+pub mod autodiff;
 pub mod element;
 pub mod error;
 pub mod materialize;
@@ -18,6 +19,7 @@ mod reference;
 pub mod runtime;
 pub mod tensor;
 
+pub use autodiff::{grad, grad_enabled, no_grad, value_and_grad};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use lazuli_hlo::{DType, Loc};

@@ -12,7 +12,7 @@ use lazuli_pjrt::{Buffer, CompileOptions, ElementType};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, COUNTERS};
 use crate::runtime::{runtime, Runtime};
-use crate::tensor::{Node, State};
+use crate::tensor::{Data, Node};
 
 /// Why a materialization happened (diagnostics build on this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,15 +50,15 @@ pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
 /// Copy a host leaf to the device once; later materializations reuse the buffer.
 fn device_buffer(rt: &Runtime, node: &Node) -> Result<Arc<Buffer>> {
     let mut state = node.lock();
-    let bytes = match &*state {
-        State::Device(b) => return Ok(b.clone()),
-        State::Host(bytes) => bytes.clone(),
-        State::Pending { .. } => unreachable!("only ready nodes are parameters"),
+    let bytes = match &state.data {
+        Some(Data::Device(b)) => return Ok(b.clone()),
+        Some(Data::Host(bytes)) => bytes.clone(),
+        None => return Err(Error::Internal("a pending node was bound to a parameter".into())),
     };
     let dims: Vec<i64> = node.ty.dims.iter().map(|&d| d as i64).collect();
     let buf = Arc::new(rt.client.buffer_from_host(&bytes, element_type(node.ty.dtype), &dims, &rt.device)?);
     Counters::add(&COUNTERS.bytes_to_device, bytes.len() as u64);
-    *state = State::Device(buf.clone());
+    state.data = Some(Data::Device(buf.clone()));
     Ok(buf)
 }
 
@@ -80,15 +80,15 @@ pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
                 continue;
             }
             let state = node.lock();
-            match &*state {
-                State::Pending { op, operands } => {
+            match (&state.data, &state.recipe) {
+                (None, Some(recipe)) => {
                     if expanded {
-                        let operand_ids = operands.iter().map(|o| ids[&Arc::as_ptr(o)]).collect();
-                        let id = graph.push_typed(op.clone(), operand_ids, node.ty.clone(), node.loc);
+                        let operand_ids = recipe.operands.iter().map(|o| ids[&Arc::as_ptr(o)]).collect();
+                        let id = graph.push_typed(recipe.op.clone(), operand_ids, node.ty.clone(), node.loc);
                         drop(state);
                         ids.insert(key, id);
                     } else {
-                        let operands = operands.clone();
+                        let operands = recipe.operands.clone();
                         drop(state);
                         stack.push((node, true));
                         for o in operands.into_iter().rev() {
@@ -173,7 +173,7 @@ pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Resu
     }
     for (node, buf) in traced.targets.iter().zip(outs) {
         // Dropping the op and operands here releases the graph above computed values.
-        *node.lock() = State::Device(Arc::new(buf));
+        node.set_data(Data::Device(Arc::new(buf)));
     }
     Ok(())
 }

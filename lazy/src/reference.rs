@@ -9,7 +9,7 @@ use crate::element::bytes_to_f64;
 use crate::error::Result;
 use crate::materialize::trace;
 use crate::metrics::{Counters, COUNTERS};
-use crate::tensor::{State, Tensor};
+use crate::tensor::{Data, Tensor};
 
 impl Tensor {
     /// This tensor computed by the host reference interpreter (values as f64, rounded to the dtype after every op).
@@ -23,14 +23,15 @@ impl Tensor {
         let traced = trace(std::slice::from_ref(node));
         let mut params = Vec::with_capacity(traced.leaves.len());
         for leaf in &traced.leaves {
-            let bytes = match &*leaf.lock() {
-                State::Host(b) => b.clone(),
-                State::Device(buf) => {
+            let data = leaf.lock().data.clone();
+            let bytes = match data {
+                Some(Data::Host(b)) => b,
+                Some(Data::Device(buf)) => {
                     let b = buf.to_host()?;
                     Counters::add(&COUNTERS.bytes_to_host, b.len() as u64);
                     Arc::new(b)
                 }
-                State::Pending { .. } => unreachable!("leaves are ready"),
+                None => return Err(crate::error::Error::Internal("a pending node was bound to a parameter".into())),
             };
             let v = bytes_to_f64(leaf.ty.dtype, &bytes);
             params.push(ArrayD::from_shape_vec(IxDyn(&leaf.ty.dims), v).expect("buffer matches type"));

@@ -1,7 +1,7 @@
 //! `Tensor`: a cheap-to-clone handle to a node of the lazy graph. Ops record nodes; reads materialize them.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use lazuli_hlo::{DType, Loc, Op, TensorType};
@@ -13,14 +13,27 @@ use crate::error::{Error, Result};
 use crate::materialize::{materialize, Cause};
 use crate::metrics::{Counters, COUNTERS};
 
-/// What a node holds: an op still to run, or data.
-pub(crate) enum State {
-    /// Recorded, not yet computed.
-    Pending { op: Op, operands: Vec<Arc<Node>> },
-    /// Host data not yet copied to the device; it is uploaded by the first materialization that uses it.
+/// A node's value, once it has one.
+#[derive(Clone)]
+pub(crate) enum Data {
+    /// Host data not yet copied to the device; the first materialization that uses it uploads it.
     Host(Arc<Vec<u8>>),
     /// A device buffer (computed, or uploaded).
     Device(Arc<Buffer>),
+}
+
+/// How a node is computed from other nodes.
+#[derive(Clone)]
+pub(crate) struct Recipe {
+    pub op: Op,
+    pub operands: Vec<Arc<Node>>,
+}
+
+/// A node is pending until it has data. Its recipe is dropped when it is computed (freeing the graph above it),
+/// except on the gradient path, where `backward()` still needs it.
+pub(crate) struct State {
+    pub data: Option<Data>,
+    pub recipe: Option<Recipe>,
 }
 
 pub(crate) struct Node {
@@ -29,6 +42,12 @@ pub(crate) struct Node {
     pub state: Mutex<State>,
     /// Number of `Tensor` handles the user holds; nodes only referenced by other nodes are not "live" for `sync()`.
     handles: AtomicUsize,
+    /// A gradient leaf: `backward()` accumulates into `grad` and does not look further up.
+    pub requires_grad: AtomicBool,
+    /// Some operand leads to a gradient leaf, and the node was recorded with gradients enabled.
+    pub grad_path: bool,
+    /// The accumulated gradient of a gradient leaf.
+    pub grad: Mutex<Option<Tensor>>,
 }
 
 impl Node {
@@ -38,7 +57,20 @@ impl Node {
     }
 
     pub fn is_pending(&self) -> bool {
-        matches!(*self.lock(), State::Pending { .. })
+        self.lock().data.is_none()
+    }
+
+    pub fn requires_grad(&self) -> bool {
+        self.requires_grad.load(Ordering::Relaxed)
+    }
+
+    /// Store computed data; keep the recipe only where gradients will need it.
+    pub fn set_data(&self, data: Data) {
+        let mut s = self.lock();
+        s.data = Some(data);
+        if !self.grad_path || self.requires_grad() {
+            s.recipe = None;
+        }
     }
 }
 
@@ -65,9 +97,17 @@ impl Drop for Tensor {
 }
 
 impl Tensor {
-    fn from_state(ty: TensorType, loc: Loc, state: State) -> Tensor {
-        let pending = matches!(state, State::Pending { .. });
-        let node = Arc::new(Node { ty, loc, state: Mutex::new(state), handles: AtomicUsize::new(1) });
+    fn from_state(ty: TensorType, loc: Loc, state: State, grad_path: bool) -> Tensor {
+        let pending = state.data.is_none();
+        let node = Arc::new(Node {
+            ty,
+            loc,
+            state: Mutex::new(state),
+            handles: AtomicUsize::new(1),
+            requires_grad: AtomicBool::new(false),
+            grad_path,
+            grad: Mutex::new(None),
+        });
         if pending {
             let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
             if reg.len() >= 1024 && reg.len().is_power_of_two() {
@@ -80,11 +120,20 @@ impl Tensor {
 
     /// Record `op` on `operands`; the op's shape rule has already produced `ty`.
     pub(crate) fn record(op: Op, operands: Vec<Arc<Node>>, ty: TensorType, loc: Loc) -> Tensor {
-        Tensor::from_state(ty, loc, State::Pending { op, operands })
+        let grad_path = ty.dtype.is_float()
+            && crate::autodiff::grad_enabled()
+            && operands.iter().any(|o| o.grad_path || o.requires_grad());
+        Tensor::from_state(ty, loc, State { data: None, recipe: Some(Recipe { op, operands }) }, grad_path)
     }
 
     pub(crate) fn host(ty: TensorType, bytes: Vec<u8>, loc: Loc) -> Tensor {
-        Tensor::from_state(ty, loc, State::Host(Arc::new(bytes)))
+        Tensor::from_state(ty, loc, State { data: Some(Data::Host(Arc::new(bytes))), recipe: None }, false)
+    }
+
+    /// A handle to an existing node (counts as a user handle while it lives).
+    pub(crate) fn from_node(node: Arc<Node>) -> Tensor {
+        node.handles.fetch_add(1, Ordering::Relaxed);
+        Tensor { node }
     }
 
     /// A tensor from a slice in row-major order. Panics (at the caller's line) if `data.len()` is not the product
@@ -159,17 +208,15 @@ impl Tensor {
     /// The raw little-endian bytes, computing first if needed.
     fn bytes(&self, cause: Cause, at: Loc) -> Result<Arc<Vec<u8>>> {
         materialize(std::slice::from_ref(&self.node), cause, at)?;
-        let state = self.node.lock();
-        match &*state {
-            State::Host(b) => Ok(b.clone()),
-            State::Device(buf) => {
-                let buf = buf.clone();
-                drop(state);
+        let data = self.node.lock().data.clone();
+        match data {
+            Some(Data::Host(b)) => Ok(b),
+            Some(Data::Device(buf)) => {
                 let bytes = buf.to_host()?;
                 Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
                 Ok(Arc::new(bytes))
             }
-            State::Pending { .. } => unreachable!("materialize leaves no target pending"),
+            None => Err(Error::Internal("materialize left a target pending".into())),
         }
     }
 

@@ -3,8 +3,10 @@
 
 use ndarray::{ArrayD, IxDyn};
 
+use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::LowerCx;
+use crate::op::Op;
 use crate::op::{arity, OpRules};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +30,46 @@ fn dims_list(name: &str, v: &[usize]) -> Option<String> {
     }
     let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
     Some(format!("{name} = [{}]", items.join(", ")))
+}
+
+impl DotGeneral {
+    /// The cotangent of one side: contract `g` with the other side over the other side's free dimensions, then
+    /// permute the result (batch, this side's free dims, this side's contracting dims in the other side's order)
+    /// back into this side's dimension order.
+    fn side_vjp<B: Builder>(
+        b: &mut B,
+        g: &B::V,
+        other: &B::V,
+        g_other_free: std::ops::Range<usize>,
+        (this_batch, this_contract, this_rank): (&[usize], &[usize], usize),
+        (other_batch, other_contract, other_rank): (&[usize], &[usize], usize),
+    ) -> B::V {
+        let nb = this_batch.len();
+        let this_free = Self::free(this_rank, this_batch, this_contract);
+        let other_free = Self::free(other_rank, other_batch, other_contract);
+        let dot = DotGeneral {
+            lhs_batch: (0..nb).collect(),
+            rhs_batch: other_batch.to_vec(),
+            lhs_contract: g_other_free.collect(),
+            rhs_contract: other_free,
+        };
+        let r = b.op(Op::DotGeneral(dot), &[g, other]);
+        // The result is [batch, this side's free dims, other side's contracting dims sorted by index].
+        let mut sorted = other_contract.to_vec();
+        sorted.sort_unstable();
+        let mut pos = vec![0usize; this_rank];
+        for (i, &d) in this_batch.iter().enumerate() {
+            pos[d] = i;
+        }
+        for (i, &d) in this_free.iter().enumerate() {
+            pos[d] = nb + i;
+        }
+        for (j, &d) in this_contract.iter().enumerate() {
+            let k = sorted.iter().position(|&s| s == other_contract[j]).expect("a contracting dimension");
+            pos[d] = nb + this_free.len() + k;
+        }
+        b.transpose(&r, &pos)
+    }
 }
 
 impl OpRules for DotGeneral {
@@ -115,5 +157,17 @@ impl OpRules for DotGeneral {
             }
             acc
         })
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        let (l, r) = (&x[0], &x[1]);
+        let (lr, rr) = (b.ty(l).rank(), b.ty(r).rank());
+        let nb = self.lhs_batch.len();
+        let nlf = lr - nb - self.lhs_contract.len();
+        let nrf = rr - nb - self.rhs_contract.len();
+        let lhs = (&self.lhs_batch[..], &self.lhs_contract[..], lr);
+        let rhs = (&self.rhs_batch[..], &self.rhs_contract[..], rr);
+        let dl = Self::side_vjp(b, g, r, nb + nlf..nb + nlf + nrf, lhs, rhs);
+        let dr = Self::side_vjp(b, g, l, nb..nb + nlf, rhs, lhs);
+        vec![Some(dl), Some(dr)]
     }
 }

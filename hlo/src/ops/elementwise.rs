@@ -3,6 +3,7 @@
 
 use ndarray::{ArrayD, Zip};
 
+use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::LowerCx;
 use crate::op::{arity, OpRules};
@@ -64,6 +65,54 @@ impl OpRules for Unary {
     }
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         x[0].mapv(unary_row(self.kind).3)
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        use UnaryKind::*;
+        let x = &x[0];
+        let dx = match self.kind {
+            Neg => b.neg(g),
+            Abs => {
+                let zero = b.full_like(x, 0.0);
+                let neg = b.neg(g);
+                let p = b.compare(CompareDir::Ge, x, &zero);
+                b.select(&p, g, &neg)
+            }
+            Exp => b.mul(g, out),
+            Log => b.div(g, x),
+            // d sqrt(x) = 1 / (2 sqrt(x))
+            Sqrt => {
+                let two_out = b.scale(out, 2.0);
+                b.div(g, &two_out)
+            }
+            // d x^-1/2 = -1/2 x^-3/2 = -out / (2x)
+            Rsqrt => {
+                let t = b.div(out, x);
+                let t = b.scale(&t, -0.5);
+                b.mul(g, &t)
+            }
+            Tanh => {
+                let sq = b.mul(out, out);
+                let one = b.full_like(out, 1.0);
+                let d = b.sub(&one, &sq);
+                b.mul(g, &d)
+            }
+            Sin => {
+                let c = b.unary(Cos, x);
+                b.mul(g, &c)
+            }
+            Cos => {
+                let s = b.unary(Sin, x);
+                let ns = b.neg(&s);
+                b.mul(g, &ns)
+            }
+            Logistic => {
+                let one = b.full_like(out, 1.0);
+                let d = b.sub(&one, out);
+                let d = b.mul(out, &d);
+                b.mul(g, &d)
+            }
+        };
+        vec![Some(dx)]
     }
 }
 
@@ -173,6 +222,45 @@ impl OpRules for Binary {
         let dt = out.dtype;
         Zip::from(x[0]).and(x[1]).map_collect(|&a, &b| f(a, b, dt))
     }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        use BinaryKind::*;
+        let (l, r) = (&x[0], &x[1]);
+        let (dl, dr) = match self.kind {
+            Add => (g.clone(), g.clone()),
+            Sub => (g.clone(), b.neg(g)),
+            Mul => (b.mul(g, r), b.mul(g, l)),
+            // d(l/r) = g/r, -g l/r² = -g out/r
+            Div => {
+                let dl = b.div(g, r);
+                let t = b.mul(&dl, out);
+                (dl, b.neg(&t))
+            }
+            // Ties send the gradient to the left operand (as a subgradient choice).
+            Max | Min => {
+                let dir = if self.kind == Max { CompareDir::Ge } else { CompareDir::Le };
+                let p = b.compare(dir, l, r);
+                let zero = b.full_like(g, 0.0);
+                (b.select(&p, g, &zero), b.select(&p, &zero, g))
+            }
+            // d l^r = r l^(r-1) dl + ln(l) l^r dr; the log term is taken as 0 where l ≤ 0.
+            Pow => {
+                let one = b.full_like(r, 1.0);
+                let rm1 = b.sub(r, &one);
+                let p = b.binary(Pow, l, &rm1);
+                let dl = b.mul(&p, r);
+                let dl = b.mul(g, &dl);
+                let zero = b.full_like(l, 0.0);
+                let pos = b.compare(CompareDir::Gt, l, &zero);
+                let safe = b.select(&pos, l, &one);
+                let ln = b.unary(UnaryKind::Log, &safe);
+                let dr = b.mul(&ln, out);
+                let dr = b.mul(g, &dr);
+                (dl, b.mask(&pos, &dr))
+            }
+            And | Or => return vec![None, None],
+        };
+        vec![Some(dl), Some(dr)]
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -225,6 +313,9 @@ impl OpRules for Compare {
         let f = self.dir.row().2;
         Zip::from(x[0]).and(x[1]).map_collect(|&a, &b| f(a, b) as u8 as f64)
     }
+    fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
+        vec![None, None]
+    }
 }
 
 /// `where(pred, on_true, on_false)`, all one shape.
@@ -250,6 +341,12 @@ impl OpRules for Select {
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         Zip::from(x[0]).and(x[1]).and(x[2]).map_collect(|&p, &a, &b| if p != 0.0 { a } else { b })
     }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        let zero = b.full_like(g, 0.0);
+        let dt = b.select(&x[0], g, &zero);
+        let df = b.select(&x[0], &zero, g);
+        vec![None, Some(dt), Some(df)]
+    }
 }
 
 /// Element type conversion (floats round to nearest even, float → int truncates, x → bool is `x != 0`).
@@ -272,5 +369,12 @@ impl OpRules for Convert {
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let to = self.to;
         x[0].mapv(|v| to.round(v))
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        let from = b.ty(&x[0]).dtype;
+        if !from.is_float() || !self.to.is_float() {
+            return vec![None];
+        }
+        vec![Some(b.convert(g, from))]
     }
 }

@@ -2,6 +2,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 
+use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::{i64_array, LowerCx};
 use crate::op::{arity, OpRules};
@@ -35,6 +36,10 @@ impl OpRules for Reshape {
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let flat: Vec<f64> = x[0].iter().copied().collect();
         ArrayD::from_shape_vec(IxDyn(&self.dims), flat).expect("checked by infer")
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        let dims = b.ty(&x[0]).dims;
+        vec![Some(b.reshape(g, &dims))]
     }
 }
 
@@ -71,6 +76,13 @@ impl OpRules for Transpose {
     }
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         x[0].view().permuted_axes(IxDyn(&self.perm)).to_owned()
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, _: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        let mut inverse = vec![0; self.perm.len()];
+        for (i, &p) in self.perm.iter().enumerate() {
+            inverse[p] = i;
+        }
+        vec![Some(b.transpose(g, &inverse))]
     }
 }
 
@@ -111,5 +123,9 @@ impl OpRules for BroadcastInDim {
         let flat: Vec<f64> = x[0].iter().copied().collect();
         let a = ArrayD::from_shape_vec(IxDyn(&expanded), flat).expect("same element count");
         a.broadcast(IxDyn(&self.dims)).expect("checked by infer").to_owned()
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        let like = b.ty(&x[0]).dims;
+        vec![Some(b.unbroadcast(g, &like, &self.map))]
     }
 }

@@ -2,6 +2,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 
+use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::op::{arity, OpRules};
@@ -24,6 +25,9 @@ impl OpRules for Parameter {
     }
     fn reference(&self, out: &TensorType, _: &[&ArrayD<f64>]) -> ArrayD<f64> {
         unreachable!("the interpreter binds parameters before evaluation ({out})")
+    }
+    fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
+        Vec::new()
     }
 }
 
@@ -61,6 +65,9 @@ impl OpRules for Constant {
     fn reference(&self, out: &TensorType, _: &[&ArrayD<f64>]) -> ArrayD<f64> {
         ArrayD::from_elem(IxDyn(&out.dims), out.dtype.round(self.value()))
     }
+    fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
+        Vec::new()
+    }
 }
 
 /// `0, 1, 2, …` along dimension `dim` of the given type, constant along the others.
@@ -91,5 +98,8 @@ impl OpRules for Iota {
     }
     fn reference(&self, out: &TensorType, _: &[&ArrayD<f64>]) -> ArrayD<f64> {
         ArrayD::from_shape_fn(IxDyn(&out.dims), |ix| ix[self.dim] as f64)
+    }
+    fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
+        Vec::new()
     }
 }

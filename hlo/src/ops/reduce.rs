@@ -2,9 +2,11 @@
 
 use ndarray::{ArrayD, Axis};
 
+use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::{i64_array, LowerCx};
 use crate::op::{arity, OpRules};
+use crate::ops::elementwise::CompareDir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceKind {
@@ -88,5 +90,25 @@ impl OpRules for Reduce {
             });
         }
         a
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        let dims = b.ty(&x[0]).dims;
+        let kept: Vec<usize> = (0..dims.len()).filter(|d| !self.axes.contains(d)).collect();
+        let gb = b.broadcast(g, &dims, &kept);
+        let dx = match self.kind {
+            ReduceKind::Sum => gb,
+            // The gradient goes to the extremal elements, split evenly among ties.
+            ReduceKind::Max | ReduceKind::Min => {
+                let ob = b.broadcast(out, &dims, &kept);
+                let hit = b.compare(CompareDir::Eq, &x[0], &ob);
+                let one = b.full_like(&x[0], 1.0);
+                let ones = b.mask(&hit, &one);
+                let count = b.sum(&ones, &self.axes);
+                let count = b.broadcast(&count, &dims, &kept);
+                let share = b.div(&gb, &count);
+                b.mask(&hit, &share)
+            }
+        };
+        vec![Some(dx)]
     }
 }

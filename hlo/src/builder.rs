@@ -1,0 +1,116 @@
+//! The recording interface gradient rules are written against. `lazuli-lazy` implements it for lazy tensors, so
+//! each op's vector-Jacobian product lives in hlo beside its shape rule and lowering, yet records lazily.
+
+use crate::dtype::{DType, TensorType};
+use crate::op::Op;
+use crate::ops::{
+    elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind},
+    layout::{BroadcastInDim, Reshape, Transpose},
+    leaf::Constant,
+    reduce::{Reduce, ReduceKind},
+};
+
+/// Records ops on values of type `V` (lazy tensors). Gradient rules only use `op` and the helpers below.
+pub trait Builder {
+    type V: Clone;
+
+    /// The static type of a value.
+    fn ty(&self, v: &Self::V) -> TensorType;
+
+    /// Record `op` on `operands`; the op's shape rule infers the result type. Gradient rules only produce
+    /// well-typed ops, so a rule violation here is a bug in a rule, reported with the op's location.
+    fn op(&mut self, op: Op, operands: &[&Self::V]) -> Self::V;
+
+    // Helpers, all in terms of `op`.
+
+    /// A constant with every element `value`, of type `ty`.
+    fn constant(&mut self, value: f64, ty: TensorType) -> Self::V {
+        self.op(Op::Constant(Constant::new(value, ty)), &[])
+    }
+    /// A constant shaped like `like`.
+    fn full_like(&mut self, like: &Self::V, value: f64) -> Self::V {
+        let ty = self.ty(like);
+        self.constant(value, ty)
+    }
+    fn binary(&mut self, kind: BinaryKind, a: &Self::V, b: &Self::V) -> Self::V {
+        self.op(Op::Binary(Binary { kind }), &[a, b])
+    }
+    fn add(&mut self, a: &Self::V, b: &Self::V) -> Self::V {
+        self.binary(BinaryKind::Add, a, b)
+    }
+    fn sub(&mut self, a: &Self::V, b: &Self::V) -> Self::V {
+        self.binary(BinaryKind::Sub, a, b)
+    }
+    fn mul(&mut self, a: &Self::V, b: &Self::V) -> Self::V {
+        self.binary(BinaryKind::Mul, a, b)
+    }
+    fn div(&mut self, a: &Self::V, b: &Self::V) -> Self::V {
+        self.binary(BinaryKind::Div, a, b)
+    }
+    fn unary(&mut self, kind: UnaryKind, a: &Self::V) -> Self::V {
+        self.op(Op::Unary(Unary { kind }), &[a])
+    }
+    fn neg(&mut self, a: &Self::V) -> Self::V {
+        self.unary(UnaryKind::Neg, a)
+    }
+    /// `a * value` with `value` a constant of `a`'s type.
+    fn scale(&mut self, a: &Self::V, value: f64) -> Self::V {
+        let c = self.full_like(a, value);
+        self.mul(a, &c)
+    }
+    fn compare(&mut self, dir: CompareDir, a: &Self::V, b: &Self::V) -> Self::V {
+        self.op(Op::Compare(Compare { dir }), &[a, b])
+    }
+    fn select(&mut self, p: &Self::V, a: &Self::V, b: &Self::V) -> Self::V {
+        self.op(Op::Select(Select), &[p, a, b])
+    }
+    /// `g` where `p` holds, zero elsewhere.
+    fn mask(&mut self, p: &Self::V, g: &Self::V) -> Self::V {
+        let z = self.full_like(g, 0.0);
+        self.select(p, g, &z)
+    }
+    fn convert(&mut self, a: &Self::V, to: DType) -> Self::V {
+        if self.ty(a).dtype == to {
+            return a.clone();
+        }
+        self.op(Op::Convert(Convert { to }), &[a])
+    }
+    fn reshape(&mut self, a: &Self::V, dims: &[usize]) -> Self::V {
+        if self.ty(a).dims == dims {
+            return a.clone();
+        }
+        self.op(Op::Reshape(Reshape { dims: dims.to_vec() }), &[a])
+    }
+    fn transpose(&mut self, a: &Self::V, perm: &[usize]) -> Self::V {
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return a.clone();
+        }
+        self.op(Op::Transpose(Transpose { perm: perm.to_vec() }), &[a])
+    }
+    fn broadcast(&mut self, a: &Self::V, dims: &[usize], map: &[usize]) -> Self::V {
+        if self.ty(a).dims == dims {
+            return a.clone();
+        }
+        self.op(Op::BroadcastInDim(BroadcastInDim { dims: dims.to_vec(), map: map.to_vec() }), &[a])
+    }
+    /// Sum over `axes` (sorted, unique), removing them.
+    fn sum(&mut self, a: &Self::V, axes: &[usize]) -> Self::V {
+        if axes.is_empty() {
+            return a.clone();
+        }
+        self.op(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: axes.to_vec() }), &[a])
+    }
+    /// The reverse of broadcasting `like`-typed values to `g`'s shape with dimension map `map`: sum `g` over the
+    /// added and the expanded dimensions, then reshape to `like`'s dims.
+    fn unbroadcast(&mut self, g: &Self::V, like: &[usize], map: &[usize]) -> Self::V {
+        let gdims = self.ty(g).dims;
+        let axes: Vec<usize> = (0..gdims.len())
+            .filter(|d| match map.iter().position(|m| m == d) {
+                None => true,
+                Some(i) => like[i] == 1 && gdims[*d] != 1,
+            })
+            .collect();
+        let s = self.sum(g, &axes);
+        self.reshape(&s, like)
+    }
+}

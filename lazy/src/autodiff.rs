@@ -1,0 +1,205 @@
+//! Reverse-mode autodiff over the lazy graph. The gradient of each op is its `vjp` rule in `lazuli-hlo` (beside
+//! its shape rule and lowering); this file only walks the graph and records those rules lazily, into the same
+//! graph as the forward pass, at the forward op's source line.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use lazuli_hlo::{Builder, Loc, Op, TensorType};
+
+use crate::record::{apply, fail};
+use crate::tensor::{Node, Tensor};
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops recorded now on this thread keep what `backward()` needs.
+pub fn grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Run `f` with gradient tracking off on this thread (optimizer updates, evaluation). Restored on return or panic.
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+/// Records gradient ops as lazy tensors at one source location.
+struct Recorder {
+    loc: Loc,
+}
+
+impl Builder for Recorder {
+    type V = Tensor;
+    fn ty(&self, v: &Tensor) -> TensorType {
+        v.tensor_type().clone()
+    }
+    fn op(&mut self, op: Op, operands: &[&Tensor]) -> Tensor {
+        apply(op, operands, self.loc)
+    }
+}
+
+/// Nodes on the gradient path below `root`, operands before users. Gradient leaves end the walk.
+fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
+    let mut order = Vec::new();
+    let mut seen: HashMap<*const Node, ()> = HashMap::new();
+    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+    while let Some((node, expanded)) = stack.pop() {
+        let key = Arc::as_ptr(&node);
+        if expanded {
+            order.push(node);
+            continue;
+        }
+        if seen.insert(key, ()).is_some() {
+            continue;
+        }
+        let operands = if node.requires_grad() || !node.grad_path {
+            Vec::new()
+        } else {
+            node.lock().recipe.as_ref().map(|r| r.operands.clone()).unwrap_or_default()
+        };
+        stack.push((node, true));
+        for o in operands.into_iter().rev() {
+            if (o.grad_path || o.requires_grad()) && !seen.contains_key(&Arc::as_ptr(&o)) {
+                stack.push((o, false));
+            }
+        }
+    }
+    order
+}
+
+/// Cotangents of every gradient leaf under `root`, seeded with `seed` (the cotangent of `root`).
+fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
+    no_grad(|| {
+        let order = topo_order(&root.node);
+        let mut cot: HashMap<*const Node, Tensor> = HashMap::new();
+        cot.insert(Arc::as_ptr(&root.node), seed);
+        let mut leaves = Vec::new();
+        for node in order.iter().rev() {
+            let Some(g) = cot.remove(&Arc::as_ptr(node)) else { continue };
+            if node.requires_grad() {
+                leaves.push((node.clone(), g));
+                continue;
+            }
+            let Some(recipe) = node.lock().recipe.clone() else { continue };
+            let mut b = Recorder { loc: node.loc };
+            let x: Vec<Tensor> = recipe.operands.iter().map(|o| Tensor::from_node(o.clone())).collect();
+            let out = Tensor::from_node(node.clone());
+            let grads = recipe.op.vjp(&mut b, &x, &out, &g);
+            for (operand, dx) in recipe.operands.iter().zip(grads) {
+                let Some(dx) = dx else { continue };
+                if !(operand.grad_path || operand.requires_grad()) {
+                    continue;
+                }
+                let key = Arc::as_ptr(operand);
+                let sum = match cot.remove(&key) {
+                    Some(prev) => b.add(&prev, &dx),
+                    None => dx,
+                };
+                cot.insert(key, sum);
+            }
+        }
+        leaves
+    })
+}
+
+impl Tensor {
+    /// Mark this tensor as a gradient leaf: `backward()` accumulates into its `grad()`. Floating-point only.
+    #[track_caller]
+    pub fn requires_grad(self) -> Tensor {
+        self.set_requires_grad(true);
+        self
+    }
+
+    #[track_caller]
+    pub fn set_requires_grad(&self, on: bool) {
+        if on && !self.dtype().is_float() {
+            fail(
+                Loc::caller(),
+                format!("requires_grad: only floating-point tensors have gradients, not {}", self.tensor_type()),
+            );
+        }
+        self.node.requires_grad.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_requires_grad(&self) -> bool {
+        self.node.requires_grad()
+    }
+
+    /// The accumulated gradient (a lazy tensor), if `backward()` has reached this leaf.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.node.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Forget the accumulated gradient.
+    pub fn zero_grad(&self) {
+        *self.node.grad.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Record the gradient of this scalar with respect to every gradient leaf it depends on, accumulating into
+    /// their `grad()`. Recorded lazily into the same graph: nothing runs until the step boundary.
+    #[track_caller]
+    pub fn backward(&self) {
+        let loc = Loc::caller();
+        if self.elements() != 1 || !self.dtype().is_float() {
+            fail(loc, format!("backward: needs a floating-point scalar loss, got {}", self.tensor_type()));
+        }
+        let seed =
+            no_grad(|| apply(Op::Constant(lazuli_hlo::Constant::new(1.0, self.tensor_type().clone())), &[], loc));
+        for (leaf, g) in backprop(self, seed) {
+            let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
+            *slot = Some(match slot.take() {
+                Some(prev) => no_grad(|| prev.binary_at(&g, lazuli_hlo::BinaryKind::Add, loc)),
+                None => g,
+            });
+        }
+    }
+}
+
+/// Gradients of the scalar `loss` with respect to `wrt` (gradient leaves), without touching their `grad()`.
+/// A leaf `loss` does not depend on gets zeros.
+#[track_caller]
+pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Vec<Tensor> {
+    let loc = Loc::caller();
+    if loss.elements() != 1 || !loss.dtype().is_float() {
+        fail(loc, format!("grad: needs a floating-point scalar loss, got {}", loss.tensor_type()));
+    }
+    for w in wrt {
+        if !w.is_requires_grad() {
+            fail(
+                loc,
+                format!(
+                    "grad: a tensor recorded at {} is not a gradient leaf; call .requires_grad() on it",
+                    w.location()
+                ),
+            );
+        }
+    }
+    let seed = no_grad(|| apply(Op::Constant(lazuli_hlo::Constant::new(1.0, loss.tensor_type().clone())), &[], loc));
+    let found: HashMap<*const Node, Tensor> =
+        backprop(loss, seed).into_iter().map(|(n, g)| (Arc::as_ptr(&n), g)).collect();
+    wrt.iter()
+        .map(|w| match found.get(&Arc::as_ptr(&w.node)) {
+            Some(g) => g.clone(),
+            None => no_grad(|| Tensor::zeros(w.dims(), w.dtype())),
+        })
+        .collect()
+}
+
+/// `f(params)` and its gradients with respect to `params`.
+#[track_caller]
+pub fn value_and_grad(f: impl FnOnce(&[Tensor]) -> Tensor, params: &[Tensor]) -> (Tensor, Vec<Tensor>) {
+    let loss = f(params);
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let grads = grad(&loss, &refs);
+    (loss, grads)
+}
