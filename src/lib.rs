@@ -21,6 +21,8 @@ pub use lazuli_hlo as hlo;
 pub use lazuli_lazy as lazy;
 pub use lazuli_pjrt as pjrt;
 
+pub use lazuli_lazy::nn::{self, Module, Param};
+pub use lazuli_lazy::optim::{self, AdamW, Optimizer, Schedule, Sgd};
 pub use lazuli_lazy::{
     broadcast_shapes, grad, init, metrics, no_grad, platform, runtime_info, sync, value_and_grad, Backend, Cause,
     Config, DType, Element, Error, Loc, Metrics, Operand, Result, RuntimeInfo, Tensor,

@@ -90,6 +90,31 @@ impl<'a> LowerCx<'a> {
         let _ = writeln!(t, ") -> {} {}", result.mlir(), self.loc.mlir());
         name
     }
+
+    /// Emit one generic op with several results (a variadic reduce, say); returns their SSA names `%tN#i`.
+    pub fn op_multi(
+        &mut self,
+        op: &str,
+        operands: &[String],
+        operand_tys: &[&TensorType],
+        attrs: &str,
+        region: Option<&str>,
+        results: &[&TensorType],
+    ) -> Vec<String> {
+        let name = self.fresh();
+        let t = &mut *self.text;
+        let _ = write!(t, "    {name}:{} = \"{op}\"({})", results.len(), operands.join(", "));
+        if let Some(r) = region {
+            let _ = write!(t, " ({r})");
+        }
+        if !attrs.is_empty() {
+            let _ = write!(t, " {{{attrs}}}");
+        }
+        let ins: Vec<String> = operand_tys.iter().map(|ty| ty.mlir()).collect();
+        let outs: Vec<String> = results.iter().map(|ty| ty.mlir()).collect();
+        let _ = writeln!(t, " : ({}) -> ({}) {}", ins.join(", "), outs.join(", "), self.loc.mlir());
+        (0..results.len()).map(|i| format!("{name}#{i}")).collect()
+    }
 }
 
 /// `array<i64: 1, 0>`
@@ -117,7 +142,11 @@ pub fn emit(graph: &Graph, opts: &EmitOptions) -> String {
         }
         let node = &graph.nodes[id];
         names[id] = format!("%arg{i}");
-        let _ = write!(text, "%arg{i}: {} {}", node.ty.mlir(), node.loc.mlir());
+        let _ = write!(text, "%arg{i}: {}", node.ty.mlir());
+        if let Some(&(_, out)) = graph.aliases.iter().find(|(p, _)| *p == i) {
+            let _ = write!(text, " {{tf.aliasing_output = {out} : i32}}");
+        }
+        let _ = write!(text, " {}", node.loc.mlir());
     }
     text.push_str(") -> (");
     let out_tys: Vec<String> = graph.outputs.iter().map(|&o| graph.nodes[o].ty.mlir()).collect();

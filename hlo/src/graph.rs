@@ -72,6 +72,9 @@ pub struct Graph {
     /// Node id of parameter `i`.
     pub params: Vec<NodeId>,
     pub outputs: Vec<NodeId>,
+    /// `(parameter, output)` pairs whose buffers alias: the parameter's buffer is donated and the output is
+    /// written into it (in-place updates of weights and optimizer state). Same type on both sides.
+    pub aliases: Vec<(usize, usize)>,
 }
 
 impl Graph {

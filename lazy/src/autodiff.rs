@@ -85,6 +85,9 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
         cot.insert(Arc::as_ptr(&root.node), seed);
         let mut leaves = Vec::new();
         for node in order.iter().rev() {
+            // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
+            // computed, which frees the forward graph and lets the step donate its inputs.
+            node.backward_done.store(true, Ordering::Relaxed);
             let Some(g) = cot.remove(&Arc::as_ptr(node)) else { continue };
             if node.requires_grad() {
                 leaves.push((node.clone(), g));

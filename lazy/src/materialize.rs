@@ -27,6 +27,8 @@ pub enum Cause {
 /// The graph under the targets.
 pub(crate) struct Traced {
     pub graph: Graph,
+    /// The lazy node of every graph node, by node id.
+    pub nodes: Vec<Arc<Node>>,
     /// Ready nodes (host or device data) bound to the parameters, in parameter order.
     pub leaves: Vec<Arc<Node>>,
     /// Pending nodes to receive the outputs, in output order.
@@ -66,6 +68,7 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<Arc<Buffer>> {
 pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
     let mut graph = Graph::new();
     let mut leaves = Vec::new();
+    let mut nodes: Vec<Arc<Node>> = Vec::new();
     let mut ids: HashMap<*const Node, NodeId> = HashMap::new();
     let mut outputs = Vec::new();
     for target in targets {
@@ -87,6 +90,7 @@ pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
                         let id = graph.push_typed(recipe.op.clone(), operand_ids, node.ty.clone(), node.loc);
                         drop(state);
                         ids.insert(key, id);
+                        nodes.push(node);
                     } else {
                         let operands = recipe.operands.clone();
                         drop(state);
@@ -102,6 +106,7 @@ pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
                     drop(state);
                     let id = graph.parameter(node.ty.clone(), node.loc);
                     ids.insert(key, id);
+                    nodes.push(node.clone());
                     leaves.push(node);
                 }
             }
@@ -111,7 +116,7 @@ pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
             outputs.push(target.clone());
         }
     }
-    Traced { graph, leaves, targets: outputs }
+    Traced { graph, nodes, leaves, targets: outputs }
 }
 
 /// Hash of the graph's structure: ops, operand wiring, types, outputs. Never values, never source lines, so the
@@ -125,19 +130,79 @@ pub(crate) fn structure_hash(graph: &Graph) -> u64 {
         n.ty.hash(&mut h);
     }
     graph.outputs.hash(&mut h);
+    graph.aliases.hash(&mut h);
     h.finish()
+}
+
+/// Donate the buffers of leaves that die with this step to outputs of the same type, so new weights and
+/// optimizer state are written in place. A node dies with the step when the user holds no handle to it and every
+/// reference to it comes from a recipe dropped after the step: a target's (unless it keeps its recipe for a later
+/// `backward()`), or a dying node's. Users come after their operands in the graph, so one backward sweep decides.
+/// `LAZULI_DONATE=0` turns donation off. Returns the donated parameter indices.
+fn plan_donation(traced: &mut Traced) -> Vec<usize> {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ENABLED.get_or_init(|| std::env::var("LAZULI_DONATE").map(|v| v != "0").unwrap_or(true)) {
+        return Vec::new();
+    }
+    let g = &traced.graph;
+    let mut is_target = vec![false; g.nodes.len()];
+    for &o in &g.outputs {
+        is_target[o] = true;
+    }
+    let mut param_of = vec![None; g.nodes.len()];
+    for (i, &id) in g.params.iter().enumerate() {
+        param_of[id] = Some(i);
+    }
+    // References from recipes that are dropped after the step, per node.
+    let mut dropped_refs = vec![0usize; g.nodes.len()];
+    let mut dying_leaves = Vec::new();
+    for id in (0..g.nodes.len()).rev() {
+        let node = &traced.nodes[id];
+        // Handles held by this planning: `nodes` (+1), and `leaves` for parameters (+1).
+        let ours = 1 + param_of[id].is_some() as usize;
+        let dies = node.user_handles() == 0 && Arc::strong_count(node) == dropped_refs[id] + ours;
+        if let Some(i) = param_of[id] {
+            if dies {
+                dying_leaves.push(i);
+            }
+            continue;
+        }
+        let recipe_dropped = if is_target[id] { !node.keeps_recipe() } else { dies };
+        if recipe_dropped {
+            for &o in &g.nodes[id].operands {
+                dropped_refs[o] += 1;
+            }
+        }
+    }
+    dying_leaves.sort_unstable();
+    let mut used = vec![false; g.outputs.len()];
+    let mut donated = Vec::new();
+    for i in dying_leaves {
+        let leaf = &traced.leaves[i];
+        if let Some(j) = (0..used.len()).find(|&j| !used[j] && traced.targets[j].ty == leaf.ty) {
+            used[j] = true;
+            traced.graph.aliases.push((i, j));
+            donated.push(i);
+        }
+    }
+    donated
 }
 
 /// Compute `targets` (those still pending) in one program.
 pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Result<()> {
+    // One materialization at a time: another thread tracing the same pending graph while this one donates its
+    // inputs would bind buffers that are about to be consumed.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !targets.iter().any(|t| t.is_pending()) {
         return Ok(());
     }
     let rt = runtime()?;
-    let traced = trace(targets);
+    let mut traced = trace(targets);
     if traced.targets.is_empty() {
         return Ok(());
     }
+    let donated = plan_donation(&mut traced);
     let args: Vec<Arc<Buffer>> = traced.leaves.iter().map(|n| device_buffer(rt, n)).collect::<Result<_>>()?;
     let key = structure_hash(&traced.graph);
     let cached = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
@@ -170,6 +235,12 @@ pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Resu
             outs.len(),
             traced.targets.len()
         )));
+    }
+    for &i in &donated {
+        // The buffer now belongs to an output; nothing may read this node again.
+        let leaf = &traced.leaves[i];
+        Counters::add(&COUNTERS.bytes_donated, leaf.ty.byte_size() as u64);
+        leaf.lock().data = None;
     }
     for (node, buf) in traced.targets.iter().zip(outs) {
         // Dropping the op and operands here releases the graph above computed values.

@@ -11,6 +11,7 @@ pub(crate) struct Counters {
     pub execute_ns: AtomicU64,
     pub bytes_to_device: AtomicU64,
     pub bytes_to_host: AtomicU64,
+    pub bytes_donated: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -21,6 +22,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     execute_ns: AtomicU64::new(0),
     bytes_to_device: AtomicU64::new(0),
     bytes_to_host: AtomicU64::new(0),
+    bytes_donated: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -44,6 +46,8 @@ pub struct Metrics {
     pub bytes_to_device: u64,
     /// Bytes copied device → host (reads).
     pub bytes_to_host: u64,
+    /// Bytes of input buffers donated to outputs (updated in place instead of copied).
+    pub bytes_donated: u64,
 }
 
 /// The counters now.
@@ -57,6 +61,7 @@ pub fn metrics() -> Metrics {
         execute_ms: c.execute_ns.load(Relaxed) as f64 / 1e6,
         bytes_to_device: c.bytes_to_device.load(Relaxed),
         bytes_to_host: c.bytes_to_host.load(Relaxed),
+        bytes_donated: c.bytes_donated.load(Relaxed),
     }
 }
 
@@ -71,6 +76,7 @@ impl std::ops::Sub for Metrics {
             execute_ms: self.execute_ms - b.execute_ms,
             bytes_to_device: self.bytes_to_device - b.bytes_to_device,
             bytes_to_host: self.bytes_to_host - b.bytes_to_host,
+            bytes_donated: self.bytes_donated - b.bytes_donated,
         }
     }
 }
@@ -79,14 +85,15 @@ impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "compiles: {}, cache hits: {}, executions: {}, compile: {:.1} ms, execute: {:.3} ms, to device: {} B, to host: {} B",
+            "compiles: {}, cache hits: {}, executions: {}, compile: {:.1} ms, execute: {:.3} ms, to device: {} B, to host: {} B, donated: {} B",
             self.compiles,
             self.cache_hits,
             self.executions,
             self.compile_ms,
             self.execute_ms,
             self.bytes_to_device,
-            self.bytes_to_host
+            self.bytes_to_host,
+            self.bytes_donated
         )
     }
 }

@@ -48,6 +48,8 @@ pub(crate) struct Node {
     pub grad_path: bool,
     /// The accumulated gradient of a gradient leaf.
     pub grad: Mutex<Option<Tensor>>,
+    /// `backward()` has run from this node: once computed, its recipe is no longer needed.
+    pub backward_done: AtomicBool,
 }
 
 impl Node {
@@ -64,11 +66,22 @@ impl Node {
         self.requires_grad.load(Ordering::Relaxed)
     }
 
+    /// Tensor handles the user holds on this node.
+    pub fn user_handles(&self) -> usize {
+        self.handles.load(Ordering::Relaxed)
+    }
+
+    /// Whether the recipe must outlive the computation: a later `backward()` may still walk through it.
+    pub fn keeps_recipe(&self) -> bool {
+        self.grad_path && !self.requires_grad() && !self.backward_done.load(Ordering::Relaxed)
+    }
+
     /// Store computed data; keep the recipe only where gradients will need it.
     pub fn set_data(&self, data: Data) {
+        let keep = self.keeps_recipe();
         let mut s = self.lock();
         s.data = Some(data);
-        if !self.grad_path || self.requires_grad() {
+        if !keep {
             s.recipe = None;
         }
     }
@@ -107,6 +120,7 @@ impl Tensor {
             requires_grad: AtomicBool::new(false),
             grad_path,
             grad: Mutex::new(None),
+            backward_done: AtomicBool::new(false),
         });
         if pending {
             let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());

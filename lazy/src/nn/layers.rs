@@ -1,0 +1,101 @@
+//! Basic layers: Linear and an MLP built from it.
+
+use lazuli_hlo::DType;
+
+use super::init::{uniform, HostRng};
+use super::{join, Module, Param};
+use crate::tensor::Tensor;
+
+/// `y = x W + b` with `W: [in, out]` (stored input-major, so no transpose is recorded).
+pub struct Linear {
+    pub weight: Param,
+    pub bias: Option<Param>,
+}
+
+impl Linear {
+    /// PyTorch's default initialisation: uniform(±1/√in) for weight and bias.
+    pub fn new(rng: &mut HostRng, d_in: usize, d_out: usize, bias: bool, dtype: DType) -> Linear {
+        let bound = 1.0 / (d_in as f64).sqrt();
+        Linear {
+            weight: Param::new(uniform(rng, &[d_in, d_out], bound, dtype)),
+            bias: bias.then(|| Param::new(uniform(rng, &[d_out], bound, dtype))),
+        }
+    }
+
+    /// A layer with given initial values (for tests and ports).
+    pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear { weight: Param::new(weight), bias: bias.map(Param::new) }
+    }
+
+    /// `x: [..., in]` → `[..., out]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let y = x.matmul(&self.weight.get());
+        match &self.bias {
+            Some(b) => y + b.get(),
+            None => y,
+        }
+    }
+}
+
+impl Module for Linear {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(join(prefix, "bias"), b);
+        }
+    }
+}
+
+/// Elementwise nonlinearities usable between layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Tanh,
+    Relu,
+    Sigmoid,
+}
+
+impl Activation {
+    #[track_caller]
+    pub fn apply(self, x: &Tensor) -> Tensor {
+        match self {
+            Activation::Tanh => x.tanh(),
+            Activation::Relu => x.maximum(0.0),
+            Activation::Sigmoid => x.sigmoid(),
+        }
+    }
+}
+
+/// Linear layers with an activation between them (none after the last).
+pub struct Mlp {
+    pub layers: Vec<Linear>,
+    pub activation: Activation,
+}
+
+impl Mlp {
+    /// `sizes = [in, hidden…, out]`.
+    pub fn new(rng: &mut HostRng, sizes: &[usize], activation: Activation, dtype: DType) -> Mlp {
+        let layers = sizes.windows(2).map(|w| Linear::new(rng, w[0], w[1], true, dtype)).collect();
+        Mlp { layers, activation }
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let mut h = x.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(&h);
+            if i + 1 < self.layers.len() {
+                h = self.activation.apply(&h);
+            }
+        }
+        h
+    }
+}
+
+impl Module for Mlp {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        for (i, l) in self.layers.iter().enumerate() {
+            l.visit_params(&join(prefix, &format!("layers.{i}")), f);
+        }
+    }
+}

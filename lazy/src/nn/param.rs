@@ -1,0 +1,64 @@
+//! `Param`: a named, trainable tensor slot. Modules hold params; optimizers replace their values each step
+//! (functionally: a new lazy tensor), and the step boundary computes the new values in place (donation).
+
+use std::sync::{Arc, Mutex};
+
+use crate::tensor::Tensor;
+
+/// A shared handle to a trainable tensor. Clones refer to the same slot, so a module and its optimizer see
+/// the same value.
+#[derive(Clone)]
+pub struct Param {
+    slot: Arc<Mutex<Tensor>>,
+}
+
+impl Param {
+    /// A parameter holding `value`, marked as a gradient leaf.
+    pub fn new(value: Tensor) -> Param {
+        value.set_requires_grad(true);
+        Param { slot: Arc::new(Mutex::new(value)) }
+    }
+
+    /// The current value.
+    pub fn get(&self) -> Tensor {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replace the value (an optimizer update, a checkpoint load). The new value becomes the gradient leaf.
+    #[track_caller]
+    pub fn set(&self, value: Tensor) {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        if value.tensor_type() != slot.tensor_type() {
+            crate::record::fail(
+                crate::Loc::caller(),
+                format!(
+                    "Param::set: new value {} does not match the parameter's {}",
+                    value.tensor_type(),
+                    slot.tensor_type()
+                ),
+            );
+        }
+        value.set_requires_grad(true);
+        *slot = value;
+    }
+
+    /// The gradient accumulated by `backward()`, if any.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner()).grad()
+    }
+
+    pub fn zero_grad(&self) {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner()).zero_grad()
+    }
+
+    /// Two handles to the same slot?
+    pub fn same(&self, other: &Param) -> bool {
+        Arc::ptr_eq(&self.slot, &other.slot)
+    }
+}
+
+impl std::fmt::Debug for Param {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Param({:?})", self.get())
+    }
+}

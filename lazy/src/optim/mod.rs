@@ -1,0 +1,71 @@
+//! Optimizers whose updates are recorded into the step's graph. Their state lives on the device as tensors;
+//! hyperparameters and bias corrections enter as host scalars (program parameters), so a learning-rate schedule
+//! changes values, never the compiled program. At the step boundary the new parameters and state are computed in
+//! place: the old buffers are donated to the outputs (see `materialize.rs`).
+
+pub mod adamw;
+pub mod schedule;
+pub mod sgd;
+
+use std::collections::HashMap;
+
+use lazuli_hlo::DType;
+
+pub use adamw::AdamW;
+pub use schedule::Schedule;
+pub use sgd::Sgd;
+
+use crate::error::Result;
+use crate::nn::Param;
+use crate::tensor::Tensor;
+
+/// A gradient-based optimizer over a fixed list of named parameters.
+pub trait Optimizer {
+    /// Record the update of every parameter that has a gradient (lazily; nothing runs here).
+    fn step(&mut self);
+    /// Forget the parameters' gradients.
+    fn zero_grad(&self);
+    fn lr(&self) -> f64;
+    fn set_lr(&mut self, lr: f64);
+    /// Number of `step()` calls so far.
+    fn steps(&self) -> u64;
+    /// Named state tensors (for checkpoints), e.g. `"layers.0.weight.exp_avg"`.
+    fn state(&self) -> Vec<(String, Tensor)>;
+    /// Restore state saved by `state()` and the step count.
+    fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()>;
+}
+
+/// One host scalar per dtype and value for one step, shared by every parameter's update (one upload each).
+pub(crate) struct Scalars(HashMap<(DType, u64), Tensor>);
+
+impl Scalars {
+    pub fn new() -> Scalars {
+        Scalars(HashMap::new())
+    }
+    pub fn get(&mut self, dtype: DType, value: f64) -> Tensor {
+        self.0.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone()
+    }
+}
+
+/// A zero state tensor like `p`, as host data (so it is a program parameter from the first step on, and step 2
+/// has the same structure as step 1).
+pub(crate) fn zeros_like_host(p: &Param) -> Tensor {
+    let v = p.get();
+    crate::nn::init::host_tensor(v.dims(), v.dtype(), || 0.0)
+}
+
+/// Look up a named state tensor and check its type against the parameter's.
+pub(crate) fn take_state(state: &HashMap<String, Tensor>, name: &str, like: &Param) -> Result<Tensor> {
+    let t = state
+        .get(name)
+        .ok_or_else(|| crate::error::Error::Checkpoint(format!("optimizer state {name:?} is missing")))?;
+    let want = like.get();
+    if t.tensor_type() != want.tensor_type() {
+        return Err(crate::error::Error::Checkpoint(format!(
+            "optimizer state {name:?} is {}, the parameter is {}",
+            t.tensor_type(),
+            want.tensor_type()
+        )));
+    }
+    Ok(t.clone())
+}
