@@ -21,6 +21,7 @@ pub use lazuli_hlo as hlo;
 pub use lazuli_lazy as lazy;
 pub use lazuli_pjrt as pjrt;
 
+pub use lazuli_lazy::checkpoint;
 pub use lazuli_lazy::nn::{self, Module, Param};
 pub use lazuli_lazy::optim::{self, AdamW, Optimizer, Schedule, Sgd};
 pub use lazuli_lazy::{

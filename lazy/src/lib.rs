@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod autodiff;
+pub mod checkpoint;
 pub mod element;
 pub mod error;
 pub mod materialize;

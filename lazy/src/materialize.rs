@@ -22,6 +22,7 @@ pub enum Cause {
     Display,
     Sync,
     Explicit,
+    Checkpoint,
 }
 
 /// The graph under the targets.

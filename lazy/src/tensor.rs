@@ -242,6 +242,11 @@ impl Tensor {
         }
     }
 
+    /// The raw little-endian bytes of any dtype, computing first if needed.
+    pub(crate) fn raw_bytes(&self, at: Loc) -> Result<Arc<Vec<u8>>> {
+        self.bytes(Cause::ToVec, at)
+    }
+
     /// All elements in row-major order. `T` must be the tensor's dtype.
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
