@@ -410,6 +410,15 @@ impl Tensor {
         if k1 != k2 {
             fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
         }
+        if ra > 2 && rb == 2 {
+            // [..., m, k] @ [k, n]: one 2-D product over the flattened rows, not a broadcast of the matrix per batch.
+            let rows = a2.elements() / k1;
+            let dot = DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+            let r = apply(Op::DotGeneral(dot), &[&a2.reshape(&[rows as isize, k1 as isize]), &b2], loc);
+            let mut out: Vec<isize> = a2.dims()[..ra - 1].iter().map(|&d| d as isize).collect();
+            out.push(n as isize);
+            return r.reshape(&out);
+        }
         let Some(batch) = broadcast_shapes(&a2.dims()[..ra - 2], &b2.dims()[..rb - 2]) else {
             fail(loc, format!("matmul: batch dimensions do not broadcast: {} @ {}", a.tensor_type(), b.tensor_type()))
         };
