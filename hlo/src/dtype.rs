@@ -13,12 +13,24 @@ pub enum DType {
     I32,
     I64,
     U8,
+    U32,
+    U64,
     Bool,
 }
 
 impl DType {
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8, DType::Bool];
+    pub const ALL: [DType; 10] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U32,
+        DType::U64,
+        DType::Bool,
+    ];
 
     /// The element type as MLIR spells it inside `tensor<…>`.
     pub fn mlir(self) -> &'static str {
@@ -30,6 +42,8 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::U8 => "ui8",
+            DType::U32 => "ui32",
+            DType::U64 => "ui64",
             DType::Bool => "i1",
         }
     }
@@ -37,8 +51,8 @@ impl DType {
     /// Bytes per element in a dense host buffer (bool is one byte, as PJRT stores PRED).
     pub fn byte_size(self) -> usize {
         match self {
-            DType::F64 | DType::I64 => 8,
-            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::U8 | DType::Bool => 1,
         }
@@ -49,7 +63,7 @@ impl DType {
     }
 
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::I64 | DType::U8)
+        matches!(self, DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64)
     }
 
     pub fn is_signed(self) -> bool {
@@ -61,7 +75,7 @@ impl DType {
         match self {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16 => "FLOAT",
             DType::I32 | DType::I64 => "SIGNED",
-            DType::U8 | DType::Bool => "UNSIGNED",
+            DType::U8 | DType::U32 | DType::U64 | DType::Bool => "UNSIGNED",
         }
     }
 
@@ -77,6 +91,15 @@ impl DType {
             DType::I32 => (x.trunc() as i64) as i32 as f64,
             DType::I64 => x.trunc() as i64 as f64,
             DType::U8 => (x.trunc() as i64) as u8 as f64,
+            DType::U32 => (x.trunc() as i64) as u32 as f64,
+            // Negative values wrap (two's complement); values above u64::MAX saturate.
+            DType::U64 => {
+                if x < 0.0 {
+                    (x.trunc() as i64) as u64 as f64
+                } else {
+                    x.trunc() as u64 as f64
+                }
+            }
             DType::Bool => (x != 0.0) as u8 as f64,
         }
     }
@@ -88,7 +111,8 @@ impl DType {
             DType::F32 => format!("0x{:08X}", (x as f32).to_bits()),
             DType::F16 => format!("0x{:04X}", half::f16::from_f64(x).to_bits()),
             DType::BF16 => format!("0x{:04X}", half::bf16::from_f64(x).to_bits()),
-            DType::I32 | DType::I64 | DType::U8 => format!("{}", self.round(x) as i64),
+            DType::I32 | DType::I64 | DType::U8 | DType::U32 => format!("{}", self.round(x) as i64),
+            DType::U64 => format!("{}", self.round(x) as u64),
             DType::Bool => (if x != 0.0 { "true" } else { "false" }).to_string(),
         }
     }
@@ -99,7 +123,7 @@ impl DType {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
             DType::I32 => i32::MIN as f64,
             DType::I64 => i64::MIN as f64,
-            DType::U8 | DType::Bool => 0.0,
+            DType::U8 | DType::U32 | DType::U64 | DType::Bool => 0.0,
         }
     }
 
@@ -110,6 +134,9 @@ impl DType {
             DType::I32 => i32::MAX as f64,
             DType::I64 => i64::MAX as f64,
             DType::U8 => 255.0,
+            DType::U32 => u32::MAX as f64,
+            // 2^64 in f64; `literal` saturates it to u64::MAX.
+            DType::U64 => u64::MAX as f64,
             DType::Bool => 1.0,
         }
     }
@@ -119,6 +146,8 @@ impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = match self {
             DType::U8 => "u8",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
             DType::Bool => "bool",
             other => other.mlir(),
         };

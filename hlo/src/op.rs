@@ -10,9 +10,16 @@ use crate::emit::LowerCx;
 use crate::ops::{
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
+    gather::{ScatterAdd, Take},
     layout::{BroadcastInDim, Reshape, Transpose},
     leaf::{Constant, Iota, Parameter},
     reduce::Reduce,
+    scan::{ArgReduce, CumSum},
+    slicing::{Concatenate, Pad, Reverse, Slice},
+    special::Erf,
+    random::{BitcastConvert, RngBitGenerator},
+    conv::Convolution,
+    window::{ReduceWindow, SelectAndScatter},
 };
 
 /// The rules every op family provides.
@@ -47,6 +54,20 @@ pub enum Op {
     BroadcastInDim(BroadcastInDim),
     Reduce(Reduce),
     DotGeneral(DotGeneral),
+    Slice(Slice),
+    Concatenate(Concatenate),
+    Pad(Pad),
+    Reverse(Reverse),
+    Take(Take),
+    ScatterAdd(ScatterAdd),
+    CumSum(CumSum),
+    ArgReduce(ArgReduce),
+    Erf(Erf),
+    RngBitGenerator(RngBitGenerator),
+    BitcastConvert(BitcastConvert),
+    Convolution(Convolution),
+    ReduceWindow(ReduceWindow),
+    SelectAndScatter(SelectAndScatter),
 }
 
 macro_rules! dispatch {
@@ -65,6 +86,20 @@ macro_rules! dispatch {
             Op::BroadcastInDim($o) => $e,
             Op::Reduce($o) => $e,
             Op::DotGeneral($o) => $e,
+            Op::Slice($o) => $e,
+            Op::Concatenate($o) => $e,
+            Op::Pad($o) => $e,
+            Op::Reverse($o) => $e,
+            Op::Take($o) => $e,
+            Op::ScatterAdd($o) => $e,
+            Op::CumSum($o) => $e,
+            Op::ArgReduce($o) => $e,
+            Op::Erf($o) => $e,
+            Op::RngBitGenerator($o) => $e,
+            Op::BitcastConvert($o) => $e,
+            Op::Convolution($o) => $e,
+            Op::ReduceWindow($o) => $e,
+            Op::SelectAndScatter($o) => $e,
         }
     };
 }

@@ -27,6 +27,8 @@ fn st_dtype(d: DType) -> Dtype {
         DType::I64 => Dtype::I64,
         DType::U8 => Dtype::U8,
         DType::Bool => Dtype::BOOL,
+        DType::U32 => Dtype::U32,
+        DType::U64 => Dtype::U64,
     }
 }
 

@@ -41,6 +41,8 @@ numeric!(f64, DType::F64, 8);
 numeric!(i32, DType::I32, 4);
 numeric!(i64, DType::I64, 8);
 numeric!(u8, DType::U8, 1);
+numeric!(u32, DType::U32, 4);
+numeric!(u64, DType::U64, 8);
 
 macro_rules! half_float {
     ($t:ty, $dt:expr) => {
@@ -106,6 +108,8 @@ pub fn scalar_bytes(dtype: DType, x: f64) -> Vec<u8> {
         DType::I32 => (x as i32).put(&mut out),
         DType::I64 => (x as i64).put(&mut out),
         DType::U8 => (x as u8).put(&mut out),
+        DType::U32 => (x as u32).put(&mut out),
+        DType::U64 => (x as u64).put(&mut out),
         DType::Bool => (x != 0.0).put(&mut out),
     }
     out
@@ -121,6 +125,8 @@ pub fn bytes_to_f64(dtype: DType, bytes: &[u8]) -> Vec<f64> {
         DType::I32 => from_bytes::<i32>(bytes).into_iter().map(Element::to_f64).collect(),
         DType::I64 => from_bytes::<i64>(bytes).into_iter().map(Element::to_f64).collect(),
         DType::U8 => from_bytes::<u8>(bytes).into_iter().map(Element::to_f64).collect(),
+        DType::U32 => from_bytes::<u32>(bytes).into_iter().map(Element::to_f64).collect(),
+        DType::U64 => from_bytes::<u64>(bytes).into_iter().map(Element::to_f64).collect(),
         DType::Bool => from_bytes::<bool>(bytes).into_iter().map(Element::to_f64).collect(),
     }
 }

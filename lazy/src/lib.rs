@@ -8,15 +8,19 @@
 //! - [`runtime`]: plugin and client set-up; [`metrics`]: counters.
 #![forbid(unsafe_code)]
 
+mod array_ops;
 pub mod autodiff;
 pub mod checkpoint;
+mod conv;
 pub mod element;
 pub mod error;
 pub mod materialize;
 pub mod metrics;
 pub mod nn;
+mod nn_functional;
 mod operators;
 pub mod optim;
+pub mod random;
 pub mod record;
 mod reference;
 pub mod runtime;
@@ -28,6 +32,7 @@ pub use error::{Error, Result};
 pub use lazuli_hlo::{DType, Loc};
 pub use materialize::Cause;
 pub use metrics::{metrics, Metrics};
+pub use random::{manual_seed, rng_state, set_rng_state};
 pub use record::{broadcast_shapes, Operand};
 pub use runtime::{init, platform, runtime_info, Backend, Config, RuntimeInfo};
 pub use tensor::{sync, Tensor};

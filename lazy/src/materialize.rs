@@ -46,6 +46,8 @@ pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
         I32 => ElementType::S32,
         I64 => ElementType::S64,
         U8 => ElementType::U8,
+        U32 => ElementType::U32,
+        U64 => ElementType::U64,
         Bool => ElementType::Pred,
     }
 }

@@ -338,6 +338,8 @@ impl fmt::Display for Tensor {
             DType::I32 => show!(i32),
             DType::I64 => show!(i64),
             DType::U8 => show!(u8),
+            DType::U32 => show!(u32),
+            DType::U64 => show!(u64),
             DType::Bool => show!(bool),
         }?;
         write!(f, " : {}", self.node.ty)

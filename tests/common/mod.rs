@@ -51,6 +51,8 @@ pub fn tensor_of(dtype: DType, vals: &[f64], dims: &[usize]) -> Tensor {
         DType::I32 => Tensor::from_slice(&vals.iter().map(|&x| x as i32).collect::<Vec<_>>(), dims),
         DType::I64 => Tensor::from_slice(&vals.iter().map(|&x| x as i64).collect::<Vec<_>>(), dims),
         DType::U8 => Tensor::from_slice(&vals.iter().map(|&x| x as u8).collect::<Vec<_>>(), dims),
+        DType::U32 => Tensor::from_slice(&vals.iter().map(|&x| x as u32).collect::<Vec<_>>(), dims),
+        DType::U64 => Tensor::from_slice(&vals.iter().map(|&x| x as u64).collect::<Vec<_>>(), dims),
         DType::Bool => Tensor::from_slice(&vals.iter().map(|&x| x != 0.0).collect::<Vec<_>>(), dims),
     }
 }

@@ -55,7 +55,9 @@ impl OpRules for Unary {
         if float_only && !t.dtype.is_float() {
             return Err(format!("{name} needs a floating-point operand, got {t}"));
         }
-        if t.dtype == DType::Bool || (self.kind == UnaryKind::Neg && t.dtype == DType::U8) {
+        // StableHLO's negate and abs reject unsigned integers.
+        let signed_only = matches!(self.kind, UnaryKind::Neg | UnaryKind::Abs);
+        if t.dtype == DType::Bool || (signed_only && !t.dtype.is_signed()) {
             return Err(format!("{name} is not defined for {t}"));
         }
         Ok(t.clone())
@@ -127,6 +129,9 @@ pub enum BinaryKind {
     Pow,
     And,
     Or,
+    /// Bit shifts of integers; a shift by the bit width or more gives 0.
+    ShiftLeft,
+    ShiftRightLogical,
 }
 
 /// Which element types a binary op accepts.
@@ -135,6 +140,7 @@ enum Accepts {
     Numbers,
     Any,
     Logical,
+    Integers,
 }
 
 /// One row per binary op: name, StableHLO op, accepted types, reference (the dtype decides integer division).
@@ -174,6 +180,31 @@ fn binary_row(k: BinaryKind) -> (&'static str, &'static str, Accepts, fn(f64, f6
         Pow => ("pow", "stablehlo.power", Accepts::Numbers, |a, b, _| a.powf(b)),
         And => ("and", "stablehlo.and", Accepts::Logical, |a, b, t| logical(a, b, t, |x, y| x & y)),
         Or => ("or", "stablehlo.or", Accepts::Logical, |a, b, t| logical(a, b, t, |x, y| x | y)),
+        ShiftLeft => ("shift_left", "stablehlo.shift_left", Accepts::Integers, |a, b, t| shift(a, b, t, true)),
+        ShiftRightLogical => {
+            ("shift_right_logical", "stablehlo.shift_right_logical", Accepts::Integers, |a, b, t| shift(a, b, t, false))
+        }
+    }
+}
+
+/// A shift on the `t`-wide bit pattern of `a` (two's complement for signed types), read back as `t`.
+fn shift(a: f64, by: f64, t: DType, left: bool) -> f64 {
+    let bits = 8 * t.byte_size() as u32;
+    let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let pattern = (a as i128 as u64) & mask;
+    let by = by as i128;
+    let shifted = if by < 0 || by >= bits as i128 {
+        0
+    } else if left {
+        (pattern << by) & mask
+    } else {
+        pattern >> by
+    };
+    let sign_bit = 1u64 << (bits - 1);
+    if t.is_signed() && shifted & sign_bit != 0 {
+        (shifted as i128 - (mask as i128 + 1)) as f64
+    } else {
+        shifted as f64
     }
 }
 
@@ -208,6 +239,7 @@ impl OpRules for Binary {
             Accepts::Numbers => dt != DType::Bool,
             Accepts::Any => true,
             Accepts::Logical => !dt.is_float(),
+            Accepts::Integers => dt.is_int(),
         };
         if !ok {
             return Err(format!("{name} is not defined for {}", operands[0]));
@@ -257,7 +289,7 @@ impl OpRules for Binary {
                 let dr = b.mul(g, &dr);
                 (dl, b.mask(&pos, &dr))
             }
-            And | Or => return vec![None, None],
+            And | Or | ShiftLeft | ShiftRightLogical => return vec![None, None],
         };
         vec![Some(dl), Some(dr)]
     }

@@ -1,6 +1,13 @@
 //! Op families, one file each; see [`crate::op::OpRules`] for what every family provides.
+pub mod conv;
 pub mod dot;
 pub mod elementwise;
+pub mod gather;
 pub mod layout;
 pub mod leaf;
+pub mod random;
 pub mod reduce;
+pub mod scan;
+pub mod slicing;
+pub mod special;
+pub mod window;

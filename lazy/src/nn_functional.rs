@@ -1,0 +1,201 @@
+//! Neural-network functionals without parameters: activations, softmax family, layer normalization and losses.
+//! All are compositions of recorded ops, so their gradients come from autodiff. Fixed numbers of the formulas
+//! (0.5, √(2/π), eps) are constants of the program; the max-shift of the softmax family is recorded without a
+//! gradient, which is exact because those functions do not change when their input is shifted.
+
+use lazuli_hlo::{BinaryKind, CompareDir, Loc, Op, Reduce, ReduceKind, UnaryKind};
+
+use crate::array_ops::{one_hot_mask, scalar_constant};
+use crate::autodiff::no_grad;
+use crate::record::{apply, axis, fail};
+use crate::tensor::Tensor;
+
+/// Fail unless `t` is floating-point.
+fn need_float(t: &Tensor, what: &str, loc: Loc) {
+    if !t.dtype().is_float() {
+        fail(loc, format!("{what}: needs a floating-point tensor, got {}; convert it first", t.tensor_type()));
+    }
+}
+
+/// Normalized, sorted, unique axes.
+fn axes_of(t: &Tensor, axes: &[isize], what: &str, loc: Loc) -> Vec<usize> {
+    let mut ax: Vec<usize> = axes.iter().map(|&a| axis(a, t.rank(), what, loc)).collect();
+    ax.sort_unstable();
+    ax.dedup();
+    ax
+}
+
+/// `dims` with `axes` set to 1.
+fn kept_dims(dims: &[usize], axes: &[usize]) -> Vec<usize> {
+    dims.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
+}
+
+/// `t op c` for a constant scalar `c` of `t`'s dtype.
+fn with_constant(t: &Tensor, kind: BinaryKind, c: f64, loc: Loc) -> Tensor {
+    t.binary_at(scalar_constant(c, t.dtype(), loc), kind, loc)
+}
+
+/// A unary op on `t`.
+fn unary(t: &Tensor, kind: UnaryKind, loc: Loc) -> Tensor {
+    apply(Op::Unary(lazuli_hlo::Unary { kind }), &[t], loc)
+}
+
+/// Sum over `axes` keeping them as size 1.
+fn sum_kept(t: &Tensor, axes: &[usize], loc: Loc) -> Tensor {
+    let s = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: axes.to_vec() }), &[t], loc);
+    apply(Op::Reshape(lazuli_hlo::Reshape { dims: kept_dims(t.dims(), axes) }), &[&s], loc)
+}
+
+/// Max of `x` over `axes` (kept as size 1) with no gradient, with ±inf replaced by 0 so that `x - max` stays
+/// finite for rows that are all -inf.
+fn shift_for(x: &Tensor, axes: &[usize], loc: Loc) -> Tensor {
+    no_grad(|| {
+        let m = apply(Op::Reduce(Reduce { kind: ReduceKind::Max, axes: axes.to_vec() }), &[x], loc);
+        let m = apply(Op::Reshape(lazuli_hlo::Reshape { dims: kept_dims(x.dims(), axes) }), &[&m], loc);
+        let inf = scalar_constant(f64::INFINITY, x.dtype(), loc);
+        let infinite = compare(&unary(&m, UnaryKind::Abs, loc), &inf, CompareDir::Eq, loc);
+        let zero = scalar_constant(0.0, x.dtype(), loc).broadcast_at(m.dims(), loc);
+        let infinite = infinite.broadcast_at(m.dims(), loc);
+        apply(Op::Select(lazuli_hlo::Select), &[&infinite, &zero, &m], loc)
+    })
+}
+
+/// `t <dir> other` with numpy broadcasting.
+fn compare(t: &Tensor, other: &Tensor, dir: CompareDir, loc: Loc) -> Tensor {
+    let dims = crate::record::broadcast_shapes(t.dims(), other.dims()).unwrap_or_else(|| {
+        fail(loc, format!("compare: {} and {} do not broadcast", t.tensor_type(), other.tensor_type()))
+    });
+    let (a, b) = (t.broadcast_at(&dims, loc), other.broadcast_at(&dims, loc));
+    apply(Op::Compare(lazuli_hlo::Compare { dir }), &[&a, &b], loc)
+}
+
+impl Tensor {
+    /// `max(x, 0)`; the gradient at 0 is 0.
+    #[track_caller]
+    pub fn relu(&self) -> Tensor {
+        let loc = Loc::caller();
+        let zero = scalar_constant(0.0, self.dtype(), loc);
+        let positive = compare(self, &zero, CompareDir::Gt, loc);
+        let zeros = zero.broadcast_at(self.dims(), loc);
+        apply(Op::Select(lazuli_hlo::Select), &[&positive, self, &zeros], loc)
+    }
+
+    /// GELU, tanh form: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+    #[track_caller]
+    pub fn gelu(&self) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "gelu", loc);
+        let x3 = self.binary_at(self, BinaryKind::Mul, loc).binary_at(self, BinaryKind::Mul, loc);
+        let inner = self.binary_at(with_constant(&x3, BinaryKind::Mul, 0.044715, loc), BinaryKind::Add, loc);
+        let scaled = with_constant(&inner, BinaryKind::Mul, (2.0 / std::f64::consts::PI).sqrt(), loc);
+        let t = unary(&scaled, UnaryKind::Tanh, loc);
+        let half_x = with_constant(self, BinaryKind::Mul, 0.5, loc);
+        half_x.binary_at(with_constant(&t, BinaryKind::Add, 1.0, loc), BinaryKind::Mul, loc)
+    }
+
+    /// GELU, exact form: `0.5 x (1 + erf(x / √2))`.
+    #[track_caller]
+    pub fn gelu_erf(&self) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "gelu_erf", loc);
+        let scaled = with_constant(self, BinaryKind::Mul, std::f64::consts::FRAC_1_SQRT_2, loc);
+        let e = apply(Op::Erf(lazuli_hlo::Erf), &[&scaled], loc);
+        let half_x = with_constant(self, BinaryKind::Mul, 0.5, loc);
+        half_x.binary_at(with_constant(&e, BinaryKind::Add, 1.0, loc), BinaryKind::Mul, loc)
+    }
+
+    /// `log(sum(exp(x)))` over `axes`, which are removed; stable for large inputs (max-shifted).
+    #[track_caller]
+    pub fn logsumexp(&self, axes: &[isize]) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "logsumexp", loc);
+        let ax = axes_of(self, axes, "logsumexp", loc);
+        let m = shift_for(self, &ax, loc);
+        let e = unary(&self.binary_at(&m, BinaryKind::Sub, loc), UnaryKind::Exp, loc);
+        let lse = unary(&sum_kept(&e, &ax, loc), UnaryKind::Log, loc).binary_at(&m, BinaryKind::Add, loc);
+        let out: Vec<usize> =
+            self.dims().iter().enumerate().filter(|(i, _)| !ax.contains(i)).map(|(_, &d)| d).collect();
+        apply(Op::Reshape(lazuli_hlo::Reshape { dims: out }), &[&lse], loc)
+    }
+
+    /// `exp(x) / sum(exp(x))` along `axis`.
+    #[track_caller]
+    pub fn softmax(&self, axis: isize) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "softmax", loc);
+        let ax = axes_of(self, &[axis], "softmax", loc);
+        let m = shift_for(self, &ax, loc);
+        let e = unary(&self.binary_at(&m, BinaryKind::Sub, loc), UnaryKind::Exp, loc);
+        e.binary_at(sum_kept(&e, &ax, loc), BinaryKind::Div, loc)
+    }
+
+    /// `x - logsumexp(x)` along `axis` (kept).
+    #[track_caller]
+    pub fn log_softmax(&self, axis: isize) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "log_softmax", loc);
+        let ax = axes_of(self, &[axis], "log_softmax", loc);
+        let m = shift_for(self, &ax, loc);
+        let shifted = self.binary_at(&m, BinaryKind::Sub, loc);
+        let lse = unary(&sum_kept(&unary(&shifted, UnaryKind::Exp, loc), &ax, loc), UnaryKind::Log, loc);
+        shifted.binary_at(&lse, BinaryKind::Sub, loc)
+    }
+
+    /// `(x - mean) / sqrt(var + eps)` over `axes` (biased variance), without scale or shift: the affine part is
+    /// the layer module's.
+    #[track_caller]
+    pub fn layer_norm(&self, axes: &[isize], eps: f64) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "layer_norm", loc);
+        let ax = axes_of(self, axes, "layer_norm", loc);
+        let count = ax.iter().map(|&a| self.dims()[a]).product::<usize>() as f64;
+        let mean = with_constant(&sum_kept(self, &ax, loc), BinaryKind::Div, count, loc);
+        let centered = self.binary_at(&mean, BinaryKind::Sub, loc);
+        let sq = centered.binary_at(&centered, BinaryKind::Mul, loc);
+        let var = with_constant(&sum_kept(&sq, &ax, loc), BinaryKind::Div, count, loc);
+        let inv = unary(&with_constant(&var, BinaryKind::Add, eps, loc), UnaryKind::Rsqrt, loc);
+        centered.binary_at(&inv, BinaryKind::Mul, loc)
+    }
+
+    /// Mean cross-entropy of `[N, C]` logits against integer class `targets` `[N]`: `-mean(log_softmax(x)[i, t_i])`.
+    /// A target outside `0..C` contributes 0 to the sum (it still counts in N).
+    #[track_caller]
+    pub fn cross_entropy(&self, targets: &Tensor) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "cross_entropy", loc);
+        if self.rank() != 2 || targets.rank() != 1 || targets.dims()[0] != self.dims()[0] {
+            fail(
+                loc,
+                format!(
+                    "cross_entropy: needs logits [N, C] and targets [N], got {} and {}",
+                    self.tensor_type(),
+                    targets.tensor_type()
+                ),
+            );
+        }
+        if !targets.dtype().is_int() {
+            fail(loc, format!("cross_entropy: targets must have an integer dtype, got {}", targets.tensor_type()));
+        }
+        let lsm = self.log_softmax(1);
+        let hot = one_hot_mask(targets, self.dims()[1], loc);
+        let zeros = scalar_constant(0.0, self.dtype(), loc).broadcast_at(self.dims(), loc);
+        let picked = apply(Op::Select(lazuli_hlo::Select), &[&hot, &lsm, &zeros], loc);
+        let total = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0, 1] }), &[&picked], loc);
+        with_constant(&total, BinaryKind::Div, -(self.dims()[0] as f64), loc)
+    }
+
+    /// Mean squared error against `target` of the same type.
+    #[track_caller]
+    pub fn mse_loss(&self, target: &Tensor) -> Tensor {
+        let loc = Loc::caller();
+        need_float(self, "mse_loss", loc);
+        if self.tensor_type() != target.tensor_type() {
+            fail(loc, format!("mse_loss: {} and {} differ", self.tensor_type(), target.tensor_type()));
+        }
+        let d = self.binary_at(target, BinaryKind::Sub, loc);
+        let all: Vec<usize> = (0..self.rank()).collect();
+        let sq = d.binary_at(&d, BinaryKind::Mul, loc);
+        let s = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: all }), &[&sq], loc);
+        with_constant(&s, BinaryKind::Div, self.elements() as f64, loc)
+    }
+}
