@@ -99,3 +99,54 @@ impl Module for Mlp {
         }
     }
 }
+
+/// A lookup table: `ids` (integers, any shape) → rows of `weight: [vocab, dim]`.
+pub struct Embedding {
+    pub weight: Param,
+}
+
+impl Embedding {
+    /// Normal(0, std²) initialisation (GPT-2 uses 0.02).
+    pub fn new(rng: &mut HostRng, vocab: usize, dim: usize, std: f64, dtype: DType) -> Embedding {
+        Embedding { weight: Param::new(super::init::normal(rng, &[vocab, dim], std, dtype)) }
+    }
+
+    /// `ids: [...]` → `[..., dim]`.
+    #[track_caller]
+    pub fn forward(&self, ids: &Tensor) -> Tensor {
+        self.weight.get().embedding(ids)
+    }
+}
+
+impl Module for Embedding {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+    }
+}
+
+/// Layer normalisation over the last dimension with a learned scale and shift.
+pub struct LayerNorm {
+    pub weight: Param,
+    pub bias: Param,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(dim: usize, eps: f64, dtype: DType) -> LayerNorm {
+        let ones = super::init::host_tensor(&[dim], dtype, || 1.0);
+        let zeros = super::init::host_tensor(&[dim], dtype, || 0.0);
+        LayerNorm { weight: Param::new(ones), bias: Param::new(zeros), eps }
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.layer_norm(&[-1], self.eps) * self.weight.get() + self.bias.get()
+    }
+}
+
+impl Module for LayerNorm {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        f(join(prefix, "bias"), &self.bias);
+    }
+}

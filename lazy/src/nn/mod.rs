@@ -1,12 +1,14 @@
 //! A small module system: modules own named [`Param`]s, expose them in a stable order for optimizers and
 //! checkpoints, and switch between training and evaluation mode.
 
+pub mod gpt;
 pub mod init;
 pub mod layers;
 pub mod param;
 
 pub use init::HostRng;
-pub use layers::{Activation, Linear, Mlp};
+pub use gpt::{Block, CausalSelfAttention, Gpt, GptConfig};
+pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp};
 pub use param::Param;
 
 /// Something with parameters. Forward passes are inherent methods (their signatures differ by module).

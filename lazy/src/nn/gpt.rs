@@ -1,0 +1,172 @@
+//! A GPT (decoder-only transformer, GPT-2 layout): token and position embeddings, pre-norm blocks of causal
+//! self-attention and an MLP, a final layer norm, and an output head tied to the token embedding.
+
+use lazuli_hlo::DType;
+
+use super::init::{normal, HostRng};
+use super::layers::{Embedding, LayerNorm, Linear};
+use super::{join, Module, Param};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GptConfig {
+    pub vocab: usize,
+    /// Longest sequence (positions).
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub d_model: usize,
+    pub dtype: DType,
+}
+
+impl GptConfig {
+    /// GPT-2 small: 12 layers, 12 heads, d = 768, 1024 positions.
+    pub fn gpt2_small(vocab: usize) -> GptConfig {
+        GptConfig { vocab, block_size: 1024, n_layer: 12, n_head: 12, d_model: 768, dtype: DType::F32 }
+    }
+}
+
+/// GPT-2's initialisation: weights N(0, 0.02²), residual projections N(0, (0.02/√(2·layers))²), biases 0.
+fn gpt_linear(rng: &mut HostRng, d_in: usize, d_out: usize, std: f64, dtype: DType) -> Linear {
+    let zeros = super::init::host_tensor(&[d_out], dtype, || 0.0);
+    Linear::from_tensors(normal(rng, &[d_in, d_out], std, dtype), Some(zeros))
+}
+
+/// Multi-head causal self-attention with one fused q/k/v projection.
+pub struct CausalSelfAttention {
+    pub qkv: Linear,
+    pub proj: Linear,
+    pub n_head: usize,
+}
+
+impl CausalSelfAttention {
+    pub fn new(rng: &mut HostRng, cfg: &GptConfig) -> Self {
+        let d = cfg.d_model;
+        let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        CausalSelfAttention {
+            qkv: gpt_linear(rng, d, 3 * d, 0.02, cfg.dtype),
+            proj: gpt_linear(rng, d, d, resid_std, cfg.dtype),
+            n_head: cfg.n_head,
+        }
+    }
+
+    /// `x: [B, T, d]` → `[B, T, d]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
+        let h = self.n_head as isize;
+        let hd = d / h;
+        // [B, T, 3d] → [3, B, H, T, hd]
+        let qkv = self.qkv.forward(x).reshape(&[b, t, 3, h, hd]).permute(&[2, 0, 3, 1, 4]);
+        let part = |i: usize| qkv.narrow(0, i, 1).reshape(&[b, h, t, hd]);
+        let (q, k, v) = (part(0), part(1), part(2));
+        let scores = q.matmul(&k.t()) * (1.0 / (hd as f64).sqrt());
+        let causal = Tensor::tril_mask(t as usize, 0);
+        let scores = causal.select(&scores, f64::NEG_INFINITY);
+        let y = scores.softmax(-1).matmul(&v); // [B, H, T, hd]
+        self.proj.forward(&y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d]))
+    }
+}
+
+impl Module for CausalSelfAttention {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.qkv.visit_params(&join(prefix, "qkv"), f);
+        self.proj.visit_params(&join(prefix, "proj"), f);
+    }
+}
+
+/// Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x)) with a 4× GELU MLP.
+pub struct Block {
+    pub ln1: LayerNorm,
+    pub attn: CausalSelfAttention,
+    pub ln2: LayerNorm,
+    pub fc: Linear,
+    pub fc_proj: Linear,
+}
+
+impl Block {
+    pub fn new(rng: &mut HostRng, cfg: &GptConfig) -> Block {
+        let d = cfg.d_model;
+        let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        Block {
+            ln1: LayerNorm::new(d, 1e-5, cfg.dtype),
+            attn: CausalSelfAttention::new(rng, cfg),
+            ln2: LayerNorm::new(d, 1e-5, cfg.dtype),
+            fc: gpt_linear(rng, d, 4 * d, 0.02, cfg.dtype),
+            fc_proj: gpt_linear(rng, 4 * d, d, resid_std, cfg.dtype),
+        }
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let x = x + self.attn.forward(&self.ln1.forward(x));
+        let m = self.fc_proj.forward(&self.fc.forward(&self.ln2.forward(&x)).gelu());
+        x + m
+    }
+}
+
+impl Module for Block {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.ln1.visit_params(&join(prefix, "ln1"), f);
+        self.attn.visit_params(&join(prefix, "attn"), f);
+        self.ln2.visit_params(&join(prefix, "ln2"), f);
+        self.fc.visit_params(&join(prefix, "fc"), f);
+        self.fc_proj.visit_params(&join(prefix, "fc_proj"), f);
+    }
+}
+
+pub struct Gpt {
+    pub config: GptConfig,
+    pub wte: Embedding,
+    pub wpe: Embedding,
+    pub blocks: Vec<Block>,
+    pub ln_f: LayerNorm,
+}
+
+impl Gpt {
+    pub fn new(rng: &mut HostRng, config: GptConfig) -> Gpt {
+        let c = &config;
+        let wte = Embedding::new(rng, c.vocab, c.d_model, 0.02, c.dtype);
+        let wpe = Embedding::new(rng, c.block_size, c.d_model, 0.01, c.dtype);
+        let blocks = (0..c.n_layer).map(|_| Block::new(rng, c)).collect();
+        let ln_f = LayerNorm::new(c.d_model, 1e-5, c.dtype);
+        Gpt { wte, wpe, blocks, ln_f, config }
+    }
+
+    /// `ids: [B, T]` integers → logits `[B, T, vocab]` (the head shares the token embedding's weights).
+    #[track_caller]
+    pub fn forward(&self, ids: &Tensor) -> Tensor {
+        let t = ids.dims()[1];
+        if t > self.config.block_size {
+            crate::record::fail(
+                crate::Loc::caller(),
+                format!("Gpt::forward: sequence length {t} exceeds block_size {}", self.config.block_size),
+            );
+        }
+        let pos = Tensor::arange(t, DType::I32);
+        let mut x = self.wte.forward(ids) + self.wpe.forward(&pos);
+        for block in &self.blocks {
+            x = block.forward(&x);
+        }
+        self.ln_f.forward(&x).matmul(&self.wte.weight.get().t())
+    }
+
+    /// Mean next-token cross-entropy of `ids: [B, T]` against `targets: [B, T]`.
+    #[track_caller]
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Tensor {
+        let logits = self.forward(ids);
+        let v = self.config.vocab as isize;
+        logits.reshape(&[-1, v]).cross_entropy(&targets.reshape(&[-1]))
+    }
+}
+
+impl Module for Gpt {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.wte.visit_params(&join(prefix, "wte"), f);
+        self.wpe.visit_params(&join(prefix, "wpe"), f);
+        for (i, b) in self.blocks.iter().enumerate() {
+            b.visit_params(&join(prefix, &format!("blocks.{i}")), f);
+        }
+        self.ln_f.visit_params(&join(prefix, "ln_f"), f);
+    }
+}
