@@ -43,6 +43,9 @@ struct Args {
     dim: usize,
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
+    /// Dropout probability (the mask comes from the device generator; resumed runs restore it).
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
     #[arg(long, default_value_t = 50)]
     log_every: u64,
 }
@@ -100,6 +103,7 @@ fn main() -> lazuli::Result<()> {
         n_layer: args.layers,
         n_head: args.heads,
         d_model: args.dim,
+        dropout: args.dropout,
         dtype: DType::F32,
     };
     let model = Gpt::new(&mut HostRng::new(1), config);
@@ -111,9 +115,13 @@ fn main() -> lazuli::Result<()> {
         symbols.len(),
         model.num_params()
     );
+    lazuli::manual_seed(1234);
     let mut start = 0;
     if let Some(path) = &args.resume {
-        let (_, meta) = checkpoint::load(path, &model, Some(&mut opt))?;
+        let (extra, meta) = checkpoint::load(path, &model, Some(&mut opt))?;
+        if let Some(state) = extra.get("rng") {
+            lazuli::set_rng_state(state);
+        }
         start = meta.optimizer_steps;
         println!("resumed from {} at step {start}", path.display());
     }
@@ -148,9 +156,10 @@ fn main() -> lazuli::Result<()> {
     if let Some(path) = &args.save {
         let mut meta = BTreeMap::new();
         meta.insert("example".into(), "train_gpt".into());
-        checkpoint::save(path, &model, Some(&opt), &[], &meta)?;
+        checkpoint::save(path, &model, Some(&opt), &[("rng", lazuli::rng_state())], &meta)?;
         println!("saved {}", path.display());
     }
+    model.set_training(false);
     if let Some(n) = args.sample {
         println!("--- sample ---\n{}\n--------------", sample(&model, &ids[..t / 2], &symbols, n)?);
     }

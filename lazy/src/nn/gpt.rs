@@ -4,7 +4,7 @@
 use lazuli_hlo::DType;
 
 use super::init::{normal, HostRng};
-use super::layers::{Embedding, LayerNorm, Linear};
+use super::layers::{Dropout, Embedding, LayerNorm, Linear};
 use super::{join, Module, Param};
 use crate::tensor::Tensor;
 
@@ -16,13 +16,15 @@ pub struct GptConfig {
     pub n_layer: usize,
     pub n_head: usize,
     pub d_model: usize,
+    /// Dropout after attention weights, attention output, MLP output and embeddings (GPT-2: 0.1).
+    pub dropout: f64,
     pub dtype: DType,
 }
 
 impl GptConfig {
     /// GPT-2 small: 12 layers, 12 heads, d = 768, 1024 positions.
     pub fn gpt2_small(vocab: usize) -> GptConfig {
-        GptConfig { vocab, block_size: 1024, n_layer: 12, n_head: 12, d_model: 768, dtype: DType::F32 }
+        GptConfig { vocab, block_size: 1024, n_layer: 12, n_head: 12, d_model: 768, dropout: 0.0, dtype: DType::F32 }
     }
 }
 
@@ -37,6 +39,8 @@ pub struct CausalSelfAttention {
     pub qkv: Linear,
     pub proj: Linear,
     pub n_head: usize,
+    pub attn_drop: Dropout,
+    pub resid_drop: Dropout,
 }
 
 impl CausalSelfAttention {
@@ -47,6 +51,8 @@ impl CausalSelfAttention {
             qkv: gpt_linear(rng, d, 3 * d, 0.02, cfg.dtype),
             proj: gpt_linear(rng, d, d, resid_std, cfg.dtype),
             n_head: cfg.n_head,
+            attn_drop: Dropout::new(cfg.dropout),
+            resid_drop: Dropout::new(cfg.dropout),
         }
     }
 
@@ -63,8 +69,8 @@ impl CausalSelfAttention {
         let scores = q.matmul(&k.t()) * (1.0 / (hd as f64).sqrt());
         let causal = Tensor::tril_mask(t as usize, 0);
         let scores = causal.select(&scores, f64::NEG_INFINITY);
-        let y = scores.softmax(-1).matmul(&v); // [B, H, T, hd]
-        self.proj.forward(&y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d]))
+        let y = self.attn_drop.forward(&scores.softmax(-1)).matmul(&v); // [B, H, T, hd]
+        self.resid_drop.forward(&self.proj.forward(&y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d])))
     }
 }
 
@@ -72,6 +78,10 @@ impl Module for CausalSelfAttention {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.qkv.visit_params(&join(prefix, "qkv"), f);
         self.proj.visit_params(&join(prefix, "proj"), f);
+    }
+    fn set_training(&self, training: bool) {
+        self.attn_drop.set_training(training);
+        self.resid_drop.set_training(training);
     }
 }
 
@@ -82,6 +92,7 @@ pub struct Block {
     pub ln2: LayerNorm,
     pub fc: Linear,
     pub fc_proj: Linear,
+    pub mlp_drop: Dropout,
 }
 
 impl Block {
@@ -94,6 +105,7 @@ impl Block {
             ln2: LayerNorm::new(d, 1e-5, cfg.dtype),
             fc: gpt_linear(rng, d, 4 * d, 0.02, cfg.dtype),
             fc_proj: gpt_linear(rng, 4 * d, d, resid_std, cfg.dtype),
+            mlp_drop: Dropout::new(cfg.dropout),
         }
     }
 
@@ -101,7 +113,7 @@ impl Block {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let x = x + self.attn.forward(&self.ln1.forward(x));
         let m = self.fc_proj.forward(&self.fc.forward(&self.ln2.forward(&x)).gelu());
-        x + m
+        x + self.mlp_drop.forward(&m)
     }
 }
 
@@ -113,6 +125,10 @@ impl Module for Block {
         self.fc.visit_params(&join(prefix, "fc"), f);
         self.fc_proj.visit_params(&join(prefix, "fc_proj"), f);
     }
+    fn set_training(&self, training: bool) {
+        self.attn.set_training(training);
+        self.mlp_drop.set_training(training);
+    }
 }
 
 pub struct Gpt {
@@ -121,6 +137,7 @@ pub struct Gpt {
     pub wpe: Embedding,
     pub blocks: Vec<Block>,
     pub ln_f: LayerNorm,
+    pub emb_drop: Dropout,
 }
 
 impl Gpt {
@@ -130,7 +147,8 @@ impl Gpt {
         let wpe = Embedding::new(rng, c.block_size, c.d_model, 0.01, c.dtype);
         let blocks = (0..c.n_layer).map(|_| Block::new(rng, c)).collect();
         let ln_f = LayerNorm::new(c.d_model, 1e-5, c.dtype);
-        Gpt { wte, wpe, blocks, ln_f, config }
+        let emb_drop = Dropout::new(c.dropout);
+        Gpt { wte, wpe, blocks, ln_f, emb_drop, config }
     }
 
     /// `ids: [B, T]` integers → logits `[B, T, vocab]` (the head shares the token embedding's weights).
@@ -144,7 +162,7 @@ impl Gpt {
             );
         }
         let pos = Tensor::arange(t, DType::I32);
-        let mut x = self.wte.forward(ids) + self.wpe.forward(&pos);
+        let mut x = self.emb_drop.forward(&(self.wte.forward(ids) + self.wpe.forward(&pos)));
         for block in &self.blocks {
             x = block.forward(&x);
         }
@@ -168,5 +186,9 @@ impl Module for Gpt {
             b.visit_params(&join(prefix, &format!("blocks.{i}")), f);
         }
         self.ln_f.visit_params(&join(prefix, "ln_f"), f);
+    }
+    fn set_training(&self, training: bool) {
+        self.emb_drop.set_training(training);
+        self.blocks.iter().for_each(|b| b.set_training(training));
     }
 }

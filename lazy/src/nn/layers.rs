@@ -150,3 +150,88 @@ impl Module for LayerNorm {
         f(join(prefix, "bias"), &self.bias);
     }
 }
+
+/// Dropout with probability `p` in training mode, the identity in evaluation mode. The mask comes from the
+/// device generator (`lazuli::manual_seed`), and `p` is a program parameter.
+pub struct Dropout {
+    pub p: f64,
+    training: std::sync::atomic::AtomicBool,
+}
+
+impl Dropout {
+    pub fn new(p: f64) -> Dropout {
+        Dropout { p, training: std::sync::atomic::AtomicBool::new(true) }
+    }
+
+    pub fn is_training(&self) -> bool {
+        self.training.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        if self.p == 0.0 || !self.is_training() {
+            return x.clone();
+        }
+        x.dropout(self.p, true)
+    }
+}
+
+impl Module for Dropout {
+    fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
+    fn set_training(&self, training: bool) {
+        self.training.store(training, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// 2-D convolution over NCHW input with an OIHW kernel and a per-channel bias.
+pub struct Conv2d {
+    pub weight: Param,
+    pub bias: Option<Param>,
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+impl Conv2d {
+    /// PyTorch's default initialisation: uniform(±1/√(in·kh·kw)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rng: &mut HostRng,
+        c_in: usize,
+        c_out: usize,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        bias: bool,
+        dtype: DType,
+    ) -> Conv2d {
+        let bound = 1.0 / ((c_in * kernel[0] * kernel[1]) as f64).sqrt();
+        Conv2d {
+            weight: Param::new(uniform(rng, &[c_out, c_in, kernel[0], kernel[1]], bound, dtype)),
+            bias: bias.then(|| Param::new(uniform(rng, &[c_out], bound, dtype))),
+            stride,
+            padding,
+        }
+    }
+
+    /// `x: [N, C_in, H, W]` → `[N, C_out, H', W']`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let y = x.conv2d(&self.weight.get(), self.stride, self.padding);
+        match &self.bias {
+            Some(b) => {
+                let c = b.get().dims()[0] as isize;
+                y + b.get().reshape(&[1, c, 1, 1])
+            }
+            None => y,
+        }
+    }
+}
+
+impl Module for Conv2d {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(join(prefix, "bias"), b);
+        }
+    }
+}

@@ -6,9 +6,9 @@ pub mod init;
 pub mod layers;
 pub mod param;
 
-pub use init::HostRng;
 pub use gpt::{Block, CausalSelfAttention, Gpt, GptConfig};
-pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp};
+pub use init::HostRng;
+pub use layers::{Activation, Conv2d, Dropout, Embedding, LayerNorm, Linear, Mlp};
 pub use param::Param;
 
 /// Something with parameters. Forward passes are inherent methods (their signatures differ by module).
