@@ -111,7 +111,10 @@ fn main() -> lazuli::Result<()> {
     let regular = log.finish();
 
     // Accuracy on every point, in evaluation mode and without gradients.
-    let logits = lazuli::no_grad(|| model.forward(&Tensor::from_slice(&xs, &[n, 2]))).to_vec::<f32>()?;
+    // Evaluation is not a training step: `unchecked` keeps it out of the step accounting (and strict mode).
+    let logits = lazuli::diagnostics::unchecked(|| {
+        lazuli::no_grad(|| model.forward(&Tensor::from_slice(&xs, &[n, 2]))).to_vec::<f32>()
+    })?;
     let correct = (0..n).filter(|&i| ((logits[2 * i + 1] > logits[2 * i]) as u8) == ys[i]).count();
     println!("accuracy: {:.2}% ({correct}/{n})", 100.0 * correct as f64 / n as f64);
 

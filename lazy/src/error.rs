@@ -22,6 +22,9 @@ pub enum Error {
     /// `item()` on a tensor with more than one element.
     #[error("item() at {at}: the tensor has {elements} elements; item() needs exactly one")]
     NotScalar { at: Loc, elements: usize },
+    /// Strict mode refused a graph break or a recompile (see `lazuli::diagnostics`).
+    #[error("lazuli strict mode: {0}")]
+    Strict(String),
     /// A checkpoint could not be written or does not match what it is loaded into.
     #[error("checkpoint: {0}")]
     Checkpoint(String),

@@ -11,6 +11,7 @@
 mod array_ops;
 pub mod autodiff;
 pub mod checkpoint;
+pub mod diagnostics;
 mod conv;
 pub mod element;
 pub mod error;

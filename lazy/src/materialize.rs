@@ -9,6 +9,7 @@ use std::time::Instant;
 use lazuli_hlo::{emit, EmitOptions, Graph, Loc, NodeId};
 use lazuli_pjrt::{Buffer, CompileOptions, ElementType};
 
+use crate::diagnostics::{self, cause_name, EventKind};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, COUNTERS};
 use crate::runtime::{runtime, Runtime};
@@ -23,6 +24,8 @@ pub enum Cause {
     Sync,
     Explicit,
     Checkpoint,
+    /// A tensor's value decided a host-side branch (`if loss > 1.0`).
+    HostControlFlow,
 }
 
 /// The graph under the targets.
@@ -53,10 +56,10 @@ pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
 }
 
 /// Copy a host leaf to the device once; later materializations reuse the buffer.
-fn device_buffer(rt: &Runtime, node: &Node) -> Result<Arc<Buffer>> {
+fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
     let mut state = node.lock();
     let bytes = match &state.data {
-        Some(Data::Device(b)) => return Ok(b.clone()),
+        Some(Data::Device(b)) => return Ok((b.clone(), 0)),
         Some(Data::Host(bytes)) => bytes.clone(),
         None => return Err(Error::Internal("a pending node was bound to a parameter".into())),
     };
@@ -64,7 +67,7 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<Arc<Buffer>> {
     let buf = Arc::new(rt.client.buffer_from_host(&bytes, element_type(node.ty.dtype), &dims, &rt.device)?);
     Counters::add(&COUNTERS.bytes_to_device, bytes.len() as u64);
     state.data = Some(Data::Device(buf.clone()));
-    Ok(buf)
+    Ok((buf, bytes.len() as u64))
 }
 
 /// Walk the pending graph below `targets` (iteratively: graphs can be deep) and build the IR in topological order.
@@ -192,7 +195,7 @@ fn plan_donation(traced: &mut Traced) -> Vec<usize> {
 }
 
 /// Compute `targets` (those still pending) in one program.
-pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Result<()> {
+pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Result<()> {
     // One materialization at a time: another thread tracing the same pending graph while this one donates its
     // inputs would bind buffers that are about to be consumed.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -206,9 +209,24 @@ pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Resu
         return Ok(());
     }
     let donated = plan_donation(&mut traced);
-    let args: Vec<Arc<Buffer>> = traced.leaves.iter().map(|n| device_buffer(rt, n)).collect::<Result<_>>()?;
     let key = structure_hash(&traced.graph);
     let cached = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+    // Strict mode may refuse here, before anything is uploaded, compiled or donated.
+    let hit = cached.is_some();
+    let check = diagnostics::before_program(cause, at, hit, &traced.graph)?;
+    let mut event =
+        diagnostics::events::enabled().then(|| diagnostics::Event::new(EventKind::Program, cause_name(cause), at));
+
+    let t0 = Instant::now();
+    let mut uploaded = 0u64;
+    let mut args = Vec::with_capacity(traced.leaves.len());
+    for leaf in &traced.leaves {
+        let (buf, bytes) = device_buffer(rt, leaf)?;
+        uploaded += bytes;
+        args.push(buf);
+    }
+    let transfer = t0.elapsed();
+    let t0 = Instant::now();
     let exe = match cached {
         Some(exe) => {
             Counters::add(&COUNTERS.cache_hits, 1);
@@ -217,7 +235,6 @@ pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Resu
         None => {
             let text = emit(&traced.graph, &EmitOptions::default());
             dump_program(key, &text);
-            let t0 = Instant::now();
             let exe =
                 rt.client.compile(&text, &CompileOptions::default()).map_err(|source| Error::Compile { at, source })?;
             Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
@@ -227,10 +244,12 @@ pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Resu
             exe
         }
     };
+    let compile = t0.elapsed();
     let t0 = Instant::now();
     let arg_refs: Vec<&Buffer> = args.iter().map(|b| b.as_ref()).collect();
     let outs = exe.execute(&arg_refs).map_err(|source| Error::Execute { at, source })?;
-    Counters::add(&COUNTERS.execute_ns, t0.elapsed().as_nanos() as u64);
+    let execute = t0.elapsed();
+    Counters::add(&COUNTERS.execute_ns, execute.as_nanos() as u64);
     Counters::add(&COUNTERS.executions, 1);
     if outs.len() != traced.targets.len() {
         return Err(Error::Internal(format!(
@@ -248,6 +267,21 @@ pub(crate) fn materialize(targets: &[Arc<Node>], _cause: Cause, at: Loc) -> Resu
     for (node, buf) in traced.targets.iter().zip(outs) {
         // Dropping the op and operands here releases the graph above computed values.
         node.set_data(Data::Device(Arc::new(buf)));
+    }
+    if let Some(e) = &mut event {
+        let g = &traced.graph;
+        e.program_in_step = check.program_in_step;
+        e.unchecked = check.unchecked;
+        e.recompile = check.recompile;
+        e.explanation = check.explanation;
+        e.graph_hash = format!("{key:016x}");
+        (e.nodes, e.inputs, e.outputs) = (g.nodes.len(), g.params.len(), g.outputs.len());
+        e.cache_hit = hit;
+        e.compile_ms = if e.cache_hit { 0.0 } else { compile.as_secs_f64() * 1e3 };
+        e.execute_ms = execute.as_secs_f64() * 1e3;
+        e.transfer_ms = transfer.as_secs_f64() * 1e3;
+        e.bytes_to_device = uploaded;
+        diagnostics::events::emit(e);
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use lazuli_hlo::{DType, Loc, Op, TensorType};
 use lazuli_pjrt::Buffer;
 use ndarray::{ArrayD, IxDyn};
 
+use crate::diagnostics::{cause_name, EventKind};
 use crate::element::{bytes_to_f64, from_bytes, scalar_bytes, to_bytes, Element};
 use crate::error::{Error, Result};
 use crate::materialize::{materialize, Cause};
@@ -226,8 +227,16 @@ impl Tensor {
         match data {
             Some(Data::Host(b)) => Ok(b),
             Some(Data::Device(buf)) => {
+                let t0 = std::time::Instant::now();
+                let mut event = crate::diagnostics::events::enabled()
+                    .then(|| crate::diagnostics::Event::new(EventKind::Read, cause_name(cause), at));
                 let bytes = buf.to_host()?;
                 Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
+                if let Some(e) = &mut event {
+                    e.transfer_ms = t0.elapsed().as_secs_f64() * 1e3;
+                    e.bytes_to_host = bytes.len() as u64;
+                    crate::diagnostics::events::emit(e);
+                }
                 Ok(Arc::new(bytes))
             }
             None => Err(Error::Internal("materialize left a target pending".into())),
@@ -304,7 +313,12 @@ pub(crate) fn live_pending() -> Vec<Arc<Node>> {
 pub fn sync() -> Result<()> {
     let at = Loc::caller();
     let live = live_pending();
-    materialize(&live, Cause::Sync, at)
+    materialize(&live, Cause::Sync, at)?;
+    if crate::diagnostics::events::enabled() {
+        crate::diagnostics::events::emit(&crate::diagnostics::Event::new(EventKind::StepEnd, "sync", at));
+    }
+    crate::diagnostics::end_step();
+    Ok(())
 }
 
 impl fmt::Debug for Tensor {
@@ -343,5 +357,63 @@ impl fmt::Display for Tensor {
             DType::Bool => show!(bool),
         }?;
         write!(f, " : {}", self.node.ty)
+    }
+}
+
+/// `if loss > 1.0 { … }`: comparing a one-element tensor with a number reads its value, which materializes it
+/// (cause `host_control_flow`). Diagnostics report it as a graph break when it happens mid-step.
+impl PartialEq<f64> for Tensor {
+    #[track_caller]
+    fn eq(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) == *other
+    }
+}
+
+impl PartialOrd<f64> for Tensor {
+    #[track_caller]
+    fn partial_cmp(&self, other: &f64) -> Option<std::cmp::Ordering> {
+        self.host_value(Loc::caller()).partial_cmp(other)
+    }
+    #[track_caller]
+    fn lt(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) < *other
+    }
+    #[track_caller]
+    fn le(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) <= *other
+    }
+    #[track_caller]
+    fn gt(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) > *other
+    }
+    #[track_caller]
+    fn ge(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) >= *other
+    }
+}
+
+impl Tensor {
+    /// The value of a one-element tensor of a bool dtype, for host-side branches (`if t.gt(0.0).to_bool()? {…}`).
+    #[track_caller]
+    pub fn to_bool(&self) -> Result<bool> {
+        let at = Loc::caller();
+        if self.elements() != 1 {
+            return Err(Error::NotScalar { at, elements: self.elements() });
+        }
+        Ok(bytes_to_f64(self.dtype(), &self.bytes(Cause::HostControlFlow, at)?)[0] != 0.0)
+    }
+
+    /// A comparison operator needs a plain bool: a failure to compute the value is reported at the user's line.
+    fn host_value(&self, at: Loc) -> f64 {
+        if self.elements() != 1 {
+            crate::record::fail(
+                at,
+                format!("comparing a tensor with a number needs one element, not {}", self.tensor_type()),
+            );
+        }
+        match self.bytes(Cause::HostControlFlow, at) {
+            Ok(b) => bytes_to_f64(self.dtype(), &b)[0],
+            Err(e) => panic!("lazuli: reading the tensor compared at {at} failed: {e}"),
+        }
     }
 }

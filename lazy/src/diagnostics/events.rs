@@ -1,0 +1,167 @@
+//! Materialization events: what ran, why, where in the user's code, and what it cost. Emitted through `tracing`
+//! (target `lazuli`, level DEBUG) and, when `LAZULI_EVENTS` names a file, appended to it as JSON lines. With no
+//! subscriber interested and no file, no event is even built.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+/// What an event describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A program ran (and maybe compiled).
+    Program,
+    /// A tensor was copied to the host.
+    Read,
+    /// A step boundary (`lazuli::sync()`) completed.
+    StepEnd,
+}
+
+/// One event. Times are milliseconds; `start_us` counts from the process's first event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub kind: EventKind,
+    /// `item`, `to_vec`, `display`, `sync`, `checkpoint`, `host_control_flow`, `explicit`.
+    pub cause: String,
+    pub file: String,
+    pub line: u32,
+    pub col: u32,
+    pub step: u64,
+    /// 1-based position of this program among the checked programs of its step.
+    pub program_in_step: u32,
+    /// Inside `diagnostics::unchecked` (evaluation, sampling): not part of the step's accounting.
+    pub unchecked: bool,
+    pub graph_hash: String,
+    pub nodes: usize,
+    pub inputs: usize,
+    pub outputs: usize,
+    pub cache_hit: bool,
+    /// A compile after the warm-up steps.
+    pub recompile: bool,
+    pub compile_ms: f64,
+    pub execute_ms: f64,
+    pub transfer_ms: f64,
+    pub bytes_to_device: u64,
+    pub bytes_to_host: u64,
+    pub start_us: f64,
+    /// For a compile: how this graph differs from the closest one compiled before.
+    pub explanation: Vec<String>,
+}
+
+impl Event {
+    pub fn new(kind: EventKind, cause: &str, at: lazuli_hlo::Loc) -> Event {
+        Event {
+            kind,
+            cause: cause.to_string(),
+            file: at.file.to_string(),
+            line: at.line,
+            col: at.col,
+            step: super::steps::current_step(),
+            program_in_step: 0,
+            unchecked: false,
+            graph_hash: String::new(),
+            nodes: 0,
+            inputs: 0,
+            outputs: 0,
+            cache_hit: false,
+            recompile: false,
+            compile_ms: 0.0,
+            execute_ms: 0.0,
+            transfer_ms: 0.0,
+            bytes_to_device: 0,
+            bytes_to_host: 0,
+            start_us: now_us(),
+            explanation: Vec::new(),
+        }
+    }
+
+    /// Total wall time the event accounts for (ms).
+    pub fn total_ms(&self) -> f64 {
+        self.compile_ms + self.execute_ms + self.transfer_ms
+    }
+
+    /// `file:line`.
+    pub fn site(&self) -> String {
+        format!("{}:{}", self.file, self.line)
+    }
+}
+
+/// Microseconds since the first call in this process.
+pub fn now_us() -> f64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e6
+}
+
+/// The JSON-lines file named by `LAZULI_EVENTS`, opened for appending on first use.
+fn sink() -> &'static Option<Mutex<std::fs::File>> {
+    static SINK: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
+    SINK.get_or_init(|| {
+        let path = std::env::var_os("LAZULI_EVENTS")?;
+        match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            Ok(f) => Some(Mutex::new(f)),
+            Err(e) => {
+                eprintln!("lazuli: cannot open LAZULI_EVENTS={}: {e}; events are off", path.to_string_lossy());
+                None
+            }
+        }
+    })
+}
+
+static CAPTURING: AtomicBool = AtomicBool::new(false);
+static CAPTURED: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+
+/// Start keeping events in memory (for tests and tools in the same process); `take_captured` returns them.
+pub fn start_capture() {
+    CAPTURED.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    CAPTURING.store(true, Relaxed);
+}
+
+/// Stop capturing and return what was captured.
+pub fn take_captured() -> Vec<Event> {
+    CAPTURING.store(false, Relaxed);
+    std::mem::take(&mut *CAPTURED.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Whether anyone listens: an event file, an in-memory capture, or a `tracing` subscriber for target `lazuli`
+/// at DEBUG.
+pub fn enabled() -> bool {
+    CAPTURING.load(Relaxed) || sink().is_some() || tracing::enabled!(target: "lazuli", tracing::Level::DEBUG)
+}
+
+/// Send an event to the listeners.
+pub fn emit(e: &Event) {
+    tracing::debug!(
+        target: "lazuli",
+        kind = ?e.kind,
+        cause = %e.cause,
+        site = %e.site(),
+        step = e.step,
+        program_in_step = e.program_in_step,
+        graph_hash = %e.graph_hash,
+        nodes = e.nodes,
+        cache_hit = e.cache_hit,
+        recompile = e.recompile,
+        compile_ms = e.compile_ms,
+        execute_ms = e.execute_ms,
+        transfer_ms = e.transfer_ms,
+        bytes_to_device = e.bytes_to_device,
+        bytes_to_host = e.bytes_to_host,
+        explanation = ?e.explanation,
+        "materialization"
+    );
+    if CAPTURING.load(Relaxed) {
+        CAPTURED.lock().unwrap_or_else(|p| p.into_inner()).push(e.clone());
+    }
+    if let Some(file) = sink() {
+        if let Ok(mut line) = serde_json::to_vec(e) {
+            line.push(b'\n');
+            let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+            // One write per line keeps lines whole when several processes append to one file.
+            let _ = f.write_all(&line);
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The analysis behind `lazuli-report`: read an event file, find graph breaks and recompiles, rank them by the
+//! time they cost, attach advice, and render text, JSON or a Chrome/Perfetto trace.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::events::{Event, EventKind};
+
+/// A call site that forced extra programs inside steps.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BreakSite {
+    pub cause: String,
+    pub site: String,
+    /// Steps in which it broke the graph.
+    pub count: usize,
+    pub ms_lost: f64,
+    pub first_step: u64,
+    pub advice: String,
+}
+
+/// A call site whose program compiled after warm-up.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RecompileSite {
+    pub cause: String,
+    pub site: String,
+    pub count: usize,
+    pub compile_ms: f64,
+    pub steps: Vec<u64>,
+    pub explanation: Vec<String>,
+    pub advice: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    pub steps: u64,
+    pub programs: usize,
+    pub max_programs_per_step: usize,
+    pub steps_with_breaks: usize,
+    pub compiles: usize,
+    pub recompiles: usize,
+    pub compile_ms: f64,
+    pub execute_ms: f64,
+    pub transfer_ms: f64,
+    pub unchecked_programs: usize,
+    pub breaks: Vec<BreakSite>,
+    pub recompile_sites: Vec<RecompileSite>,
+}
+
+/// Parse JSON lines; a malformed line is an error naming its number.
+pub fn parse(text: &str) -> Result<Vec<Event>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .collect()
+}
+
+fn break_advice(cause: &str) -> String {
+    match cause {
+        "item" | "to_vec" | "display" => "read the value after the step boundary (lazuli::sync()): the step's program then computes it and reading runs nothing".into(),
+        "host_control_flow" => "an `if` on a tensor value waits for the device mid-step: decide on the device (cond.select(a, b)) or branch on a value read after the step boundary".into(),
+        "checkpoint" => "save checkpoints right after lazuli::sync()".into(),
+        "explicit" => "let the step boundary compute the tensor instead of materialize()".into(),
+        _ => "the step ran more than one program".into(),
+    }
+}
+
+fn recompile_advice(explanation: &[String]) -> String {
+    let text = explanation.join(" ");
+    if text.contains("input") && text.contains(", before ") {
+        "an input changed shape or dtype: pad or bucket batches to a fixed shape (or drop the short last batch), and keep dtypes stable".into()
+    } else if text.contains("constant") {
+        "a value is compiled in as a constant: pass it as a host scalar operand or a tensor so it becomes a parameter"
+            .into()
+    } else if text.contains("op") {
+        "the step records different ops from one step to the next: look for host-side branches that change what is recorded".into()
+    } else {
+        "a new graph structure appeared after warm-up".into()
+    }
+}
+
+/// Analyse events.
+pub fn analyse(events: &[Event]) -> Report {
+    let programs: Vec<&Event> = events.iter().filter(|e| e.kind == EventKind::Program).collect();
+    let checked: Vec<&Event> = programs.iter().copied().filter(|e| !e.unchecked).collect();
+    let mut by_step: BTreeMap<u64, Vec<&Event>> = BTreeMap::new();
+    for e in &checked {
+        by_step.entry(e.step).or_default().push(e);
+    }
+    let mut breaks: BTreeMap<(String, String), BreakSite> = BTreeMap::new();
+    let mut steps_with_breaks = 0;
+    for (&step, progs) in &by_step {
+        if progs.len() < 2 {
+            continue;
+        }
+        steps_with_breaks += 1;
+        let has_boundary = progs.iter().any(|e| e.cause == "sync");
+        let extra: Vec<&&Event> = if has_boundary {
+            progs.iter().filter(|e| e.cause != "sync").collect()
+        } else {
+            progs[..progs.len() - 1].iter().collect()
+        };
+        for e in extra {
+            let b = breaks.entry((e.cause.clone(), e.site())).or_insert_with(|| BreakSite {
+                cause: e.cause.clone(),
+                site: e.site(),
+                count: 0,
+                ms_lost: 0.0,
+                first_step: step,
+                advice: break_advice(&e.cause),
+            });
+            b.count += 1;
+            b.ms_lost += e.total_ms();
+        }
+    }
+    let mut recompiles: BTreeMap<(String, String), RecompileSite> = BTreeMap::new();
+    for e in checked.iter().filter(|e| e.recompile) {
+        let key = (e.site(), e.explanation.first().cloned().unwrap_or_default());
+        let r = recompiles.entry(key).or_insert_with(|| RecompileSite {
+            cause: e.cause.clone(),
+            site: e.site(),
+            count: 0,
+            compile_ms: 0.0,
+            steps: Vec::new(),
+            explanation: e.explanation.clone(),
+            advice: recompile_advice(&e.explanation),
+        });
+        r.count += 1;
+        r.compile_ms += e.compile_ms;
+        r.steps.push(e.step);
+    }
+    let mut breaks: Vec<BreakSite> = breaks.into_values().collect();
+    breaks.sort_by(|a, b| b.ms_lost.total_cmp(&a.ms_lost));
+    let mut recompile_sites: Vec<RecompileSite> = recompiles.into_values().collect();
+    recompile_sites.sort_by(|a, b| b.compile_ms.total_cmp(&a.compile_ms));
+    let last_step = events.iter().map(|e| e.step + u64::from(e.kind == EventKind::StepEnd)).max().unwrap_or(0);
+    Report {
+        steps: last_step,
+        programs: programs.len(),
+        max_programs_per_step: by_step.values().map(Vec::len).max().unwrap_or(0),
+        steps_with_breaks,
+        compiles: programs.iter().filter(|e| !e.cache_hit).count(),
+        recompiles: checked.iter().filter(|e| e.recompile).count(),
+        compile_ms: programs.iter().map(|e| e.compile_ms).sum(),
+        execute_ms: programs.iter().map(|e| e.execute_ms).sum(),
+        transfer_ms: events.iter().map(|e| e.transfer_ms).sum(),
+        unchecked_programs: programs.len() - checked.len(),
+        breaks,
+        recompile_sites,
+    }
+}
+
+/// The report as text for a terminal.
+pub fn render(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "steps: {}   programs: {} (at most {} in one step; {} step(s) with graph breaks)   compiles: {} ({} after warm-up)",
+        r.steps, r.programs, r.max_programs_per_step, r.steps_with_breaks, r.compiles, r.recompiles
+    );
+    let _ = writeln!(
+        s,
+        "time: compile {:.1} ms | execute {:.1} ms | transfer {:.1} ms{}",
+        r.compile_ms,
+        r.execute_ms,
+        r.transfer_ms,
+        if r.unchecked_programs > 0 {
+            format!("   ({} unchecked program(s) not counted)", r.unchecked_programs)
+        } else {
+            String::new()
+        }
+    );
+    if r.breaks.is_empty() && r.recompile_sites.is_empty() {
+        let _ = writeln!(s, "\nno graph breaks, no recompiles after warm-up");
+        return s;
+    }
+    if !r.breaks.is_empty() {
+        let _ = writeln!(s, "\ngraph breaks, by time lost:");
+        for (i, b) in r.breaks.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  {}. {} at {}: an extra program in {} step(s) from step {}, {:.2} ms",
+                i + 1,
+                b.cause,
+                b.site,
+                b.count,
+                b.first_step,
+                b.ms_lost
+            );
+            let _ = writeln!(s, "     fix: {}", b.advice);
+        }
+    }
+    if !r.recompile_sites.is_empty() {
+        let _ = writeln!(s, "\nrecompiles after warm-up, by compile time:");
+        for (i, c) in r.recompile_sites.iter().enumerate() {
+            let steps: Vec<String> = c.steps.iter().map(|s| s.to_string()).collect();
+            let _ = writeln!(
+                s,
+                "  {}. {} at {}: {} compile(s) in step {}, {:.1} ms",
+                i + 1,
+                c.cause,
+                c.site,
+                c.count,
+                steps.join(", "),
+                c.compile_ms
+            );
+            for line in &c.explanation {
+                let _ = writeln!(s, "     {line}");
+            }
+            let _ = writeln!(s, "     fix: {}", c.advice);
+        }
+    }
+    s
+}
+
+/// A Chrome/Perfetto trace (`{"traceEvents": [...]}`): uploads, compiles and executions of each program, reads,
+/// and step boundaries on one timeline.
+pub fn chrome_trace(events: &[Event]) -> serde_json::Value {
+    use serde_json::json;
+    let mut out = Vec::new();
+    for e in events {
+        let args = json!({"cause": e.cause, "site": e.site(), "step": e.step, "graph": e.graph_hash, "nodes": e.nodes, "cache_hit": e.cache_hit});
+        let mut t = e.start_us;
+        let mut span = |name: String, tid: u32, ms: f64| {
+            if ms > 0.0 {
+                out.push(
+                    json!({"name": name, "ph": "X", "ts": t, "dur": ms * 1e3, "pid": 1, "tid": tid, "args": args}),
+                );
+                t += ms * 1e3;
+            }
+        };
+        match e.kind {
+            EventKind::Program => {
+                span(format!("upload ({})", e.cause), 3, e.transfer_ms);
+                span(format!("compile ({} at {})", e.cause, e.site()), 1, e.compile_ms);
+                span(format!("execute ({} at {})", e.cause, e.site()), 2, e.execute_ms);
+            }
+            EventKind::Read => span(format!("read ({} at {})", e.cause, e.site()), 3, e.transfer_ms),
+            EventKind::StepEnd => out.push(
+                json!({"name": format!("end of step {}", e.step), "ph": "i", "s": "g", "ts": t, "pid": 1, "tid": 2}),
+            ),
+        }
+    }
+    for (tid, name) in [(1, "compile"), (2, "execute"), (3, "transfer")] {
+        out.push(json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}));
+    }
+    json!({ "traceEvents": out, "displayTimeUnit": "ms" })
+}
