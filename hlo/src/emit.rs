@@ -132,7 +132,8 @@ pub fn emit(graph: &Graph, opts: &EmitOptions) -> String {
     let _ = writeln!(
         text,
         "module @lazuli attributes {{mhlo.num_partitions = {} : i32, mhlo.num_replicas = {} : i32}} {{",
-        opts.num_partitions, opts.num_replicas
+        opts.num_partitions.max(graph.partitions),
+        opts.num_replicas
     );
     text.push_str("  func.func @main(");
     let mut names: Vec<String> = vec![String::new(); graph.nodes.len()];
@@ -143,14 +144,29 @@ pub fn emit(graph: &Graph, opts: &EmitOptions) -> String {
         let node = &graph.nodes[id];
         names[id] = format!("%arg{i}");
         let _ = write!(text, "%arg{i}: {}", node.ty.mlir());
+        let mut attrs = Vec::new();
         if let Some(&(_, out)) = graph.aliases.iter().find(|(p, _)| *p == i) {
-            let _ = write!(text, " {{tf.aliasing_output = {out} : i32}}");
+            attrs.push(format!("tf.aliasing_output = {out} : i32"));
+        }
+        if let Some(Some(sh)) = graph.param_shardings.get(i) {
+            attrs.push(format!("mhlo.sharding = \"{sh}\""));
+        }
+        if !attrs.is_empty() {
+            let _ = write!(text, " {{{}}}", attrs.join(", "));
         }
         let _ = write!(text, " {}", node.loc.mlir());
     }
     text.push_str(") -> (");
     let out_tys: Vec<String> = graph.outputs.iter().map(|&o| graph.nodes[o].ty.mlir()).collect();
-    text.push_str(&out_tys.join(", "));
+    let results: Vec<String> = out_tys
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match graph.output_shardings.get(i) {
+            Some(Some(sh)) => format!("{t} {{mhlo.sharding = \"{sh}\"}}"),
+            _ => t.clone(),
+        })
+        .collect();
+    text.push_str(&results.join(", "));
     text.push_str(") {\n");
     let mut counter = 0usize;
     for (id, node) in graph.nodes.iter().enumerate() {

@@ -75,6 +75,12 @@ pub struct Graph {
     /// `(parameter, output)` pairs whose buffers alias: the parameter's buffer is donated and the output is
     /// written into it (in-place updates of weights and optimizer state). Same type on both sides.
     pub aliases: Vec<(usize, usize)>,
+    /// SPMD partitions (mesh size) the program is compiled for; 1 for an ordinary single-device program.
+    pub partitions: u32,
+    /// Per parameter, its sharding attribute (SPMD programs only).
+    pub param_shardings: Vec<Option<String>>,
+    /// Per output, its sharding attribute (SPMD programs only).
+    pub output_shardings: Vec<Option<String>>,
 }
 
 impl Graph {

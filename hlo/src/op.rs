@@ -8,19 +8,21 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
+    conv::Convolution,
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
     gather::{ScatterAdd, Take},
     layout::{BroadcastInDim, Reshape, Transpose},
     leaf::{Constant, Iota, Parameter},
+    random::{BitcastConvert, RngBitGenerator},
     reduce::Reduce,
     scan::{ArgReduce, CumSum},
+    sharding::ShardingConstraint,
     slicing::{Concatenate, Pad, Reverse, Slice},
     special::Erf,
-    random::{BitcastConvert, RngBitGenerator},
-    conv::Convolution,
     window::{ReduceWindow, SelectAndScatter},
 };
+use crate::shard::{DimShards, ShardIn};
 
 /// The rules every op family provides.
 pub trait OpRules {
@@ -35,6 +37,9 @@ pub trait OpRules {
     /// Vector-Jacobian product: the cotangents of the operands `x`, given the result `out` and its cotangent `g`
     /// (recorded through `b`). `None` for operands without a gradient (integers, predicates, indices).
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>>;
+    /// Sharding propagation: how the result is split over a mesh given the operands' splits (`None`: whole).
+    /// See `shard.rs` for the shared helpers.
+    fn shard(&self, x: &[ShardIn<'_>], out: &TensorType) -> Option<DimShards>;
 }
 
 /// One node's operation. Hash and Eq cover structure only (no values of parameters), which is what the
@@ -68,6 +73,7 @@ pub enum Op {
     Convolution(Convolution),
     ReduceWindow(ReduceWindow),
     SelectAndScatter(SelectAndScatter),
+    ShardingConstraint(ShardingConstraint),
 }
 
 macro_rules! dispatch {
@@ -100,6 +106,7 @@ macro_rules! dispatch {
             Op::Convolution($o) => $e,
             Op::ReduceWindow($o) => $e,
             Op::SelectAndScatter($o) => $e,
+            Op::ShardingConstraint($o) => $e,
         }
     };
 }
@@ -123,6 +130,10 @@ impl Op {
 
     pub fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         dispatch!(self, o => o.vjp(b, x, out, g))
+    }
+
+    pub fn shard(&self, x: &[ShardIn<'_>], out: &TensorType) -> Option<DimShards> {
+        dispatch!(self, o => o.shard(x, out))
     }
 }
 

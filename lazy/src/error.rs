@@ -22,6 +22,9 @@ pub enum Error {
     /// `item()` on a tensor with more than one element.
     #[error("item() at {at}: the tensor has {elements} elements; item() needs exactly one")]
     NotScalar { at: Loc, elements: usize },
+    /// A mesh or sharding does not fit (unknown axis, indivisible dimension, too few devices, two meshes).
+    #[error("sharding: {0}")]
+    Sharding(String),
     /// Strict mode refused a graph break or a recompile (see `lazuli::diagnostics`).
     #[error("lazuli strict mode: {0}")]
     Strict(String),

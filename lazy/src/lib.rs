@@ -24,6 +24,8 @@ pub mod optim;
 pub mod random;
 pub mod record;
 mod reference;
+pub mod shard;
+mod spmd;
 pub mod runtime;
 pub mod tensor;
 

@@ -61,6 +61,8 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
     let bytes = match &state.data {
         Some(Data::Device(b)) => return Ok((b.clone(), 0)),
         Some(Data::Host(bytes)) => bytes.clone(),
+        // A sharded value used by a single-device program: gathered once, then kept on the device.
+        Some(d @ Data::Sharded { .. }) => d.to_host(&node.ty)?,
         None => return Err(Error::Internal("a pending node was bound to a parameter".into())),
     };
     let dims: Vec<i64> = node.ty.dims.iter().map(|&d| d as i64).collect();
@@ -137,6 +139,9 @@ pub(crate) fn structure_hash(graph: &Graph) -> u64 {
     }
     graph.outputs.hash(&mut h);
     graph.aliases.hash(&mut h);
+    graph.partitions.hash(&mut h);
+    graph.param_shardings.hash(&mut h);
+    graph.output_shardings.hash(&mut h);
     h.finish()
 }
 
@@ -185,7 +190,12 @@ fn plan_donation(traced: &mut Traced) -> Vec<usize> {
     let mut donated = Vec::new();
     for i in dying_leaves {
         let leaf = &traced.leaves[i];
-        if let Some(j) = (0..used.len()).find(|&j| !used[j] && traced.targets[j].ty == leaf.ty) {
+        // Same type and, on a mesh, the same layout: a shard can only become the same shard.
+        let g = &traced.graph;
+        let fits = |j: usize| {
+            !used[j] && traced.targets[j].ty == leaf.ty && g.param_shardings.get(i) == g.output_shardings.get(j)
+        };
+        if let Some(j) = (0..used.len()).find(|&j| fits(j)) {
             used[j] = true;
             traced.graph.aliases.push((i, j));
             donated.push(i);
@@ -208,6 +218,9 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
     if traced.targets.is_empty() {
         return Ok(());
     }
+    // On a mesh: parameters keep their placement, outputs get the shardings the ops' rules propagate.
+    let mesh = crate::spmd::mesh_of(&traced.leaves, &traced.graph)?;
+    let placement = mesh.as_ref().map(|m| crate::spmd::annotate(&mut traced.graph, &traced.leaves, m));
     let donated = plan_donation(&mut traced);
     let key = structure_hash(&traced.graph);
     let cached = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
@@ -219,13 +232,27 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
 
     let t0 = Instant::now();
     let mut uploaded = 0u64;
-    let mut args = Vec::with_capacity(traced.leaves.len());
-    for leaf in &traced.leaves {
-        let (buf, bytes) = device_buffer(rt, leaf)?;
+    // Per device (one for an ordinary program), the argument buffers in parameter order.
+    let devices = mesh.as_ref().map_or(1, |m| m.size());
+    let mut args: Vec<Vec<Arc<Buffer>>> = vec![Vec::with_capacity(traced.leaves.len()); devices];
+    for (i, leaf) in traced.leaves.iter().enumerate() {
+        let (bufs, bytes) = match &placement {
+            Some((params, _)) => crate::spmd::leaf_shards(rt, leaf, &params[i])?,
+            None => device_buffer(rt, leaf).map(|(b, n)| (vec![b], n))?,
+        };
         uploaded += bytes;
-        args.push(buf);
+        for (k, b) in bufs.into_iter().enumerate() {
+            args[k].push(b);
+        }
     }
     let transfer = t0.elapsed();
+    let options = match &mesh {
+        Some(m) => CompileOptions {
+            device_assignment: Some(vec![m.devices().iter().map(|&d| d as i64).collect()]),
+            ..CompileOptions::spmd(m.size() as u32)
+        },
+        None => CompileOptions::default(),
+    };
     let t0 = Instant::now();
     let exe = match cached {
         Some(exe) => {
@@ -235,8 +262,7 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         None => {
             let text = emit(&traced.graph, &EmitOptions::default());
             dump_program(key, &text);
-            let exe =
-                rt.client.compile(&text, &CompileOptions::default()).map_err(|source| Error::Compile { at, source })?;
+            let exe = rt.client.compile(&text, &options).map_err(|source| Error::Compile { at, source })?;
             Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
             Counters::add(&COUNTERS.compiles, 1);
             let exe = Arc::new(exe);
@@ -246,9 +272,17 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
     };
     let compile = t0.elapsed();
     let t0 = Instant::now();
-    let arg_refs: Vec<&Buffer> = args.iter().map(|b| b.as_ref()).collect();
-    let outs = exe.execute(&arg_refs).map_err(|source| Error::Execute { at, source })?;
+    let arg_refs: Vec<Vec<&Buffer>> = args.iter().map(|list| list.iter().map(|b| b.as_ref()).collect()).collect();
+    let mut per_device = exe.execute_sharded(&arg_refs).map_err(|source| Error::Execute { at, source })?;
     let execute = t0.elapsed();
+    // Output j: its buffer on each device.
+    let n_out = per_device.first().map_or(0, Vec::len);
+    let mut outs: Vec<Vec<Buffer>> = (0..n_out).map(|_| Vec::with_capacity(devices)).collect();
+    for list in per_device.iter_mut() {
+        for (j, b) in list.drain(..).enumerate() {
+            outs[j].push(b);
+        }
+    }
     Counters::add(&COUNTERS.execute_ns, execute.as_nanos() as u64);
     Counters::add(&COUNTERS.executions, 1);
     if outs.len() != traced.targets.len() {
@@ -264,9 +298,15 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         Counters::add(&COUNTERS.bytes_donated, leaf.ty.byte_size() as u64);
         leaf.lock().data = None;
     }
-    for (node, buf) in traced.targets.iter().zip(outs) {
+    for (j, (node, mut bufs)) in traced.targets.iter().zip(outs).enumerate() {
         // Dropping the op and operands here releases the graph above computed values.
-        node.set_data(Data::Device(Arc::new(buf)));
+        let data = match &placement {
+            Some((_, outputs)) => {
+                Data::Sharded { shards: bufs.into_iter().map(Arc::new).collect(), sharding: outputs[j].clone() }
+            }
+            None => Data::Device(Arc::new(bufs.remove(0))),
+        };
+        node.set_data(data);
     }
     if let Some(e) = &mut event {
         let g = &traced.graph;

@@ -1,15 +1,12 @@
 //! Evaluate pending tensors on the host with the IR's reference rules (ndarray, f64), without XLA. Tests compare
 //! XLA's results with this; users can use it to check a suspicious numeric result.
 
-use std::sync::Arc;
-
 use ndarray::{ArrayD, IxDyn};
 
 use crate::element::bytes_to_f64;
 use crate::error::Result;
 use crate::materialize::trace;
-use crate::metrics::{Counters, COUNTERS};
-use crate::tensor::{Data, Tensor};
+use crate::tensor::Tensor;
 
 impl Tensor {
     /// This tensor computed by the host reference interpreter (values as f64, rounded to the dtype after every op).
@@ -25,12 +22,7 @@ impl Tensor {
         for leaf in &traced.leaves {
             let data = leaf.lock().data.clone();
             let bytes = match data {
-                Some(Data::Host(b)) => b,
-                Some(Data::Device(buf)) => {
-                    let b = buf.to_host()?;
-                    Counters::add(&COUNTERS.bytes_to_host, b.len() as u64);
-                    Arc::new(b)
-                }
+                Some(d) => d.to_host(&leaf.ty)?,
                 None => return Err(crate::error::Error::Internal("a pending node was bound to a parameter".into())),
             };
             let v = bytes_to_f64(leaf.ty.dtype, &bytes);

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use lazuli_hlo::{DType, Loc, Op, TensorType};
 use lazuli_pjrt::Buffer;
+use lazuli_sharding::Sharding;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::diagnostics::{cause_name, EventKind};
@@ -21,6 +22,23 @@ pub(crate) enum Data {
     Host(Arc<Vec<u8>>),
     /// A device buffer (computed, or uploaded).
     Device(Arc<Buffer>),
+    /// One buffer per mesh position, laid out by `sharding`.
+    Sharded { shards: Vec<Arc<Buffer>>, sharding: Arc<Sharding> },
+}
+
+impl Data {
+    /// The whole value as dense host bytes (gathering shards).
+    pub fn to_host(&self, ty: &TensorType) -> Result<Arc<Vec<u8>>> {
+        match self {
+            Data::Host(b) => Ok(b.clone()),
+            Data::Device(buf) => {
+                let bytes = buf.to_host()?;
+                Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
+                Ok(Arc::new(bytes))
+            }
+            Data::Sharded { shards, sharding } => Ok(Arc::new(crate::spmd::gather(shards, ty, sharding)?)),
+        }
+    }
 }
 
 /// How a node is computed from other nodes.
@@ -51,6 +69,8 @@ pub(crate) struct Node {
     pub grad: Mutex<Option<Tensor>>,
     /// `backward()` has run from this node: once computed, its recipe is no longer needed.
     pub backward_done: AtomicBool,
+    /// Where a leaf's data should live on a mesh (set by `Tensor::shard`).
+    pub placement: Option<Arc<Sharding>>,
 }
 
 impl Node {
@@ -65,6 +85,17 @@ impl Node {
 
     pub fn requires_grad(&self) -> bool {
         self.requires_grad.load(Ordering::Relaxed)
+    }
+
+    /// How this node's data is (or is to be) split over a mesh, if at all.
+    pub fn sharding(&self) -> Option<Arc<Sharding>> {
+        if let Some(p) = &self.placement {
+            return Some(p.clone());
+        }
+        match &self.lock().data {
+            Some(Data::Sharded { sharding, .. }) => Some(sharding.clone()),
+            _ => None,
+        }
     }
 
     /// Tensor handles the user holds on this node.
@@ -122,6 +153,7 @@ impl Tensor {
             grad_path,
             grad: Mutex::new(None),
             backward_done: AtomicBool::new(false),
+            placement: None,
         });
         if pending {
             let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
@@ -143,6 +175,18 @@ impl Tensor {
 
     pub(crate) fn host(ty: TensorType, bytes: Vec<u8>, loc: Loc) -> Tensor {
         Tensor::from_state(ty, loc, State { data: Some(Data::Host(Arc::new(bytes))), recipe: None }, false)
+    }
+
+    /// A new leaf with `data`, to be laid out on a mesh as `placement`.
+    pub(crate) fn placed(ty: TensorType, data: Data, placement: Arc<Sharding>, loc: Loc) -> Tensor {
+        let t = Tensor::from_state(ty, loc, State { data: Some(data), recipe: None }, false);
+        // Only this handle exists yet; the node is not shared.
+        let mut node = t.node.clone();
+        drop(t);
+        let n = Arc::get_mut(&mut node).expect("a fresh node");
+        n.placement = Some(placement);
+        n.handles.store(1, Ordering::Relaxed);
+        Tensor { node }
     }
 
     /// A handle to an existing node (counts as a user handle while it lives).
@@ -226,18 +270,17 @@ impl Tensor {
         let data = self.node.lock().data.clone();
         match data {
             Some(Data::Host(b)) => Ok(b),
-            Some(Data::Device(buf)) => {
+            Some(d) => {
                 let t0 = std::time::Instant::now();
                 let mut event = crate::diagnostics::events::enabled()
                     .then(|| crate::diagnostics::Event::new(EventKind::Read, cause_name(cause), at));
-                let bytes = buf.to_host()?;
-                Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
+                let bytes = d.to_host(&self.node.ty)?;
                 if let Some(e) = &mut event {
                     e.transfer_ms = t0.elapsed().as_secs_f64() * 1e3;
                     e.bytes_to_host = bytes.len() as u64;
                     crate::diagnostics::events::emit(e);
                 }
-                Ok(Arc::new(bytes))
+                Ok(bytes)
             }
             None => Err(Error::Internal("materialize left a target pending".into())),
         }

@@ -250,4 +250,11 @@ impl OpRules for Convolution {
         };
         vec![Some(dx), Some(dk)]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        // Only the batch dimension's split survives a convolution.
+        let d = x[0].dims?;
+        let mut r = vec![Vec::new(); out.rank()];
+        r[self.out_spec[0]] = d[self.lhs_spec[0]].clone();
+        crate::shard::dedupe(r)
+    }
 }

@@ -170,4 +170,22 @@ impl OpRules for DotGeneral {
         let dr = Self::side_vjp(b, g, l, nb..nb + nlf, rhs, lhs);
         vec![Some(dl), Some(dr)]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        let (l, r) = (&x[0], &x[1]);
+        let ld = l.dims.cloned().unwrap_or_else(|| vec![Vec::new(); l.ty.rank()]);
+        let rd = r.dims.cloned().unwrap_or_else(|| vec![Vec::new(); r.ty.rank()]);
+        // Batch dims split like the lhs (or the rhs), then each side's free dims keep their split.
+        let mut out_d: Vec<Vec<usize>> = self
+            .lhs_batch
+            .iter()
+            .zip(&self.rhs_batch)
+            .map(|(&a, &b)| if ld[a].is_empty() { rd[b].clone() } else { ld[a].clone() })
+            .collect();
+        out_d.extend(Self::free(l.ty.rank(), &self.lhs_batch, &self.lhs_contract).iter().map(|&d| ld[d].clone()));
+        out_d.extend(Self::free(r.ty.rank(), &self.rhs_batch, &self.rhs_contract).iter().map(|&d| rd[d].clone()));
+        if out_d.len() != out.rank() {
+            return None;
+        }
+        crate::shard::dedupe(out_d)
+    }
 }

@@ -116,6 +116,9 @@ impl OpRules for Unary {
         };
         vec![Some(dx)]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -293,6 +296,9 @@ impl OpRules for Binary {
         };
         vec![Some(dl), Some(dr)]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -348,6 +354,9 @@ impl OpRules for Compare {
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         vec![None, None]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
+    }
 }
 
 /// `where(pred, on_true, on_false)`, all one shape.
@@ -379,6 +388,9 @@ impl OpRules for Select {
         let df = b.select(&x[0], &zero, g);
         vec![None, Some(dt), Some(df)]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
+    }
 }
 
 /// Element type conversion (floats round to nearest even, float → int truncates, x → bool is `x != 0`).
@@ -408,5 +420,8 @@ impl OpRules for Convert {
             return vec![None];
         }
         vec![Some(b.convert(g, from))]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
     }
 }

@@ -107,6 +107,18 @@ impl OpRules for Take {
         let dx = b.op(Op::ScatterAdd(ScatterAdd { axis: self.axis }), &[&zeros, &x[1], g]);
         vec![Some(dx), None]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        // Result: operand dims before `axis`, the indices' dims, operand dims after `axis`.
+        let od = x[0].dims.cloned().unwrap_or_else(|| vec![Vec::new(); x[0].ty.rank()]);
+        let id = x[1].dims.cloned().unwrap_or_else(|| vec![Vec::new(); x[1].ty.rank()]);
+        let mut r: Vec<Vec<usize>> = od[..self.axis].to_vec();
+        r.extend(id);
+        r.extend(od[self.axis + 1..].iter().cloned());
+        if r.len() != out.rank() {
+            return None;
+        }
+        crate::shard::dedupe(r)
+    }
 }
 
 /// `x` plus `updates` added at `indices` along `axis` (repeated indices accumulate). `updates` has the shape of
@@ -183,5 +195,8 @@ impl OpRules for ScatterAdd {
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         let du = b.op(Op::Take(Take { axis: self.axis }), &[g, &x[1]]);
         vec![Some(g.clone()), None, Some(du)]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
     }
 }

@@ -41,6 +41,9 @@ impl OpRules for Reshape {
         let dims = b.ty(&x[0]).dims;
         vec![Some(b.reshape(g, &dims))]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::reshape(&x[0], out)
+    }
 }
 
 /// Result dimension `i` is operand dimension `perm[i]`.
@@ -83,6 +86,9 @@ impl OpRules for Transpose {
             inverse[p] = i;
         }
         vec![Some(b.transpose(g, &inverse))]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        x[0].dims.and_then(|d| crate::shard::dedupe(self.perm.iter().map(|&p| d[p].clone()).collect()))
     }
 }
 
@@ -127,5 +133,15 @@ impl OpRules for BroadcastInDim {
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         let like = b.ty(&x[0]).dims;
         vec![Some(b.unbroadcast(g, &like, &self.map))]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        let d = x[0].dims?;
+        let mut r = vec![Vec::new(); out.rank()];
+        for (i, &m) in self.map.iter().enumerate() {
+            if x[0].ty.dims[i] == out.dims[m] {
+                r[m] = d[i].clone();
+            }
+        }
+        crate::shard::dedupe(r)
     }
 }

@@ -29,6 +29,9 @@ impl OpRules for Parameter {
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         Vec::new()
     }
+    fn shard(&self, _x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        None
+    }
 }
 
 /// A constant with every element equal to one value (a splat). The value is part of the graph's structure:
@@ -68,6 +71,9 @@ impl OpRules for Constant {
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         Vec::new()
     }
+    fn shard(&self, _x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        None
+    }
 }
 
 /// `0, 1, 2, …` along dimension `dim` of the given type, constant along the others.
@@ -101,5 +107,8 @@ impl OpRules for Iota {
     }
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         Vec::new()
+    }
+    fn shard(&self, _x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        None
     }
 }

@@ -8,6 +8,7 @@ pub mod leaf;
 pub mod random;
 pub mod reduce;
 pub mod scan;
+pub mod sharding;
 pub mod slicing;
 pub mod special;
 pub mod window;

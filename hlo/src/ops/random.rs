@@ -98,6 +98,9 @@ impl OpRules for RngBitGenerator {
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         vec![None]
     }
+    fn shard(&self, _x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        None
+    }
 }
 
 /// XLA draws u32 bits two at a time: it picks a dimension (the first of even size, else the first largest),
@@ -187,6 +190,9 @@ impl OpRules for BitcastConvert {
     }
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         vec![None]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
     }
 }
 

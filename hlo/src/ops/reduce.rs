@@ -111,4 +111,7 @@ impl OpRules for Reduce {
         };
         vec![Some(dx)]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::drop_dims(&x[0], &self.axes)
+    }
 }

@@ -87,6 +87,9 @@ impl OpRules for CumSum {
         // Input i reaches every output at or after i: the transpose is the running sum from the other end.
         vec![Some(b.op(Op::CumSum(CumSum { axis: self.axis, reverse: !self.reverse }), &[g]))]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -175,6 +178,9 @@ impl OpRules for ArgReduce {
     }
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         vec![None]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::drop_dims(&x[0], &[self.axis])
     }
 }
 

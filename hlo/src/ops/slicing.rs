@@ -86,6 +86,9 @@ impl OpRules for Slice {
         let zero = b.constant(0.0, TensorType::scalar(b.ty(g).dtype));
         vec![Some(b.op(Op::Pad(pad), &[g, &zero]))]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
+    }
 }
 
 /// Operands joined along dimension `dim`; every other dimension must agree.
@@ -140,6 +143,9 @@ impl OpRules for Concatenate {
             offset += n;
         }
         grads
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
     }
 }
 
@@ -203,6 +209,9 @@ impl OpRules for Pad {
         let inside = b.sum(&dx, &all_g);
         vec![Some(dx), Some(b.sub(&total, &inside))]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
+    }
 }
 
 impl Pad {
@@ -244,5 +253,8 @@ impl OpRules for Reverse {
     }
     fn vjp<B: Builder>(&self, b: &mut B, _: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         vec![Some(b.op(Op::Reverse(self.clone()), &[g]))]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
     }
 }

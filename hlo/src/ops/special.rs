@@ -57,6 +57,9 @@ impl OpRules for Erf {
         let d = b.scale(&e, 2.0 / std::f64::consts::PI.sqrt());
         vec![Some(b.mul(g, &d))]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
+    }
 }
 
 #[cfg(test)]

@@ -266,6 +266,9 @@ impl OpRules for ReduceWindow {
         };
         vec![Some(dx)]
     }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
+    }
 }
 
 /// Max pooling's gradient: for each window of `operand`, add the window's `source` value at the window's maximum
@@ -340,5 +343,8 @@ impl OpRules for SelectAndScatter {
     /// never taken. (The result is piecewise constant in the operand; in the source it is a gather at the maxima.)
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         vec![None, None]
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::keep_unchanged(&x[0], out)
     }
 }

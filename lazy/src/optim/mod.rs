@@ -69,3 +69,12 @@ pub(crate) fn take_state(state: &HashMap<String, Tensor>, name: &str, like: &Par
     }
     Ok(t.clone())
 }
+
+/// Lay `state` out like parameter `p` when `p` lives on a mesh (sharded or replicated optimizer state follows its
+/// parameter, so FSDP shards the Adam moments too and updates stay local).
+pub(crate) fn follow(state: &Tensor, p: &Tensor) -> Tensor {
+    match p.sharding() {
+        Some(s) if state.sharding().as_deref() != Some(&*s) => state.shard(&s.mesh, &s.spec()),
+        _ => state.clone(),
+    }
+}

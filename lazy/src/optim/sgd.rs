@@ -50,6 +50,7 @@ impl Optimizer for Sgd {
                 let g = if self.weight_decay != 0.0 { g + &w * &s.get(dt, self.weight_decay) } else { g };
                 let update = match &mut self.momentum_buf[i] {
                     Some(buf) => {
+                        *buf = super::follow(buf, &w);
                         *buf = &*buf * &s.get(dt, self.momentum) + g;
                         buf.clone()
                     }
