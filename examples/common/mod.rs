@@ -1,6 +1,8 @@
 //! What the training examples share: a progress bar, per-step program accounting, and the final report.
 #![allow(dead_code)]
 
+use std::path::Path;
+
 use indicatif::{ProgressBar, ProgressStyle};
 use lazuli::Metrics;
 
@@ -76,4 +78,39 @@ impl StepLog {
             false
         }
     }
+}
+
+/// The repository's own `.rs` and `.md` files, concatenated in a stable order.
+pub fn default_corpus() -> Vec<u8> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() && !name.starts_with('.') && name != "target" {
+                stack.push(p);
+            } else if name.ends_with(".rs") || name.ends_with(".md") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    files.iter().flat_map(|f| std::fs::read(f).unwrap_or_default()).collect()
+}
+
+/// Byte-level vocabulary of the bytes that occur, and the unigram entropy (nats) of the text.
+pub fn vocabulary(text: &[u8]) -> (Vec<u8>, [usize; 256], f64) {
+    let mut counts = [0usize; 256];
+    text.iter().for_each(|&b| counts[b as usize] += 1);
+    let symbols: Vec<u8> = (0..=255u8).filter(|&b| counts[b as usize] > 0).collect();
+    let mut index = [0usize; 256];
+    for (i, &b) in symbols.iter().enumerate() {
+        index[b as usize] = i;
+    }
+    let n = text.len() as f64;
+    let entropy = -counts.iter().filter(|&&c| c > 0).map(|&c| c as f64 / n * (c as f64 / n).ln()).sum::<f64>();
+    (symbols, index, entropy)
 }

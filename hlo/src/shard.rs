@@ -20,7 +20,9 @@ fn sharded_dims(d: &DimShards) -> usize {
 
 /// Elementwise: the most-split operand of the result's rank wins (XLA reshards the others to match).
 pub fn elementwise(x: &[ShardIn<'_>], out: &TensorType) -> Option<DimShards> {
+    // `max_by_key` keeps the last of equals; reversed, the first operand wins ties.
     x.iter()
+        .rev()
         .filter_map(|o| o.dims.filter(|d| d.len() == out.rank() && o.ty.dims == out.dims))
         .max_by_key(|d| sharded_dims(d))
         .filter(|d| sharded_dims(d) > 0)

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use lazuli_hlo::{Loc, Op, ShardingConstraint};
+pub use lazuli_sharding::plan::{Candidate, DeviceModel, ParamInfo, Plan, Role, StepInfo};
 pub use lazuli_sharding::{Mesh, PartitionSpec, Sharding, ShardingError};
 
 use crate::error::{Error, Result};
@@ -90,4 +91,100 @@ pub fn shard_params(
         out.push((name, spec));
     }
     out
+}
+
+/// The planner's view of a parameter, guessed from its name: `qkv`/`fc` layers split their outputs (column),
+/// `proj`/`fc_proj` their inputs (row), as in Megatron; an `Mlp`'s layers alternate column/row.
+fn role(name: &str, rank: usize) -> Role {
+    let parts: Vec<&str> = name.split('.').collect();
+    let last = parts.last().copied().unwrap_or("");
+    let layer = parts.iter().rev().nth(1).copied().unwrap_or("");
+    let column = match layer {
+        "qkv" | "fc" => Some(true),
+        "proj" | "fc_proj" => Some(false),
+        n => n.parse::<usize>().ok().filter(|_| parts.iter().any(|p| *p == "layers")).map(|i| i % 2 == 0),
+    };
+    match (column, last, rank) {
+        (Some(true), _, _) => Role::Column,
+        (Some(false), "weight", 2) => Role::Row,
+        (None, "weight", 2) if parts.iter().any(|p| *p == "wte" || *p == "wpe") => Role::Embedding,
+        _ => Role::Other,
+    }
+}
+
+/// Plan the sharding of `model`'s training step whose (pending, not yet computed) loss is `loss`: FLOPs and
+/// activation sizes come from the recorded graph, parameter roles from their names. `batch` is what the data
+/// axis will split.
+pub fn plan(
+    model: &dyn Module,
+    loss: &Tensor,
+    batch: usize,
+    devices: usize,
+    memory_limit: f64,
+    device: DeviceModel,
+) -> Plan {
+    let named = model.named_params();
+    let traced = crate::materialize::trace(std::slice::from_ref(&loss.node));
+    let g = &traced.graph;
+    let param_of = |id: usize| -> Option<&str> {
+        let i = g.params.iter().position(|&p| p == id)?;
+        let leaf = &traced.leaves[i];
+        named.iter().find(|(_, p)| Arc::ptr_eq(&p.get().node, leaf)).map(|(n, _)| n.as_str())
+    };
+    let params: Vec<ParamInfo> = named
+        .iter()
+        .map(|(n, p)| {
+            let v = p.get();
+            ParamInfo {
+                name: n.clone(),
+                shape: v.dims().to_vec(),
+                bytes_per_element: v.dtype().byte_size(),
+                role: role(n, v.rank()),
+            }
+        })
+        .collect();
+    let mut forward_flops = 0.0;
+    let mut boundary: f64 = 0.0;
+    let mut activations = 0.0;
+    for node in &g.nodes {
+        if let Op::DotGeneral(d) = &node.op {
+            let k: usize = d.lhs_contract.iter().map(|&c| g.nodes[node.operands[0]].ty.dims[c]).product();
+            forward_flops += 2.0 * (node.ty.elements() * k) as f64;
+            let is_row =
+                param_of(node.operands[1]).is_some_and(|n| params.iter().any(|p| p.name == n && p.role == Role::Row));
+            if is_row {
+                boundary = boundary.max(node.ty.byte_size() as f64);
+            }
+        }
+        if !matches!(node.op, Op::Parameter(_) | Op::Constant(_)) {
+            activations += node.ty.byte_size() as f64;
+        }
+    }
+    let step = StepInfo {
+        tp_pairs: params.iter().filter(|p| p.role == Role::Row).count(),
+        params,
+        // Backward costs about twice the forward.
+        flops: 3.0 * forward_flops,
+        activation_bytes: activations,
+        boundary_bytes: boundary,
+        batch,
+        optimizer_state_factor: 2.0,
+    };
+    lazuli_sharding::plan::plan(&step, devices, memory_limit, device)
+}
+
+/// Build the chosen candidate's mesh and place `model`'s parameters as it says.
+#[track_caller]
+pub fn apply_plan(plan: &Plan, model: &dyn Module) -> Result<Mesh> {
+    let c = plan.chosen();
+    let axes: Vec<(&str, usize)> = c.mesh.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    let m = mesh(&axes)?;
+    shard_params(model, &m, |name, t| {
+        c.placements
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_else(|| PartitionSpec::replicated(t.rank()))
+    });
+    Ok(m)
 }

@@ -1,1 +1,412 @@
-//! (filled in by the planner)
+//! The sharding planner: for a training step's parameters, a device count and a per-device memory limit, cost the
+//! standard plans — data parallel, parameter-sharded data parallel (FSDP / ZeRO-3), Megatron tensor parallel, and
+//! their 2-D mix — and pick the fastest that fits. Every number it uses is printed, so the choice can be read and
+//! overridden.
+
+use std::fmt::{self, Write};
+
+use crate::PartitionSpec;
+
+/// What a parameter does in a Megatron split: a column-parallel layer splits its output features, the row-parallel
+/// layer after it splits its input features (so the pair needs one all-reduce).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `[in, out]` weight (or `[out]` bias) of a layer whose outputs are split: q/k/v, MLP up-projection.
+    Column,
+    /// `[in, out]` weight of a layer whose inputs are split: attention output, MLP down-projection.
+    Row,
+    /// `[vocab, d]` embedding table.
+    Embedding,
+    /// Everything else (norms, row-layer biases): small, replicated under tensor parallelism.
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamInfo {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub bytes_per_element: usize,
+    pub role: Role,
+}
+
+impl ParamInfo {
+    pub fn bytes(&self) -> f64 {
+        (self.shape.iter().product::<usize>() * self.bytes_per_element) as f64
+    }
+}
+
+/// Speeds of one device and its links, for the cost model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceModel {
+    pub flops_per_s: f64,
+    /// Bytes per second one device sends or receives in a collective.
+    pub link_bytes_per_s: f64,
+    /// Fixed cost of one collective (launch, synchronisation).
+    pub collective_latency_s: f64,
+}
+
+impl DeviceModel {
+    /// Virtual CPU devices sharing one host: a few GFLOP/s each, memory-speed "links".
+    pub const CPU: DeviceModel = DeviceModel { flops_per_s: 2e10, link_bytes_per_s: 5e9, collective_latency_s: 2e-5 };
+    /// H200 with NVLink (dense bf16 tensor-core peak; ~450 GB/s per direction).
+    pub const H200: DeviceModel =
+        DeviceModel { flops_per_s: 9.9e14, link_bytes_per_s: 4.5e11, collective_latency_s: 1e-5 };
+}
+
+/// The training step as the planner sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepInfo {
+    pub params: Vec<ParamInfo>,
+    /// FLOPs of one whole step (forward, backward, update) on one device.
+    pub flops: f64,
+    /// Bytes of activations kept for the backward pass, whole batch.
+    pub activation_bytes: f64,
+    /// Bytes of one activation tensor crossing a Megatron all-reduce ([batch·seq, d]), whole batch.
+    pub boundary_bytes: f64,
+    /// How many column/row pairs (all-reduces per forward pass under tensor parallelism).
+    pub tp_pairs: usize,
+    /// Batch size (the data axis must divide it).
+    pub batch: usize,
+    /// Optimizer state per parameter byte (AdamW: 2, SGD with momentum: 1).
+    pub optimizer_state_factor: f64,
+}
+
+/// A candidate plan: its mesh, its placements and its estimated costs per device and step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub name: &'static str,
+    pub mesh: Vec<(String, usize)>,
+    pub compute_s: f64,
+    pub comm_bytes: f64,
+    pub comm_s: f64,
+    pub memory_bytes: f64,
+    pub fits: bool,
+    /// Why it is not possible (a dimension does not divide), if so.
+    pub invalid: Option<String>,
+    pub placements: Vec<(String, PartitionSpec)>,
+}
+
+impl Candidate {
+    pub fn time_s(&self) -> f64 {
+        self.compute_s + self.comm_s
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub devices: usize,
+    pub memory_limit: f64,
+    pub candidates: Vec<Candidate>,
+    /// Index of the chosen candidate.
+    pub chosen: usize,
+    pub reason: String,
+}
+
+impl Plan {
+    pub fn chosen(&self) -> &Candidate {
+        &self.candidates[self.chosen]
+    }
+
+    /// Use another candidate by name (`dp`, `fsdp`, `tp`, `2d`).
+    pub fn choose(&mut self, name: &str) -> Result<(), String> {
+        let i = self
+            .candidates
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| format!("no candidate named {name:?}"))?;
+        if let Some(why) = &self.candidates[i].invalid {
+            return Err(format!("{name} is not possible here: {why}"));
+        }
+        self.chosen = i;
+        self.reason = format!("chosen by the user: {name}");
+        Ok(())
+    }
+
+    /// Replace one parameter's placement in the chosen candidate.
+    pub fn override_param(&mut self, name: &str, spec: PartitionSpec) -> Result<(), String> {
+        let c = &mut self.candidates[self.chosen];
+        let slot = c.placements.iter_mut().find(|(n, _)| n == name).ok_or_else(|| format!("no parameter {name:?}"))?;
+        slot.1 = spec;
+        Ok(())
+    }
+
+    /// Candidates from fastest to slowest estimated step (possible ones first).
+    pub fn ranking(&self) -> Vec<&Candidate> {
+        let mut v: Vec<&Candidate> = self.candidates.iter().filter(|c| c.invalid.is_none()).collect();
+        v.sort_by(|a, b| a.time_s().total_cmp(&b.time_s()));
+        v
+    }
+}
+
+fn mib(b: f64) -> String {
+    format!("{:.1} MiB", b / (1024.0 * 1024.0))
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "sharding plan for {} device(s), memory limit {} per device",
+            self.devices,
+            mib(self.memory_limit)
+        )?;
+        writeln!(
+            f,
+            "  {:<6} {:<22} {:>11} {:>13} {:>11} {:>13} {:>11}",
+            "plan", "mesh", "compute", "comm bytes", "comm", "memory", "est. step"
+        )?;
+        for (i, c) in self.candidates.iter().enumerate() {
+            let mesh: Vec<String> = c.mesh.iter().map(|(n, s)| format!("{n}={s}")).collect();
+            let mark = if i == self.chosen { "*" } else { " " };
+            match &c.invalid {
+                Some(why) => writeln!(f, "{mark} {:<6} {:<22} not possible: {why}", c.name, mesh.join(","))?,
+                None => writeln!(
+                    f,
+                    "{mark} {:<6} {:<22} {:>9.3}ms {:>13} {:>9.3}ms {:>13} {:>9.3}ms{}",
+                    c.name,
+                    mesh.join(","),
+                    c.compute_s * 1e3,
+                    mib(c.comm_bytes),
+                    c.comm_s * 1e3,
+                    mib(c.memory_bytes),
+                    c.time_s() * 1e3,
+                    if c.fits { "" } else { "  (over the memory limit)" }
+                )?,
+            }
+        }
+        writeln!(f, "chosen: {} — {}", self.chosen().name, self.reason)?;
+        writeln!(f, "placements:")?;
+        let mut s = String::new();
+        for (n, p) in &self.chosen().placements {
+            let _ = writeln!(s, "  {n:<32} {p}");
+        }
+        f.write_str(&s)
+    }
+}
+
+/// Megatron placement of one parameter over `model` (plus FSDP-style over `data` for 2-D); a dimension that an
+/// axis does not divide stays whole.
+fn tp_spec(p: &ParamInfo, model: usize, data: Option<(&str, usize)>) -> PartitionSpec {
+    let rank = p.shape.len();
+    let split = |dim: usize| {
+        if p.shape[dim] % model == 0 {
+            PartitionSpec::split(rank, dim, "model")
+        } else {
+            PartitionSpec::replicated(rank)
+        }
+    };
+    let mut s = match (p.role, rank) {
+        (Role::Column, 2) | (Role::Embedding, 2) => split(1),
+        (Role::Column, 1) | (Role::Row, 2) => split(0),
+        _ => PartitionSpec::replicated(rank),
+    };
+    if let Some((axis, size)) = data {
+        // 2-D: the other dimension of a matrix is split over data too, where it divides.
+        if rank == 2 {
+            let free = if s.0[0].is_empty() { 0 } else { 1 };
+            if s.0[free].is_empty() && p.shape[free] % size == 0 {
+                s.0[free].push(axis.to_string());
+            }
+        }
+    }
+    s
+}
+
+/// Whether every placement divides its parameter's dimensions on this mesh.
+fn check(params: &[ParamInfo], placements: &[(String, PartitionSpec)], mesh: &[(String, usize)]) -> Option<String> {
+    for (p, (_, spec)) in params.iter().zip(placements) {
+        for (d, axes) in spec.0.iter().enumerate() {
+            let parts: usize = axes.iter().map(|a| mesh.iter().find(|(n, _)| n == a).map_or(1, |m| m.1)).product();
+            if p.shape[d] % parts != 0 {
+                return Some(format!("{} dimension {d} ({}) is not divisible by {parts}", p.name, p.shape[d]));
+            }
+        }
+    }
+    None
+}
+
+/// Cost the candidates for `devices` devices and choose.
+pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel) -> Plan {
+    let n = devices.max(1) as f64;
+    let param_bytes: f64 = step.params.iter().map(ParamInfo::bytes).sum();
+    // Parameters, gradients and optimizer state.
+    let state_bytes = param_bytes * (2.0 + step.optimizer_state_factor);
+    let ring = |k: f64| if k > 1.0 { (k - 1.0) / k } else { 0.0 };
+    let comm_time = |bytes: f64, collectives: f64| {
+        if bytes > 0.0 {
+            bytes / dev.link_bytes_per_s + collectives * dev.collective_latency_s
+        } else {
+            0.0
+        }
+    };
+    let n_params = step.params.len() as f64;
+    let mut out = Vec::new();
+    let mut add = |name: &'static str,
+                   mesh: Vec<(String, usize)>,
+                   placements: Vec<(String, PartitionSpec)>,
+                   compute_div: f64,
+                   comm_bytes: f64,
+                   collectives: f64,
+                   memory: f64| {
+        let data = mesh.iter().find(|(n, _)| n == "data").map_or(1, |m| m.1);
+        let invalid = if step.batch % data != 0 {
+            Some(format!("batch {} is not divisible by data={data}", step.batch))
+        } else {
+            check(&step.params, &placements, &mesh)
+        };
+        out.push(Candidate {
+            name,
+            mesh,
+            compute_s: step.flops / compute_div / dev.flops_per_s,
+            comm_bytes,
+            comm_s: comm_time(comm_bytes, collectives),
+            memory_bytes: memory,
+            fits: memory <= memory_limit,
+            invalid,
+            placements,
+        });
+    };
+    let names = |f: &dyn Fn(&ParamInfo) -> PartitionSpec| -> Vec<(String, PartitionSpec)> {
+        step.params.iter().map(|p| (p.name.clone(), f(p))).collect()
+    };
+    let data_mesh = vec![("data".to_string(), devices)];
+    // Data parallel: everything replicated, gradients all-reduced (2·(n-1)/n of their bytes).
+    add(
+        "dp",
+        data_mesh.clone(),
+        names(&|p| PartitionSpec::replicated(p.shape.len())),
+        n,
+        2.0 * ring(n) * param_bytes,
+        n_params,
+        state_bytes + step.activation_bytes / n,
+    );
+    // FSDP: parameters gathered for forward and backward, gradients reduce-scattered (3·(n-1)/n).
+    add(
+        "fsdp",
+        data_mesh,
+        names(&|p| {
+            let d = p.shape.iter().position(|&s| s % devices == 0 && s >= devices);
+            match d {
+                Some(d) => PartitionSpec::split(p.shape.len(), d, "data"),
+                None => PartitionSpec::replicated(p.shape.len()),
+            }
+        }),
+        n,
+        3.0 * ring(n) * param_bytes,
+        3.0 * n_params,
+        state_bytes / n + step.activation_bytes / n + param_bytes / step.params.len().max(1) as f64,
+    );
+    // Tensor parallel: weights split, activations all-reduced twice per column/row pair (forward and backward).
+    let tp_param: f64 = step.params.iter().map(|p| if p.role == Role::Other { p.bytes() } else { p.bytes() / n }).sum();
+    add(
+        "tp",
+        vec![("model".to_string(), devices)],
+        names(&|p| tp_spec(p, devices, None)),
+        n,
+        2.0 * step.tp_pairs as f64 * 2.0 * ring(n) * step.boundary_bytes,
+        4.0 * step.tp_pairs as f64,
+        tp_param * (2.0 + step.optimizer_state_factor) + step.activation_bytes,
+    );
+    // 2-D: model=2 within pairs, data over the rest; weights split both ways.
+    if devices >= 4 && devices % 2 == 0 {
+        let d = n / 2.0;
+        let other: f64 = step.params.iter().filter(|p| p.role == Role::Other).map(ParamInfo::bytes).sum();
+        let split = (param_bytes - other) / n + other;
+        add(
+            "2d",
+            vec![("data".to_string(), devices / 2), ("model".to_string(), 2)],
+            names(&|p| tp_spec(p, 2, Some(("data", devices / 2)))),
+            n,
+            2.0 * step.tp_pairs as f64 * 2.0 * ring(2.0) * step.boundary_bytes / d + 3.0 * ring(d) * param_bytes / 2.0,
+            4.0 * step.tp_pairs as f64 + 3.0 * n_params,
+            split * (2.0 + step.optimizer_state_factor) + step.activation_bytes / d,
+        );
+    }
+    let best_fit = out
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.invalid.is_none() && c.fits)
+        .min_by(|a, b| a.1.time_s().total_cmp(&b.1.time_s()))
+        .map(|(i, _)| i);
+    let (chosen, reason) = match best_fit {
+        Some(i) => {
+            let c = &out[i];
+            let over: Vec<&str> = out.iter().filter(|o| o.invalid.is_none() && !o.fits).map(|o| o.name).collect();
+            let mut why = format!(
+                "the fastest estimated step that fits: {:.3} ms ({:.3} ms compute, {:.3} ms communication), {} per device",
+                c.time_s() * 1e3,
+                c.compute_s * 1e3,
+                c.comm_s * 1e3,
+                mib(c.memory_bytes)
+            );
+            if !over.is_empty() {
+                let _ = write!(why, "; over the memory limit: {}", over.join(", "));
+            }
+            (i, why)
+        }
+        None => {
+            let i = out
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.invalid.is_none())
+                .min_by(|a, b| a.1.memory_bytes.total_cmp(&b.1.memory_bytes))
+                .map_or(0, |(i, _)| i);
+            (i, "nothing fits the memory limit: the plan with the least memory per device".to_string())
+        }
+    };
+    Plan { devices, memory_limit, candidates: out, chosen, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mlp(width: usize, batch: usize) -> StepInfo {
+        let p =
+            |name: &str, shape: Vec<usize>, role| ParamInfo { name: name.into(), shape, bytes_per_element: 4, role };
+        let params = vec![
+            p("fc.weight", vec![width, 4 * width], Role::Column),
+            p("fc.bias", vec![4 * width], Role::Column),
+            p("proj.weight", vec![4 * width, width], Role::Row),
+            p("proj.bias", vec![width], Role::Other),
+        ];
+        let flops = 3.0 * 2.0 * (batch * width * 4 * width * 2) as f64;
+        StepInfo {
+            params,
+            flops,
+            activation_bytes: (batch * 5 * width * 4) as f64,
+            boundary_bytes: (batch * width * 4) as f64,
+            tp_pairs: 1,
+            batch,
+            optimizer_state_factor: 2.0,
+        }
+    }
+
+    #[test]
+    fn small_model_large_batch_is_data_parallel() {
+        let p = plan(&mlp(64, 4096), 8, 1e12, DeviceModel::CPU);
+        assert_eq!(p.chosen().name, "dp", "{p}");
+    }
+
+    #[test]
+    fn memory_below_the_replicated_model_picks_a_sharded_plan() {
+        let step = mlp(1024, 64);
+        let replicated = plan(&step, 8, 1e12, DeviceModel::CPU);
+        let dp_memory = replicated.candidates.iter().find(|c| c.name == "dp").unwrap().memory_bytes;
+        let p = plan(&step, 8, dp_memory * 0.5, DeviceModel::CPU);
+        assert_ne!(p.chosen().name, "dp", "{p}");
+        assert!(p.chosen().fits, "{p}");
+        assert!(["fsdp", "tp", "2d"].contains(&p.chosen().name));
+    }
+
+    #[test]
+    fn indivisible_candidates_are_marked_and_overrides_apply() {
+        let mut p = plan(&mlp(64, 6), 4, 1e12, DeviceModel::CPU);
+        let dp = p.candidates.iter().find(|c| c.name == "dp").unwrap();
+        assert!(dp.invalid.as_deref().unwrap().contains("batch 6"), "{p}");
+        p.choose("tp").unwrap();
+        p.override_param("proj.bias", PartitionSpec::split(1, 0, "model")).unwrap();
+        assert!(p.to_string().contains("proj.bias"));
+        assert!(p.choose("dp").is_err());
+    }
+}

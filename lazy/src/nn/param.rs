@@ -38,6 +38,12 @@ impl Param {
                 ),
             );
         }
+        // A parameter laid out on a mesh keeps its layout: its new value is constrained to the old one's, so the
+        // step's output is produced (and donated into) the same shards.
+        let value = match (slot.sharding(), value.is_pending()) {
+            (Some(s), true) if value.sharding().is_none() => value.with_sharding_constraint(&s.mesh, &s.spec()),
+            _ => value,
+        };
         value.set_requires_grad(true);
         *slot = value;
     }

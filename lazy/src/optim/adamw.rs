@@ -66,8 +66,8 @@ impl Optimizer for AdamW {
                 let denom = v.sqrt() * &s.get(dt, inv_sqrt_bc2) + &s.get(dt, self.eps);
                 let w = p.get();
                 p.set(&w * &s.get(dt, decay) - &m / &denom * &s.get(dt, step_size));
-                self.exp_avg[i] = m;
-                self.exp_avg_sq[i] = v;
+                self.exp_avg[i] = super::follow(&m, &w);
+                self.exp_avg_sq[i] = super::follow(&v, &w);
             }
         });
     }

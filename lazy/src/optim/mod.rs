@@ -71,10 +71,17 @@ pub(crate) fn take_state(state: &HashMap<String, Tensor>, name: &str, like: &Par
 }
 
 /// Lay `state` out like parameter `p` when `p` lives on a mesh (sharded or replicated optimizer state follows its
-/// parameter, so FSDP shards the Adam moments too and updates stay local).
+/// parameter, so FSDP shards the Adam moments too and updates stay local). For a pending new state this is a
+/// constraint, so the step's output keeps the layout across steps.
 pub(crate) fn follow(state: &Tensor, p: &Tensor) -> Tensor {
     match p.sharding() {
-        Some(s) if state.sharding().as_deref() != Some(&*s) => state.shard(&s.mesh, &s.spec()),
+        Some(s) if state.sharding().as_deref() != Some(&*s) => {
+            if state.is_pending() {
+                state.with_sharding_constraint(&s.mesh, &s.spec())
+            } else {
+                state.shard(&s.mesh, &s.spec())
+            }
+        }
         _ => state.clone(),
     }
 }

@@ -51,7 +51,7 @@ impl Optimizer for Sgd {
                 let update = match &mut self.momentum_buf[i] {
                     Some(buf) => {
                         *buf = super::follow(buf, &w);
-                        *buf = &*buf * &s.get(dt, self.momentum) + g;
+                        *buf = super::follow(&(&*buf * &s.get(dt, self.momentum) + g), &w);
                         buf.clone()
                     }
                     None => g,
