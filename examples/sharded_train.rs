@@ -10,7 +10,7 @@ mod common;
 use clap::Parser;
 use lazuli::nn::{Gpt, GptConfig, HostRng};
 use lazuli::sharding::{apply_plan, plan, DeviceModel};
-use lazuli::{AdamW, Backend, Config, DType, Module, Optimizer, PartitionSpec, Tensor};
+use lazuli::{AdamW, Backend, Config, DType, Module, PartitionSpec, Tensor};
 
 #[derive(Parser)]
 #[command(about = "GPT training on a mesh with a sharding plan")]
@@ -109,11 +109,7 @@ fn main() -> lazuli::Result<()> {
             y = y.shard(&mesh, &PartitionSpec::split(2, 0, "data"));
         }
         let loss = model.loss(&x, &y);
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync()?;
-        last = loss.item::<f32>()?;
+        last = common::finish_step(&mut opt, &loss, true)?.unwrap_or(f32::NAN);
         if args.print_losses {
             println!("step {step}: loss {last}");
         }

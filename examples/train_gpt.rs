@@ -105,11 +105,7 @@ fn main() -> lazuli::Result<()> {
         }
         opt.set_lr(schedule.at(step));
         let loss = model.loss(&Tensor::from_slice(&x, &[b, t]), &Tensor::from_slice(&y, &[b, t]));
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync()?;
-        let logged = (step % args.log_every == 0 || step + 1 == end).then(|| loss.item::<f32>()).transpose()?;
+        let logged = common::finish_step(&mut opt, &loss, step % args.log_every == 0 || step + 1 == end)?;
         if let Some(l) = logged {
             last_loss = l;
         }

@@ -97,12 +97,7 @@ fn main() -> lazuli::Result<()> {
 
         opt.set_lr(schedule.at(step));
         let loss = cross_entropy(&model.forward(&x), &t);
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync()?;
-        // Read after the step boundary: the value is already on the host side of the step, no second program.
-        let logged = (step % args.log_every == 0 || step + 1 == end).then(|| loss.item::<f32>()).transpose()?;
+        let logged = common::finish_step(&mut opt, &loss, step % args.log_every == 0 || step + 1 == end)?;
         if let Some(l) = logged {
             last_loss = l;
         }

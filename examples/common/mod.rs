@@ -4,7 +4,17 @@
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use lazuli::Metrics;
+use lazuli::{Metrics, Optimizer, Tensor};
+
+/// The end of a training step: gradients, the update, the step boundary, and (when `read`) the loss, read after
+/// the boundary so that reading it runs no second program.
+pub fn finish_step(opt: &mut dyn Optimizer, loss: &Tensor, read: bool) -> lazuli::Result<Option<f32>> {
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    lazuli::sync()?;
+    read.then(|| loss.item::<f32>()).transpose()
+}
 
 /// Tracks what each step cost: after the first step, a step must compile nothing and run one program.
 pub struct StepLog {
