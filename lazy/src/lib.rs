@@ -11,6 +11,7 @@
 mod array_ops;
 pub mod autodiff;
 pub mod checkpoint;
+mod compile_cache;
 pub mod diagnostics;
 mod conv;
 pub mod element;

@@ -9,6 +9,7 @@ use std::time::Instant;
 use lazuli_hlo::{emit, EmitOptions, Graph, Loc, NodeId};
 use lazuli_pjrt::{Buffer, CompileOptions, ElementType};
 
+use crate::compile_cache;
 use crate::diagnostics::{self, cause_name, EventKind};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, COUNTERS};
@@ -262,7 +263,7 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         None => {
             let text = emit(&traced.graph, &EmitOptions::default());
             dump_program(key, &text);
-            let exe = rt.client.compile(&text, &options).map_err(|source| Error::Compile { at, source })?;
+            let exe = compile_cache::compile(rt, &text, &options, key).map_err(|source| Error::Compile { at, source })?;
             Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
             Counters::add(&COUNTERS.compiles, 1);
             let exe = Arc::new(exe);
@@ -317,6 +318,7 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         e.graph_hash = format!("{key:016x}");
         (e.nodes, e.inputs, e.outputs) = (g.nodes.len(), g.params.len(), g.outputs.len());
         e.cache_hit = hit;
+        e.disk_hit = !hit && compile_cache::loaded_from_disk(key);
         e.compile_ms = if e.cache_hit { 0.0 } else { compile.as_secs_f64() * 1e3 };
         e.execute_ms = execute.as_secs_f64() * 1e3;
         e.transfer_ms = transfer.as_secs_f64() * 1e3;

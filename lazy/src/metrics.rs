@@ -12,6 +12,8 @@ pub(crate) struct Counters {
     pub bytes_to_device: AtomicU64,
     pub bytes_to_host: AtomicU64,
     pub bytes_donated: AtomicU64,
+    pub disk_cache_hits: AtomicU64,
+    pub disk_cache_misses: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -23,6 +25,8 @@ pub(crate) static COUNTERS: Counters = Counters {
     bytes_to_device: AtomicU64::new(0),
     bytes_to_host: AtomicU64::new(0),
     bytes_donated: AtomicU64::new(0),
+    disk_cache_hits: AtomicU64::new(0),
+    disk_cache_misses: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -34,7 +38,7 @@ impl Counters {
 /// A snapshot of the counters. Differences of two snapshots measure a region of code (`after - before`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Metrics {
-    /// Programs compiled (executable cache misses).
+    /// Programs compiled (executable cache misses), including those loaded from the persistent compile cache.
     pub compiles: u64,
     /// Materializations whose program was already compiled.
     pub cache_hits: u64,
@@ -48,6 +52,10 @@ pub struct Metrics {
     pub bytes_to_host: u64,
     /// Bytes of input buffers donated to outputs (updated in place instead of copied).
     pub bytes_donated: u64,
+    /// Programs loaded from the persistent compile cache instead of compiled (`compile_ms` then counts the load).
+    pub disk_cache_hits: u64,
+    /// Programs the persistent compile cache did not hold (or held corrupt or foreign), compiled and stored.
+    pub disk_cache_misses: u64,
 }
 
 /// The counters now.
@@ -62,6 +70,8 @@ pub fn metrics() -> Metrics {
         bytes_to_device: c.bytes_to_device.load(Relaxed),
         bytes_to_host: c.bytes_to_host.load(Relaxed),
         bytes_donated: c.bytes_donated.load(Relaxed),
+        disk_cache_hits: c.disk_cache_hits.load(Relaxed),
+        disk_cache_misses: c.disk_cache_misses.load(Relaxed),
     }
 }
 
@@ -77,6 +87,8 @@ impl std::ops::Sub for Metrics {
             bytes_to_device: self.bytes_to_device - b.bytes_to_device,
             bytes_to_host: self.bytes_to_host - b.bytes_to_host,
             bytes_donated: self.bytes_donated - b.bytes_donated,
+            disk_cache_hits: self.disk_cache_hits - b.disk_cache_hits,
+            disk_cache_misses: self.disk_cache_misses - b.disk_cache_misses,
         }
     }
 }
@@ -85,7 +97,7 @@ impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "compiles: {}, cache hits: {}, executions: {}, compile: {:.1} ms, execute: {:.3} ms, to device: {} B, to host: {} B, donated: {} B",
+            "compiles: {}, cache hits: {}, executions: {}, compile: {:.1} ms, execute: {:.3} ms, to device: {} B, to host: {} B, donated: {} B, disk cache hits: {}, misses: {}",
             self.compiles,
             self.cache_hits,
             self.executions,
@@ -93,7 +105,9 @@ impl fmt::Display for Metrics {
             self.execute_ms,
             self.bytes_to_device,
             self.bytes_to_host,
-            self.bytes_donated
+            self.bytes_donated,
+            self.disk_cache_hits,
+            self.disk_cache_misses
         )
     }
 }

@@ -40,6 +40,9 @@ pub struct Event {
     pub inputs: usize,
     pub outputs: usize,
     pub cache_hit: bool,
+    /// A cache miss served by the persistent compile cache: `compile_ms` is the time to load it.
+    #[serde(default)]
+    pub disk_hit: bool,
     /// A compile after the warm-up steps.
     pub recompile: bool,
     pub compile_ms: f64,
@@ -68,6 +71,7 @@ impl Event {
             inputs: 0,
             outputs: 0,
             cache_hit: false,
+            disk_hit: false,
             recompile: false,
             compile_ms: 0.0,
             execute_ms: 0.0,
@@ -144,6 +148,7 @@ pub fn emit(e: &Event) {
         graph_hash = %e.graph_hash,
         nodes = e.nodes,
         cache_hit = e.cache_hit,
+        disk_hit = e.disk_hit,
         recompile = e.recompile,
         compile_ms = e.compile_ms,
         execute_ms = e.execute_ms,
