@@ -156,6 +156,22 @@ fn each_step_after_the_first_is_one_cached_program_updating_in_place() {
         }
     }
     assert!(losses[29] < 0.2 * losses[0], "loss falls: {losses:?}");
+    // The step's program outputs the loss, the new parameters and both moments: no stale gradients (they move
+    // with their parameter and `zero_grad()` clears them).
+    lazuli::diagnostics::events::start_capture();
+    let loss = {
+        let logits = model.forward(&x);
+        let m = logits.max_keepdim(&[1]);
+        let lse = (&logits - &m).exp().sum(&[1]).log() + m.reshape(&[-1]);
+        (lse - (&logits * &target).sum(&[1])).mean_all()
+    };
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    lazuli::sync().unwrap();
+    let ev = lazuli::diagnostics::events::take_captured();
+    let program = ev.iter().find(|e| e.cause == "sync" && e.kind == lazuli::diagnostics::EventKind::Program).unwrap();
+    assert_eq!(program.outputs, 1 + 3 * model.params().len(), "{program:?}");
 }
 
 #[test]

@@ -143,6 +143,16 @@ impl Tensor {
         self.node.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Remove and return the accumulated gradient.
+    pub(crate) fn take_grad(&self) -> Option<Tensor> {
+        self.node.grad.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Set the accumulated gradient (moving it between values of one parameter).
+    pub(crate) fn put_grad(&self, g: Tensor) {
+        *self.node.grad.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+    }
+
     /// Forget the accumulated gradient.
     pub fn zero_grad(&self) {
         *self.node.grad.lock().unwrap_or_else(|e| e.into_inner()) = None;

@@ -45,6 +45,12 @@ impl Param {
             _ => value,
         };
         value.set_requires_grad(true);
+        // The gradient belongs to the parameter, not to one value of it: it moves to the new value, so that
+        // `zero_grad()` after an optimizer step clears it (and the step's program does not output stale gradients).
+        let grad = slot.take_grad();
+        if let Some(g) = grad {
+            value.put_grad(g);
+        }
         *slot = value;
     }
 
