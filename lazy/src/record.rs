@@ -450,6 +450,13 @@ impl Tensor {
         }
     }
 
+    /// A rank-0 constant compiled into the program: for values that define the model (an attention scale, a
+    /// mask value), not for hyperparameters you change (those are host scalars, i.e. parameters).
+    #[track_caller]
+    pub fn constant(value: f64, dtype: DType) -> Tensor {
+        apply(Op::Constant(Constant::new(value, TensorType::scalar(dtype))), &[], Loc::caller())
+    }
+
     /// A tensor of zeros (a constant: zeros define structure, not data).
     #[track_caller]
     pub fn zeros(dims: &[usize], dtype: DType) -> Tensor {

@@ -66,9 +66,11 @@ impl CausalSelfAttention {
         let qkv = self.qkv.forward(x).reshape(&[b, t, 3, h, hd]).permute(&[2, 0, 3, 1, 4]);
         let part = |i: usize| qkv.narrow(0, i, 1).reshape(&[b, h, t, hd]);
         let (q, k, v) = (part(0), part(1), part(2));
-        let scores = q.matmul(&k.t()) * (1.0 / (hd as f64).sqrt());
+        // The scale and the mask value are part of the model: constants, not per-step uploads.
+        let dt = q.dtype();
+        let scores = q.matmul(&k.t()) * Tensor::constant(1.0 / (hd as f64).sqrt(), dt);
         let causal = Tensor::tril_mask(t as usize, 0);
-        let scores = causal.select(&scores, f64::NEG_INFINITY);
+        let scores = causal.select(&scores, Tensor::constant(f64::NEG_INFINITY, dt));
         let y = self.attn_drop.forward(&scores.softmax(-1)).matmul(&v); // [B, H, T, hd]
         self.resid_drop.forward(&self.proj.forward(&y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d])))
     }
