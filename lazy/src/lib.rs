@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod array_ops;
+pub mod bench_hooks;
 pub mod autodiff;
 pub mod checkpoint;
 mod compile_cache;

@@ -1,0 +1,55 @@
+//! `nn::Gpt`'s forward pass with bf16 matmuls: every matmul's operands are converted to bf16 and its result
+//! back to f32; weights, layer norms, softmax, residuals and the optimizer stay f32. Same layout and order of
+//! operations as `lazuli::nn::gpt` (and as the Python worker's model), so only the matmul precision differs.
+
+use lazuli::nn::{Block, CausalSelfAttention, Gpt, LayerNorm, Linear};
+use lazuli::{DType, Tensor};
+
+/// `a @ b` on bf16 operands, result in f32.
+fn mm(a: &Tensor, b: &Tensor) -> Tensor {
+    a.to_dtype(DType::BF16).matmul(&b.to_dtype(DType::BF16)).to_dtype(DType::F32)
+}
+
+fn linear(l: &Linear, x: &Tensor) -> Tensor {
+    let y = mm(x, &l.weight.get());
+    match &l.bias {
+        Some(b) => y + b.get(),
+        None => y,
+    }
+}
+
+fn layer_norm(ln: &LayerNorm, x: &Tensor) -> Tensor {
+    ln.forward(x)
+}
+
+fn attention(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
+    let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
+    let h = a.n_head as isize;
+    let hd = d / h;
+    let qkv = linear(&a.qkv, x).reshape(&[b, t, 3, h, hd]).permute(&[2, 0, 3, 1, 4]);
+    let part = |i: usize| qkv.narrow(0, i, 1).reshape(&[b, h, t, hd]);
+    let (q, k, v) = (part(0), part(1), part(2));
+    let scores = mm(&q, &k.t()) * (1.0 / (hd as f64).sqrt());
+    let scores = Tensor::tril_mask(t as usize, 0).select(&scores, f64::NEG_INFINITY);
+    let y = mm(&scores.softmax(-1), &v);
+    linear(&a.proj, &y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d]))
+}
+
+fn block(blk: &Block, x: &Tensor) -> Tensor {
+    let x = x + attention(&blk.attn, &layer_norm(&blk.ln1, x));
+    let m = linear(&blk.fc_proj, &linear(&blk.fc, &layer_norm(&blk.ln2, &x)).gelu());
+    x + m
+}
+
+/// Mean next-token cross-entropy of `ids: [B, T]` against `targets: [B, T]` (no dropout).
+pub fn loss(g: &Gpt, ids: &Tensor, targets: &Tensor) -> Tensor {
+    let t = ids.dims()[1];
+    let pos = Tensor::arange(t, DType::I32);
+    let mut x = g.wte.forward(ids) + g.wpe.forward(&pos);
+    for blk in &g.blocks {
+        x = block(blk, &x);
+    }
+    let logits = mm(&layer_norm(&g.ln_f, &x), &g.wte.weight.get().t());
+    let v = g.config.vocab as isize;
+    logits.reshape(&[-1, v]).cross_entropy(&targets.reshape(&[-1]))
+}

@@ -1,0 +1,35 @@
+//! lazuli's benchmark harness: the same training steps in lazuli and in JAX (and PyTorch on a GPU), from the same
+//! weights, alternating, several repetitions, medians, spreads and ratios. `lazuli-bench cpu` prints the CPU table;
+//! BENCHMARKS.md at the repository root records the results.
+//!
+//! - [`workloads`]: the models, their lazuli side and the shared safetensors file;
+//! - [`worker`]: the Python side (`python/worker.py`, embedded) as a child process;
+//! - [`pyenv`]: the comparison environment, made on first use;
+//! - [`compare`]: alternating runs and the table rows; [`trace`]: the host-side cost of a step, phase by phase;
+//!   [`compile`]: cold compile against a warm start from the persistent compile cache.
+#![forbid(unsafe_code)]
+
+pub mod compare;
+pub mod compile;
+pub mod gpt_bf16;
+pub mod pyenv;
+pub mod stats;
+pub mod trace;
+pub mod worker;
+pub mod workloads;
+
+pub type BenchResult<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Whether two loss curves agree: every pair within `rtol · max(1, |b|)`. On disagreement, the first step that
+/// differs and both values.
+pub fn losses_agree(a: &[f64], b: &[f64], rtol: f64) -> std::result::Result<(), String> {
+    if a.len() != b.len() || a.is_empty() {
+        return Err(format!("{} losses against {}", a.len(), b.len()));
+    }
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if !x.is_finite() || !y.is_finite() || (x - y).abs() > rtol * y.abs().max(1.0) {
+            return Err(format!("step {}: {x} against {y} (tolerance {rtol} relative)", i + 1));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,412 @@
+//! `lazuli-bench`: lazuli side by side with JAX (and PyTorch on a GPU).
+//!
+//!   cargo run --release -p lazuli-bench -- cpu                 # the CPU table: every workload, with ratios
+//!   cargo run --release -p lazuli-bench -- trace               # the trace workload alone
+//!   lazuli-bench gpu --python python3                          # GPT-2 small on a GPU: lazuli, JAX, torch.compile
+//!
+//! The first `cpu` run makes the comparison environment (bench/.venv: jax[cpu], numpy, safetensors from PyPI).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use clap::{Parser, Subcommand};
+use lazuli_bench::compare::{self, Options, Row};
+use lazuli_bench::stats::{duration, machine, rustc_version, today};
+use lazuli_bench::trace::{self, TraceRow};
+use lazuli_bench::workloads::Workload;
+use lazuli_bench::{pyenv, worker, BenchResult};
+
+#[derive(Parser)]
+#[command(about = "lazuli side by side with JAX (and PyTorch on a GPU)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Timed repetitions per side (each the median of its steps).
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+    /// Timed steps per repetition (default: by workload).
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Untimed steps first; their losses are compared across frameworks.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// A Python that has the comparison's packages, instead of the harness's own environment.
+    #[arg(long)]
+    python: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Every CPU workload: mlp-tiny, mlp-mnist, gpt-tiny (against JAX jit), trace and compile (lazuli only).
+    Cpu {
+        #[command(flatten)]
+        common: Common,
+        /// Only these workloads (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+    },
+    /// Host-side cost of a GPT-2-small-sized step (record, autodiff, walk, hash, lookup) without executing it.
+    Trace {
+        #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4, 8, 12, 24])]
+        layers: Vec<usize>,
+        #[arg(long, default_value_t = 15)]
+        iters: usize,
+        /// Print JSON lines (used by `cpu`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// GPT-2 small (124M, T=1024, B=8, bf16 matmuls, AdamW) on a GPU: lazuli, JAX jit and torch.compile.
+    Gpu {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, value_delimiter = ',', default_values_t = ["jax".to_string(), "torch".to_string()])]
+        frameworks: Vec<String>,
+        /// Smaller model for a dry run (2 layers, d=128, T=64): checks the scripts, not the speed.
+        #[arg(long)]
+        tiny: bool,
+        /// lazuli's LAZULI_DEVICE for its side (`cpu` for a dry run without a GPU).
+        #[arg(long, default_value = "gpu")]
+        device: String,
+    },
+    /// Cold compile against warm start from the persistent compile cache (gpt-tiny's step), lazuli only.
+    Compile {
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+    },
+    /// (internal) One process's first gpt-tiny step, for `compile`; prints one JSON line.
+    CompileSide,
+    /// (internal) The lazuli side of a GPU row, in its own process; prints one JSON line.
+    LazuliSide {
+        #[arg(long)]
+        workload: String,
+        #[arg(long)]
+        weights: PathBuf,
+        #[arg(long)]
+        tiny: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn options(c: &Common) -> Options {
+    Options { reps: c.reps, warmup: c.warmup, steps: c.steps }
+}
+
+/// A scratch directory for weights files and the worker script, removed at the end.
+fn scratch() -> BenchResult<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("lazuli-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn gpu_workload(tiny: bool) -> Workload {
+    let mut w = Workload::gpt2_small_gpu();
+    if tiny {
+        if let lazuli_bench::workloads::Model::Gpt { config, seq } = &mut w.model {
+            (config.n_layer, config.d_model, config.n_head, config.vocab, *seq) = (2, 128, 4, 512, 64);
+        }
+        w.batch = 2;
+    }
+    w
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Cpu { common, only } => cpu(&common, &only),
+        Cmd::Trace { layers, iters, json } => trace_cmd(&layers, iters, json),
+        Cmd::Compile { reps } => scratch().and_then(|dir| {
+            let r = compile_cmd(&dir, reps);
+            let _ = std::fs::remove_dir_all(&dir);
+            r
+        }),
+        Cmd::CompileSide => {
+            let started = std::time::Instant::now();
+            lazuli_bench::compile::side(&Workload::gpt_tiny(), started).map(|v| println!("{v}"))
+        }
+        Cmd::Gpu { common, frameworks, tiny, device } => gpu(&common, &frameworks, tiny, &device),
+        Cmd::LazuliSide { workload, weights, tiny, common } => {
+            let w = gpu_workload(tiny);
+            if workload != w.name {
+                eprintln!("lazuli-bench: lazuli-side knows only {}", w.name);
+                std::process::exit(2);
+            }
+            compare::lazuli_side(&w, &weights, &options(&common)).map(|v| println!("{v}"))
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("lazuli-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn header(command: &str, python_versions: &str) -> BenchResult<()> {
+    println!("## lazuli-bench, {}", today());
+    println!("- command: `{command}`");
+    println!("- machine: {}", machine());
+    println!("- lazuli {} ({}), {}", env!("CARGO_PKG_VERSION"), rustc_version(), lazuli::runtime_info()?);
+    println!("- comparison: {python_versions}");
+    Ok(())
+}
+
+fn print_rows(rows: &[Row]) {
+    let names: Vec<&str> = rows.first().map(|r| r.others.iter().map(|o| o.name.as_str()).collect()).unwrap_or_default();
+    let mut head = "| workload | steps × reps | lazuli median (min–max) |".to_string();
+    for n in &names {
+        head += &format!(" {n} median (min–max) |");
+    }
+    println!("\n{head} lazuli/{} | goal | losses agree |", names.first().unwrap_or(&"other"));
+    println!("|{}", "---|".repeat(6 + names.len()));
+    for r in rows {
+        let mut line = format!(
+            "| {} | {} × {} | {} |",
+            r.workload.name,
+            r.steps_per_rep,
+            r.lazuli.steps.values.len(),
+            r.lazuli.steps.show()
+        );
+        for o in &r.others {
+            line += &format!(" {} |", o.steps.show());
+        }
+        let agree = match r.agreement() {
+            Ok(()) => format!("yes ({} steps)", r.lazuli.warmup_losses.len()),
+            Err(e) => format!("NO: {e}"),
+        };
+        println!("{line} {:.2} | {} | {agree} |", r.ratio(), goal(&r.workload.name));
+    }
+    println!("\nWhere lazuli's step time goes (medians over repetitions):\n");
+    println!("| workload | step | recording (fwd+bwd+optimizer) | execute (in the plugin) | rest of sync (walk, hash, lookup, transfers, donation) | programs/step | first step (lazuli) | compile (JAX) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let s = r.lazuli.split.unwrap_or_default();
+        let step = r.lazuli.steps.median();
+        println!(
+            "| {} | {} | {} | {} | {} | {:.0} ({} compiles) | {} | {} |",
+            r.workload.name,
+            duration(step),
+            duration(s.record),
+            duration(s.execute),
+            duration((step - s.record - s.execute).max(0.0)),
+            s.programs_per_step,
+            s.compiles,
+            duration(r.lazuli.first_s)
+                + if r.lazuli.first_from_disk { " (program from the disk cache)" } else { " (compiled)" },
+            r.others.first().map(|o| duration(o.first_s)).unwrap_or_default()
+        );
+    }
+}
+
+fn goal(name: &str) -> &'static str {
+    match name {
+        "mlp-tiny" => "≤ 0.5",
+        "mlp-mnist" | "gpt-tiny" => "≤ 1.0",
+        "gpt2-small" => "≤ 1.05",
+        _ => "",
+    }
+}
+
+fn cpu(common: &Common, only: &[String]) -> BenchResult<()> {
+    let wanted = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
+    let python = pyenv::ensure(common.python.as_deref())?;
+    let dir = scratch()?;
+    let script = worker::write_script(&dir)?;
+    let opts = options(common);
+    let mut rows = Vec::new();
+    for w in [Workload::mlp_tiny(), Workload::mlp_mnist(), Workload::gpt_tiny()] {
+        if wanted(&w.name) {
+            eprintln!("lazuli-bench: {} ...", w.name);
+            rows.push(compare::cpu_row(&w, &python, &script, &dir, &opts)?);
+        }
+    }
+    let versions = rows
+        .first()
+        .map(|r| {
+            r.others
+                .iter()
+                .map(|o| format!("{} on {}, Python {}", o.info.framework, o.info.device, o.info.python))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default();
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    header(&command, &versions)?;
+    if !rows.is_empty() {
+        print_rows(&rows);
+    }
+    if wanted("trace") {
+        eprintln!("lazuli-bench: trace ...");
+        // Its own process: the trace needs donation off, which is fixed per process (see trace.rs).
+        let out = Command::new(std::env::current_exe()?)
+            .args(["trace", "--json"])
+            .env("LAZULI_DONATE", "0")
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            return Err(format!("the trace workload failed ({})", out.status).into());
+        }
+        let rows: Vec<TraceRow> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .map(|v| TraceRow::from_json(&v))
+            .collect();
+        print_trace(&rows);
+    }
+    if wanted("compile") {
+        eprintln!("lazuli-bench: compile ...");
+        compile_cmd(&dir, 3)?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn print_trace(rows: &[TraceRow]) {
+    println!("\ntrace: one GPT-2-small-shaped training step (d=768, 12 heads, vocab 50304, AdamW) recorded and looked up, not executed; medians; goal at 12 layers: ≤ 1 ms\n");
+    println!("| layers | nodes | inputs | outputs | record fwd | autodiff | optimizer | collect+walk | hash | lookup | total | cache hit |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.layers,
+            r.nodes,
+            r.inputs,
+            r.outputs,
+            duration(r.record),
+            duration(r.autodiff),
+            duration(r.optimizer),
+            duration(r.walk),
+            duration(r.hash),
+            duration(r.lookup),
+            duration(r.total),
+            if r.cache_hit { "yes" } else { "no (not primed)" }
+        );
+    }
+}
+
+fn trace_cmd(layers: &[usize], iters: usize, json: bool) -> BenchResult<()> {
+    if std::env::var("LAZULI_DONATE").as_deref() != Ok("0") {
+        // Run again with donation off (see trace.rs), passing the output through.
+        let status =
+            Command::new(std::env::current_exe()?).args(std::env::args().skip(1)).env("LAZULI_DONATE", "0").status()?;
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    let mut rows = Vec::new();
+    for &l in layers {
+        eprintln!("lazuli-bench: trace, {l} layers");
+        // Only 12 layers (GPT-2 small) is compiled and run once, so its lookups hit; the others probe the cache
+        // the same way and miss (a lookup costs the same either way).
+        let row = trace::measure(l, iters, l == 12)?;
+        if json {
+            println!("{}", row.to_json());
+        }
+        rows.push(row);
+    }
+    if !json {
+        print_trace(&rows);
+    }
+    Ok(())
+}
+
+fn gpu(common: &Common, frameworks: &[String], tiny: bool, device: &str) -> BenchResult<()> {
+    let python = pyenv::ensure(common.python.as_deref())?;
+    let dir = scratch()?;
+    let script = worker::write_script(&dir)?;
+    let w = gpu_workload(tiny);
+    let opts = Options { steps: common.steps.or(Some(10)), ..options(common) };
+    let row =
+        compare::gpu_row(&w, &python, &script, &dir, frameworks, &opts, if tiny { &["--tiny"] } else { &[] }, device)?;
+    println!("## lazuli-bench gpu, {}", today());
+    println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
+    println!("- host: {}", machine());
+    println!("- lazuli: {}", row.lazuli.info.framework);
+    for o in &row.others {
+        println!("- {}: {} on {}, Python {}", o.name, o.info.framework, o.info.device, o.info.python);
+    }
+    let tokens = w.items_per_step() as f64;
+    let flops = gpt_flops_per_token(&w) * tokens;
+    println!(
+        "- model: {} ({:.1} GFLOP per step by 6N + 12·L·d·T per token; bf16 dense peak taken as 989 TFLOP/s)",
+        w.name,
+        flops / 1e9
+    );
+    println!("\n| framework | ms/step median (min–max) | tokens/s | MFU | vs JAX | first step incl. compile | losses agree with lazuli |");
+    println!("|---|---|---|---|---|---|---|");
+    let jax = row.others.iter().find(|o| o.name == "JAX jit").map(|o| o.steps.median());
+    for side in std::iter::once(&row.lazuli).chain(&row.others) {
+        if let Some(e) = &side.error {
+            println!("| {} | failed: {e} | | | | | |", side.name);
+            continue;
+        }
+        let m = side.steps.median();
+        let agree = if side.name == "lazuli" {
+            "–".to_string()
+        } else {
+            match lazuli_bench::losses_agree(
+                &row.lazuli.warmup_losses,
+                &side.warmup_losses,
+                compare::loss_tolerance(&w),
+            ) {
+                Ok(()) => "yes".into(),
+                Err(e) => format!("NO: {e}"),
+            }
+        };
+        println!(
+            "| {} | {} | {:.0} | {:.1}% | {} | {} | {agree} |",
+            side.name,
+            side.steps.show(),
+            tokens / m,
+            100.0 * flops / m / 989e12,
+            jax.map(|j| format!("{:.2}", m / j)).unwrap_or_default(),
+            duration(side.first_s)
+        );
+    }
+    if let Some(s) = row.lazuli.split {
+        println!(
+            "\nlazuli per step: recording {}, execute {}, {:.0} program(s), {} compile(s) while timed",
+            duration(s.record),
+            duration(s.execute),
+            s.programs_per_step,
+            s.compiles
+        );
+    }
+    println!("losses (first steps): lazuli {:?}", row.lazuli.warmup_losses);
+    for o in &row.others {
+        println!("losses (first steps): {} {:?}", o.name, o.warmup_losses);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Training FLOPs per token: 6 per parameter (the position table excluded; the tied head counted once) plus
+/// attention's 12·L·d·T (PaLM's appendix B, as nanoGPT's MFU).
+fn gpt_flops_per_token(w: &Workload) -> f64 {
+    match &w.model {
+        lazuli_bench::workloads::Model::Gpt { config: c, seq } => {
+            let (l, d, v) = (c.n_layer as f64, c.d_model as f64, c.vocab as f64);
+            let per_layer = 12.0 * d * d + 13.0 * d;
+            let n = l * per_layer + v * d + 2.0 * d;
+            6.0 * n + 12.0 * l * d * *seq as f64
+        }
+        _ => 0.0,
+    }
+}
+
+fn compile_cmd(dir: &std::path::Path, reps: usize) -> BenchResult<()> {
+    let r = lazuli_bench::compile::measure(dir, reps)?;
+    let ratio = r.cold_compile.median() / r.warm_compile.median();
+    println!("\ncompile: gpt-tiny's first step in a new process, cold (empty persistent compile cache) against warm (the cache the cold process wrote); {reps} pairs, medians (min–max); goal: warm ≥ 10× faster\n");
+    println!("| | compile or load | first step | process start to end of first step |");
+    println!("|---|---|---|---|");
+    println!("| cold | {} | {} | {} |", r.cold_compile.show(), r.cold_step.show(), r.cold_process.show());
+    println!("| warm | {} | {} | {} |", r.warm_compile.show(), r.warm_step.show(), r.warm_process.show());
+    println!(
+        "| cold/warm | {ratio:.1}× | {:.1}× | {:.1}× |",
+        r.cold_step.median() / r.warm_step.median(),
+        r.cold_process.median() / r.warm_process.median()
+    );
+    println!("\nwarm processes that loaded the program from the cache: {}/{reps}", r.warm_hits);
+    Ok(())
+}

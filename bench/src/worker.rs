@@ -1,0 +1,124 @@
+//! The comparison side as a child process: `python/worker.py` (embedded in this binary, so a copied binary is
+//! all a benchmark machine needs), driven by JSON lines on its stdin and stdout.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde_json::{json, Value};
+
+use crate::workloads::Workload;
+use crate::BenchResult;
+
+const WORKER_PY: &str = include_str!("../python/worker.py");
+
+/// Write the worker script into `dir` and return its path.
+pub fn write_script(dir: &Path) -> BenchResult<PathBuf> {
+    let path = dir.join("lazuli_bench_worker.py");
+    std::fs::write(&path, WORKER_PY)?;
+    Ok(path)
+}
+
+/// What a framework's side reported at setup.
+#[derive(Clone, Debug, Default)]
+pub struct SetupInfo {
+    /// e.g. "jax 0.10.2 (jaxlib 0.10.2)".
+    pub framework: String,
+    pub device: String,
+    pub python: String,
+    pub compile_s: f64,
+}
+
+/// Step times (seconds) and losses of a run of steps.
+#[derive(Clone, Debug, Default)]
+pub struct StepRun {
+    pub times: Vec<f64>,
+    pub losses: Vec<f64>,
+    /// lazuli only: where its step time goes.
+    pub split: Option<Split>,
+}
+
+/// Where a lazuli step's time goes (seconds per step).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Split {
+    /// Recording forward, backward and the optimizer update (median).
+    pub record: f64,
+    /// Inside the plugin's execute call (median).
+    pub execute: f64,
+    pub programs_per_step: f64,
+    /// Programs compiled during the run (0 once warm).
+    pub compiles: u64,
+}
+
+pub struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    framework: String,
+}
+
+impl Worker {
+    /// Start `python script framework` ("jax" or "torch").
+    pub fn start(python: &Path, script: &Path, framework: &str) -> BenchResult<Worker> {
+        let mut child = Command::new(python)
+            .arg("-u")
+            .arg(script)
+            .arg(framework)
+            .env("TF_CPP_MIN_LOG_LEVEL", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting {} {}: {e}", python.display(), script.display()))?;
+        let stdin = child.stdin.take().ok_or("the worker has no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("the worker has no stdout")?);
+        Ok(Worker { child, stdin, stdout, framework: framework.to_string() })
+    }
+
+    fn request(&mut self, msg: Value) -> BenchResult<Value> {
+        writeln!(self.stdin, "{msg}")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            return Err(format!("the {} worker exited (its error output is above)", self.framework).into());
+        }
+        let reply: Value = serde_json::from_str(&line).map_err(|e| format!("bad reply {line:?}: {e}"))?;
+        if reply["ok"] != json!(true) {
+            let trace = reply["trace"].as_str().unwrap_or("");
+            return Err(
+                format!("{} worker: {}\n{trace}", self.framework, reply["error"].as_str().unwrap_or("?")).into()
+            );
+        }
+        Ok(reply)
+    }
+
+    /// Load the weights file and compile the workload's step.
+    pub fn setup(&mut self, workload: &Workload, weights: &Path) -> BenchResult<SetupInfo> {
+        let r = self.request(json!({"cmd": "setup", "workload": workload.to_json(), "weights": weights}))?;
+        Ok(SetupInfo {
+            framework: r["versions"]["framework"].as_str().unwrap_or("?").to_string(),
+            device: r["versions"]["device"].as_str().unwrap_or("?").to_string(),
+            python: r["python"].as_str().unwrap_or("?").to_string(),
+            compile_s: r["compile_s"].as_f64().unwrap_or(f64::NAN),
+        })
+    }
+
+    /// Run `steps` training steps, each timed until its results are ready.
+    pub fn run(&mut self, steps: usize) -> BenchResult<StepRun> {
+        let r = self.request(json!({"cmd": "run", "steps": steps}))?;
+        let floats = |v: &Value| -> Vec<f64> {
+            v.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
+        };
+        Ok(StepRun { times: floats(&r["times"]), losses: floats(&r["losses"]), split: None })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Ask it to leave; if it does not answer, end it (it is our own child).
+        if self.request(json!({"cmd": "quit"})).is_err() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
