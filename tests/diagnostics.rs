@@ -113,8 +113,7 @@ fn recompile_explanations_name_the_input_or_the_op() {
     let l_extra = line!() + 1;
     let why = explain_miss(|| w.sqrt().sum(&[0]).exp().materialize().unwrap());
     assert!(
-        why.iter()
-            .any(|l| l.contains("1 more op(s)") && l.contains(&format!("exp recorded at {}:", site(l_extra)))),
+        why.iter().any(|l| l.contains("1 more op(s)") && l.contains(&format!("exp recorded at {}:", site(l_extra)))),
         "{why:?}"
     );
 

@@ -8,17 +8,8 @@ use lazuli::{DType, Tensor};
 use ndarray::{ArrayD, Axis, IxDyn, Zip};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-const NUMBERS: [DType; 9] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-    DType::U32,
-    DType::U64,
-];
+const NUMBERS: [DType; 9] =
+    [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8, DType::U32, DType::U64];
 
 /// One recorded result with its expected value.
 struct Check {

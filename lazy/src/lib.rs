@@ -9,12 +9,12 @@
 #![forbid(unsafe_code)]
 
 mod array_ops;
-pub mod bench_hooks;
 pub mod autodiff;
+pub mod bench_hooks;
 pub mod checkpoint;
 mod compile_cache;
-pub mod diagnostics;
 mod conv;
+pub mod diagnostics;
 pub mod element;
 pub mod error;
 pub mod materialize;
@@ -26,9 +26,9 @@ pub mod optim;
 pub mod random;
 pub mod record;
 mod reference;
+pub mod runtime;
 pub mod shard;
 mod spmd;
-pub mod runtime;
 pub mod tensor;
 
 pub use autodiff::{grad, grad_enabled, no_grad, value_and_grad};

@@ -263,7 +263,8 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         None => {
             let text = emit(&traced.graph, &EmitOptions::default());
             dump_program(key, &text);
-            let exe = compile_cache::compile(rt, &text, &options, key).map_err(|source| Error::Compile { at, source })?;
+            let exe =
+                compile_cache::compile(rt, &text, &options, key).map_err(|source| Error::Compile { at, source })?;
             Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
             Counters::add(&COUNTERS.compiles, 1);
             let exe = Arc::new(exe);
