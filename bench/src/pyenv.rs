@@ -48,6 +48,9 @@ pub fn ensure(explicit: Option<&Path>) -> BenchResult<PathBuf> {
         }
         return Ok(python);
     }
+    // One maker per process: threads (parallel tests) wait for the first and then find the environment made.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = MAKING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = venv_dir();
     let python = venv_python(&dir);
     if python.is_file() && imports(&python, "jax, numpy, safetensors") {
