@@ -187,3 +187,24 @@ fn chrome_trace_has_the_programs_on_a_timeline() {
         assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() > 0.0, "{e}");
     }
 }
+
+#[test]
+fn a_checkpoint_mid_step_is_reported_at_its_line() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let layer = lazuli::nn::Linear::new(&mut HostRng::new(9), 3, 2, true, DType::F32);
+    let mut opt = Sgd::new(layer.named_params(), 0.1);
+    lazuli::sync().unwrap();
+    events::start_capture();
+    let loss = layer.forward(&Tensor::from_slice(&[1.0f32; 6], &[2, 3])).sum_all();
+    loss.backward();
+    opt.step();
+    let path = std::env::temp_dir().join(format!("lazuli-diag-{}.safetensors", std::process::id()));
+    let l_save = line!() + 1;
+    lazuli::checkpoint::save(&path, &layer, Some(&opt), &[], &Default::default()).unwrap();
+    lazuli::sync().unwrap();
+    let ev = events::take_captured();
+    std::fs::remove_file(&path).unwrap();
+    let r = report::analyse(&ev);
+    assert!(r.breaks.iter().any(|b| b.cause == "checkpoint" && b.site == site(l_save)), "{r:?}");
+    assert!(report::render(&r).contains("save checkpoints right after lazuli::sync()"));
+}
