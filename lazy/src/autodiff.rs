@@ -3,14 +3,13 @@
 //! graph as the forward pass, at the forward op's source line.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use lazuli_hlo::{Builder, Loc, Op, TensorType};
 
 use crate::record::{apply, fail};
-use crate::tensor::{Node, Tensor};
+use crate::tensor::{Node, NodeMap, Tensor};
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
@@ -51,7 +50,7 @@ impl Builder for Recorder {
 /// Nodes on the gradient path below `root`, operands before users. Gradient leaves end the walk.
 fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
     let mut order = Vec::new();
-    let mut seen: HashMap<*const Node, ()> = HashMap::new();
+    let mut seen: NodeMap<()> = NodeMap::default();
     let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
     while let Some((node, expanded)) = stack.pop() {
         let key = Arc::as_ptr(&node);
@@ -81,7 +80,7 @@ fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
 fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
     no_grad(|| {
         let order = topo_order(&root.node);
-        let mut cot: HashMap<*const Node, Tensor> = HashMap::new();
+        let mut cot: NodeMap<Tensor> = NodeMap::default();
         cot.insert(Arc::as_ptr(&root.node), seed);
         let mut leaves = Vec::new();
         for node in order.iter().rev() {
@@ -198,8 +197,7 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Vec<Tensor> {
         }
     }
     let seed = no_grad(|| apply(Op::Constant(lazuli_hlo::Constant::new(1.0, loss.tensor_type().clone())), &[], loc));
-    let found: HashMap<*const Node, Tensor> =
-        backprop(loss, seed).into_iter().map(|(n, g)| (Arc::as_ptr(&n), g)).collect();
+    let found: NodeMap<Tensor> = backprop(loss, seed).into_iter().map(|(n, g)| (Arc::as_ptr(&n), g)).collect();
     wrt.iter()
         .map(|w| match found.get(&Arc::as_ptr(&w.node)) {
             Some(g) => g.clone(),

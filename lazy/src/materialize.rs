@@ -1,7 +1,6 @@
 //! Materialization: collect the pending graph under some target tensors, look its structure up in the executable
 //! cache (compiling on a miss), run it, and store the results on their nodes.
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +13,7 @@ use crate::diagnostics::{self, cause_name, EventKind};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, COUNTERS};
 use crate::runtime::{runtime, Runtime};
-use crate::tensor::{Data, Node};
+use crate::tensor::{Data, Node, NodeMap};
 
 /// Why a materialization happened (diagnostics build on this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +77,7 @@ pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
     let mut graph = Graph::new();
     let mut leaves = Vec::new();
     let mut nodes: Vec<Arc<Node>> = Vec::new();
-    let mut ids: HashMap<*const Node, NodeId> = HashMap::new();
+    let mut ids: NodeMap<NodeId> = NodeMap::default();
     let mut outputs = Vec::new();
     for target in targets {
         if ids.contains_key(&Arc::as_ptr(target)) && outputs.iter().any(|n: &Arc<Node>| Arc::ptr_eq(n, target)) {

@@ -119,6 +119,28 @@ impl Node {
     }
 }
 
+/// Hashing for maps keyed by node address: the address is already unique, so one multiply spreads it (SipHash,
+/// the default, cost a large share of walking a graph).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct NodeAddrHasher(u64);
+
+impl std::hash::Hasher for NodeAddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64 >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A map keyed by node address.
+pub(crate) type NodeMap<V> = std::collections::HashMap<*const Node, V, std::hash::BuildHasherDefault<NodeAddrHasher>>;
+
 /// Pending nodes that may be live, for `sync()`. Weak, so the registry never keeps a graph alive.
 static PENDING: Mutex<Vec<Weak<Node>>> = Mutex::new(Vec::new());
 
