@@ -72,22 +72,7 @@ impl<'a> LowerCx<'a> {
         result: &TensorType,
     ) -> String {
         let name = self.fresh();
-        let t = &mut *self.text;
-        let _ = write!(t, "    {name} = \"{op}\"({})", operands.join(", "));
-        if let Some(r) = region {
-            let _ = write!(t, " ({r})");
-        }
-        if !attrs.is_empty() {
-            let _ = write!(t, " {{{attrs}}}");
-        }
-        t.push_str(" : (");
-        for (i, ty) in operand_tys.iter().enumerate() {
-            if i > 0 {
-                t.push_str(", ");
-            }
-            t.push_str(&ty.mlir());
-        }
-        let _ = writeln!(t, ") -> {} {}", result.mlir(), self.loc.mlir());
+        self.write(&name, op, operands, operand_tys, attrs, region, &result.mlir());
         name
     }
 
@@ -102,8 +87,26 @@ impl<'a> LowerCx<'a> {
         results: &[&TensorType],
     ) -> Vec<String> {
         let name = self.fresh();
+        let outs: Vec<String> = results.iter().map(|ty| ty.mlir()).collect();
+        let decl = format!("{name}:{}", results.len());
+        self.write(&decl, op, operands, operand_tys, attrs, region, &format!("({})", outs.join(", ")));
+        (0..results.len()).map(|i| format!("{name}#{i}")).collect()
+    }
+
+    /// `    <decl> = "<op>"(<operands>) (<region>) {<attrs>} : (<operand types>) -> <results> <loc>`
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &mut self,
+        decl: &str,
+        op: &str,
+        operands: &[String],
+        operand_tys: &[&TensorType],
+        attrs: &str,
+        region: Option<&str>,
+        results: &str,
+    ) {
         let t = &mut *self.text;
-        let _ = write!(t, "    {name}:{} = \"{op}\"({})", results.len(), operands.join(", "));
+        let _ = write!(t, "    {decl} = \"{op}\"({})", operands.join(", "));
         if let Some(r) = region {
             let _ = write!(t, " ({r})");
         }
@@ -111,9 +114,7 @@ impl<'a> LowerCx<'a> {
             let _ = write!(t, " {{{attrs}}}");
         }
         let ins: Vec<String> = operand_tys.iter().map(|ty| ty.mlir()).collect();
-        let outs: Vec<String> = results.iter().map(|ty| ty.mlir()).collect();
-        let _ = writeln!(t, " : ({}) -> ({}) {}", ins.join(", "), outs.join(", "), self.loc.mlir());
-        (0..results.len()).map(|i| format!("{name}#{i}")).collect()
+        let _ = writeln!(t, " : ({}) -> {results} {}", ins.join(", "), self.loc.mlir());
     }
 }
 
