@@ -1,9 +1,18 @@
 //! The sharding planner on real recorded steps: data parallel for a small model with a large batch, a sharded plan
-//! when the replicated model does not fit, readable output, overrides, and applying the plan.
+//! when the replicated model does not fit, readable output, overrides, applying the plan, and the CPU cost model's
+//! ranking of the `sharded_train` step against the order measured on 8 virtual devices.
 
-use lazuli::nn::{Activation, HostRng, Mlp};
+use std::sync::Mutex;
+
+use lazuli::nn::{Activation, Gpt, GptConfig, HostRng, Mlp};
 use lazuli::sharding::{apply_plan, plan, DeviceModel};
 use lazuli::{AdamW, Backend, Config, DType, Module, Optimizer, PartitionSpec, Tensor};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn eight_devices() {
+    lazuli::init(Config { backend: Backend::Cpu, plugin_path: None, cpu_device_count: 8 }).unwrap();
+}
 
 fn loss_of(model: &Mlp, batch: usize, d_in: usize) -> Tensor {
     let x = Tensor::from_slice(&vec![0.1f32; batch * d_in], &[batch, d_in]);
@@ -12,7 +21,8 @@ fn loss_of(model: &Mlp, batch: usize, d_in: usize) -> Tensor {
 
 #[test]
 fn planner_choices_output_and_application() {
-    lazuli::init(Config { backend: Backend::Cpu, plugin_path: None, cpu_device_count: 8 }).unwrap();
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    eight_devices();
     // Small model, large batch: replicate the weights, split the batch.
     let small = Mlp::new(&mut HostRng::new(1), &[32, 64, 64, 8], Activation::Tanh, DType::F32);
     let p = plan(&small, &loss_of(&small, 4096, 32), 4096, 8, 1e12, DeviceModel::CPU);
@@ -59,4 +69,31 @@ fn planner_choices_output_and_application() {
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-6 + 1e-4 * y.abs(), "sharded {a:?} vs unsharded {b:?}");
     }
+}
+
+/// `sharded_train`'s default step (2-layer GPT, d=128, 4 heads, T=64, batch 32; vocabulary about 123 bytes) on 8
+/// virtual devices: the estimates rank the plans in the order of the measured median steps in BENCHMARKS.md
+/// ("Sharded training on virtual CPU devices"). Only the estimates are computed here; nothing is timed.
+#[test]
+fn cpu_estimates_rank_sharded_train_plans_as_measured() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    eight_devices();
+    let measured = ["dp", "fsdp", "2d", "tp"];
+    let cfg =
+        GptConfig { vocab: 123, block_size: 64, n_layer: 2, n_head: 4, d_model: 128, dropout: 0.0, dtype: DType::F32 };
+    let model = Gpt::new(&mut HostRng::new(1), cfg);
+    let (b, t) = (32, 64);
+    let ids: Vec<i32> = (0..b * t).map(|i| (i * 31 % 123) as i32).collect();
+    let x = Tensor::from_slice(&ids, &[b, t]);
+    let y = Tensor::from_slice(&ids[1..].iter().chain(&[0]).copied().collect::<Vec<i32>>(), &[b, t]);
+    let p = plan(&model, &model.loss(&x, &y), b, 8, 1e12, DeviceModel::CPU);
+    let ranked: Vec<&str> = p.ranking().iter().map(|c| c.name).collect();
+    assert_eq!(ranked, measured, "{p}");
+    assert_eq!(p.chosen().name, "dp", "{p}");
+    // The explanation names the terms and that the devices share cores.
+    assert!(p.reason.contains("elementwise") && p.reason.contains("share 2 cores"), "{}", p.reason);
+    // Replicated work shows: dp updates every parameter on every device, tp repeats the layer norms.
+    let c = |n: &str| p.candidates.iter().find(|c| c.name == n).unwrap().clone();
+    assert!(c("dp").update_s > 4.0 * c("fsdp").update_s, "{p}");
+    assert!(c("tp").elementwise_s > c("dp").elementwise_s, "{p}");
 }

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use lazuli_hlo::{Loc, Op, ShardingConstraint};
-pub use lazuli_sharding::plan::{Candidate, DeviceModel, ParamInfo, Plan, Role, StepInfo};
+use lazuli_hlo::{DimShards, Graph, Loc, Op, ShardIn, ShardingConstraint};
+pub use lazuli_sharding::plan::{Candidate, DeviceModel, ParamInfo, Plan, Role, StepInfo, Work};
 pub use lazuli_sharding::{Mesh, PartitionSpec, Sharding, ShardingError};
 
 use crate::error::{Error, Result};
@@ -112,9 +112,49 @@ fn role(name: &str, rank: usize) -> Role {
     }
 }
 
+/// One device's forward work in `g` when its parameters lie as `dims` says: matmul FLOPs and the bytes of every
+/// other result, each op split as its `shard` rule propagates (a dimension an axis does not divide is padded, as
+/// XLA pads it). Reshapes and broadcasts are not counted: XLA makes them free or fuses them into their users.
+fn forward_work(g: &Graph, mesh: Option<&Mesh>, mut dims: Vec<Option<DimShards>>) -> Work {
+    let size = |axes: &[usize]| -> usize { axes.iter().map(|&a| mesh.map_or(1, |m| m.axis_size(a))).product() };
+    let mut w = Work::default();
+    for (id, node) in g.nodes.iter().enumerate() {
+        if matches!(node.op, Op::Parameter(_)) {
+            continue;
+        }
+        let x: Vec<ShardIn<'_>> =
+            node.operands.iter().map(|&o| ShardIn { ty: &g.nodes[o].ty, dims: dims[o].as_ref() }).collect();
+        let out = node.op.shard(&x, &node.ty);
+        let split = |d: usize| out.as_ref().map_or(&[][..], |o| &o[d][..]);
+        let elems: usize = node.ty.dims.iter().enumerate().map(|(d, &n)| n.div_ceil(size(split(d)))).product();
+        match &node.op {
+            Op::DotGeneral(dot) => {
+                // A split contraction (row-parallel layer) divides the work too, by the axes the result does not use.
+                let used: Vec<usize> = out.iter().flatten().flatten().copied().collect();
+                let lhs = &g.nodes[node.operands[0]];
+                let k: usize = dot
+                    .lhs_contract
+                    .iter()
+                    .map(|&c| {
+                        let axes = dims[node.operands[0]].as_ref().map_or(&[][..], |d| &d[c][..]);
+                        let free: Vec<usize> = axes.iter().copied().filter(|a| !used.contains(a)).collect();
+                        lhs.ty.dims[c].div_ceil(size(&free))
+                    })
+                    .product();
+                w.matmul_flops += 2.0 * (elems * k) as f64;
+            }
+            Op::Constant(_) | Op::Reshape(_) | Op::BroadcastInDim(_) => {}
+            _ => w.elementwise_bytes += (elems * node.ty.dtype.byte_size()) as f64,
+        }
+        dims[id] = out;
+    }
+    w
+}
+
 /// Plan the sharding of `model`'s training step whose (pending, not yet computed) loss is `loss`: FLOPs and
-/// activation sizes come from the recorded graph, parameter roles from their names. `batch` is what the data
-/// axis will split.
+/// activation sizes come from the recorded graph, parameter roles from their names, and each candidate's work per
+/// device from propagating its placements through the graph with the ops' `shard` rules (inputs whose first
+/// dimension is `batch` split over the data axis). The backward pass is counted as twice the forward.
 pub fn plan(
     model: &dyn Module,
     loss: &Tensor,
@@ -126,11 +166,10 @@ pub fn plan(
     let named = model.named_params();
     let traced = crate::materialize::trace(std::slice::from_ref(&loss.node));
     let g = &traced.graph;
-    let param_of = |id: usize| -> Option<&str> {
-        let i = g.params.iter().position(|&p| p == id)?;
-        let leaf = &traced.leaves[i];
-        named.iter().find(|(_, p)| Arc::ptr_eq(&p.get().node, leaf)).map(|(n, _)| n.as_str())
-    };
+    // Which model parameter (index into `named`) each graph parameter is.
+    let leaf_param: Vec<Option<usize>> =
+        traced.leaves.iter().map(|leaf| named.iter().position(|(_, p)| Arc::ptr_eq(&p.get().node, leaf))).collect();
+    let param_of = |id: usize| -> Option<usize> { leaf_param[g.params.iter().position(|&p| p == id)?] };
     let params: Vec<ParamInfo> = named
         .iter()
         .map(|(n, p)| {
@@ -143,34 +182,53 @@ pub fn plan(
             }
         })
         .collect();
-    let mut forward_flops = 0.0;
     let mut boundary: f64 = 0.0;
     let mut activations = 0.0;
     for node in &g.nodes {
-        if let Op::DotGeneral(d) = &node.op {
-            let k: usize = d.lhs_contract.iter().map(|&c| g.nodes[node.operands[0]].ty.dims[c]).product();
-            forward_flops += 2.0 * (node.ty.elements() * k) as f64;
-            let is_row =
-                param_of(node.operands[1]).is_some_and(|n| params.iter().any(|p| p.name == n && p.role == Role::Row));
-            if is_row {
-                boundary = boundary.max(node.ty.byte_size() as f64);
-            }
+        if matches!(node.op, Op::DotGeneral(_))
+            && param_of(node.operands[1]).is_some_and(|i| params[i].role == Role::Row)
+        {
+            boundary = boundary.max(node.ty.byte_size() as f64);
         }
         if !matches!(node.op, Op::Parameter(_) | Op::Constant(_)) {
             activations += node.ty.byte_size() as f64;
         }
     }
+    let whole = forward_work(g, None, vec![None; g.nodes.len()]);
     let step = StepInfo {
         tp_pairs: params.iter().filter(|p| p.role == Role::Row).count(),
         params,
-        // Backward costs about twice the forward.
-        flops: 3.0 * forward_flops,
+        flops: 3.0 * whole.matmul_flops,
+        elementwise_bytes: 3.0 * whole.elementwise_bytes,
         activation_bytes: activations,
         boundary_bytes: boundary,
         batch,
         optimizer_state_factor: 2.0,
+        update_traffic: StepInfo::ADAMW_UPDATE_TRAFFIC,
     };
-    lazuli_sharding::plan::plan(&step, devices, memory_limit, device)
+    let work = |axes: &[(String, usize)], placements: &[(String, PartitionSpec)]| -> Option<Work> {
+        let names: Vec<(&str, usize)> = axes.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        let m = Mesh::new(&names).ok()?;
+        let data = m.axis_index("data").is_ok();
+        let mut dims: Vec<Option<DimShards>> = vec![None; g.nodes.len()];
+        for (i, &id) in g.params.iter().enumerate() {
+            let ty = &g.nodes[id].ty;
+            let spec = match leaf_param[i] {
+                // Splits of a parameter over the data axis are storage (FSDP): it is gathered before use, and the
+                // compute follows the batch.
+                Some(k) => PartitionSpec(
+                    placements[k].1 .0.iter().map(|a| a.iter().filter(|a| *a != "data").cloned().collect()).collect(),
+                ),
+                None if data && ty.rank() > 0 && ty.dims[0] == batch => PartitionSpec::split(ty.rank(), 0, "data"),
+                None => continue,
+            };
+            let d = Sharding::new(&m, &spec, &ty.dims).ok()?.dims;
+            dims[id] = Some(d).filter(|d| d.iter().any(|a| !a.is_empty()));
+        }
+        let w = forward_work(g, Some(&m), dims);
+        Some(Work { matmul_flops: 3.0 * w.matmul_flops, elementwise_bytes: 3.0 * w.elementwise_bytes })
+    };
+    lazuli_sharding::plan::plan_with(&step, devices, memory_limit, device, &work)
 }
 
 /// Build the chosen candidate's mesh and place `model`'s parameters as it says.
@@ -187,4 +245,11 @@ pub fn apply_plan(plan: &Plan, model: &dyn Module) -> Result<Mesh> {
             .unwrap_or_else(|| PartitionSpec::replicated(t.rank()))
     });
     Ok(m)
+}
+
+/// The planner's count of the work in `t`'s pending graph on one device (forward only, nothing split): matmul
+/// FLOPs and the bytes of every other result. For calibrating a `DeviceModel` against measured times.
+pub fn recorded_work(t: &Tensor) -> Work {
+    let traced = crate::materialize::trace(std::slice::from_ref(&t.node));
+    forward_work(&traced.graph, None, vec![None; traced.graph.nodes.len()])
 }

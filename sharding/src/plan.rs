@@ -35,30 +35,77 @@ impl ParamInfo {
     }
 }
 
-/// Speeds of one device and its links, for the cost model.
+/// Speeds of one device and its links, for the cost model. A step's estimate is compute (matmul FLOPs, plus the
+/// bytes of elementwise work and of the optimizer update, per device) + communication (bytes over the link) +
+/// latency (a fixed cost per collective).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DeviceModel {
+    /// Matmul FLOP/s of one device, or of one core when the devices share a host's cores.
     pub flops_per_s: f64,
-    /// Bytes per second one device sends or receives in a collective.
+    /// Bytes/s of elementwise work (counted as the bytes of the recorded ops' results) of one device or core.
+    pub bytes_per_s: f64,
+    /// Bytes per second one device sends or receives in a collective (measured with every device taking part).
     pub link_bytes_per_s: f64,
     /// Fixed cost of one collective (launch, synchronisation).
     pub collective_latency_s: f64,
+    /// `Some(cores)`: the devices are threads sharing this many cores (virtual CPU devices), so the work of all
+    /// devices together runs `cores` at a time: work a plan replicates costs wall time. `None`: independent devices.
+    pub shared_cores: Option<usize>,
 }
 
 impl DeviceModel {
-    /// Virtual CPU devices sharing one host: a few GFLOP/s each, memory-speed "links".
-    pub const CPU: DeviceModel = DeviceModel { flops_per_s: 2e10, link_bytes_per_s: 5e9, collective_latency_s: 2e-5 };
-    /// H200 with NVLink (dense bf16 tensor-core peak; ~450 GB/s per direction).
-    pub const H200: DeviceModel =
-        DeviceModel { flops_per_s: 9.9e14, link_bytes_per_s: 4.5e11, collective_latency_s: 1e-5 };
+    /// Virtual CPU devices sharing the 2 cores of the machine the numbers were measured on (2026-11-29, medians of
+    /// four runs of `cargo run --release --example planner_calibration -- --devices 8`; BENCHMARKS.md has them):
+    /// - flops_per_s: chained [256,128]x[128,512] and [256,512]x[512,128] matmuls on each of 8 devices at once,
+    ///   total FLOPs / wall time / 2 cores (1.06e11..1.09e11).
+    /// - bytes_per_s: layer norm, GELU, softmax and residual adds on [256,512] rows per device, forward and
+    ///   backward; 3x the forward's recorded result bytes (the planner's count) / wall time / 2 cores
+    ///   (1.06e10..1.33e10). Counted before fusion, so it is not a memory bandwidth.
+    /// - link_bytes_per_s, collective_latency_s: chains of all-reduces over 8 devices at 4 KiB and 1 MiB, minus the
+    ///   same chains without them; ring bytes per device over time (9.4e8..9.8e8), intercept (1.8e-4..1.9e-4 s).
+    pub const CPU: DeviceModel = DeviceModel {
+        flops_per_s: 1.08e11,
+        bytes_per_s: 1.25e10,
+        link_bytes_per_s: 9.5e8,
+        collective_latency_s: 1.8e-4,
+        shared_cores: Some(2),
+    };
+    /// H200 with NVLink: dense bf16 tensor-core peak, HBM3e bandwidth, ~450 GB/s per direction; independent devices.
+    /// Data-sheet numbers, not calibrated.
+    pub const H200: DeviceModel = DeviceModel {
+        flops_per_s: 9.9e14,
+        bytes_per_s: 4.8e12,
+        link_bytes_per_s: 4.5e11,
+        collective_latency_s: 1e-5,
+        shared_cores: None,
+    };
+
+    /// Wall time of `per_device` seconds of work on each of `devices` devices.
+    fn wall(&self, per_device: f64, devices: usize) -> f64 {
+        match self.shared_cores {
+            Some(cores) => per_device * devices as f64 / devices.min(cores).max(1) as f64,
+            None => per_device,
+        }
+    }
+}
+
+/// The work of one device in one step under a candidate's placements.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Matmul FLOPs (forward and backward).
+    pub matmul_flops: f64,
+    /// Bytes of the results of all other ops (forward and backward), as recorded, before XLA fuses them.
+    pub elementwise_bytes: f64,
 }
 
 /// The training step as the planner sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepInfo {
     pub params: Vec<ParamInfo>,
-    /// FLOPs of one whole step (forward, backward, update) on one device.
+    /// Matmul FLOPs of one whole step (forward and backward) on one device.
     pub flops: f64,
+    /// Bytes of the results of every other op of one whole step on one device, as recorded (before fusion).
+    pub elementwise_bytes: f64,
     /// Bytes of activations kept for the backward pass, whole batch.
     pub activation_bytes: f64,
     /// Bytes of one activation tensor crossing a Megatron all-reduce ([batch·seq, d]), whole batch.
@@ -69,6 +116,17 @@ pub struct StepInfo {
     pub batch: usize,
     /// Optimizer state per parameter byte (AdamW: 2, SGD with momentum: 1).
     pub optimizer_state_factor: f64,
+    /// Cost of the optimizer update per parameter byte a device holds, in bytes of elementwise work
+    /// (`DeviceModel::bytes_per_s`); every device updates its own copy or shard.
+    pub update_traffic: f64,
+}
+
+impl StepInfo {
+    /// AdamW's update costs as much as this many bytes of elementwise work per parameter byte: measured by
+    /// `planner_calibration` on a replicated 4 MiB parameter on 8 virtual devices (the step with the update minus
+    /// the step without, in units of `DeviceModel::CPU.bytes_per_s`; 1.9..2.4, median 2.0). XLA fuses the whole
+    /// update into about one pass over parameter, gradient and moments.
+    pub const ADAMW_UPDATE_TRAFFIC: f64 = 2.0;
 }
 
 /// A candidate plan: its mesh, its placements and its estimated costs per device and step.
@@ -76,9 +134,17 @@ pub struct StepInfo {
 pub struct Candidate {
     pub name: &'static str,
     pub mesh: Vec<(String, usize)>,
-    pub compute_s: f64,
+    /// One device's work, and the wall time of all devices' work (over the shared cores, if shared).
+    pub work: Work,
+    pub update_bytes: f64,
+    pub matmul_s: f64,
+    pub elementwise_s: f64,
+    pub update_s: f64,
     pub comm_bytes: f64,
+    /// Transfer time of the collectives' bytes.
     pub comm_s: f64,
+    pub collectives: f64,
+    pub latency_s: f64,
     pub memory_bytes: f64,
     pub fits: bool,
     /// Why it is not possible (a dimension does not divide), if so.
@@ -87,8 +153,23 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    pub fn compute_s(&self) -> f64 {
+        self.matmul_s + self.elementwise_s + self.update_s
+    }
+
     pub fn time_s(&self) -> f64 {
-        self.compute_s + self.comm_s
+        self.compute_s() + self.comm_s + self.latency_s
+    }
+
+    /// The terms of the estimate by name, for explanations.
+    pub fn terms(&self) -> [(&'static str, f64); 5] {
+        [
+            ("matmul", self.matmul_s),
+            ("elementwise", self.elementwise_s),
+            ("optimizer update", self.update_s),
+            ("communication", self.comm_s),
+            ("collective latency", self.latency_s),
+        ]
     }
 }
 
@@ -142,6 +223,10 @@ fn mib(b: f64) -> String {
     format!("{:.1} MiB", b / (1024.0 * 1024.0))
 }
 
+fn ms(s: f64) -> String {
+    format!("{:.2}ms", s * 1e3)
+}
+
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -152,24 +237,27 @@ impl fmt::Display for Plan {
         )?;
         writeln!(
             f,
-            "  {:<6} {:<22} {:>11} {:>13} {:>11} {:>13} {:>11}",
-            "plan", "mesh", "compute", "comm bytes", "comm", "memory", "est. step"
+            "  {:<6} {:<16} {:>9} {:>11} {:>9} {:>11} {:>9} {:>9} {:>11} {:>10}",
+            "plan", "mesh", "matmul", "elementwise", "update", "comm bytes", "comm", "latency", "memory", "est. step"
         )?;
         for (i, c) in self.candidates.iter().enumerate() {
             let mesh: Vec<String> = c.mesh.iter().map(|(n, s)| format!("{n}={s}")).collect();
             let mark = if i == self.chosen { "*" } else { " " };
             match &c.invalid {
-                Some(why) => writeln!(f, "{mark} {:<6} {:<22} not possible: {why}", c.name, mesh.join(","))?,
+                Some(why) => writeln!(f, "{mark} {:<6} {:<16} not possible: {why}", c.name, mesh.join(","))?,
                 None => writeln!(
                     f,
-                    "{mark} {:<6} {:<22} {:>9.3}ms {:>13} {:>9.3}ms {:>13} {:>9.3}ms{}",
+                    "{mark} {:<6} {:<16} {:>9} {:>11} {:>9} {:>11} {:>9} {:>9} {:>11} {:>10}{}",
                     c.name,
                     mesh.join(","),
-                    c.compute_s * 1e3,
+                    ms(c.matmul_s),
+                    ms(c.elementwise_s),
+                    ms(c.update_s),
                     mib(c.comm_bytes),
-                    c.comm_s * 1e3,
+                    ms(c.comm_s),
+                    ms(c.latency_s),
                     mib(c.memory_bytes),
-                    c.time_s() * 1e3,
+                    ms(c.time_s()),
                     if c.fits { "" } else { "  (over the memory limit)" }
                 )?,
             }
@@ -225,26 +313,42 @@ fn check(params: &[ParamInfo], placements: &[(String, PartitionSpec)], mesh: &[(
     None
 }
 
-/// Cost the candidates for `devices` devices and choose.
+/// Bytes of `p`'s shard on one device when placed as `spec` on `mesh` (a dimension an axis does not divide is padded).
+fn shard_bytes(p: &ParamInfo, spec: &PartitionSpec, mesh: &[(String, usize)]) -> f64 {
+    let elems: usize = p
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(d, &size)| {
+            let axes = spec.0.get(d).map_or(&[][..], |a| &a[..]);
+            let parts: usize = axes.iter().map(|a| mesh.iter().find(|(n, _)| n == a).map_or(1, |m| m.1)).product();
+            size.div_ceil(parts.max(1))
+        })
+        .product();
+    (elems * p.bytes_per_element) as f64
+}
+
+/// One device's work for a candidate: from the recorded graph (`work`), or, without one, matmuls split over all
+/// devices and elementwise work over the data axis only.
+pub type WorkFn<'a> = &'a dyn Fn(&[(String, usize)], &[(String, PartitionSpec)]) -> Option<Work>;
+
+/// Cost the candidates for `devices` devices and choose, with per-device work estimated from `step` alone.
 pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel) -> Plan {
+    plan_with(step, devices, memory_limit, dev, &|_, _| None)
+}
+
+/// Cost the candidates and choose; `work` gives one device's work under a candidate's mesh and placements.
+pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel, work: WorkFn<'_>) -> Plan {
     let n = devices.max(1) as f64;
     let param_bytes: f64 = step.params.iter().map(ParamInfo::bytes).sum();
     // Parameters, gradients and optimizer state.
     let state_bytes = param_bytes * (2.0 + step.optimizer_state_factor);
     let ring = |k: f64| if k > 1.0 { (k - 1.0) / k } else { 0.0 };
-    let comm_time = |bytes: f64, collectives: f64| {
-        if bytes > 0.0 {
-            bytes / dev.link_bytes_per_s + collectives * dev.collective_latency_s
-        } else {
-            0.0
-        }
-    };
     let n_params = step.params.len() as f64;
     let mut out = Vec::new();
     let mut add = |name: &'static str,
                    mesh: Vec<(String, usize)>,
                    placements: Vec<(String, PartitionSpec)>,
-                   compute_div: f64,
                    comm_bytes: f64,
                    collectives: f64,
                    memory: f64| {
@@ -254,12 +358,23 @@ pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel
         } else {
             check(&step.params, &placements, &mesh)
         };
+        let w = work(&mesh, &placements)
+            .unwrap_or(Work { matmul_flops: step.flops / n, elementwise_bytes: step.elementwise_bytes / data as f64 });
+        let held: f64 = step.params.iter().zip(&placements).map(|(p, (_, s))| shard_bytes(p, s, &mesh)).sum();
+        let update_bytes = held * step.update_traffic;
+        let collectives = if comm_bytes > 0.0 { collectives } else { 0.0 };
         out.push(Candidate {
             name,
             mesh,
-            compute_s: step.flops / compute_div / dev.flops_per_s,
+            work: w,
+            update_bytes,
+            matmul_s: dev.wall(w.matmul_flops / dev.flops_per_s, devices),
+            elementwise_s: dev.wall(w.elementwise_bytes / dev.bytes_per_s, devices),
+            update_s: dev.wall(update_bytes / dev.bytes_per_s, devices),
             comm_bytes,
-            comm_s: comm_time(comm_bytes, collectives),
+            comm_s: comm_bytes / dev.link_bytes_per_s,
+            collectives,
+            latency_s: collectives * dev.collective_latency_s,
             memory_bytes: memory,
             fits: memory <= memory_limit,
             invalid,
@@ -270,14 +385,15 @@ pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel
         step.params.iter().map(|p| (p.name.clone(), f(p))).collect()
     };
     let data_mesh = vec![("data".to_string(), devices)];
-    // Data parallel: everything replicated, gradients all-reduced (2·(n-1)/n of their bytes).
+    // Collective counts follow XLA's compiled programs: independent all-reduces (the gradients) are combined into
+    // one; a sharded parameter's all-gather is one collective. Data parallel: everything replicated, gradients
+    // all-reduced (2·(n-1)/n of their bytes).
     add(
         "dp",
         data_mesh.clone(),
         names(&|p| PartitionSpec::replicated(p.shape.len())),
-        n,
         2.0 * ring(n) * param_bytes,
-        n_params,
+        1.0,
         state_bytes + step.activation_bytes / n,
     );
     // FSDP: parameters gathered for forward and backward, gradients reduce-scattered (3·(n-1)/n).
@@ -291,9 +407,8 @@ pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel
                 None => PartitionSpec::replicated(p.shape.len()),
             }
         }),
-        n,
         3.0 * ring(n) * param_bytes,
-        3.0 * n_params,
+        n_params + 1.0,
         state_bytes / n + step.activation_bytes / n + param_bytes / step.params.len().max(1) as f64,
     );
     // Tensor parallel: weights split, activations all-reduced twice per column/row pair (forward and backward).
@@ -302,7 +417,6 @@ pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel
         "tp",
         vec![("model".to_string(), devices)],
         names(&|p| tp_spec(p, devices, None)),
-        n,
         2.0 * step.tp_pairs as f64 * 2.0 * ring(n) * step.boundary_bytes,
         4.0 * step.tp_pairs as f64,
         tp_param * (2.0 + step.optimizer_state_factor) + step.activation_bytes,
@@ -316,34 +430,19 @@ pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel
             "2d",
             vec![("data".to_string(), devices / 2), ("model".to_string(), 2)],
             names(&|p| tp_spec(p, 2, Some(("data", devices / 2)))),
-            n,
             2.0 * step.tp_pairs as f64 * 2.0 * ring(2.0) * step.boundary_bytes / d + 3.0 * ring(d) * param_bytes / 2.0,
-            4.0 * step.tp_pairs as f64 + 3.0 * n_params,
+            4.0 * step.tp_pairs as f64 + n_params + 1.0,
             split * (2.0 + step.optimizer_state_factor) + step.activation_bytes / d,
         );
     }
-    let best_fit = out
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.invalid.is_none() && c.fits)
-        .min_by(|a, b| a.1.time_s().total_cmp(&b.1.time_s()))
-        .map(|(i, _)| i);
-    let (chosen, reason) = match best_fit {
-        Some(i) => {
-            let c = &out[i];
-            let over: Vec<&str> = out.iter().filter(|o| o.invalid.is_none() && !o.fits).map(|o| o.name).collect();
-            let mut why = format!(
-                "the fastest estimated step that fits: {:.3} ms ({:.3} ms compute, {:.3} ms communication), {} per device",
-                c.time_s() * 1e3,
-                c.compute_s * 1e3,
-                c.comm_s * 1e3,
-                mib(c.memory_bytes)
-            );
-            if !over.is_empty() {
-                let _ = write!(why, "; over the memory limit: {}", over.join(", "));
-            }
-            (i, why)
-        }
+    let fastest = |fits: bool| {
+        let mut v: Vec<usize> =
+            (0..out.len()).filter(|&i| out[i].invalid.is_none() && (!fits || out[i].fits)).collect();
+        v.sort_by(|&a, &b| out[a].time_s().total_cmp(&out[b].time_s()));
+        v
+    };
+    let (chosen, reason) = match fastest(true).first() {
+        Some(&i) => (i, explain(&out, i, &fastest(false), devices, dev, memory_limit)),
         None => {
             let i = out
                 .iter()
@@ -355,6 +454,50 @@ pub fn plan(step: &StepInfo, devices: usize, memory_limit: f64, dev: DeviceModel
         }
     };
     Plan { devices, memory_limit, candidates: out, chosen, reason }
+}
+
+/// Why candidate `i` won: its terms, how shared cores count, and what the runner-up loses most on.
+fn explain(out: &[Candidate], i: usize, ranked: &[usize], devices: usize, dev: DeviceModel, limit: f64) -> String {
+    let c = &out[i];
+    let terms: Vec<String> = c.terms().iter().map(|(n, t)| format!("{} {n}", ms(*t))).collect();
+    let mut why = format!(
+        "the fastest estimated step that fits: {} = {}; {} per device",
+        ms(c.time_s()),
+        terms.join(" + "),
+        mib(c.memory_bytes)
+    );
+    if let Some(cores) = dev.shared_cores.filter(|&k| k < devices) {
+        let _ = write!(
+            why,
+            "; the {devices} devices share {cores} cores, so every device's work costs {:.1}x its time \
+             (work a plan replicates is paid on every device)",
+            devices as f64 / cores as f64
+        );
+    }
+    if let Some(&r) = ranked.iter().find(|&&r| r != i && out[r].fits) {
+        let o = &out[r];
+        let (term, d) = c
+            .terms()
+            .iter()
+            .zip(o.terms())
+            .map(|((n, a), (_, b))| (*n, b - a))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or(("", 0.0));
+        let _ = write!(
+            why,
+            "; next: {} at {} (+{}, most of it {term}: +{})",
+            o.name,
+            ms(o.time_s()),
+            ms(o.time_s() - c.time_s()),
+            ms(d)
+        );
+    }
+    let over: Vec<&str> =
+        out.iter().filter(|o| o.invalid.is_none() && o.memory_bytes > limit).map(|o| o.name).collect();
+    if !over.is_empty() {
+        let _ = write!(why, "; over the memory limit: {}", over.join(", "));
+    }
+    why
 }
 
 #[cfg(test)]
@@ -379,6 +522,8 @@ mod tests {
             tp_pairs: 1,
             batch,
             optimizer_state_factor: 2.0,
+            elementwise_bytes: 3.0 * (batch * 10 * width * 4) as f64,
+            update_traffic: StepInfo::ADAMW_UPDATE_TRAFFIC,
         }
     }
 
