@@ -38,6 +38,9 @@ struct Args {
     /// Print every step's loss.
     #[arg(long)]
     print_losses: bool,
+    /// Text to train on (default: this repository's sources).
+    #[arg(long)]
+    data: Option<std::path::PathBuf>,
     /// Vocabulary size (0: the corpus's byte vocabulary).
     #[arg(long, default_value_t = 0)]
     vocab: usize,
@@ -58,7 +61,13 @@ fn main() -> lazuli::Result<()> {
             args.devices, info.device_count
         )));
     }
-    let text = common::default_corpus();
+    let text = match &args.data {
+        Some(p) => std::fs::read(p).map_err(|e| lazuli::Error::Config(format!("reading {}: {e}", p.display())))?,
+        None => common::default_corpus(),
+    };
+    if text.len() < args.block + 2 {
+        return Err(lazuli::Error::Config(format!("the text has {} bytes; need more than --block", text.len())));
+    }
     let (_, index, entropy) = common::vocabulary(&text);
     let ids: Vec<i32> = text.iter().map(|&b| index[b as usize] as i32).collect();
     let vocab = if args.vocab > 0 { args.vocab } else { *ids.iter().max().unwrap_or(&0) as usize + 1 };

@@ -2,7 +2,7 @@
 
 The harness (bench/src) starts this script once per framework and talks to it in JSON lines on stdin/stdout:
   {"cmd": "setup", "workload": {...}, "weights": "file.safetensors"}  -> {"ok": true, "versions": {...}, ...}
-  {"cmd": "run", "steps": K}                                          -> {"ok": true, "times": [...], "losses": [...]}
+  {"cmd": "run", "steps": K, "pipelined": B}                                        -> {"ok": true, "times": [...], "losses": [...]}
   {"cmd": "quit"}
 Weights and batches come from a safetensors file that lazuli wrote ("model.<name>", "extra.x", "extra.y"), so
 both sides start from the same values. Each step is timed from the call until its results are ready on the device.
@@ -151,8 +151,9 @@ class JaxSide:
         logits = self.mm(x, p["wte.weight"].T)
         return self.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
 
-    def run(self, steps):
+    def run(self, steps, pipelined=False):
         times, losses = [], []
+        start = time.perf_counter()
         for _ in range(steps):
             self.t += 1
             i = self.batch % len(self.xs)
@@ -160,9 +161,13 @@ class JaxSide:
             s = self.scalars(self.t)
             t0 = time.perf_counter()
             self.params, self.state, loss = self.step_fn(self.params, self.state, self.xs[i], self.ys[i], s)
-            loss.block_until_ready()
+            if not pipelined:
+                loss.block_until_ready()
             times.append(time.perf_counter() - t0)
             losses.append(loss)
+        if pipelined and losses:
+            losses[-1].block_until_ready()
+            times = [(time.perf_counter() - start) / steps] * steps
         return times, [float(l) for l in losses]
 
     def versions(self):
@@ -250,8 +255,9 @@ class TorchSide:
         if self.dev.type == "cuda":
             self.torch.cuda.synchronize()
 
-    def run(self, steps):
+    def run(self, steps, pipelined=False):
         times, losses = [], []
+        start = time.perf_counter()
         for _ in range(steps):
             i = self.batch % len(self.xs)
             self.batch += 1
@@ -261,9 +267,13 @@ class TorchSide:
             loss.backward()
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
-            self.sync()
+            if not pipelined:
+                self.sync()
             times.append(time.perf_counter() - t0)
             losses.append(loss.detach())
+        if pipelined and losses:
+            self.sync()
+            times = [(time.perf_counter() - start) / steps] * steps
         return times, [float(l) for l in losses]
 
     def versions(self):
@@ -286,7 +296,7 @@ def main():
                        "versions": side.versions(), "python": sys.version.split()[0],
                        "numpy": np.__version__})
             elif msg["cmd"] == "run":
-                times, losses = side.run(int(msg["steps"]))
+                times, losses = side.run(int(msg["steps"]), bool(msg.get("pipelined", False)))
                 reply({"ok": True, "times": times, "losses": losses})
             elif msg["cmd"] == "quit":
                 reply({"ok": True})

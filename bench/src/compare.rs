@@ -22,11 +22,13 @@ pub struct Options {
     pub warmup: usize,
     /// Timed steps per repetition; `None` picks a count for the workload's size.
     pub steps: Option<usize>,
+    /// Steps back to back, one wait at the end (per-step time = total / steps), instead of waiting every step.
+    pub pipelined: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { reps: 7, warmup: 3, steps: None }
+        Options { reps: 7, warmup: 3, steps: None, pipelined: false }
     }
 }
 
@@ -97,6 +99,10 @@ fn split_median(splits: &[Split]) -> Option<Split> {
     Some(Split {
         record: m(|s| s.record),
         execute: m(|s| s.execute),
+        boundary: m(|s| s.boundary),
+        upload: m(|s| s.upload),
+        finish: m(|s| s.finish),
+        wait: m(|s| s.wait),
         programs_per_step: m(|s| s.programs_per_step),
         compiles: splits.iter().map(|s| s.compiles).sum(),
     })
@@ -115,16 +121,16 @@ pub fn cpu_row(w: &Workload, python: &Path, script: &Path, dir: &Path, opts: &Op
 
     let t0 = Instant::now();
     let m0 = lazuli::metrics();
-    let first = lz.run(1)?;
+    let first = lz.run(1, false)?;
     lazuli.first_s = t0.elapsed().as_secs_f64();
     lazuli.first_from_disk = (lazuli::metrics() - m0).disk_cache_hits > 0;
-    let rest = lz.run(opts.warmup.saturating_sub(1))?;
+    let rest = lz.run(opts.warmup.saturating_sub(1), false)?;
     lazuli.warmup_losses = [first.losses, rest.losses].concat();
-    other.warmup_losses = jax.run(opts.warmup)?.losses;
+    other.warmup_losses = jax.run(opts.warmup, false)?.losses;
 
     let mut splits = Vec::new();
     let mut lazuli_rep = |lz: &mut LazuliRun, side: &mut Side| -> BenchResult<()> {
-        let r = lz.run(steps)?;
+        let r = lz.run(steps, opts.pipelined)?;
         side.steps.push(median(&r.times));
         splits.extend(r.split);
         Ok(())
@@ -133,9 +139,9 @@ pub fn cpu_row(w: &Workload, python: &Path, script: &Path, dir: &Path, opts: &Op
         // Alternate who goes first, so that a drifting machine favours neither.
         if rep % 2 == 0 {
             lazuli_rep(&mut lz, &mut lazuli)?;
-            other.steps.push(median(&jax.run(steps)?.times));
+            other.steps.push(median(&jax.run(steps, opts.pipelined)?.times));
         } else {
-            other.steps.push(median(&jax.run(steps)?.times));
+            other.steps.push(median(&jax.run(steps, opts.pipelined)?.times));
             lazuli_rep(&mut lz, &mut lazuli)?;
         }
     }
@@ -153,13 +159,13 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
     lz.write_weights(weights)?;
     let init_s = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    let first = lz.run(1)?;
+    let first = lz.run(1, false)?;
     let first_s = t0.elapsed().as_secs_f64();
-    let rest = lz.run(opts.warmup.saturating_sub(1))?;
+    let rest = lz.run(opts.warmup.saturating_sub(1), false)?;
     let mut reps = Vec::new();
     let mut splits = Vec::new();
     for _ in 0..opts.reps {
-        let r: StepRun = lz.run(steps)?;
+        let r: StepRun = lz.run(steps, opts.pipelined)?;
         reps.push(r.times);
         splits.extend(r.split);
     }
@@ -169,7 +175,7 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
         "init_s": init_s, "first_s": first_s, "warmup_losses": warmup_losses,
         "reps": reps, "params": lz.num_params(), "runtime": lazuli::runtime_info()?.to_string(),
         "split": {"record": s.record, "execute": s.execute, "programs_per_step": s.programs_per_step,
-                  "compiles": s.compiles},
+                  "compiles": s.compiles, "boundary": s.boundary, "upload": s.upload, "finish": s.finish, "wait": s.wait},
     }))
 }
 
@@ -194,6 +200,7 @@ pub fn gpu_row(
         .arg(&weights)
         .args(["--reps", &opts.reps.to_string(), "--steps", &steps.to_string()])
         .args(["--warmup", &opts.warmup.to_string()])
+        .args(opts.pipelined.then_some("--pipelined"))
         .args(side_args)
         .env("LAZULI_DEVICE", device)
         .stderr(Stdio::inherit())
@@ -214,6 +221,10 @@ pub fn gpu_row(
         split: Some(Split {
             record: v["split"]["record"].as_f64().unwrap_or(f64::NAN),
             execute: v["split"]["execute"].as_f64().unwrap_or(f64::NAN),
+            boundary: v["split"]["boundary"].as_f64().unwrap_or(f64::NAN),
+            upload: v["split"]["upload"].as_f64().unwrap_or(f64::NAN),
+            finish: v["split"]["finish"].as_f64().unwrap_or(f64::NAN),
+            wait: v["split"]["wait"].as_f64().unwrap_or(f64::NAN),
             programs_per_step: v["split"]["programs_per_step"].as_f64().unwrap_or(f64::NAN),
             compiles: v["split"]["compiles"].as_u64().unwrap_or(0),
         }),
@@ -257,11 +268,11 @@ fn python_side(
     let t0 = Instant::now();
     side.info = worker.setup(w, weights)?;
     // torch.compile compiles on the first call: count it in the first step, as lazuli's.
-    let first = worker.run(1)?;
+    let first = worker.run(1, false)?;
     side.first_s = if fw == "jax" { side.info.compile_s + first.times[0] } else { t0.elapsed().as_secs_f64() };
-    side.warmup_losses = [first.losses, worker.run(opts.warmup.saturating_sub(1))?.losses].concat();
+    side.warmup_losses = [first.losses, worker.run(opts.warmup.saturating_sub(1), false)?.losses].concat();
     for _ in 0..opts.reps {
-        side.steps.push(median(&worker.run(steps)?.times));
+        side.steps.push(median(&worker.run(steps, opts.pipelined)?.times));
     }
     Ok(())
 }

@@ -37,6 +37,10 @@ struct Common {
     /// A Python that has the comparison's packages, instead of the harness's own environment.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Time each repetition's steps back to back with one wait at the end (as a training loop that does not read
+    /// every step's loss runs), instead of waiting for every step's results; on every side.
+    #[arg(long)]
+    pipelined: bool,
 }
 
 #[derive(Subcommand)]
@@ -93,7 +97,7 @@ enum Cmd {
 }
 
 fn options(c: &Common) -> Options {
-    Options { reps: c.reps, warmup: c.warmup, steps: c.steps }
+    Options { reps: c.reps, warmup: c.warmup, steps: c.steps, pipelined: c.pipelined }
 }
 
 /// A scratch directory for weights files and the worker script, removed at the end.
@@ -179,18 +183,22 @@ fn print_rows(rows: &[Row]) {
         println!("{line} {:.2} | {} | {agree} |", r.ratio(), goal(&r.workload.name));
     }
     println!("\nWhere lazuli's step time goes (medians over repetitions):\n");
-    println!("| workload | step | recording (fwd+bwd+optimizer) | execute (in the plugin) | rest of sync (walk, hash, lookup, transfers, donation) | programs/step | first step (lazuli) | compile (JAX) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| workload | step | recording (fwd+bwd+optimizer) | sync before arguments (collect, walk, hash, lookup, donation) | uploads | launch (in the plugin) | after launch (outputs, release) | wait for the device | other | programs/step | first step (lazuli) | compile (JAX) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let s = r.lazuli.split.unwrap_or_default();
         let step = r.lazuli.steps.median();
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} ({} compiles) | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} ({} compiles) | {} | {} |",
             r.workload.name,
             duration(step),
             duration(s.record),
+            duration(s.boundary),
+            duration(s.upload),
             duration(s.execute),
-            duration((step - s.record - s.execute).max(0.0)),
+            duration(s.finish),
+            duration(s.wait),
+            duration((step - s.record - s.boundary - s.upload - s.execute - s.finish - s.wait).max(0.0)),
             s.programs_per_step,
             s.compiles,
             duration(r.lazuli.first_s)
@@ -365,9 +373,15 @@ fn gpu(common: &Common, frameworks: &[String], tiny: bool, device: &str) -> Benc
     }
     if let Some(s) = row.lazuli.split {
         println!(
-            "\nlazuli per step: recording {}, execute {}, {:.0} program(s), {} compile(s) while timed",
+            "\nlazuli per step: recording {}, sync before arguments (collect, walk, hash, lookup, donation) {}, \
+             uploads {}, launch {}, after launch {}, wait for the device {}, {:.0} program(s), {} compile(s) while \
+             timed",
             duration(s.record),
+            duration(s.boundary),
+            duration(s.upload),
             duration(s.execute),
+            duration(s.finish),
+            duration(s.wait),
             s.programs_per_step,
             s.compiles
         );

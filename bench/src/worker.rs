@@ -43,8 +43,16 @@ pub struct StepRun {
 pub struct Split {
     /// Recording forward, backward and the optimizer update (median).
     pub record: f64,
-    /// Inside the plugin's execute call (median).
+    /// Inside the plugin's execute call: launching the program (median).
     pub execute: f64,
+    /// Waiting for the program to finish (`wait()`; pipelined: the final wait spread over the steps) (median).
+    pub wait: f64,
+    /// `sync()`'s host work before binding arguments: collect, walk, hash, lookup, donation planning (median).
+    pub boundary: f64,
+    /// Binding arguments: uploads of the batch and host scalars (median).
+    pub upload: f64,
+    /// After the launch: storing outputs, releasing donated inputs and the graph (median).
+    pub finish: f64,
     pub programs_per_step: f64,
     /// Programs compiled during the run (0 once warm).
     pub compiles: u64,
@@ -103,9 +111,10 @@ impl Worker {
         })
     }
 
-    /// Run `steps` training steps, each timed until its results are ready.
-    pub fn run(&mut self, steps: usize) -> BenchResult<StepRun> {
-        let r = self.request(json!({"cmd": "run", "steps": steps}))?;
+    /// Run `steps` training steps, each timed until its results are ready (or, pipelined, all of them back to
+    /// back until the last one's results are ready; every step then gets the mean).
+    pub fn run(&mut self, steps: usize, pipelined: bool) -> BenchResult<StepRun> {
+        let r = self.request(json!({"cmd": "run", "steps": steps, "pipelined": pipelined}))?;
         let floats = |v: &Value| -> Vec<f64> {
             v.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
         };

@@ -1,5 +1,5 @@
 //! The training workloads and their lazuli side: model, optimizer, batches, the shared weights file, and a timed
-//! step (record forward, backward and update, then `sync()`, which runs one program and waits for it).
+//! step (record forward, backward and update, then `sync()`, which launches one program, and `wait()`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -264,27 +264,49 @@ impl LazuliRun {
         Ok((loss, recorded))
     }
 
-    /// `steps` timed steps; each time spans recording to the end of `sync()` (the program has finished).
-    pub fn run(&mut self, steps: usize) -> BenchResult<StepRun> {
+    /// `steps` timed steps; each time spans recording to the end of the step's program (`sync()` launches it,
+    /// `wait()` waits for it). Pipelined: the steps run back to back, one `wait()` at the end, and every step
+    /// gets the mean; the host then records step k+1 while the device runs step k.
+    pub fn run(&mut self, steps: usize, pipelined: bool) -> BenchResult<StepRun> {
         let mut times = Vec::with_capacity(steps);
         let mut losses = Vec::with_capacity(steps);
         let mut record = Vec::with_capacity(steps);
-        let mut execute = Vec::with_capacity(steps);
+        // Per step, in seconds: execute (launch), sync before arguments, uploads, after launch, wait.
+        let mut phases: [Vec<f64>; 5] = Default::default();
         let before = lazuli::metrics();
+        let start = Instant::now();
         for _ in 0..steps {
             let m0 = lazuli::metrics();
             let t0 = Instant::now();
             let (loss, recorded) = self.step()?;
+            if !pipelined {
+                lazuli::wait()?;
+            }
             times.push(t0.elapsed().as_secs_f64());
             record.push(recorded);
-            execute.push((lazuli::metrics() - m0).execute_ms / 1e3);
+            let d = lazuli::metrics() - m0;
+            for (v, ms) in phases.iter_mut().zip([d.execute_ms, d.boundary_ms, d.upload_ms, d.finish_ms, d.wait_ms]) {
+                v.push(ms / 1e3);
+            }
             losses.push(loss);
+        }
+        if pipelined {
+            let w0 = lazuli::metrics();
+            lazuli::wait()?;
+            let waited = (lazuli::metrics() - w0).wait_ms / 1e3;
+            times = vec![start.elapsed().as_secs_f64() / steps.max(1) as f64; steps];
+            phases[4].iter_mut().for_each(|w| *w += waited / steps.max(1) as f64);
         }
         let m = lazuli::metrics() - before;
         let losses = losses.iter().map(|l| l.item::<f32>().map(f64::from)).collect::<lazuli::Result<Vec<_>>>()?;
+        let med = |v: &[f64]| crate::stats::median(v);
         let split = Split {
-            record: crate::stats::median(&record),
-            execute: crate::stats::median(&execute),
+            record: med(&record),
+            execute: med(&phases[0]),
+            boundary: med(&phases[1]),
+            upload: med(&phases[2]),
+            finish: med(&phases[3]),
+            wait: med(&phases[4]),
             programs_per_step: m.executions as f64 / steps.max(1) as f64,
             compiles: m.compiles,
         };

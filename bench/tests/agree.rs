@@ -30,13 +30,13 @@ impl Env {
         let weights = self.dir.join(format!("{}.safetensors", w.name));
         let mut run = LazuliRun::new(w);
         run.write_weights(&weights).expect("writing weights");
-        (run.run(STEPS).expect("lazuli steps").losses, weights)
+        (run.run(STEPS, false).expect("lazuli steps").losses, weights)
     }
 
     fn jax(&self, w: &Workload, weights: &Path) -> Vec<f64> {
         let mut jax = worker::Worker::start(&self.python, &self.script, "jax").expect("starting the JAX worker");
         jax.setup(w, weights).unwrap_or_else(|e| panic!("JAX setup of {}: {e}", w.name));
-        jax.run(STEPS).expect("JAX steps").losses
+        jax.run(STEPS, false).expect("JAX steps").losses
     }
 }
 

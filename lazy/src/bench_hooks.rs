@@ -4,18 +4,18 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::materialize::{structure_hash, trace};
 use crate::runtime::runtime;
 use crate::tensor::live_pending;
+use crate::walk::{one_at_a_time, walk};
 
 /// Where the time of a step boundary's host-side work goes, and what it found.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BoundaryTimes {
     /// Finding the live pending tensors (the targets of `sync()`).
     pub collect: Duration,
-    /// Walking the pending graph under them into the IR (`hlo::Graph`).
+    /// Walking the pending graph under them, hashing its structure as it goes (the IR is only built on a miss).
     pub walk: Duration,
-    /// The structure hash of that graph.
+    /// Finishing the key from that hash (donations and partitioning).
     pub hash: Duration,
     /// The executable-cache lookup by that hash.
     pub lookup: Duration,
@@ -36,21 +36,22 @@ pub fn time_boundary() -> Result<BoundaryTimes> {
     let t0 = Instant::now();
     let live = live_pending();
     let t1 = Instant::now();
-    let traced = trace(&live);
+    let one = one_at_a_time();
+    let traced = walk(&live);
     let t2 = Instant::now();
-    let key = structure_hash(&traced.graph);
+    let key = traced.key();
     let t3 = Instant::now();
     let cache_hit = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&key);
     let t4 = Instant::now();
-    let g = &traced.graph;
+    drop(one);
     Ok(BoundaryTimes {
         collect: t1 - t0,
         walk: t2 - t1,
         hash: t3 - t2,
         lookup: t4 - t3,
-        nodes: g.nodes.len(),
-        inputs: g.params.len(),
-        outputs: g.outputs.len(),
+        nodes: traced.len(),
+        inputs: traced.params.len(),
+        outputs: traced.outputs.len(),
         cache_hit,
     })
 }

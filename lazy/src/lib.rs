@@ -30,12 +30,13 @@ pub mod runtime;
 pub mod shard;
 mod spmd;
 pub mod tensor;
+mod walk;
 
 pub use autodiff::{grad, grad_enabled, no_grad, value_and_grad};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use lazuli_hlo::{DType, Loc};
-pub use materialize::Cause;
+pub use materialize::{wait, Cause};
 pub use metrics::{metrics, Metrics};
 pub use random::{manual_seed, rng_state, set_rng_state};
 pub use record::{broadcast_shapes, Operand};

@@ -1,11 +1,10 @@
 //! Materialization: collect the pending graph under some target tensors, look its structure up in the executable
 //! cache (compiling on a miss), run it, and store the results on their nodes.
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
-use lazuli_hlo::{emit, EmitOptions, Graph, Loc, NodeId};
+use lazuli_hlo::{emit, EmitOptions, Loc};
 use lazuli_pjrt::{Buffer, CompileOptions, ElementType};
 
 use crate::compile_cache;
@@ -13,7 +12,8 @@ use crate::diagnostics::{self, cause_name, EventKind};
 use crate::error::{Error, Result};
 use crate::metrics::{Counters, COUNTERS};
 use crate::runtime::{runtime, Runtime};
-use crate::tensor::{Data, Node, NodeMap};
+use crate::tensor::{Data, Node};
+use crate::walk::{one_at_a_time, walk, Walk};
 
 /// Why a materialization happened (diagnostics build on this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,17 +26,6 @@ pub enum Cause {
     Checkpoint,
     /// A tensor's value decided a host-side branch (`if loss > 1.0`).
     HostControlFlow,
-}
-
-/// The graph under the targets.
-pub(crate) struct Traced {
-    pub graph: Graph,
-    /// The lazy node of every graph node, by node id.
-    pub nodes: Vec<Arc<Node>>,
-    /// Ready nodes (host or device data) bound to the parameters, in parameter order.
-    pub leaves: Vec<Arc<Node>>,
-    /// Pending nodes to receive the outputs, in output order.
-    pub targets: Vec<Arc<Node>>,
 }
 
 pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
@@ -72,103 +61,30 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
     Ok((buf, bytes.len() as u64))
 }
 
-/// Walk the pending graph below `targets` (iteratively: graphs can be deep) and build the IR in topological order.
-pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
-    let mut graph = Graph::new();
-    let mut leaves = Vec::new();
-    let mut nodes: Vec<Arc<Node>> = Vec::new();
-    let mut ids: NodeMap<NodeId> = NodeMap::default();
-    let mut outputs = Vec::new();
-    for target in targets {
-        if ids.contains_key(&Arc::as_ptr(target)) && outputs.iter().any(|n: &Arc<Node>| Arc::ptr_eq(n, target)) {
-            continue;
-        }
-        // Post-order DFS: (node, operands already pushed?)
-        let mut stack: Vec<(Arc<Node>, bool)> = vec![(target.clone(), false)];
-        while let Some((node, expanded)) = stack.pop() {
-            let key = Arc::as_ptr(&node);
-            if ids.contains_key(&key) {
-                continue;
-            }
-            let state = node.lock();
-            match (&state.data, &state.recipe) {
-                (None, Some(recipe)) => {
-                    if expanded {
-                        let operand_ids = recipe.operands.iter().map(|o| ids[&Arc::as_ptr(o)]).collect();
-                        let id = graph.push_typed(recipe.op.clone(), operand_ids, node.ty.clone(), node.loc);
-                        drop(state);
-                        ids.insert(key, id);
-                        nodes.push(node);
-                    } else {
-                        let operands = recipe.operands.clone();
-                        drop(state);
-                        stack.push((node, true));
-                        for o in operands.into_iter().rev() {
-                            if !ids.contains_key(&Arc::as_ptr(&o)) {
-                                stack.push((o, false));
-                            }
-                        }
-                    }
-                }
-                _ => {
-                    drop(state);
-                    let id = graph.parameter(node.ty.clone(), node.loc);
-                    ids.insert(key, id);
-                    nodes.push(node.clone());
-                    leaves.push(node);
-                }
-            }
-        }
-        if target.is_pending() {
-            graph.outputs.push(ids[&Arc::as_ptr(target)]);
-            outputs.push(target.clone());
-        }
-    }
-    Traced { graph, nodes, leaves, targets: outputs }
-}
-
-/// Hash of the graph's structure: ops, operand wiring, types, outputs. Never values, never source lines, so the
-/// same computation with new data (or recorded from another line) reuses the compiled program.
-pub(crate) fn structure_hash(graph: &Graph) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    graph.nodes.len().hash(&mut h);
-    for n in &graph.nodes {
-        n.op.hash(&mut h);
-        n.operands.hash(&mut h);
-        n.ty.hash(&mut h);
-    }
-    graph.outputs.hash(&mut h);
-    graph.aliases.hash(&mut h);
-    graph.partitions.hash(&mut h);
-    graph.param_shardings.hash(&mut h);
-    graph.output_shardings.hash(&mut h);
-    h.finish()
-}
-
 /// Donate the buffers of leaves that die with this step to outputs of the same type, so new weights and
 /// optimizer state are written in place. A node dies with the step when the user holds no handle to it and every
 /// reference to it comes from a recipe dropped after the step: a target's (unless it keeps its recipe for a later
 /// `backward()`), or a dying node's. Users come after their operands in the graph, so one backward sweep decides.
 /// `LAZULI_DONATE=0` turns donation off. Returns the donated parameter indices.
-fn plan_donation(traced: &mut Traced) -> Vec<usize> {
+fn plan_donation(w: &mut Walk) -> Vec<usize> {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !*ENABLED.get_or_init(|| std::env::var("LAZULI_DONATE").map(|v| v != "0").unwrap_or(true)) {
         return Vec::new();
     }
-    let g = &traced.graph;
-    let mut is_target = vec![false; g.nodes.len()];
-    for &o in &g.outputs {
+    let n = w.len();
+    let mut is_target = vec![false; n];
+    for &o in &w.outputs {
         is_target[o] = true;
     }
-    let mut param_of = vec![None; g.nodes.len()];
-    for (i, &id) in g.params.iter().enumerate() {
+    let mut param_of = vec![None; n];
+    for (i, &id) in w.params.iter().enumerate() {
         param_of[id] = Some(i);
     }
     // References from recipes that are dropped after the step, per node.
-    let mut dropped_refs = vec![0usize; g.nodes.len()];
+    let mut dropped_refs = vec![0usize; n];
     let mut dying_leaves = Vec::new();
-    for id in (0..g.nodes.len()).rev() {
-        let node = &traced.nodes[id];
+    for id in (0..n).rev() {
+        let node = &w.nodes[id];
         // Handles held by this planning: `nodes` (+1), and `leaves` for parameters (+1).
         let ours = 1 + param_of[id].is_some() as usize;
         let dies = node.user_handles() == 0 && Arc::strong_count(node) == dropped_refs[id] + ours;
@@ -180,24 +96,23 @@ fn plan_donation(traced: &mut Traced) -> Vec<usize> {
         }
         let recipe_dropped = if is_target[id] { !node.keeps_recipe() } else { dies };
         if recipe_dropped {
-            for &o in &g.nodes[id].operands {
-                dropped_refs[o] += 1;
+            for &o in w.operands(id) {
+                dropped_refs[o as usize] += 1;
             }
         }
     }
     dying_leaves.sort_unstable();
-    let mut used = vec![false; g.outputs.len()];
+    let mut used = vec![false; w.outputs.len()];
     let mut donated = Vec::new();
+    let shardings = w.graph.as_ref().map(|g| (&g.param_shardings, &g.output_shardings));
     for i in dying_leaves {
-        let leaf = &traced.leaves[i];
+        let leaf = &w.leaves[i];
         // Same type and, on a mesh, the same layout: a shard can only become the same shard.
-        let g = &traced.graph;
-        let fits = |j: usize| {
-            !used[j] && traced.targets[j].ty == leaf.ty && g.param_shardings.get(i) == g.output_shardings.get(j)
-        };
+        let fits =
+            |j: usize| !used[j] && w.targets[j].ty == leaf.ty && shardings.is_none_or(|(p, o)| p.get(i) == o.get(j));
         if let Some(j) = (0..used.len()).find(|&j| fits(j)) {
             used[j] = true;
-            traced.graph.aliases.push((i, j));
+            w.aliases.push((i, j));
             donated.push(i);
         }
     }
@@ -208,29 +123,34 @@ fn plan_donation(traced: &mut Traced) -> Vec<usize> {
 pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Result<()> {
     // One materialization at a time: another thread tracing the same pending graph while this one donates its
     // inputs would bind buffers that are about to be consumed.
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_at_a_time();
+    let started = Instant::now();
     if !targets.iter().any(|t| t.is_pending()) {
         return Ok(());
     }
     let rt = runtime()?;
-    let mut traced = trace(targets);
+    let mut traced = walk(targets);
     if traced.targets.is_empty() {
         return Ok(());
     }
     // On a mesh: parameters keep their placement, outputs get the shardings the ops' rules propagate.
-    let mesh = crate::spmd::mesh_of(&traced.leaves, &traced.graph)?;
-    let placement = mesh.as_ref().map(|m| crate::spmd::annotate(&mut traced.graph, &traced.leaves, m));
+    let mesh = crate::spmd::mesh_of(&traced.leaves, traced.has_constraint)?;
+    let placement = mesh.as_ref().map(|m| {
+        let leaves = traced.leaves.clone();
+        crate::spmd::annotate(traced.graph(), &leaves, m)
+    });
     let donated = plan_donation(&mut traced);
-    let key = structure_hash(&traced.graph);
+    let key = traced.key();
     let cached = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
     // Strict mode may refuse here, before anything is uploaded, compiled or donated.
     let hit = cached.is_some();
-    let check = diagnostics::before_program(cause, at, hit, &traced.graph)?;
+    // Diagnostics compare a new program's IR with earlier ones; a cache hit needs no IR at all.
+    let check = diagnostics::before_program(cause, at, hit, if hit { None } else { Some(traced.graph()) })?;
     let mut event =
         diagnostics::events::enabled().then(|| diagnostics::Event::new(EventKind::Program, cause_name(cause), at));
 
     let t0 = Instant::now();
+    Counters::add(&COUNTERS.boundary_ns, (t0 - started).as_nanos() as u64);
     let mut uploaded = 0u64;
     // Per device (one for an ordinary program), the argument buffers in parameter order.
     let devices = mesh.as_ref().map_or(1, |m| m.size());
@@ -246,6 +166,7 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         }
     }
     let transfer = t0.elapsed();
+    Counters::add(&COUNTERS.upload_ns, transfer.as_nanos() as u64);
     let options = match &mesh {
         Some(m) => CompileOptions {
             device_assignment: Some(vec![m.devices().iter().map(|&d| d as i64).collect()]),
@@ -260,7 +181,7 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
             exe
         }
         None => {
-            let text = emit(&traced.graph, &EmitOptions::default());
+            let text = emit(traced.graph(), &EmitOptions::default());
             dump_program(key, &text);
             let exe =
                 compile_cache::compile(rt, &text, &options, key).map_err(|source| Error::Compile { at, source })?;
@@ -272,10 +193,14 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         }
     };
     let compile = t0.elapsed();
+    // Keep at most a few programs queued: older ones are waited for (and their errors reported) first.
+    throttle(MAX_IN_FLIGHT - 1)?;
     let t0 = Instant::now();
     let arg_refs: Vec<Vec<&Buffer>> = args.iter().map(|list| list.iter().map(|b| b.as_ref()).collect()).collect();
-    let mut per_device = exe.execute_sharded(&arg_refs).map_err(|source| Error::Execute { at, source })?;
+    let (mut per_device, done) = exe.launch_sharded(&arg_refs).map_err(|source| Error::Execute { at, source })?;
+    in_flight().push_back((done, at));
     let execute = t0.elapsed();
+    let finishing = Instant::now();
     // Output j: its buffer on each device.
     let n_out = per_device.first().map_or(0, Vec::len);
     let mut outs: Vec<Vec<Buffer>> = (0..n_out).map(|_| Vec::with_capacity(devices)).collect();
@@ -310,13 +235,12 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         node.set_data(data);
     }
     if let Some(e) = &mut event {
-        let g = &traced.graph;
         e.program_in_step = check.program_in_step;
         e.unchecked = check.unchecked;
         e.recompile = check.recompile;
         e.explanation = check.explanation;
         e.graph_hash = format!("{key:016x}");
-        (e.nodes, e.inputs, e.outputs) = (g.nodes.len(), g.params.len(), g.outputs.len());
+        (e.nodes, e.inputs, e.outputs) = (traced.len(), traced.params.len(), traced.outputs.len());
         e.cache_hit = hit;
         e.disk_hit = !hit && compile_cache::loaded_from_disk(key);
         e.compile_ms = if e.cache_hit { 0.0 } else { compile.as_secs_f64() * 1e3 };
@@ -325,7 +249,54 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         e.bytes_to_device = uploaded;
         diagnostics::events::emit(e);
     }
+    // Releasing the graph above the outputs is part of finishing.
+    drop(arg_refs);
+    drop((traced, args));
+    Counters::add(&COUNTERS.finish_ns, finishing.elapsed().as_nanos() as u64);
     Ok(())
+}
+
+/// Programs launched but perhaps still running, oldest first, with the line that caused each. Execution is
+/// asynchronous: `sync()` returns once the step's program is enqueued, so the host records the next step while
+/// the device runs this one. Reads wait for the data they need; `wait()` waits for everything.
+static IN_FLIGHT: std::sync::Mutex<std::collections::VecDeque<(lazuli_pjrt::Completion, Loc)>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+
+/// Programs allowed in flight at once (bounds device memory held by queued steps, and how late an error shows).
+const MAX_IN_FLIGHT: usize = 2;
+
+fn in_flight() -> std::sync::MutexGuard<'static, std::collections::VecDeque<(lazuli_pjrt::Completion, Loc)>> {
+    IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Wait for the oldest launched programs until at most `keep` remain; an error names the line that launched it.
+fn throttle(keep: usize) -> Result<()> {
+    let t0 = Instant::now();
+    let mut status = Ok(());
+    loop {
+        let Some((done, at)) = ({
+            let mut q = in_flight();
+            if q.len() > keep {
+                q.pop_front()
+            } else {
+                None
+            }
+        }) else {
+            break;
+        };
+        if let (Err(source), true) = (done.wait(), status.is_ok()) {
+            status = Err(Error::Execute { at, source });
+        }
+    }
+    Counters::add(&COUNTERS.wait_ns, t0.elapsed().as_nanos() as u64);
+    status
+}
+
+/// Wait until every launched program has finished on its devices. `sync()` only enqueues the step; reads
+/// (`item`, `to_vec`, checkpoints) wait for what they read. Use this to time steps or to surface a runtime error
+/// at a known point. An error names the line whose materialization launched the failing program.
+pub fn wait() -> Result<()> {
+    throttle(0)
 }
 
 /// With `LAZULI_DUMP_DIR` set, write every compiled program there as `<hash>.mlir` (for bug reports and for

@@ -14,6 +14,10 @@ pub(crate) struct Counters {
     pub bytes_donated: AtomicU64,
     pub disk_cache_hits: AtomicU64,
     pub disk_cache_misses: AtomicU64,
+    pub boundary_ns: AtomicU64,
+    pub upload_ns: AtomicU64,
+    pub finish_ns: AtomicU64,
+    pub wait_ns: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -27,6 +31,10 @@ pub(crate) static COUNTERS: Counters = Counters {
     bytes_donated: AtomicU64::new(0),
     disk_cache_hits: AtomicU64::new(0),
     disk_cache_misses: AtomicU64::new(0),
+    boundary_ns: AtomicU64::new(0),
+    upload_ns: AtomicU64::new(0),
+    finish_ns: AtomicU64::new(0),
+    wait_ns: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -45,6 +53,7 @@ pub struct Metrics {
     /// Programs executed.
     pub executions: u64,
     pub compile_ms: f64,
+    /// Time inside the plugin's execute call: launching programs (they run asynchronously; see `wait_ms`).
     pub execute_ms: f64,
     /// Bytes copied host → device (tensor data and host scalars).
     pub bytes_to_device: u64,
@@ -56,6 +65,15 @@ pub struct Metrics {
     pub disk_cache_hits: u64,
     /// Programs the persistent compile cache did not hold (or held corrupt or foreign), compiled and stored.
     pub disk_cache_misses: u64,
+    /// Host work of materializations before their arguments are bound: collecting and walking the graph,
+    /// sharding annotation, donation planning, hashing, cache lookup (compiles excluded).
+    pub boundary_ms: f64,
+    /// Binding arguments: host-to-device copies of new data (batches, host scalars) and shards.
+    pub upload_ms: f64,
+    /// After the program ran: storing outputs on their nodes, releasing donated inputs and the graph above them.
+    pub finish_ms: f64,
+    /// Waiting for launched programs to finish (`wait()`, and a full launch queue); reads' waits not included.
+    pub wait_ms: f64,
 }
 
 /// The counters now.
@@ -72,6 +90,10 @@ pub fn metrics() -> Metrics {
         bytes_donated: c.bytes_donated.load(Relaxed),
         disk_cache_hits: c.disk_cache_hits.load(Relaxed),
         disk_cache_misses: c.disk_cache_misses.load(Relaxed),
+        boundary_ms: c.boundary_ns.load(Relaxed) as f64 / 1e6,
+        upload_ms: c.upload_ns.load(Relaxed) as f64 / 1e6,
+        finish_ms: c.finish_ns.load(Relaxed) as f64 / 1e6,
+        wait_ms: c.wait_ns.load(Relaxed) as f64 / 1e6,
     }
 }
 
@@ -89,6 +111,10 @@ impl std::ops::Sub for Metrics {
             bytes_donated: self.bytes_donated - b.bytes_donated,
             disk_cache_hits: self.disk_cache_hits - b.disk_cache_hits,
             disk_cache_misses: self.disk_cache_misses - b.disk_cache_misses,
+            boundary_ms: self.boundary_ms - b.boundary_ms,
+            upload_ms: self.upload_ms - b.upload_ms,
+            finish_ms: self.finish_ms - b.finish_ms,
+            wait_ms: self.wait_ms - b.wait_ms,
         }
     }
 }

@@ -5,19 +5,20 @@ use ndarray::{ArrayD, IxDyn};
 
 use crate::element::bytes_to_f64;
 use crate::error::Result;
-use crate::materialize::trace;
 use crate::tensor::Tensor;
+use crate::walk::trace;
 
 impl Tensor {
     /// This tensor computed by the host reference interpreter (values as f64, rounded to the dtype after every op).
     /// Runs nothing on the device; reads device-resident inputs back if needed.
     pub fn evaluate_reference(&self) -> Result<ArrayD<f64>> {
         let node = &self.node;
-        if !node.is_pending() {
+        let traced = trace(std::slice::from_ref(node));
+        if traced.graph.outputs.is_empty() {
+            // Not pending (or computed by another thread's `sync()` before the walk): its value is the answer.
             let v = self.to_f64_vec()?;
             return Ok(ArrayD::from_shape_vec(IxDyn(self.dims()), v).expect("buffer matches type"));
         }
-        let traced = trace(std::slice::from_ref(node));
         let mut params = Vec::with_capacity(traced.leaves.len());
         for leaf in &traced.leaves {
             let data = leaf.lock().data.clone();

@@ -164,7 +164,7 @@ pub fn plan(
     device: DeviceModel,
 ) -> Plan {
     let named = model.named_params();
-    let traced = crate::materialize::trace(std::slice::from_ref(&loss.node));
+    let traced = crate::walk::trace(std::slice::from_ref(&loss.node));
     let g = &traced.graph;
     // Which model parameter (index into `named`) each graph parameter is.
     let leaf_param: Vec<Option<usize>> =
@@ -250,6 +250,6 @@ pub fn apply_plan(plan: &Plan, model: &dyn Module) -> Result<Mesh> {
 /// The planner's count of the work in `t`'s pending graph on one device (forward only, nothing split): matmul
 /// FLOPs and the bytes of every other result. For calibrating a `DeviceModel` against measured times.
 pub fn recorded_work(t: &Tensor) -> Work {
-    let traced = crate::materialize::trace(std::slice::from_ref(&t.node));
+    let traced = crate::walk::trace(std::slice::from_ref(&t.node));
     forward_work(&traced.graph, None, vec![None; traced.graph.nodes.len()])
 }

@@ -13,7 +13,7 @@ use crate::runtime::Runtime;
 use crate::tensor::{Data, Node};
 
 /// The mesh a traced graph runs on: the one its sharded inputs and constraints share, or `None`.
-pub(crate) fn mesh_of(leaves: &[Arc<Node>], graph: &Graph) -> Result<Option<Mesh>> {
+pub(crate) fn mesh_of(leaves: &[Arc<Node>], has_constraint: bool) -> Result<Option<Mesh>> {
     let mut mesh: Option<Mesh> = None;
     let mut see = |m: &Mesh| -> Result<()> {
         match &mesh {
@@ -30,7 +30,7 @@ pub(crate) fn mesh_of(leaves: &[Arc<Node>], graph: &Graph) -> Result<Option<Mesh
             see(&s.mesh)?;
         }
     }
-    if mesh.is_none() && graph.nodes.iter().any(|n| matches!(n.op, Op::ShardingConstraint(_))) {
+    if mesh.is_none() && has_constraint {
         return Err(Error::Sharding("a sharding constraint needs at least one input placed on its mesh".into()));
     }
     Ok(mesh)

@@ -71,6 +71,8 @@ pub(crate) struct Node {
     pub backward_done: AtomicBool,
     /// Where a leaf's data should live on a mesh (set by `Tensor::shard`).
     pub placement: Option<Arc<Sharding>>,
+    /// The last graph walk that numbered this node, and its number there (see `walk.rs`).
+    pub visit: std::sync::atomic::AtomicU64,
 }
 
 impl Node {
@@ -176,6 +178,7 @@ impl Tensor {
             grad: Mutex::new(None),
             backward_done: AtomicBool::new(false),
             placement: None,
+            visit: std::sync::atomic::AtomicU64::new(0),
         });
         if pending {
             let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
@@ -377,7 +380,9 @@ pub(crate) fn live_pending() -> Vec<Arc<Node>> {
 #[track_caller]
 pub fn sync() -> Result<()> {
     let at = Loc::caller();
+    let t0 = std::time::Instant::now();
     let live = live_pending();
+    Counters::add(&COUNTERS.boundary_ns, t0.elapsed().as_nanos() as u64);
     materialize(&live, Cause::Sync, at)?;
     if crate::diagnostics::events::enabled() {
         crate::diagnostics::events::emit(&crate::diagnostics::Event::new(EventKind::StepEnd, "sync", at));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::buffer::Buffer;
 use crate::client::{ClientInner, Device};
 use crate::error::{Error, Result};
-use crate::ffi::ExecHandle;
+use crate::ffi::{EventHandle, ExecHandle};
 
 /// A compiled program. Dropping it frees the executable; it keeps its client alive.
 pub struct LoadedExecutable {
@@ -57,15 +57,26 @@ impl LoadedExecutable {
     /// Runs on every addressable device: `args[i]` are the arguments for `addressable_devices()[i]`.
     /// Returns one output list per device, after all devices finished.
     pub fn execute_sharded(&self, args: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        let (outputs, done) = self.launch_sharded(args)?;
+        done.wait()?;
+        Ok(outputs)
+    }
+
+    /// Like `execute_sharded`, but returns once the program is enqueued: the outputs can be read, donated or
+    /// passed to further executions right away (each of those waits for them by itself); `Completion::wait`
+    /// waits for the devices and reports an error the program hit while running.
+    pub fn launch_sharded(&self, args: &[Vec<&Buffer>]) -> Result<(Vec<Vec<Buffer>>, Completion)> {
         self.check_args(args)?;
         let handles: Vec<Vec<_>> = args.iter().map(|list| list.iter().map(|b| b.handle).collect()).collect();
-        let outputs = self.client.api().execute(self.handle, &handles, self.num_outputs)?;
+        let (outputs, events) = self.client.api().execute(self.handle, &handles, self.num_outputs)?;
+        let done = Completion { client: Arc::clone(&self.client), events };
         // Wrap every output before reporting any error, so none leaks.
         let wrapped: Vec<Vec<Result<Buffer>>> = outputs
             .into_iter()
             .map(|list| list.into_iter().map(|h| Buffer::from_handle(Arc::clone(&self.client), h)).collect())
             .collect();
-        wrapped.into_iter().map(|list| list.into_iter().collect()).collect()
+        let outputs = wrapped.into_iter().map(|list| list.into_iter().collect()).collect::<Result<_>>()?;
+        Ok((outputs, done))
     }
 
     fn check_args(&self, args: &[Vec<&Buffer>]) -> Result<()> {
@@ -116,5 +127,43 @@ impl std::fmt::Debug for LoadedExecutable {
             .field("devices", &self.devices)
             .field("num_outputs", &self.num_outputs)
             .finish()
+    }
+}
+
+/// The completion of a launched program on each of its devices.
+pub struct Completion {
+    client: Arc<ClientInner>,
+    events: Vec<EventHandle>,
+}
+
+impl Completion {
+    /// Waits until every device finished; the first error any of them reported.
+    pub fn wait(mut self) -> Result<()> {
+        self.wait_all()
+    }
+
+    fn wait_all(&mut self) -> Result<()> {
+        let api = self.client.api();
+        let mut status = Ok(());
+        for event in self.events.drain(..) {
+            let done = api.event_await(event, "PJRT_LoadedExecutable_Execute");
+            if status.is_ok() {
+                status = done;
+            }
+        }
+        status
+    }
+}
+
+impl Drop for Completion {
+    /// An unawaited completion is still awaited (its events must be destroyed, and only once they fired).
+    fn drop(&mut self) {
+        let _ = self.wait_all();
+    }
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Completion({} device(s) pending)", self.events.len())
     }
 }

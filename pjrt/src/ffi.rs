@@ -31,6 +31,9 @@ unsafe impl Send for Api {}
 // SAFETY: as above; sharing `&Api` only shares reads of an immutable table.
 unsafe impl Sync for Api {}
 
+/// Uploads up to this size are staged by the plugin during the call (see `buffer_from_host`).
+const SMALL_UPLOAD_BYTES: usize = 1 << 20;
+
 macro_rules! handle {
     ($($name:ident => $raw:ident),* $(,)?) => {$(
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,6 +45,7 @@ macro_rules! handle {
         // SAFETY: as above.
         unsafe impl Sync for $name {}
         impl $name {
+            #[allow(dead_code)] // not every handle is ever returned by a call that can fail this way
             fn from_raw(p: *mut c::$raw, call: &'static str) -> Result<$name> {
                 NonNull::new(p).map($name).ok_or_else(|| Error::Pjrt {
                     call,
@@ -58,6 +62,7 @@ handle!(
     DeviceHandle => PJRT_Device,
     BufferHandle => PJRT_Buffer,
     ExecHandle => PJRT_LoadedExecutable,
+    EventHandle => PJRT_Event,
 );
 
 /// A value for a `PJRT_NamedValue` create option.
@@ -218,6 +223,11 @@ impl Api {
     }
 
     /// Blocks until `event` is ready, destroys it and returns its status.
+    /// Waits for an event the caller owns and destroys it.
+    pub(crate) fn event_await(self, event: EventHandle, call: &'static str) -> Result<()> {
+        self.await_event(event.raw(), call)
+    }
+
     fn await_event(self, event: *mut c::PJRT_Event, call: &'static str) -> Result<()> {
         if event.is_null() {
             return Ok(());
@@ -343,7 +353,13 @@ impl Api {
         args.type_ = element_type;
         args.dims = dims.as_ptr();
         args.num_dims = dims.len();
-        args.host_buffer_semantics = c::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+        // Small arrays (batches of tokens, host scalars) are copied during the call, so the call need not wait
+        // for the transfer; large ones are read in place until the transfer completes (no staging copy).
+        args.host_buffer_semantics = if data.len() <= SMALL_UPLOAD_BYTES {
+            c::HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL
+        } else {
+            c::HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES
+        };
         args.device = device.raw();
         call!(self, PJRT_Client_BufferFromHostBuffer, &mut args)?;
         let done = self.await_event(args.done_with_host_buffer, "PJRT_Client_BufferFromHostBuffer");

@@ -40,5 +40,5 @@ pub use client_options::ClientOptions;
 pub use compile_options::CompileOptions;
 pub use element_type::ElementType;
 pub use error::{Error, ErrorCode, Result};
-pub use executable::LoadedExecutable;
+pub use executable::{Completion, LoadedExecutable};
 pub use plugin::{AttrValue, Plugin};

@@ -134,19 +134,20 @@ pub(crate) struct ProgramCheck {
 }
 
 /// Account for a program about to run; in strict mode, refuse a graph break or a recompile.
-pub(crate) fn before_program(cause: Cause, at: Loc, cache_hit: bool, graph: &Graph) -> Result<ProgramCheck> {
+/// `graph` is the new program's IR on a cache miss (`None` on a hit).
+pub(crate) fn before_program(cause: Cause, at: Loc, cache_hit: bool, graph: Option<&Graph>) -> Result<ProgramCheck> {
     let unchecked = UNCHECKED.with(|u| u.get());
     let step = current_step();
-    let explanation = if cache_hit {
-        Vec::new()
-    } else {
+    let explanation = if let Some(graph) = graph {
         let h = history().lock().unwrap_or_else(|e| e.into_inner());
         match closest(graph, h.iter().map(|g| g.as_ref())) {
             Some((_, before)) => explain(graph, before),
             None => Vec::new(),
         }
+    } else {
+        Vec::new()
     };
-    if !cache_hit {
+    if let Some(graph) = graph {
         let mut h = history().lock().unwrap_or_else(|e| e.into_inner());
         if h.len() == HISTORY {
             h.remove(0);

@@ -2,7 +2,7 @@
 
 use std::ptr::{self, NonNull};
 
-use super::{c, copy_slice, device_list, Api, BufferHandle, ClientHandle, DeviceHandle, ExecHandle};
+use super::{c, copy_slice, device_list, Api, BufferHandle, ClientHandle, DeviceHandle, EventHandle, ExecHandle};
 use crate::error::{Error, Result};
 
 impl Api {
@@ -70,14 +70,15 @@ impl Api {
         ExecHandle::from_raw(args.loaded_executable, "PJRT_Executable_DeserializeAndLoad")
     }
 
-    /// Executes with one argument list per addressable device and waits for every device to finish.
-    /// On any error no output is leaked: outputs already produced are destroyed.
+    /// Launches with one argument list per addressable device and returns without waiting: the outputs (which
+    /// later reads and executions wait for by themselves) and one completion event per device, which the caller
+    /// must await (`event_await`). On a launch error no output is leaked: outputs already produced are destroyed.
     pub(crate) fn execute(
         self,
         exe: ExecHandle,
         args_per_device: &[Vec<BufferHandle>],
         num_outputs: usize,
-    ) -> Result<Vec<Vec<BufferHandle>>> {
+    ) -> Result<(Vec<Vec<BufferHandle>>, Vec<EventHandle>)> {
         let num_devices = args_per_device.len();
         let num_args = args_per_device.first().map_or(0, Vec::len);
         let arg_lists: Vec<Vec<*mut c::PJRT_Buffer>> =
@@ -98,13 +99,8 @@ impl Api {
         args.device_complete_events = events.as_mut_ptr();
         call!(self, PJRT_LoadedExecutable_Execute, &mut args)?;
 
+        let events: Vec<EventHandle> = events.into_iter().filter_map(|e| NonNull::new(e).map(EventHandle)).collect();
         let mut status = Ok(());
-        for event in events {
-            let done = self.await_event(event, "PJRT_LoadedExecutable_Execute");
-            if status.is_ok() {
-                status = done;
-            }
-        }
         let mut outputs = Vec::with_capacity(num_devices);
         for list in &out_lists {
             let handles: Vec<Option<BufferHandle>> = list.iter().map(|p| NonNull::new(*p).map(BufferHandle)).collect();
@@ -118,9 +114,12 @@ impl Api {
             outputs.push(handles.into_iter().flatten().collect::<Vec<_>>());
         }
         if let Err(e) = status {
+            for event in events {
+                let _ = self.event_await(event, "PJRT_LoadedExecutable_Execute");
+            }
             outputs.into_iter().flatten().for_each(|b| self.buffer_destroy(b));
             return Err(e);
         }
-        Ok(outputs)
+        Ok((outputs, events))
     }
 }

@@ -64,6 +64,7 @@ pub(crate) const NAMED_VALUE_INT64_LIST: CEnum = 2;
 pub(crate) const NAMED_VALUE_FLOAT: CEnum = 3;
 pub(crate) const NAMED_VALUE_BOOL: CEnum = 4;
 
+pub(crate) const HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL: CEnum = 0;
 pub(crate) const HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES: CEnum = 1;
 pub(crate) const MEMORY_LAYOUT_TILED: CEnum = 0;
 

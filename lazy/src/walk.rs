@@ -1,0 +1,199 @@
+//! Walking the pending graph under some targets at a step boundary. The walk hashes the structure as it goes and
+//! collects only what running a compiled program needs (the nodes in topological order, their wiring, the leaves
+//! to bind and the targets to fill); the IR (`hlo::Graph`, with a clone of every op and type) is built only when a
+//! program must be compiled, explained or partitioned. A step whose structure repeats therefore costs one pass
+//! over its nodes: no map lookups (a per-node visit stamp says where a node was put) and no IR allocation.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use lazuli_hlo::{Graph, Op};
+
+use crate::tensor::Node;
+
+/// One walk of the pending graph below a set of targets.
+pub(crate) struct Walk {
+    /// The lazy node of every graph node, by node id (topological: operands first).
+    pub nodes: Vec<Arc<Node>>,
+    /// Operand ids of node `i`: `operands[starts[i]..starts[i + 1]]`. Leaves have none.
+    operands: Vec<u32>,
+    starts: Vec<u32>,
+    /// Node id of parameter `i`.
+    pub params: Vec<usize>,
+    /// Ready nodes (host or device data) bound to the parameters, in parameter order.
+    pub leaves: Vec<Arc<Node>>,
+    /// Node id of output `j`.
+    pub outputs: Vec<usize>,
+    /// Pending nodes to receive the outputs, in output order.
+    pub targets: Vec<Arc<Node>>,
+    /// Some node is a sharding constraint (the graph runs on a mesh even without sharded inputs).
+    pub has_constraint: bool,
+    /// Hash of ops, wiring, types and outputs.
+    structure: u64,
+    /// `(parameter, output)` buffer donations decided for this program.
+    pub aliases: Vec<(usize, usize)>,
+    /// The IR, once built.
+    pub graph: Option<Graph>,
+}
+
+/// Each walk stamps the nodes it numbers with `(walk << 32) | id`; a stamp from an older walk means "not yet".
+static WALKS: AtomicU64 = AtomicU64::new(0);
+
+impl Walk {
+    pub fn operands(&self, id: usize) -> &[u32] {
+        &self.operands[self.starts[id] as usize..self.starts[id + 1] as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The IR of this walk: built on first use (compiling, diagnostics, SPMD annotation), then kept. Aliases are
+    /// copied in when it is built and again by `graph_with_aliases`.
+    pub fn graph(&mut self) -> &mut Graph {
+        if self.graph.is_none() {
+            let mut g = Graph::new();
+            let mut param = vec![false; self.nodes.len()];
+            self.params.iter().for_each(|&p| param[p] = true);
+            for (id, node) in self.nodes.iter().enumerate() {
+                if param[id] {
+                    g.parameter(node.ty.clone(), node.loc);
+                    continue;
+                }
+                let state = node.lock();
+                let op = match &state.recipe {
+                    Some(r) => r.op.clone(),
+                    // Unreachable while the walk's nodes are pinned by the materialization lock.
+                    None => panic!("lazuli: internal error: node {id} lost its recipe between walk and lowering"),
+                };
+                drop(state);
+                let operands = self.operands(id).iter().map(|&o| o as usize).collect();
+                g.push_typed(op, operands, node.ty.clone(), node.loc);
+            }
+            g.outputs = self.outputs.clone();
+            self.graph = Some(g);
+        }
+        let g = self.graph.as_mut().expect("built above");
+        g.aliases = self.aliases.clone();
+        g
+    }
+
+    /// The executable-cache key: the structure, donations and (on a mesh) the partitioning. Never values, never
+    /// source lines, so the same computation with new data, or recorded from another line, reuses the program.
+    pub fn key(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.structure.hash(&mut h);
+        self.aliases.hash(&mut h);
+        if let Some(g) = &self.graph {
+            g.partitions.hash(&mut h);
+            g.param_shardings.hash(&mut h);
+            g.output_shardings.hash(&mut h);
+        }
+        h.finish()
+    }
+}
+
+/// Walk the pending graph below `targets` (iteratively: graphs can be deep) in post-order. Callers hold the
+/// materialization lock, so no recipe is dropped and no stamp is rewritten while this runs.
+pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
+    let epoch = (WALKS.fetch_add(1, Relaxed) + 1) << 32;
+    let id_of = |n: &Node| -> Option<u32> {
+        let s = n.visit.load(Relaxed);
+        (s & !0xffff_ffff == epoch).then_some(s as u32)
+    };
+    let mut w = Walk {
+        nodes: Vec::new(),
+        operands: Vec::new(),
+        starts: vec![0],
+        params: Vec::new(),
+        leaves: Vec::new(),
+        outputs: Vec::new(),
+        targets: Vec::new(),
+        has_constraint: false,
+        structure: 0,
+        aliases: Vec::new(),
+        graph: None,
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut is_output = Vec::new();
+    // (node, operands already pushed?)
+    let mut stack: Vec<(Arc<Node>, bool)> = Vec::new();
+    for target in targets {
+        if let Some(id) = id_of(target) {
+            if is_output[id as usize] {
+                continue;
+            }
+        }
+        stack.push((target.clone(), false));
+        while let Some((node, expanded)) = stack.pop() {
+            if id_of(&node).is_some() {
+                continue;
+            }
+            let state = node.lock();
+            let id = w.nodes.len() as u32;
+            match (&state.data, &state.recipe) {
+                (None, Some(recipe)) if !expanded => {
+                    stack.push((node.clone(), true));
+                    for o in recipe.operands.iter().rev().filter(|o| id_of(o).is_none()) {
+                        stack.push((o.clone(), false));
+                    }
+                    continue;
+                }
+                (None, Some(recipe)) => {
+                    let first = w.operands.len();
+                    for o in &recipe.operands {
+                        // Operands were numbered before their user (post-order).
+                        w.operands.push(id_of(o).unwrap_or(u32::MAX));
+                    }
+                    recipe.op.hash(&mut h);
+                    w.operands[first..].hash(&mut h);
+                    w.has_constraint |= matches!(recipe.op, Op::ShardingConstraint(_));
+                }
+                _ => {
+                    Op::Parameter(lazuli_hlo::Parameter { index: w.params.len() }).hash(&mut h);
+                    w.params.push(id as usize);
+                    w.leaves.push(node.clone());
+                }
+            }
+            drop(state);
+            node.ty.hash(&mut h);
+            node.visit.store(epoch | id as u64, Relaxed);
+            w.starts.push(w.operands.len() as u32);
+            w.nodes.push(node);
+            is_output.push(false);
+        }
+        if target.is_pending() {
+            let id = id_of(target).expect("numbered by the walk") as usize;
+            is_output[id] = true;
+            w.outputs.push(id);
+            w.targets.push(target.clone());
+        }
+    }
+    w.nodes.len().hash(&mut h);
+    w.outputs.hash(&mut h);
+    w.structure = h.finish();
+    w
+}
+
+/// One materialization (or walk) at a time: another thread walking the same pending graph while this one
+/// donates its inputs would bind buffers that are about to be consumed, and walks share the nodes' stamps.
+pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The graph under some targets as IR, for the host reference interpreter and the planner.
+pub(crate) struct Traced {
+    pub graph: Graph,
+    /// Ready nodes bound to the parameters, in parameter order.
+    pub leaves: Vec<Arc<Node>>,
+}
+
+/// Walk below `targets` and build the IR (outside a materialization).
+pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
+    let _one = one_at_a_time();
+    let mut w = walk(targets);
+    w.graph();
+    Traced { graph: w.graph.take().unwrap_or_default(), leaves: w.leaves }
+}
