@@ -17,6 +17,12 @@
 //! emitter), [`lazy`] (tensors, recording, materialization, cache).
 #![forbid(unsafe_code)]
 
+/// Recording allocates many small nodes per step; mimalloc serves them much faster than glibc's malloc. Feature
+/// `mimalloc` (on by default); turn it off to set a global allocator of your own.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub use lazuli_hlo as hlo;
 pub use lazuli_lazy as lazy;
 pub use lazuli_pjrt as pjrt;

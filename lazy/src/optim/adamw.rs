@@ -58,14 +58,13 @@ impl Optimizer for AdamW {
         no_grad(|| {
             for (i, (_, p)) in self.params.iter().enumerate() {
                 let Some(g) = p.grad() else { continue };
-                let dt = g.dtype();
                 self.exp_avg[i] = super::follow(&self.exp_avg[i], &p.get());
                 self.exp_avg_sq[i] = super::follow(&self.exp_avg_sq[i], &p.get());
-                let m = &self.exp_avg[i] * &s.get(dt, self.beta1) + &g * &s.get(dt, 1.0 - self.beta1);
-                let v = &self.exp_avg_sq[i] * &s.get(dt, self.beta2) + &g * &g * &s.get(dt, 1.0 - self.beta2);
-                let denom = v.sqrt() * &s.get(dt, inv_sqrt_bc2) + &s.get(dt, self.eps);
+                let m = &self.exp_avg[i] * &s.like(&g, self.beta1) + &g * &s.like(&g, 1.0 - self.beta1);
+                let v = &self.exp_avg_sq[i] * &s.like(&g, self.beta2) + &g * &g * &s.like(&g, 1.0 - self.beta2);
+                let denom = v.sqrt() * &s.like(&g, inv_sqrt_bc2) + &s.like(&g, self.eps);
                 let w = p.get();
-                p.set(&w * &s.get(dt, decay) - &m / &denom * &s.get(dt, step_size));
+                p.set(&w * &s.like(&g, decay) - &m / &denom * &s.like(&g, step_size));
                 self.exp_avg[i] = super::follow(&m, &w);
                 self.exp_avg_sq[i] = super::follow(&v, &w);
             }

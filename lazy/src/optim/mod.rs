@@ -35,15 +35,33 @@ pub trait Optimizer {
     fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()>;
 }
 
-/// One host scalar per dtype and value for one step, shared by every parameter's update (one upload each).
-pub(crate) struct Scalars(HashMap<(DType, u64), Tensor>);
+/// One host scalar per dtype and value for one step, shared by every parameter's update (one upload each), and
+/// its broadcast to each parameter shape, shared by the parameters of that shape (a 12-layer model repeats a
+/// few shapes; broadcasting per parameter made a third of the optimizer's nodes).
+pub(crate) struct Scalars {
+    scalars: HashMap<(DType, u64), Tensor>,
+    /// Per scalar, its broadcasts by shape (a few shapes each: a linear scan beats hashing a shape).
+    broadcasts: HashMap<(DType, u64), Vec<Tensor>>,
+}
 
 impl Scalars {
     pub fn new() -> Scalars {
-        Scalars(HashMap::new())
+        Scalars { scalars: HashMap::new(), broadcasts: HashMap::new() }
     }
-    pub fn get(&mut self, dtype: DType, value: f64) -> Tensor {
-        self.0.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone()
+
+    /// `value` as a host scalar of `like`'s dtype, broadcast to `like`'s shape.
+    #[track_caller]
+    pub fn like(&mut self, like: &Tensor, value: f64) -> Tensor {
+        let (dtype, dims) = (like.dtype(), like.dims());
+        let shapes = self.broadcasts.entry((dtype, value.to_bits())).or_default();
+        if let Some(t) = shapes.iter().find(|t| t.dims() == dims) {
+            return t.clone();
+        }
+        let scalar =
+            self.scalars.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone();
+        let t = scalar.broadcast_to(dims);
+        shapes.push(t.clone());
+        t
     }
 }
 

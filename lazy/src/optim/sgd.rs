@@ -46,17 +46,16 @@ impl Optimizer for Sgd {
             for (i, (_, p)) in self.params.iter().enumerate() {
                 let Some(g) = p.grad() else { continue };
                 let w = p.get();
-                let dt = w.dtype();
-                let g = if self.weight_decay != 0.0 { g + &w * &s.get(dt, self.weight_decay) } else { g };
+                let g = if self.weight_decay != 0.0 { g + &w * &s.like(&w, self.weight_decay) } else { g };
                 let update = match &mut self.momentum_buf[i] {
                     Some(buf) => {
                         *buf = super::follow(buf, &w);
-                        *buf = super::follow(&(&*buf * &s.get(dt, self.momentum) + g), &w);
+                        *buf = super::follow(&(&*buf * &s.like(&w, self.momentum) + g), &w);
                         buf.clone()
                     }
                     None => g,
                 };
-                p.set(&w - update * &s.get(dt, self.lr));
+                p.set(&w - update * &s.like(&w, self.lr));
             }
         });
     }
