@@ -273,11 +273,11 @@ fn cpu(common: &Common, only: &[String]) -> BenchResult<()> {
 
 fn print_trace(rows: &[TraceRow]) {
     println!("\ntrace: one GPT-2-small-shaped training step (d=768, 12 heads, vocab 50304, AdamW) recorded and looked up, not executed; medians; goal at 12 layers: ≤ 1 ms\n");
-    println!("| layers | nodes | inputs | outputs | record fwd | autodiff | optimizer | collect+walk | hash | lookup | total | cache hit |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| layers | nodes | inputs | outputs | record fwd | autodiff | optimizer | collect | walk | key | lookup | total | cache hit |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.layers,
             r.nodes,
             r.inputs,
@@ -285,6 +285,7 @@ fn print_trace(rows: &[TraceRow]) {
             duration(r.record),
             duration(r.autodiff),
             duration(r.optimizer),
+            duration(r.collect),
             duration(r.walk),
             duration(r.hash),
             duration(r.lookup),

@@ -26,7 +26,9 @@ pub struct TraceRow {
     pub record: f64,
     pub autodiff: f64,
     pub optimizer: f64,
-    /// Collecting the live pending tensors and walking their graph into IR.
+    /// Collecting the live pending tensors (the targets).
+    pub collect: f64,
+    /// Walking their graph, hashing the structure as it goes.
     pub walk: f64,
     pub hash: f64,
     pub lookup: f64,
@@ -37,7 +39,7 @@ pub struct TraceRow {
 impl TraceRow {
     pub fn to_json(&self) -> Value {
         json!({"layers": self.layers, "nodes": self.nodes, "inputs": self.inputs, "outputs": self.outputs,
-            "record": self.record, "autodiff": self.autodiff, "optimizer": self.optimizer, "walk": self.walk,
+            "record": self.record, "autodiff": self.autodiff, "optimizer": self.optimizer, "collect": self.collect, "walk": self.walk,
             "hash": self.hash, "lookup": self.lookup, "total": self.total, "cache_hit": self.cache_hit})
     }
 
@@ -52,6 +54,7 @@ impl TraceRow {
             record: f("record"),
             autodiff: f("autodiff"),
             optimizer: f("optimizer"),
+            collect: f("collect"),
             walk: f("walk"),
             hash: f("hash"),
             lookup: f("lookup"),
@@ -99,7 +102,7 @@ pub fn measure(layers: usize, iters: usize, prime: bool) -> BenchResult<TraceRow
     let weights: Vec<Tensor> = params.iter().map(|p| p.get()).collect();
     let state: HashMap<String, Tensor> = opt.state().into_iter().collect();
     let steps = opt.steps();
-    let mut cols: [Vec<f64>; 7] = Default::default();
+    let mut cols: [Vec<f64>; 8] = Default::default();
     let mut last = None;
     for i in 0..iters + 2 {
         let t0 = Instant::now();
@@ -114,7 +117,7 @@ pub fn measure(layers: usize, iters: usize, prime: bool) -> BenchResult<TraceRow
         let total = t3 - t0 + b.collect + b.walk + b.hash + b.lookup;
         // The first two iterations warm allocator and caches up.
         if i >= 2 {
-            let phases = [t1 - t0, t2 - t1, t3 - t2, b.collect + b.walk, b.hash, b.lookup, total];
+            let phases = [t1 - t0, t2 - t1, t3 - t2, b.collect, b.walk, b.hash, b.lookup, total];
             for (c, d) in cols.iter_mut().zip(phases) {
                 c.push(d.as_secs_f64());
             }
@@ -137,10 +140,11 @@ pub fn measure(layers: usize, iters: usize, prime: bool) -> BenchResult<TraceRow
         record: m(0),
         autodiff: m(1),
         optimizer: m(2),
-        walk: m(3),
-        hash: m(4),
-        lookup: m(5),
-        total: m(6),
+        collect: m(3),
+        walk: m(4),
+        hash: m(5),
+        lookup: m(6),
+        total: m(7),
         cache_hit: b.cache_hit,
     })
 }

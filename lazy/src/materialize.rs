@@ -44,8 +44,13 @@ pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
     }
 }
 
-/// Copy a host leaf to the device once; later materializations reuse the buffer.
+/// Copy a host leaf to the device once; later materializations reuse the buffer. Host scalars (learning rates,
+/// Adam's betas, recorded anew every step) share one device copy per dtype and value; they are never donated
+/// (`plan_donation`), so sharing is safe.
 fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
+    type ScalarKey = (lazuli_hlo::DType, Vec<u8>);
+    static SCALARS: std::sync::Mutex<Option<std::collections::HashMap<ScalarKey, Arc<Buffer>>>> =
+        std::sync::Mutex::new(None);
     let mut state = node.lock();
     let bytes = match &state.data {
         Some(Data::Device(b)) => return Ok((b.clone(), 0)),
@@ -54,10 +59,28 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
         Some(d @ Data::Sharded { .. }) => d.to_host(&node.ty)?,
         None => return Err(Error::Internal("a pending node was bound to a parameter".into())),
     };
+    let scalar = node.ty.rank() == 0;
+    let key = (node.ty.dtype, bytes.to_vec());
+    if scalar {
+        let cached = SCALARS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key).cloned());
+        if let Some(buf) = cached {
+            state.data = Some(Data::Device(buf.clone()));
+            return Ok((buf, 0));
+        }
+    }
     let dims: Vec<i64> = node.ty.dims.iter().map(|&d| d as i64).collect();
     let buf = Arc::new(rt.client.buffer_from_host(&bytes, element_type(node.ty.dtype), &dims, &rt.device)?);
     Counters::add(&COUNTERS.bytes_to_device, bytes.len() as u64);
     state.data = Some(Data::Device(buf.clone()));
+    if scalar {
+        let mut cache = SCALARS.lock().unwrap_or_else(|e| e.into_inner());
+        let map = cache.get_or_insert_with(Default::default);
+        // Values that change every step (bias corrections) would grow it without bound.
+        if map.len() >= 256 {
+            map.clear();
+        }
+        map.insert(key, buf.clone());
+    }
     Ok((buf, bytes.len() as u64))
 }
 
@@ -89,7 +112,8 @@ fn plan_donation(w: &mut Walk) -> Vec<usize> {
         let ours = 1 + param_of[id].is_some() as usize;
         let dies = node.user_handles() == 0 && Arc::strong_count(node) == dropped_refs[id] + ours;
         if let Some(i) = param_of[id] {
-            if dies {
+            // Scalars share cached device copies (`device_buffer`), and donating one would save nothing.
+            if dies && node.ty.rank() > 0 {
                 dying_leaves.push(i);
             }
             continue;
