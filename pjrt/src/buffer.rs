@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::client::{byte_len, ClientInner, Device};
 use crate::element_type::ElementType;
 use crate::error::{Error, Result};
-use crate::ffi::BufferHandle;
+use crate::ffi::{BufferHandle, DeviceHandle};
 
 /// A device array. Element type and dimensions are fixed; dropping it frees the device memory.
 pub struct Buffer {
@@ -13,16 +13,24 @@ pub struct Buffer {
     pub(crate) handle: BufferHandle,
     ty: ElementType,
     dims: Vec<i64>,
+    /// Where it lives (known at creation; checked on every execution without asking the plugin).
+    pub(crate) device: DeviceHandle,
 }
 
 impl Buffer {
-    pub(crate) fn new(client: Arc<ClientInner>, handle: BufferHandle, ty: ElementType, dims: Vec<i64>) -> Buffer {
-        Buffer { client, handle, ty, dims }
+    pub(crate) fn new(
+        client: Arc<ClientInner>,
+        handle: BufferHandle,
+        ty: ElementType,
+        dims: Vec<i64>,
+        device: DeviceHandle,
+    ) -> Buffer {
+        Buffer { client, handle, ty, dims, device }
     }
 
     /// Takes ownership of a buffer the plugin produced (an execution output), reading its type and shape.
     /// The handle is destroyed if that fails.
-    pub(crate) fn from_handle(client: Arc<ClientInner>, handle: BufferHandle) -> Result<Buffer> {
+    pub(crate) fn from_handle(client: Arc<ClientInner>, handle: BufferHandle, device: DeviceHandle) -> Result<Buffer> {
         let api = client.api();
         let described = api.buffer_element_type(handle).and_then(|raw| {
             let ty = ElementType::from_raw(raw).ok_or_else(|| {
@@ -33,7 +41,7 @@ impl Buffer {
             Ok((ty, api.buffer_dimensions(handle)?))
         });
         match described {
-            Ok((ty, dims)) => Ok(Buffer::new(client, handle, ty, dims)),
+            Ok((ty, dims)) => Ok(Buffer::new(client, handle, ty, dims, device)),
             Err(e) => {
                 api.buffer_destroy(handle);
                 Err(e)

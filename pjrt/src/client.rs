@@ -100,7 +100,7 @@ impl Client {
         }
         let api = self.inner.api();
         let handle = api.buffer_from_host(self.inner.handle, data, ty.to_raw(), dims, device.handle())?;
-        Ok(Buffer::new(Arc::clone(&self.inner), handle, ty, dims.to_vec()))
+        Ok(Buffer::new(Arc::clone(&self.inner), handle, ty, dims.to_vec(), device.handle()))
     }
 
     /// Compiles StableHLO (MLIR text or bytecode; entry function `main`).

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::buffer::Buffer;
 use crate::client::{ClientInner, Device};
+use crate::element_type::ElementType;
 use crate::error::{Error, Result};
 use crate::ffi::{EventHandle, ExecHandle};
 
@@ -13,12 +14,21 @@ pub struct LoadedExecutable {
     handle: ExecHandle,
     devices: Vec<Device>,
     num_outputs: usize,
+    /// Element type and dimensions of every output on every device, read from the first execution's buffers
+    /// (fixed for a compiled program), so later executions ask the plugin nothing per output.
+    output_types: std::sync::OnceLock<Vec<Vec<(ElementType, Vec<i64>)>>>,
 }
 
 impl LoadedExecutable {
     pub(crate) fn new(client: Arc<ClientInner>, handle: ExecHandle) -> Result<LoadedExecutable> {
         // Owned from here on: an error below drops `exe`, which destroys the handle.
-        let mut exe = LoadedExecutable { client, handle, devices: Vec::new(), num_outputs: 0 };
+        let mut exe = LoadedExecutable {
+            client,
+            handle,
+            devices: Vec::new(),
+            num_outputs: 0,
+            output_types: std::sync::OnceLock::new(),
+        };
         let api = exe.client.api();
         for device in api.executable_addressable_devices(handle)? {
             let device = exe.client.device(device).ok_or_else(|| Error::Pjrt {
@@ -70,12 +80,34 @@ impl LoadedExecutable {
         let handles: Vec<Vec<_>> = args.iter().map(|list| list.iter().map(|b| b.handle).collect()).collect();
         let (outputs, events) = self.client.api().execute(self.handle, &handles, self.num_outputs)?;
         let done = Completion { client: Arc::clone(&self.client), events };
+        if let Some(types) = self.output_types.get() {
+            let outputs = outputs
+                .into_iter()
+                .zip(types)
+                .zip(&self.devices)
+                .map(|((list, types), device)| {
+                    list.into_iter()
+                        .zip(types)
+                        .map(|(h, (ty, dims))| {
+                            Buffer::new(Arc::clone(&self.client), h, *ty, dims.clone(), device.handle())
+                        })
+                        .collect()
+                })
+                .collect();
+            return Ok((outputs, done));
+        }
         // Wrap every output before reporting any error, so none leaks.
         let wrapped: Vec<Vec<Result<Buffer>>> = outputs
             .into_iter()
-            .map(|list| list.into_iter().map(|h| Buffer::from_handle(Arc::clone(&self.client), h)).collect())
+            .zip(&self.devices)
+            .map(|(list, device)| {
+                list.into_iter().map(|h| Buffer::from_handle(Arc::clone(&self.client), h, device.handle())).collect()
+            })
             .collect();
-        let outputs = wrapped.into_iter().map(|list| list.into_iter().collect()).collect::<Result<_>>()?;
+        let outputs: Vec<Vec<Buffer>> =
+            wrapped.into_iter().map(|list| list.into_iter().collect()).collect::<Result<_>>()?;
+        let types = outputs.iter().map(|list| list.iter().map(|b| (b.element_type(), b.dims())).collect()).collect();
+        let _ = self.output_types.set(types);
         Ok((outputs, done))
     }
 
@@ -91,13 +123,12 @@ impl LoadedExecutable {
         if args.iter().any(|list| list.len() != num_args) {
             return Err(Error::invalid("every device needs the same number of arguments"));
         }
-        let api = self.client.api();
         for (i, (list, device)) in args.iter().zip(&self.devices).enumerate() {
             for (j, buffer) in list.iter().enumerate() {
                 if !Arc::ptr_eq(&buffer.client, &self.client) {
                     return Err(Error::invalid(format!("argument {j} for device {i} belongs to another client")));
                 }
-                if api.buffer_device(buffer.handle)? != device.handle() {
+                if buffer.device != device.handle() {
                     return Err(Error::invalid(format!(
                         "argument {j} for device list {i} is on {:?}, the program runs there on {device:?}",
                         buffer.device()?
