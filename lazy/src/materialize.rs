@@ -126,21 +126,42 @@ fn plan_donation(w: &mut Walk) -> Vec<usize> {
         }
     }
     dying_leaves.sort_unstable();
+    let mut output_of = vec![None; n];
+    for (j, &o) in w.outputs.iter().enumerate() {
+        output_of[o] = Some(j);
+    }
     let mut used = vec![false; w.outputs.len()];
-    let mut donated = Vec::new();
+    let mut donated = vec![false; w.leaves.len()];
     let shardings = w.graph.as_ref().map(|g| (&g.param_shardings, &g.output_shardings));
-    for i in dying_leaves {
-        let leaf = &w.leaves[i];
-        // Same type and, on a mesh, the same layout: a shard can only become the same shard.
-        let fits =
-            |j: usize| !used[j] && w.targets[j].ty == leaf.ty && shardings.is_none_or(|(p, o)| p.get(i) == o.get(j));
-        if let Some(j) = (0..used.len()).find(|&j| fits(j)) {
+    // Same type and, on a mesh, the same layout: a shard can only become the same shard.
+    let fits = |i: usize, j: usize, used: &[bool]| {
+        !used[j] && w.targets[j].ty == w.leaves[i].ty && shardings.is_none_or(|(p, o)| p.get(i) == o.get(j))
+    };
+    let mut aliases = Vec::new();
+    // First each leaf to its own successor (an old weight to its new value): XLA then updates it in place. Any
+    // other pairing of equal types is valid but makes XLA copy buffers around the fusions that read them.
+    for &i in &dying_leaves {
+        let next = w.leaves[i].successor.get().and_then(|s| s.upgrade());
+        let j = next.and_then(|s| w.id_of(&s)).and_then(|id| output_of[id]);
+        if let Some(j) = j.filter(|&j| fits(i, j, &used)) {
             used[j] = true;
-            w.aliases.push((i, j));
-            donated.push(i);
+            donated[i] = true;
+            aliases.push((i, j));
         }
     }
-    donated
+    for &i in &dying_leaves {
+        if donated[i] {
+            continue;
+        }
+        if let Some(j) = (0..used.len()).find(|&j| fits(i, j, &used)) {
+            used[j] = true;
+            donated[i] = true;
+            aliases.push((i, j));
+        }
+    }
+    aliases.sort_unstable();
+    w.aliases = aliases;
+    dying_leaves.into_iter().filter(|&i| donated[i]).collect()
 }
 
 /// Compute `targets` (those still pending) in one program.
@@ -223,6 +244,11 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
     let arg_refs: Vec<Vec<&Buffer>> = args.iter().map(|list| list.iter().map(|b| b.as_ref()).collect()).collect();
     let (mut per_device, done) = exe.launch_sharded(&arg_refs).map_err(|source| Error::Execute { at, source })?;
     in_flight().push_back((done, at));
+    // A process that ends right after `sync()` must not tear the plugin down under a running program.
+    static EXIT_WAIT: std::sync::Once = std::sync::Once::new();
+    EXIT_WAIT.call_once(|| {
+        lazuli_pjrt::on_exit(wait_at_exit);
+    });
     let execute = t0.elapsed();
     let finishing = Instant::now();
     // Output j: its buffer on each device.
@@ -314,6 +340,17 @@ fn throttle(keep: usize) -> Result<()> {
     }
     Counters::add(&COUNTERS.wait_ns, t0.elapsed().as_nanos() as u64);
     status
+}
+
+/// At process exit: wait for launched programs, unless another thread holds the queue (it is then mid-launch).
+fn wait_at_exit() {
+    let pending: Vec<_> = match IN_FLIGHT.try_lock() {
+        Ok(mut q) => q.drain(..).collect(),
+        Err(_) => return,
+    };
+    for (done, _) in pending {
+        let _ = done.wait();
+    }
 }
 
 /// Wait until every launched program has finished on its devices. `sync()` only enqueues the step; reads

@@ -73,6 +73,9 @@ pub(crate) struct Node {
     pub placement: Option<Arc<Sharding>>,
     /// The last graph walk that numbered this node, and its number there (see `walk.rs`).
     pub visit: std::sync::atomic::AtomicU64,
+    /// The value that replaces this one (a parameter's or an optimizer state's next value): donation gives this
+    /// node's buffer to that output, so XLA can update it in place instead of copying around a mismatched pair.
+    pub successor: std::sync::OnceLock<Weak<Node>>,
 }
 
 impl Node {
@@ -98,6 +101,11 @@ impl Node {
             Some(Data::Sharded { sharding, .. }) => Some(sharding.clone()),
             _ => None,
         }
+    }
+
+    /// Note that `next` replaces this value (see `successor`).
+    pub fn hand_over(&self, next: &Arc<Node>) {
+        let _ = self.successor.set(Arc::downgrade(next));
     }
 
     /// Tensor handles the user holds on this node.
@@ -179,6 +187,7 @@ impl Tensor {
             backward_done: AtomicBool::new(false),
             placement: None,
             visit: std::sync::atomic::AtomicU64::new(0),
+            successor: std::sync::OnceLock::new(),
         });
         if pending {
             let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());

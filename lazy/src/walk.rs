@@ -35,6 +35,8 @@ pub(crate) struct Walk {
     pub aliases: Vec<(usize, usize)>,
     /// The IR, once built.
     pub graph: Option<Graph>,
+    /// This walk's stamp (see `WALKS`).
+    epoch: u64,
 }
 
 /// Each walk stamps the nodes it numbers with `(walk << 32) | id`; a stamp from an older walk means "not yet".
@@ -47,6 +49,12 @@ impl Walk {
 
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// The number this walk gave `node`, if it reached it.
+    pub fn id_of(&self, node: &Node) -> Option<usize> {
+        let s = node.visit.load(Relaxed);
+        (s & !0xffff_ffff == self.epoch).then_some(s as u32 as usize)
     }
 
     /// The IR of this walk: built on first use (compiling, diagnostics, SPMD annotation), then kept. Aliases are
@@ -114,6 +122,7 @@ pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
         structure: 0,
         aliases: Vec::new(),
         graph: None,
+        epoch,
     };
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut is_output = Vec::new();

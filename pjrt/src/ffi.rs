@@ -474,3 +474,29 @@ impl Api {
         self.0.as_ptr() as usize
     }
 }
+
+extern "C" {
+    /// The C library's exit-time callback registration.
+    fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+}
+
+static EXIT_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+extern "C" fn run_exit_hook() {
+    if let Some(hook) = EXIT_HOOK.get() {
+        // A panic must not unwind into the C library.
+        let _ = std::panic::catch_unwind(hook);
+    }
+}
+
+/// Runs `hook` when the process exits normally (returning from `main` or `std::process::exit`). Exit-time
+/// callbacks run in reverse order of registration, so a hook registered after a plugin was loaded runs before
+/// the plugin's own teardown: the place to wait for programs still running on its threads. One hook per
+/// process; returns whether this call registered it.
+pub fn on_exit(hook: fn()) -> bool {
+    if EXIT_HOOK.set(hook).is_err() {
+        return false;
+    }
+    // SAFETY: `run_exit_hook` is a plain `extern "C" fn()` with no arguments that never unwinds, as atexit needs.
+    unsafe { atexit(run_exit_hook) == 0 }
+}

@@ -41,4 +41,5 @@ pub use compile_options::CompileOptions;
 pub use element_type::ElementType;
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{Completion, LoadedExecutable};
+pub use ffi::on_exit;
 pub use plugin::{AttrValue, Plugin};

@@ -51,6 +51,7 @@ impl Param {
         if let Some(g) = grad {
             value.put_grad(g);
         }
+        slot.node.hand_over(&value.node);
         *slot = value;
     }
 

@@ -65,8 +65,8 @@ impl Optimizer for AdamW {
                 let denom = v.sqrt() * &s.like(&g, inv_sqrt_bc2) + &s.like(&g, self.eps);
                 let w = p.get();
                 p.set(&w * &s.like(&g, decay) - &m / &denom * &s.like(&g, step_size));
-                self.exp_avg[i] = super::follow(&m, &w);
-                self.exp_avg_sq[i] = super::follow(&v, &w);
+                super::replace(&mut self.exp_avg[i], super::follow(&m, &w));
+                super::replace(&mut self.exp_avg_sq[i], super::follow(&v, &w));
             }
         });
     }

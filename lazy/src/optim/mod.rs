@@ -65,6 +65,13 @@ impl Scalars {
     }
 }
 
+/// Replace a state tensor by its next value, noting the succession so that the step's program updates the old
+/// buffer in place (donation pairs each old value with its own new value).
+pub(crate) fn replace(slot: &mut Tensor, next: Tensor) {
+    slot.node.hand_over(&next.node);
+    *slot = next;
+}
+
 /// A zero state tensor like `p`, as host data (so it is a program parameter from the first step on, and step 2
 /// has the same structure as step 1).
 pub(crate) fn zeros_like_host(p: &Param) -> Tensor {

@@ -50,7 +50,8 @@ impl Optimizer for Sgd {
                 let update = match &mut self.momentum_buf[i] {
                     Some(buf) => {
                         *buf = super::follow(buf, &w);
-                        *buf = super::follow(&(&*buf * &s.like(&w, self.momentum) + g), &w);
+                        let next = super::follow(&(&*buf * &s.like(&w, self.momentum) + g), &w);
+                        super::replace(buf, next);
                         buf.clone()
                     }
                     None => g,
