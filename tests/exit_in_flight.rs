@@ -1,5 +1,6 @@
 //! `sync()` only launches the step's program. A process that ends right after it (returning from `main`) must
-//! still exit cleanly: lazuli waits for programs in flight before the plugin tears its threads down.
+//! still exit cleanly. It crashed in the CPU plugin's teardown when the process ended during the first run of a
+//! new program; lazuli now waits for a new program's first run and, at exit, for programs still in flight.
 
 use std::process::Command;
 
@@ -10,15 +11,22 @@ const CHILD: &str = "LAZULI_TEST_EXIT_CHILD";
 #[test]
 fn exiting_right_after_sync_is_clean() {
     if std::env::var_os(CHILD).is_some() {
-        // Enough work that the program is still running when the process exits.
+        // Enough work that the program is still running when the process exits. The first step (a new program)
+        // is waited for; the second reuses it and is in flight when the process ends.
         let n = 384;
-        let x = Tensor::from_slice(&vec![0.5f32; n * n], &[n, n]);
-        let mut y = x.clone();
-        for _ in 0..40 {
-            y = y.matmul(&x).tanh();
+        let mut kept = Vec::new();
+        for step in 0..2 {
+            let x = Tensor::from_slice(&vec![0.5f32; n * n], &[n, n]);
+            let mut y = x.clone();
+            for _ in 0..40 {
+                y = y.matmul(&x).tanh();
+            }
+            lazuli::sync().expect("launch");
+            assert_eq!(lazuli::metrics().executions, step + 1);
+            kept.push((x, y));
         }
-        lazuli::sync().expect("launch");
-        assert_eq!(lazuli::metrics().executions, 1);
+        let (x, y) = kept.pop().expect("two steps");
+        drop(kept);
         // Drop every buffer while the program may still run, then let the process end by returning from `main`.
         drop((x, y));
         return;

@@ -243,12 +243,9 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
     let t0 = Instant::now();
     let arg_refs: Vec<Vec<&Buffer>> = args.iter().map(|list| list.iter().map(|b| b.as_ref()).collect()).collect();
     let (mut per_device, done) = exe.launch_sharded(&arg_refs).map_err(|source| Error::Execute { at, source })?;
-    in_flight().push_back((done, at));
-    // A process that ends right after `sync()` must not tear the plugin down under a running program.
-    static EXIT_WAIT: std::sync::Once = std::sync::Once::new();
-    EXIT_WAIT.call_once(|| {
-        lazuli_pjrt::on_exit(wait_at_exit);
-    });
+    // The program's buffers live until it has finished, whatever the user drops meanwhile (a plugin may free
+    // memory still in use when a buffer is destroyed mid-flight).
+    let mut keep: Vec<Arc<Buffer>> = args.iter().flatten().cloned().collect();
     let execute = t0.elapsed();
     let finishing = Instant::now();
     // Output j: its buffer on each device.
@@ -278,12 +275,29 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         // Dropping the op and operands here releases the graph above computed values.
         let data = match &placement {
             Some((_, outputs)) => {
-                Data::Sharded { shards: bufs.into_iter().map(Arc::new).collect(), sharding: outputs[j].clone() }
+                let shards: Vec<Arc<Buffer>> = bufs.into_iter().map(Arc::new).collect();
+                keep.extend(shards.iter().cloned());
+                Data::Sharded { shards, sharding: outputs[j].clone() }
             }
-            None => Data::Device(Arc::new(bufs.remove(0))),
+            None => {
+                let buf = Arc::new(bufs.remove(0));
+                keep.push(buf.clone());
+                Data::Device(buf)
+            }
         };
         node.set_data(data);
     }
+    in_flight().push_back(Launched { done, at, _keep: keep });
+    // The first run of a new program is waited for: the plugin sets up runtime state on it whose teardown is
+    // registered then, and the exit hook below must be registered after that to run before it.
+    if !hit {
+        throttle(0)?;
+    }
+    // A process that ends right after `sync()` must not tear the plugin down under a running program.
+    static EXIT_WAIT: std::sync::Once = std::sync::Once::new();
+    EXIT_WAIT.call_once(|| {
+        lazuli_pjrt::on_exit(wait_at_exit);
+    });
     if let Some(e) = &mut event {
         e.program_in_step = check.program_in_step;
         e.unchecked = check.unchecked;
@@ -309,13 +323,20 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
 /// Programs launched but perhaps still running, oldest first, with the line that caused each. Execution is
 /// asynchronous: `sync()` returns once the step's program is enqueued, so the host records the next step while
 /// the device runs this one. Reads wait for the data they need; `wait()` waits for everything.
-static IN_FLIGHT: std::sync::Mutex<std::collections::VecDeque<(lazuli_pjrt::Completion, Loc)>> =
+static IN_FLIGHT: std::sync::Mutex<std::collections::VecDeque<Launched>> =
     std::sync::Mutex::new(std::collections::VecDeque::new());
 
 /// Programs allowed in flight at once (bounds device memory held by queued steps, and how late an error shows).
 const MAX_IN_FLIGHT: usize = 2;
 
-fn in_flight() -> std::sync::MutexGuard<'static, std::collections::VecDeque<(lazuli_pjrt::Completion, Loc)>> {
+/// A launched program: its completion, the line that launched it, and its argument and output buffers.
+struct Launched {
+    done: lazuli_pjrt::Completion,
+    at: Loc,
+    _keep: Vec<Arc<Buffer>>,
+}
+
+fn in_flight() -> std::sync::MutexGuard<'static, std::collections::VecDeque<Launched>> {
     IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -324,7 +345,7 @@ fn throttle(keep: usize) -> Result<()> {
     let t0 = Instant::now();
     let mut status = Ok(());
     loop {
-        let Some((done, at)) = ({
+        let Some(Launched { done, at, _keep }) = ({
             let mut q = in_flight();
             if q.len() > keep {
                 q.pop_front()
@@ -348,7 +369,7 @@ fn wait_at_exit() {
         Ok(mut q) => q.drain(..).collect(),
         Err(_) => return,
     };
-    for (done, _) in pending {
+    for Launched { done, .. } in pending {
         let _ = done.wait();
     }
 }
