@@ -59,10 +59,10 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
         Some(d @ Data::Sharded { .. }) => d.to_host(&node.ty)?,
         None => return Err(Error::Internal("a pending node was bound to a parameter".into())),
     };
-    let scalar = node.ty.rank() == 0;
-    let key = (node.ty.dtype, bytes.to_vec());
-    if scalar {
-        let cached = SCALARS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key).cloned());
+    // Only scalars are looked up (and their key copied): a batch or a weight is uploaded as it is.
+    let key = (node.ty.rank() == 0).then(|| (node.ty.dtype, bytes.to_vec()));
+    if let Some(key) = &key {
+        let cached = SCALARS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(key).cloned());
         if let Some(buf) = cached {
             state.data = Some(Data::Device(buf.clone()));
             return Ok((buf, 0));
@@ -72,7 +72,7 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
     let buf = Arc::new(rt.client.buffer_from_host(&bytes, element_type(node.ty.dtype), &dims, &rt.device)?);
     Counters::add(&COUNTERS.bytes_to_device, bytes.len() as u64);
     state.data = Some(Data::Device(buf.clone()));
-    if scalar {
+    if let Some(key) = key {
         let mut cache = SCALARS.lock().unwrap_or_else(|e| e.into_inner());
         let map = cache.get_or_insert_with(Default::default);
         // Values that change every step (bias corrections) would grow it without bound.
@@ -243,9 +243,6 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
     let t0 = Instant::now();
     let arg_refs: Vec<Vec<&Buffer>> = args.iter().map(|list| list.iter().map(|b| b.as_ref()).collect()).collect();
     let (mut per_device, done) = exe.launch_sharded(&arg_refs).map_err(|source| Error::Execute { at, source })?;
-    // The program's buffers live until it has finished, whatever the user drops meanwhile (a plugin may free
-    // memory still in use when a buffer is destroyed mid-flight).
-    let mut keep: Vec<Arc<Buffer>> = args.iter().flatten().cloned().collect();
     let execute = t0.elapsed();
     let finishing = Instant::now();
     // Output j: its buffer on each device.
@@ -275,19 +272,15 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         // Dropping the op and operands here releases the graph above computed values.
         let data = match &placement {
             Some((_, outputs)) => {
-                let shards: Vec<Arc<Buffer>> = bufs.into_iter().map(Arc::new).collect();
-                keep.extend(shards.iter().cloned());
-                Data::Sharded { shards, sharding: outputs[j].clone() }
+                Data::Sharded { shards: bufs.into_iter().map(Arc::new).collect(), sharding: outputs[j].clone() }
             }
-            None => {
-                let buf = Arc::new(bufs.remove(0));
-                keep.push(buf.clone());
-                Data::Device(buf)
-            }
+            None => Data::Device(Arc::new(bufs.remove(0))),
         };
         node.set_data(data);
     }
-    in_flight().push_back(Launched { done, at, _keep: keep });
+    // Buffers dropped while the program runs are freed by the plugin once it no longer uses them (PJRT's
+    // contract for destroying a buffer), so only the completion is kept.
+    in_flight().push_back(Launched { done, at });
     // The first run of a new program is waited for: the plugin sets up runtime state on it whose teardown is
     // registered then, and the exit hook below must be registered after that to run before it.
     if !hit {
@@ -329,11 +322,10 @@ static IN_FLIGHT: std::sync::Mutex<std::collections::VecDeque<Launched>> =
 /// Programs allowed in flight at once (bounds device memory held by queued steps, and how late an error shows).
 const MAX_IN_FLIGHT: usize = 2;
 
-/// A launched program: its completion, the line that launched it, and its argument and output buffers.
+/// A launched program: its completion and the line that launched it.
 struct Launched {
     done: lazuli_pjrt::Completion,
     at: Loc,
-    _keep: Vec<Arc<Buffer>>,
 }
 
 fn in_flight() -> std::sync::MutexGuard<'static, std::collections::VecDeque<Launched>> {
@@ -345,7 +337,7 @@ fn throttle(keep: usize) -> Result<()> {
     let t0 = Instant::now();
     let mut status = Ok(());
     loop {
-        let Some(Launched { done, at, _keep }) = ({
+        let Some(Launched { done, at }) = ({
             let mut q = in_flight();
             if q.len() > keep {
                 q.pop_front()

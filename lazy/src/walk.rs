@@ -42,6 +42,12 @@ pub(crate) struct Walk {
 /// Each walk stamps the nodes it numbers with `(walk << 32) | id`; a stamp from an older walk means "not yet".
 static WALKS: AtomicU64 = AtomicU64::new(0);
 
+/// The number the walk `epoch` gave `node`, if it numbered it.
+fn stamped(node: &Node, epoch: u64) -> Option<u32> {
+    let s = node.visit.load(Relaxed);
+    (s & !0xffff_ffff == epoch).then_some(s as u32)
+}
+
 impl Walk {
     pub fn operands(&self, id: usize) -> &[u32] {
         &self.operands[self.starts[id] as usize..self.starts[id + 1] as usize]
@@ -53,12 +59,11 @@ impl Walk {
 
     /// The number this walk gave `node`, if it reached it.
     pub fn id_of(&self, node: &Node) -> Option<usize> {
-        let s = node.visit.load(Relaxed);
-        (s & !0xffff_ffff == self.epoch).then_some(s as u32 as usize)
+        stamped(node, self.epoch).map(|id| id as usize)
     }
 
-    /// The IR of this walk: built on first use (compiling, diagnostics, SPMD annotation), then kept. Aliases are
-    /// copied in when it is built and again by `graph_with_aliases`.
+    /// The IR of this walk: built on first use (compiling, diagnostics, SPMD annotation), then kept. The
+    /// donations are copied in on every call (planning may add them after the IR was built).
     pub fn graph(&mut self) -> &mut Graph {
         if self.graph.is_none() {
             let mut g = Graph::new();
@@ -93,7 +98,8 @@ impl Walk {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.structure.hash(&mut h);
         self.aliases.hash(&mut h);
-        if let Some(g) = &self.graph {
+        // Only an SPMD-annotated IR adds to the key, never the mere fact that the IR was built.
+        if let Some(g) = self.graph.as_ref().filter(|g| g.partitions > 0) {
             g.partitions.hash(&mut h);
             g.param_shardings.hash(&mut h);
             g.output_shardings.hash(&mut h);
@@ -106,10 +112,7 @@ impl Walk {
 /// materialization lock, so no recipe is dropped and no stamp is rewritten while this runs.
 pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
     let epoch = (WALKS.fetch_add(1, Relaxed) + 1) << 32;
-    let id_of = |n: &Node| -> Option<u32> {
-        let s = n.visit.load(Relaxed);
-        (s & !0xffff_ffff == epoch).then_some(s as u32)
-    };
+    let id_of = |n: &Node| stamped(n, epoch);
     let mut w = Walk {
         nodes: Vec::new(),
         operands: Vec::new(),
