@@ -35,6 +35,26 @@ def adamw_scalars(opt, t):
     }
 
 
+def timed_steps(steps, pipelined, prepare, launch, wait):
+    """Run `steps` steps: `prepare()` (untimed: batch choice, host scalars), `launch(prepared)` -> loss, and
+    `wait(loss)` until it is ready. Each step is timed until its loss is ready, or, pipelined, all of them back to
+    back until the last is ready, every step getting the mean (lazuli's harness does the same)."""
+    times, losses = [], []
+    start = time.perf_counter()
+    for _ in range(steps):
+        prepared = prepare()
+        t0 = time.perf_counter()
+        loss = launch(prepared)
+        if not pipelined:
+            wait(loss)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    if pipelined and losses:
+        wait(losses[-1])
+        times = [(time.perf_counter() - start) / steps] * steps
+    return times, [float(l) for l in losses]
+
+
 def gelu(x, tanh):
     """GELU, tanh form, in lazuli's order of operations."""
     inner = x + (x * x * x) * 0.044715
@@ -152,23 +172,18 @@ class JaxSide:
         return self.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
 
     def run(self, steps, pipelined=False):
-        times, losses = [], []
-        start = time.perf_counter()
-        for _ in range(steps):
+        def prepare():
             self.t += 1
             i = self.batch % len(self.xs)
             self.batch += 1
-            s = self.scalars(self.t)
-            t0 = time.perf_counter()
+            return i, self.scalars(self.t)
+
+        def launch(prepared):
+            i, s = prepared
             self.params, self.state, loss = self.step_fn(self.params, self.state, self.xs[i], self.ys[i], s)
-            if not pipelined:
-                loss.block_until_ready()
-            times.append(time.perf_counter() - t0)
-            losses.append(loss)
-        if pipelined and losses:
-            losses[-1].block_until_ready()
-            times = [(time.perf_counter() - start) / steps] * steps
-        return times, [float(l) for l in losses]
+            return loss
+
+        return timed_steps(steps, pipelined, prepare, launch, lambda loss: loss.block_until_ready())
 
     def versions(self):
         import jaxlib
@@ -256,25 +271,20 @@ class TorchSide:
             self.torch.cuda.synchronize()
 
     def run(self, steps, pipelined=False):
-        times, losses = [], []
-        start = time.perf_counter()
-        for _ in range(steps):
+        def prepare():
             i = self.batch % len(self.xs)
             self.batch += 1
-            t0 = time.perf_counter()
+            return i
+
+        def launch(i):
             x, y = self.xs[i].to(self.dev, non_blocking=True), self.ys[i].to(self.dev, non_blocking=True)
             loss = self.loss_fn(self.params, x, y)
             loss.backward()
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
-            if not pipelined:
-                self.sync()
-            times.append(time.perf_counter() - t0)
-            losses.append(loss.detach())
-        if pipelined and losses:
-            self.sync()
-            times = [(time.perf_counter() - start) / steps] * steps
-        return times, [float(l) for l in losses]
+            return loss.detach()
+
+        return timed_steps(steps, pipelined, prepare, launch, lambda _: self.sync())
 
     def versions(self):
         dev = self.torch.cuda.get_device_name() if self.dev.type == "cuda" else "cpu"

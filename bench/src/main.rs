@@ -183,22 +183,24 @@ fn print_rows(rows: &[Row]) {
         println!("{line} {:.2} | {} | {agree} |", r.ratio(), goal(&r.workload.name));
     }
     println!("\nWhere lazuli's step time goes (medians over repetitions):\n");
-    println!("| workload | step | recording (fwd+bwd+optimizer) | sync before arguments (collect, walk, hash, lookup, donation) | uploads | launch (in the plugin) | after launch (outputs, release) | wait for the device | other | programs/step | first step (lazuli) | compile (JAX) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let names: Vec<&str> = worker::Split::default().phases().iter().map(|(n, _)| *n).collect();
+    println!(
+        "| workload | step | {} | other | programs/step | first step (lazuli) | compile (JAX) |",
+        names.join(" | ")
+    );
+    println!("|---|---|{}---|---|---|---|", "---|".repeat(names.len()));
     for r in rows {
         let s = r.lazuli.split.unwrap_or_default();
         let step = r.lazuli.steps.median();
+        let phases = s.phases();
+        let other = step - phases.iter().map(|(_, t)| t).sum::<f64>();
+        let cells: Vec<String> = phases.iter().map(|(_, t)| duration(*t)).collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} ({} compiles) | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} ({} compiles) | {} | {} |",
             r.workload.name,
             duration(step),
-            duration(s.record),
-            duration(s.boundary),
-            duration(s.upload),
-            duration(s.execute),
-            duration(s.finish),
-            duration(s.wait),
-            duration((step - s.record - s.boundary - s.upload - s.execute - s.finish - s.wait).max(0.0)),
+            cells.join(" | "),
+            duration(other.max(0.0)),
             s.programs_per_step,
             s.compiles,
             duration(r.lazuli.first_s)
@@ -373,16 +375,10 @@ fn gpu(common: &Common, frameworks: &[String], tiny: bool, device: &str) -> Benc
         );
     }
     if let Some(s) = row.lazuli.split {
+        let phases: Vec<String> = s.phases().iter().map(|(n, t)| format!("{n} {}", duration(*t))).collect();
         println!(
-            "\nlazuli per step: recording {}, sync before arguments (collect, walk, hash, lookup, donation) {}, \
-             uploads {}, launch {}, after launch {}, wait for the device {}, {:.0} program(s), {} compile(s) while \
-             timed",
-            duration(s.record),
-            duration(s.boundary),
-            duration(s.upload),
-            duration(s.execute),
-            duration(s.finish),
-            duration(s.wait),
+            "\nlazuli per step: {}, {:.0} program(s), {} compile(s) while timed",
+            phases.join(", "),
             s.programs_per_step,
             s.compiles
         );

@@ -58,6 +58,20 @@ pub struct Split {
     pub compiles: u64,
 }
 
+impl Split {
+    /// The phases of a step in order, with the names the tables print.
+    pub fn phases(&self) -> [(&'static str, f64); 6] {
+        [
+            ("recording", self.record),
+            ("sync before arguments (collect, walk, hash, lookup, donation)", self.boundary),
+            ("uploads", self.upload),
+            ("launch (in the plugin)", self.execute),
+            ("after launch (outputs, release)", self.finish),
+            ("wait for the device", self.wait),
+        ]
+    }
+}
+
 pub struct Worker {
     child: Child,
     stdin: ChildStdin,
