@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use lazuli::sharding::recorded_work;
-use lazuli::{AdamW, Backend, Config, Mesh, Optimizer, Param, PartitionSpec, Tensor};
+use lazuli::{AdamW, Config, Mesh, Optimizer, Param, PartitionSpec, Tensor};
 
 #[derive(Parser)]
 #[command(about = "measure the sharding planner's CPU cost-model constants")]
@@ -47,7 +47,7 @@ fn values(n: usize) -> Vec<f32> {
 fn main() -> lazuli::Result<()> {
     let args = Args::parse();
     let n = args.devices;
-    lazuli::init(Config { backend: Backend::Cpu, plugin_path: None, cpu_device_count: n as i64 })?;
+    lazuli::init(Config { cpu_device_count: n as i64, ..Config::default() })?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let mesh = lazuli::mesh(&[("data", n)])?;
     let split = |rank| PartitionSpec::split(rank, 0, "data");

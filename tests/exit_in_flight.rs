@@ -35,6 +35,8 @@ fn exiting_right_after_sync_is_clean() {
         let out = Command::new(std::env::current_exe().expect("test binary"))
             .args(["--exact", "exiting_right_after_sync_is_clean", "--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
+            // The CPU client runs programs on its own threads only when asked to; ask, so programs are in flight.
+            .env("LAZULI_CPU_ASYNC", "1")
             .output()
             .expect("run the child");
         assert!(

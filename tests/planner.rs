@@ -6,12 +6,12 @@ use std::sync::Mutex;
 
 use lazuli::nn::{Activation, Gpt, GptConfig, HostRng, Mlp};
 use lazuli::sharding::{apply_plan, plan, DeviceModel};
-use lazuli::{AdamW, Backend, Config, DType, Module, Optimizer, PartitionSpec, Tensor};
+use lazuli::{AdamW, Config, DType, Module, Optimizer, PartitionSpec, Tensor};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn eight_devices() {
-    lazuli::init(Config { backend: Backend::Cpu, plugin_path: None, cpu_device_count: 8 }).unwrap();
+    lazuli::init(Config { cpu_device_count: 8, ..Config::default() }).unwrap();
 }
 
 fn loss_of(model: &Mlp, batch: usize, d_in: usize) -> Tensor {

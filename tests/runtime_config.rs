@@ -2,12 +2,12 @@
 //! the plugin chosen by the environment is the one loaded, and a second, different configuration is refused.
 //! One test: the runtime is per process.
 
-use lazuli::{Backend, Config, Tensor};
+use lazuli::{Config, Tensor};
 
 #[test]
 fn plugin_choice_and_configuration_errors() {
     let missing = std::env::temp_dir().join("lazuli-no-such-plugin.so");
-    let bad = Config { backend: Backend::Cpu, plugin_path: Some(missing.clone()), cpu_device_count: 1 };
+    let bad = Config { plugin_path: Some(missing.clone()), ..Config::default() };
     let err = lazuli::init(bad).unwrap_err().to_string();
     assert!(err.contains(&missing.display().to_string()), "the error names the path: {err}");
 

@@ -4,12 +4,12 @@
 use std::sync::Mutex;
 
 use lazuli::nn::{Activation, HostRng, Mlp};
-use lazuli::{mesh, AdamW, Backend, Config, DType, Mesh, Module, Optimizer, PartitionSpec, Tensor};
+use lazuli::{mesh, AdamW, Config, DType, Mesh, Module, Optimizer, PartitionSpec, Tensor};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn eight_devices() {
-    lazuli::init(Config { backend: Backend::Cpu, plugin_path: None, cpu_device_count: 8 }).unwrap();
+    lazuli::init(Config { cpu_device_count: 8, ..Config::default() }).unwrap();
 }
 
 fn p(dims: &[&[&str]]) -> PartitionSpec {

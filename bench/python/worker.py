@@ -67,6 +67,9 @@ class JaxSide:
         import jax
         import jax.numpy as jnp
 
+        if os.environ.get("LAZULI_BENCH_JAX_SYNC") == "1":
+            # JAX's CPU client, like lazuli's default one, runs programs on the calling thread.
+            jax.config.update("jax_cpu_enable_async_dispatch", False)
         self.jax, self.jnp = jax, jnp
         self.w = workload
         self.device = jax.devices()[0]

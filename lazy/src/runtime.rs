@@ -28,10 +28,24 @@ pub struct Config {
     pub plugin_path: Option<PathBuf>,
     /// Number of virtual devices of the CPU plugin.
     pub cpu_device_count: i64,
+    /// Run CPU programs on the plugin's worker threads, returning from `sync()` before they finish. Off by
+    /// default: on the CPU the "device" is the host's own cores, and handing a program to a worker thread and
+    /// waking the waiter cost about 80 µs per step on the 2-core machine of `BENCHMARKS.md`, more than a small
+    /// program runs. Turn it on when steps are long and cores are spare (the host records the next step while
+    /// the program runs). Other backends always run asynchronously.
+    pub cpu_async: bool,
+}
+
+impl Default for Config {
+    /// The CPU plugin, one device, synchronous.
+    fn default() -> Config {
+        Config { backend: Backend::Cpu, plugin_path: None, cpu_device_count: 1, cpu_async: false }
+    }
 }
 
 impl Config {
-    /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1).
+    /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1);
+    /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0).
     pub fn from_env() -> Result<Config> {
         let backend = match std::env::var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
             "" | "cpu" => Backend::Cpu,
@@ -47,7 +61,12 @@ impl Config {
                 .ok_or_else(|| Error::Config(format!("LAZULI_CPU_DEVICES={s:?}: expected a number ≥ 1")))?,
             Err(_) => 1,
         };
-        Ok(Config { backend, plugin_path: None, cpu_device_count })
+        let cpu_async = match std::env::var("LAZULI_CPU_ASYNC").unwrap_or_default().as_str() {
+            "" | "0" | "false" => false,
+            "1" | "true" => true,
+            other => return Err(Error::Config(format!("LAZULI_CPU_ASYNC={other:?}: expected 1 or 0"))),
+        };
+        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async })
     }
 }
 
@@ -79,6 +98,7 @@ impl Runtime {
         let mut opts = ClientOptions::new();
         if config.backend == Backend::Cpu {
             opts = opts.cpu_device_count(config.cpu_device_count);
+            opts = opts.bool_option("asynchronous", config.cpu_async);
         }
         let client = Client::new(&plugin, &opts)?;
         let device = client

@@ -228,6 +228,13 @@ impl Api {
         self.await_event(event.raw(), call)
     }
 
+    /// Whether `event` has fired (it stays owned by the caller).
+    pub(crate) fn event_is_ready(self, event: &EventHandle) -> bool {
+        let mut args = c::PJRT_Event_IsReady_Args::new();
+        args.event = event.raw();
+        call!(self, PJRT_Event_IsReady, &mut args).map(|()| args.is_ready).unwrap_or(true)
+    }
+
     fn await_event(self, event: *mut c::PJRT_Event, call: &'static str) -> Result<()> {
         if event.is_null() {
             return Ok(());

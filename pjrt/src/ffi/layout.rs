@@ -103,6 +103,7 @@ pjrt_args!(PJRT_Plugin_Attributes_Args { attributes: *const PJRT_NamedValue, num
 
 pjrt_args!(PJRT_Event_Destroy_Args { event: *mut PJRT_Event });
 pjrt_args!(PJRT_Event_Await_Args { event: *mut PJRT_Event });
+pjrt_args!(PJRT_Event_IsReady_Args { event: *mut PJRT_Event, is_ready: bool });
 
 pjrt_args!(PJRT_Client_Create_Args {
     create_options: *const PJRT_NamedValue,
@@ -262,7 +263,7 @@ pub(crate) struct PJRT_Api {
     pub PJRT_Plugin_Attributes: Entry<PJRT_Plugin_Attributes_Args>,
 
     pub PJRT_Event_Destroy: Entry<PJRT_Event_Destroy_Args>,
-    _PJRT_Event_IsReady: Unused,
+    pub PJRT_Event_IsReady: Entry<PJRT_Event_IsReady_Args>,
     _PJRT_Event_Error: Unused,
     pub PJRT_Event_Await: Entry<PJRT_Event_Await_Args>,
     _PJRT_Event_OnReady: Unused,
@@ -354,6 +355,7 @@ mod tests {
             (PJRT_Plugin_Attributes_Args::STRUCT_SIZE, 32),
             (PJRT_Event_Destroy_Args::STRUCT_SIZE, 24),
             (PJRT_Event_Await_Args::STRUCT_SIZE, 24),
+            (PJRT_Event_IsReady_Args::STRUCT_SIZE, 25),
             (PJRT_Client_Create_Args::STRUCT_SIZE, 88),
             (PJRT_Client_Destroy_Args::STRUCT_SIZE, 24),
             (PJRT_Client_PlatformName_Args::STRUCT_SIZE, 40),
