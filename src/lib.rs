@@ -24,6 +24,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub use lazuli_hlo as hlo;
+pub use lazuli_hlo::{Fused, FusedBuilder};
 pub use lazuli_lazy as lazy;
 pub use lazuli_pjrt as pjrt;
 

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use crate::dtype::TensorType;
 use crate::graph::{Graph, Loc};
+use crate::op::Op;
 
 /// Module-level settings of the emitted program.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -44,6 +45,13 @@ impl<'a> LowerCx<'a> {
 
     pub fn num_args(&self) -> usize {
         self.args.len()
+    }
+
+    /// Lower `op` on explicit operands (SSA names and types) as part of this node: a compound op reuses the
+    /// lowerings of the ops it is made of.
+    pub fn lower_op<'b>(&'b mut self, op: &Op, args: Vec<(String, &'b TensorType)>, out: &'b TensorType) -> String {
+        let mut cx = LowerCx { text: &mut *self.text, counter: &mut *self.counter, args, out, loc: self.loc };
+        op.lower(&mut cx)
     }
 
     /// A fresh SSA name.

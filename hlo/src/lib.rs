@@ -23,6 +23,7 @@ pub use op::{Op, OpRules};
 pub use ops::conv::Convolution;
 pub use ops::dot::DotGeneral;
 pub use ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind};
+pub use ops::fused::{Fused, FusedBuilder};
 pub use ops::gather::{ScatterAdd, Take};
 pub use ops::layout::{BroadcastInDim, Reshape, Transpose};
 pub use ops::leaf::{Constant, Iota, Parameter};

@@ -11,6 +11,7 @@ use crate::ops::{
     conv::Convolution,
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
+    fused::Fused,
     gather::{ScatterAdd, Take},
     layout::{BroadcastInDim, Reshape, Transpose},
     leaf::{Constant, Iota, Parameter},
@@ -74,6 +75,7 @@ pub enum Op {
     ReduceWindow(ReduceWindow),
     SelectAndScatter(SelectAndScatter),
     ShardingConstraint(ShardingConstraint),
+    Fused(Fused),
 }
 
 macro_rules! dispatch {
@@ -107,6 +109,7 @@ macro_rules! dispatch {
             Op::ReduceWindow($o) => $e,
             Op::SelectAndScatter($o) => $e,
             Op::ShardingConstraint($o) => $e,
+            Op::Fused($o) => $e,
         }
     };
 }

@@ -25,6 +25,23 @@ pub(crate) fn apply(op: Op, operands: &[&Tensor], loc: Loc) -> Tensor {
     }
 }
 
+/// Record a fused elementwise expression on `operands` (same shape, or rank 0).
+#[track_caller]
+pub(crate) fn fused(expr: &lazuli_hlo::Fused, operands: &[&Tensor], loc: Loc) -> Tensor {
+    apply(Op::Fused(expr.clone()), operands, loc)
+}
+
+impl Tensor {
+    /// Record `expr` (built with [`lazuli_hlo::FusedBuilder`]) on `operands` as one node: operands of one shape,
+    /// rank-0 operands broadcast. Computes what the same chain of elementwise ops computes, with their gradient;
+    /// a step's graph gets smaller to record and walk (the optimizers' updates are recorded this way). Panics at
+    /// the caller's line when the operands do not fit the expression.
+    #[track_caller]
+    pub fn fused(expr: &lazuli_hlo::Fused, operands: &[&Tensor]) -> Tensor {
+        fused(expr, operands, Loc::caller())
+    }
+}
+
 /// Numpy's broadcast of two shapes, or `None`.
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());

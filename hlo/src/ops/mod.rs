@@ -2,6 +2,7 @@
 pub mod conv;
 pub mod dot;
 pub mod elementwise;
+pub mod fused;
 pub mod gather;
 pub mod layout;
 pub mod leaf;

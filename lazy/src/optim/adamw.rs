@@ -1,11 +1,15 @@
 //! AdamW (decoupled weight decay, Loshchilov & Hutter), with PyTorch's update order and bias correction.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use lazuli_hlo::{Fused, FusedBuilder, Loc, UnaryKind};
 
 use super::{take_state, zeros_like_host, Optimizer, Scalars};
 use crate::autodiff::no_grad;
 use crate::error::Result;
 use crate::nn::Param;
+use crate::record::fused;
 use crate::tensor::Tensor;
 
 pub struct AdamW {
@@ -44,6 +48,41 @@ impl AdamW {
     }
 }
 
+/// AdamW's update as three fused expressions (one node per updated tensor; see `lazuli_hlo::ops::fused`), in
+/// PyTorch's order of operations:
+/// - `m' = m·β1 + g·(1−β1)`
+/// - `v' = v·β2 + (g·g)·(1−β2)`
+/// - `w' = w·(1 − lr·wd) − m' / (√v'·(1/√bc2) + ε) · (lr/bc1)`
+fn expressions() -> &'static [Fused; 3] {
+    static EXPRS: OnceLock<[Fused; 3]> = OnceLock::new();
+    EXPRS.get_or_init(|| {
+        let mut e = FusedBuilder::new("adamw_moment", 4);
+        let (m, g, b, c) = (e.arg(0), e.arg(1), e.arg(2), e.arg(3));
+        let (mb, gc) = (e.mul(m, b), e.mul(g, c));
+        e.add(mb, gc);
+        let moment = e.finish();
+
+        let mut e = FusedBuilder::new("adamw_square_moment", 4);
+        let (v, g, b, c) = (e.arg(0), e.arg(1), e.arg(2), e.arg(3));
+        let vb = e.mul(v, b);
+        let gg = e.mul(g, g);
+        let ggc = e.mul(gg, c);
+        e.add(vb, ggc);
+        let square_moment = e.finish();
+
+        let mut e = FusedBuilder::new("adamw_update", 7);
+        let (w, m, v, decay, step, k, eps) = (e.arg(0), e.arg(1), e.arg(2), e.arg(3), e.arg(4), e.arg(5), e.arg(6));
+        let root = e.unary(UnaryKind::Sqrt, v);
+        let scaled = e.mul(root, k);
+        let denom = e.add(scaled, eps);
+        let ratio = e.div(m, denom);
+        let delta = e.mul(ratio, step);
+        let kept = e.mul(w, decay);
+        e.sub(kept, delta);
+        [moment, square_moment, e.finish()]
+    })
+}
+
 impl Optimizer for AdamW {
     fn step(&mut self) {
         self.steps += 1;
@@ -55,16 +94,21 @@ impl Optimizer for AdamW {
         let inv_sqrt_bc2 = 1.0 / bc2.sqrt();
         let decay = 1.0 - self.lr * self.weight_decay;
         let mut s = Scalars::new();
+        let [moment, square_moment, update] = expressions();
+        let at = Loc::caller();
         no_grad(|| {
             for (i, (_, p)) in self.params.iter().enumerate() {
                 let Some(g) = p.grad() else { continue };
+                let dt = g.dtype();
+                let mut c = |v: f64| s.scalar(dt, v);
+                let (b1, one_b1, b2, one_b2) = (c(self.beta1), c(1.0 - self.beta1), c(self.beta2), c(1.0 - self.beta2));
+                let (decay, step, inv_sqrt_bc2, eps) = (c(decay), c(step_size), c(inv_sqrt_bc2), c(self.eps));
                 self.exp_avg[i] = super::follow(&self.exp_avg[i], &p.get());
                 self.exp_avg_sq[i] = super::follow(&self.exp_avg_sq[i], &p.get());
-                let m = &self.exp_avg[i] * &s.like(&g, self.beta1) + &g * &s.like(&g, 1.0 - self.beta1);
-                let v = &self.exp_avg_sq[i] * &s.like(&g, self.beta2) + &g * &g * &s.like(&g, 1.0 - self.beta2);
-                let denom = v.sqrt() * &s.like(&g, inv_sqrt_bc2) + &s.like(&g, self.eps);
+                let m = fused(moment, &[&self.exp_avg[i], &g, &b1, &one_b1], at);
+                let v = fused(square_moment, &[&self.exp_avg_sq[i], &g, &b2, &one_b2], at);
                 let w = p.get();
-                p.set(&w * &s.like(&g, decay) - &m / &denom * &s.like(&g, step_size));
+                p.set(fused(update, &[&w, &m, &v, &decay, &step, &inv_sqrt_bc2, &eps], at));
                 super::replace(&mut self.exp_avg[i], super::follow(&m, &w));
                 super::replace(&mut self.exp_avg_sq[i], super::follow(&v, &w));
             }

@@ -49,17 +49,22 @@ impl Scalars {
         Scalars { scalars: HashMap::new(), broadcasts: HashMap::new() }
     }
 
+    /// `value` as a rank-0 host scalar of `dtype` (an operand of a fused update, broadcast inside it).
+    #[track_caller]
+    pub fn scalar(&mut self, dtype: DType, value: f64) -> Tensor {
+        self.scalars.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone()
+    }
+
     /// `value` as a host scalar of `like`'s dtype, broadcast to `like`'s shape.
     #[track_caller]
     pub fn like(&mut self, like: &Tensor, value: f64) -> Tensor {
         let (dtype, dims) = (like.dtype(), like.dims());
-        let shapes = self.broadcasts.entry((dtype, value.to_bits())).or_default();
-        if let Some(t) = shapes.iter().find(|t| t.dims() == dims) {
+        let key = (dtype, value.to_bits());
+        if let Some(t) = self.broadcasts.get(&key).and_then(|v| v.iter().find(|t| t.dims() == dims)) {
             return t.clone();
         }
-        let scalar =
-            self.scalars.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone();
-        let t = scalar.broadcast_to(dims);
+        let t = self.scalar(dtype, value).broadcast_to(dims);
+        let shapes = self.broadcasts.entry(key).or_default();
         shapes.push(t.clone());
         t
     }

@@ -1,0 +1,225 @@
+//! Fused elementwise expressions: a small chain of unary and binary ops over same-shaped operands (rank-0
+//! operands are broadcast) recorded as **one** node. An optimizer update such as AdamW's is a dozen elementwise
+//! ops per parameter; as one node per updated tensor, a step's graph is several times smaller to record, walk and
+//! hash (PyTorch's fused optimizers make the same trade for the same reason). The compiled program is unchanged:
+//! each step lowers through the `Unary`/`Binary` lowering, in the expression's order, and XLA fuses it as before.
+//!
+//! Every rule is derived from the steps' own rules: the shape rule checks each step, the reference evaluates them
+//! in turn (rounding as separate ops would), and the gradient records the expression unfused and runs each step's
+//! `vjp` backwards through it, so no expression needs a hand-written derivative.
+
+use std::sync::Arc;
+
+use ndarray::{ArrayD, IxDyn};
+
+use crate::builder::Builder;
+use crate::dtype::TensorType;
+use crate::emit::LowerCx;
+use crate::op::{Op, OpRules};
+use crate::ops::elementwise::{Binary, BinaryKind, Unary, UnaryKind};
+use crate::ops::layout::BroadcastInDim;
+
+/// A value inside an expression: operand `i`, or the result of step `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ref {
+    Arg(u8),
+    Step(u8),
+}
+
+/// One step of an expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    Unary(UnaryKind, Ref),
+    Binary(BinaryKind, Ref, Ref),
+}
+
+/// An expression over `args` operands; the last step is the result. Cloning shares the steps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fused {
+    pub name: &'static str,
+    pub args: u8,
+    pub steps: Arc<[Step]>,
+}
+
+/// Builds a [`Fused`] expression step by step.
+pub struct FusedBuilder {
+    name: &'static str,
+    args: u8,
+    steps: Vec<Step>,
+}
+
+impl FusedBuilder {
+    /// An expression called `name` (its name in diagnostics) over `args` operands.
+    pub fn new(name: &'static str, args: u8) -> FusedBuilder {
+        FusedBuilder { name, args, steps: Vec::new() }
+    }
+    pub fn arg(&self, i: u8) -> Ref {
+        assert!(i < self.args, "fused expression {}: operand {i} of {}", self.name, self.args);
+        Ref::Arg(i)
+    }
+    fn push(&mut self, s: Step) -> Ref {
+        self.steps.push(s);
+        Ref::Step((self.steps.len() - 1) as u8)
+    }
+    pub fn unary(&mut self, k: UnaryKind, a: Ref) -> Ref {
+        self.push(Step::Unary(k, a))
+    }
+    pub fn binary(&mut self, k: BinaryKind, a: Ref, b: Ref) -> Ref {
+        self.push(Step::Binary(k, a, b))
+    }
+    pub fn add(&mut self, a: Ref, b: Ref) -> Ref {
+        self.binary(BinaryKind::Add, a, b)
+    }
+    pub fn sub(&mut self, a: Ref, b: Ref) -> Ref {
+        self.binary(BinaryKind::Sub, a, b)
+    }
+    pub fn mul(&mut self, a: Ref, b: Ref) -> Ref {
+        self.binary(BinaryKind::Mul, a, b)
+    }
+    pub fn div(&mut self, a: Ref, b: Ref) -> Ref {
+        self.binary(BinaryKind::Div, a, b)
+    }
+    /// The expression, whose result is the last step.
+    pub fn finish(self) -> Fused {
+        assert!(!self.steps.is_empty(), "fused expression {} has no steps", self.name);
+        Fused { name: self.name, args: self.args, steps: self.steps.into() }
+    }
+}
+
+impl Step {
+    fn op(self) -> Op {
+        match self {
+            Step::Unary(kind, _) => Op::Unary(Unary { kind }),
+            Step::Binary(kind, _, _) => Op::Binary(Binary { kind }),
+        }
+    }
+    /// The step's operands: the first `n` of the array.
+    fn refs(&self) -> ([Ref; 2], usize) {
+        match *self {
+            Step::Unary(_, a) => ([a, a], 1),
+            Step::Binary(_, a, b) => ([a, b], 2),
+        }
+    }
+}
+
+impl Fused {
+    /// Run the steps over `args` (operands already broadcast to one shape): each step's value from `apply`.
+    fn run<V>(&self, args: &[V], mut apply: impl FnMut(&Op, &[&V]) -> V) -> Vec<V> {
+        let mut vals: Vec<V> = Vec::with_capacity(self.steps.len());
+        for s in self.steps.iter() {
+            let (refs, n) = s.refs();
+            let at = |r: Ref| match r {
+                Ref::Arg(i) => &args[i as usize],
+                Ref::Step(i) => &vals[i as usize],
+            };
+            let v = apply(&s.op(), &[at(refs[0]), at(refs[1])][..n]);
+            vals.push(v);
+        }
+        vals
+    }
+}
+
+impl OpRules for Fused {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        if operands.len() != self.args as usize {
+            return Err(format!("{} takes {} operand(s), got {}", self.name, self.args, operands.len()));
+        }
+        let full = operands.iter().find(|t| t.rank() > 0).unwrap_or(&operands[0]);
+        if let Some(t) = operands.iter().find(|t| t.rank() > 0 && t.dims != full.dims) {
+            return Err(format!(
+                "{}: operand shapes differ: {full} vs {t} (only rank-0 operands broadcast)",
+                self.name
+            ));
+        }
+        // Elementwise steps keep the shape: check them on rank-0 types (no shape copies), then give the result
+        // the operands' shape.
+        let tys: Vec<TensorType> = operands.iter().map(|t| TensorType::scalar(t.dtype)).collect();
+        let mut err = None;
+        let out = self.run(&tys, |op, ins| {
+            op.infer(ins).unwrap_or_else(|e| {
+                err.get_or_insert(format!("{}: {e}", self.name));
+                ins[0].clone()
+            })
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(TensorType::new(out.last().expect("at least one step").dtype, full.dims.clone())),
+        }
+    }
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        let out = cx.out_ty().clone();
+        let args: Vec<(String, TensorType)> = (0..cx.num_args())
+            .map(|i| {
+                let (name, ty) = (cx.arg(i).to_string(), cx.arg_ty(i).clone());
+                if ty.rank() == 0 && out.rank() > 0 {
+                    let full = TensorType::new(ty.dtype, out.dims.clone());
+                    let b = Op::BroadcastInDim(BroadcastInDim { dims: out.dims.clone(), map: vec![] });
+                    (cx.lower_op(&b, vec![(name, &ty)], &full), full)
+                } else {
+                    (name, ty)
+                }
+            })
+            .collect();
+        // Every step's result has the result's shape; its dtype is the step's own (a comparison would be bool).
+        let vals = self.run(&args, |op, ins| {
+            let tys: Vec<&TensorType> = ins.iter().map(|a| &a.1).collect();
+            let ty = op.infer(&tys).expect("checked when recorded");
+            let name = cx.lower_op(op, ins.iter().map(|a| (a.0.clone(), &a.1)).collect(), &ty);
+            (name, ty)
+        });
+        vals.last().expect("at least one step").0.clone()
+    }
+    fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        let shape = IxDyn(&out.dims);
+        let args: Vec<ArrayD<f64>> =
+            x.iter().map(|a| a.broadcast(shape.clone()).expect("checked by infer").to_owned()).collect();
+        // Round after every step, as the unfused ops would.
+        let vals = self.run(&args, |op, ins| op.reference(out, ins).mapv(|v| out.dtype.round(v)));
+        vals.last().expect("at least one step").clone()
+    }
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        // Record the expression unfused, then walk it backwards with each step's own rule.
+        let dims = b.ty(g).dims;
+        let args: Vec<B::V> = x.iter().map(|a| b.broadcast(a, &dims, &[])).collect();
+        let vals = self.run(&args, |op, ins| b.op(op.clone(), ins));
+        let mut arg_cot: Vec<Option<B::V>> = vec![None; x.len()];
+        let mut step_cot: Vec<Option<B::V>> = vec![None; self.steps.len()];
+        step_cot[self.steps.len() - 1] = Some(g.clone());
+        for (i, s) in self.steps.iter().enumerate().rev() {
+            let Some(gi) = step_cot[i].take() else { continue };
+            let (refs, n) = s.refs();
+            let ins: Vec<B::V> = refs[..n]
+                .iter()
+                .map(|r| match *r {
+                    Ref::Arg(k) => args[k as usize].clone(),
+                    Ref::Step(k) => vals[k as usize].clone(),
+                })
+                .collect();
+            let grads = s.op().vjp(b, &ins, &vals[i], &gi);
+            for (r, d) in refs[..n].iter().zip(grads) {
+                let Some(d) = d else { continue };
+                let slot = match *r {
+                    Ref::Arg(k) => &mut arg_cot[k as usize],
+                    Ref::Step(k) => &mut step_cot[k as usize],
+                };
+                *slot = Some(match slot.take() {
+                    Some(prev) => b.add(&prev, &d),
+                    None => d,
+                });
+            }
+        }
+        // A broadcast rank-0 operand's gradient is the sum over the whole result.
+        let all: Vec<usize> = (0..dims.len()).collect();
+        arg_cot
+            .into_iter()
+            .zip(x)
+            .map(|(c, a)| c.map(|c| if b.ty(a).rank() == 0 { b.sum(&c, &all) } else { c }))
+            .collect()
+    }
+    fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
+        crate::shard::elementwise(x, out)
+    }
+}
