@@ -288,8 +288,8 @@ const HERE: Loc = Loc { file: "ops_window.rs", line: 0, col: 0 };
 
 impl Builder for GraphBuilder {
     type V = NodeId;
-    fn ty(&self, v: &NodeId) -> TensorType {
-        self.0.nodes[*v].ty.clone()
+    fn ty<'a>(&'a self, v: &'a NodeId) -> &'a TensorType {
+        &self.0.nodes[*v].ty
     }
     fn op(&mut self, op: Op, operands: &[&NodeId]) -> NodeId {
         self.0.push(op, operands.iter().map(|&&o| o).collect(), HERE).unwrap_or_else(|e| panic!("{e}"))
@@ -335,7 +335,7 @@ fn check_adjoint(name: &str, op: Op, a_dims: &[usize], b_dims: Option<&[usize]>)
     }
     let refs: Vec<&NodeId> = operands.iter().collect();
     let y = gb.op(op.clone(), &refs);
-    let y_dims = gb.ty(&y).dims;
+    let y_dims = gb.ty(&y).dims.clone();
     let g = gb.0.parameter(TensorType::new(DType::F64, y_dims.clone()), HERE);
     let grads = op.vjp(&mut gb, &operands, &y, &g);
     let mut graph = gb.0;

@@ -15,7 +15,7 @@ pub trait Builder {
     type V: Clone;
 
     /// The static type of a value.
-    fn ty(&self, v: &Self::V) -> TensorType;
+    fn ty<'a>(&'a self, v: &'a Self::V) -> &'a TensorType;
 
     /// Record `op` on `operands`; the op's shape rule infers the result type. Gradient rules only produce
     /// well-typed ops, so a rule violation here is a bug in a rule, reported with the op's location.
@@ -29,7 +29,7 @@ pub trait Builder {
     }
     /// A constant shaped like `like`.
     fn full_like(&mut self, like: &Self::V, value: f64) -> Self::V {
-        let ty = self.ty(like);
+        let ty = self.ty(like).clone();
         self.constant(value, ty)
     }
     fn binary(&mut self, kind: BinaryKind, a: &Self::V, b: &Self::V) -> Self::V {
@@ -103,7 +103,7 @@ pub trait Builder {
     /// The reverse of broadcasting `like`-typed values to `g`'s shape with dimension map `map`: sum `g` over the
     /// added and the expanded dimensions, then reshape to `like`'s dims.
     fn unbroadcast(&mut self, g: &Self::V, like: &[usize], map: &[usize]) -> Self::V {
-        let gdims = self.ty(g).dims;
+        let gdims = self.ty(g).dims.clone();
         let axes: Vec<usize> = (0..gdims.len())
             .filter(|d| match map.iter().position(|m| m == d) {
                 None => true,

@@ -39,8 +39,8 @@ struct Recorder {
 
 impl Builder for Recorder {
     type V = Tensor;
-    fn ty(&self, v: &Tensor) -> TensorType {
-        v.tensor_type().clone()
+    fn ty<'a>(&'a self, v: &'a Tensor) -> &'a TensorType {
+        v.tensor_type()
     }
     fn op(&mut self, op: Op, operands: &[&Tensor]) -> Tensor {
         apply(op, operands, self.loc)
@@ -49,28 +49,31 @@ impl Builder for Recorder {
 
 /// Nodes on the gradient path below `root`, operands before users. Gradient leaves end the walk.
 fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
+    let on_path = |o: &Node| o.grad_path || o.requires_grad();
     let mut order = Vec::new();
     let mut seen: NodeMap<()> = NodeMap::default();
+    // (node, operands already pushed?)
     let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
     while let Some((node, expanded)) = stack.pop() {
-        let key = Arc::as_ptr(&node);
         if expanded {
             order.push(node);
             continue;
         }
-        if seen.insert(key, ()).is_some() {
+        if seen.insert(Arc::as_ptr(&node), ()).is_some() {
             continue;
         }
-        let operands = if node.requires_grad() || !node.grad_path {
-            Vec::new()
-        } else {
-            node.lock().recipe.as_ref().map(|r| r.operands.clone()).unwrap_or_default()
-        };
-        stack.push((node, true));
-        for o in operands.into_iter().rev() {
-            if (o.grad_path || o.requires_grad()) && !seen.contains_key(&Arc::as_ptr(&o)) {
-                stack.push((o, false));
+        let below = stack.len();
+        if node.grad_path && !node.requires_grad() {
+            if let Some(r) = node.lock().recipe.as_ref() {
+                let unseen = |o: &&Arc<Node>| on_path(o) && !seen.contains_key(&Arc::as_ptr(o));
+                stack.extend(r.operands.iter().rev().filter(unseen).map(|o| (o.clone(), false)));
             }
+        }
+        if stack.len() == below {
+            // Nothing new below: done at once, without a second visit.
+            order.push(node);
+        } else {
+            stack.insert(below, (node, true));
         }
     }
     order
@@ -92,13 +95,18 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
                 leaves.push((node.clone(), g));
                 continue;
             }
-            let Some(recipe) = node.lock().recipe.clone() else { continue };
+            let (op, x) = {
+                let state = node.lock();
+                let Some(recipe) = state.recipe.as_ref() else { continue };
+                let x: Vec<Tensor> = recipe.operands.iter().map(|o| Tensor::from_node(o.clone())).collect();
+                (recipe.op.clone(), x)
+            };
             let mut b = Recorder { loc: node.loc };
-            let x: Vec<Tensor> = recipe.operands.iter().map(|o| Tensor::from_node(o.clone())).collect();
             let out = Tensor::from_node(node.clone());
-            let grads = recipe.op.vjp(&mut b, &x, &out, &g);
-            for (operand, dx) in recipe.operands.iter().zip(grads) {
+            let grads = op.vjp(&mut b, &x, &out, &g);
+            for (operand, dx) in x.iter().zip(grads) {
                 let Some(dx) = dx else { continue };
+                let operand = &operand.node;
                 if !(operand.grad_path || operand.requires_grad()) {
                     continue;
                 }

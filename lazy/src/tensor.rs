@@ -73,6 +73,10 @@ pub(crate) struct Node {
     pub placement: Option<Arc<Sharding>>,
     /// The last graph walk that numbered this node, and its number there (see `walk.rs`).
     pub visit: std::sync::atomic::AtomicU64,
+    /// Hash of the recipe's op (0 without one) and of the type, taken once when the node is made: the step
+    /// boundary's walk combines these instead of re-reading ops and shapes scattered in memory.
+    pub op_hash: u64,
+    pub ty_hash: u64,
     /// The value that replaces this one (a parameter's or an optimizer state's next value): donation gives this
     /// node's buffer to that output, so XLA can update it in place instead of copying around a mismatched pair.
     pub successor: std::sync::OnceLock<Weak<Node>>,
@@ -129,6 +133,23 @@ impl Node {
     }
 }
 
+/// The hash the executable cache's key is built from (foldhash's quality variant with a fixed seed: fast on the
+/// small values ops and types are made of, and the same in every run).
+pub(crate) fn structure_hash<T: std::hash::Hash + ?Sized>(x: &T) -> u64 {
+    use std::hash::BuildHasher;
+    structure_hasher_state().hash_one(x)
+}
+
+/// A running hasher of the same family, for combining node hashes.
+pub(crate) fn structure_hasher() -> impl std::hash::Hasher {
+    use std::hash::BuildHasher;
+    structure_hasher_state().build_hasher()
+}
+
+fn structure_hasher_state() -> foldhash::quality::FixedState {
+    foldhash::quality::FixedState::with_seed(0x6c61_7a75_6c69)
+}
+
 /// Hashing for maps keyed by node address: the address is already unique, so one multiply spreads it (SipHash,
 /// the default, cost a large share of walking a graph).
 #[derive(Default, Clone, Copy)]
@@ -176,7 +197,11 @@ impl Drop for Tensor {
 impl Tensor {
     fn from_state(ty: TensorType, loc: Loc, state: State, grad_path: bool) -> Tensor {
         let pending = state.data.is_none();
+        let op_hash = state.recipe.as_ref().map_or(0, |r| structure_hash(&r.op));
+        let ty_hash = structure_hash(&ty);
         let node = Arc::new(Node {
+            op_hash,
+            ty_hash,
             ty,
             loc,
             state: Mutex::new(state),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use lazuli_hlo::{Graph, Op};
 
-use crate::tensor::Node;
+use crate::tensor::{structure_hasher, Node};
 
 /// One walk of the pending graph below a set of targets.
 pub(crate) struct Walk {
@@ -127,7 +127,7 @@ pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
         graph: None,
         epoch,
     };
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = structure_hasher();
     let mut is_output = Vec::new();
     // (node, operands already pushed?)
     let mut stack: Vec<(Arc<Node>, bool)> = Vec::new();
@@ -145,31 +145,38 @@ pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
             let state = node.lock();
             let id = w.nodes.len() as u32;
             match (&state.data, &state.recipe) {
-                (None, Some(recipe)) if !expanded => {
-                    stack.push((node.clone(), true));
-                    for o in recipe.operands.iter().rev().filter(|o| id_of(o).is_none()) {
-                        stack.push((o.clone(), false));
-                    }
-                    continue;
-                }
                 (None, Some(recipe)) => {
+                    if !expanded {
+                        // Operands not yet numbered go above this node on the stack; a node whose operands are
+                        // all numbered (most, in a chain) is numbered at once, without a second visit.
+                        let below = stack.len();
+                        stack.extend(
+                            recipe.operands.iter().rev().filter(|o| id_of(o).is_none()).map(|o| (o.clone(), false)),
+                        );
+                        if stack.len() > below {
+                            drop(state);
+                            stack.insert(below, (node, true));
+                            continue;
+                        }
+                    }
                     let first = w.operands.len();
                     for o in &recipe.operands {
                         // Operands were numbered before their user (post-order).
                         w.operands.push(id_of(o).unwrap_or(u32::MAX));
                     }
-                    recipe.op.hash(&mut h);
+                    h.write_u64(node.op_hash);
                     w.operands[first..].hash(&mut h);
                     w.has_constraint |= matches!(recipe.op, Op::ShardingConstraint(_));
                 }
                 _ => {
-                    Op::Parameter(lazuli_hlo::Parameter { index: w.params.len() }).hash(&mut h);
+                    h.write_u64(u64::MAX);
+                    h.write_usize(w.params.len());
                     w.params.push(id as usize);
                     w.leaves.push(node.clone());
                 }
             }
             drop(state);
-            node.ty.hash(&mut h);
+            h.write_u64(node.ty_hash);
             node.visit.store(epoch | id as u64, Relaxed);
             w.starts.push(w.operands.len() as u32);
             w.nodes.push(node);

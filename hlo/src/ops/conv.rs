@@ -183,7 +183,7 @@ impl OpRules for Convolution {
     /// High paddings are whatever makes the result exactly as long as the operand it is the gradient of.
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         let (lhs, rhs) = (&x[0], &x[1]);
-        let (lt, rt, gt) = (b.ty(lhs), b.ty(rhs), b.ty(g));
+        let (lt, rt, gt) = (b.ty(lhs).clone(), b.ty(rhs).clone(), b.ty(g).clone());
         let ns = self.spatial();
         let len = |k: usize| lt.dims[self.lhs_spec[2 + k]];
         let win = |k: usize| rt.dims[self.rhs_spec[2 + k]];

@@ -182,7 +182,7 @@ impl OpRules for Fused {
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         // Record the expression unfused, then walk it backwards with each step's own rule.
-        let dims = b.ty(g).dims;
+        let dims = b.ty(g).dims.clone();
         let args: Vec<B::V> = x.iter().map(|a| b.broadcast(a, &dims, &[])).collect();
         let vals = self.run(&args, |op, ins| b.op(op.clone(), ins));
         let mut arg_cot: Vec<Option<B::V>> = vec![None; x.len()];

@@ -102,7 +102,7 @@ impl OpRules for Take {
         ArrayD::from_shape_vec(IxDyn(&out.dims), v).expect("one value per result element")
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        let ty = b.ty(&x[0]);
+        let ty = b.ty(&x[0]).clone();
         let zeros = b.constant(0.0, ty);
         let dx = b.op(Op::ScatterAdd(ScatterAdd { axis: self.axis }), &[&zeros, &x[1], g]);
         vec![Some(dx), None]

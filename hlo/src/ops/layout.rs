@@ -38,7 +38,7 @@ impl OpRules for Reshape {
         ArrayD::from_shape_vec(IxDyn(&self.dims), flat).expect("checked by infer")
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        let dims = b.ty(&x[0]).dims;
+        let dims = b.ty(&x[0]).dims.clone();
         vec![Some(b.reshape(g, &dims))]
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
@@ -131,7 +131,7 @@ impl OpRules for BroadcastInDim {
         a.broadcast(IxDyn(&self.dims)).expect("checked by infer").to_owned()
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        let like = b.ty(&x[0]).dims;
+        let like = b.ty(&x[0]).dims.clone();
         vec![Some(b.unbroadcast(g, &like, &self.map))]
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {

@@ -92,7 +92,7 @@ impl OpRules for Reduce {
         a
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        let dims = b.ty(&x[0]).dims;
+        let dims = b.ty(&x[0]).dims.clone();
         let kept: Vec<usize> = (0..dims.len()).filter(|d| !self.axes.contains(d)).collect();
         let gb = b.broadcast(g, &dims, &kept);
         let dx = match self.kind {

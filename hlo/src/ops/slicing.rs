@@ -75,8 +75,8 @@ impl OpRules for Slice {
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         // Put g back where the slice took it from: low padding `start`, `stride - 1` zeros between elements, and
         // whatever is left of the dimension as high padding.
-        let dims = b.ty(&x[0]).dims;
-        let odims = b.ty(out).dims;
+        let dims = b.ty(&x[0]).dims.clone();
+        let odims = b.ty(out).dims.clone();
         let mut pad = Pad { low: self.start.clone(), high: vec![0; dims.len()], interior: vec![0; dims.len()] };
         for d in 0..dims.len() {
             pad.interior[d] = self.stride[d] - 1;
@@ -133,7 +133,7 @@ impl OpRules for Concatenate {
         ndarray::concatenate(Axis(self.dim), &views).expect("checked by infer")
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        let gdims = b.ty(g).dims;
+        let gdims = b.ty(g).dims.clone();
         let mut offset = 0;
         let mut grads = Vec::with_capacity(x.len());
         for xi in x {
@@ -193,8 +193,8 @@ impl OpRules for Pad {
         r
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        let dims = b.ty(&x[0]).dims;
-        let gdims = b.ty(g).dims;
+        let dims = b.ty(&x[0]).dims.clone();
+        let gdims = b.ty(g).dims.clone();
         let mut s = Slice { start: self.low.clone(), limit: self.low.clone(), stride: vec![1; dims.len()] };
         for d in 0..dims.len() {
             let inner = self.inner(d, dims[d]);

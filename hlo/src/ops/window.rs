@@ -237,8 +237,8 @@ impl OpRules for ReduceWindow {
             // Input i receives g[o] for every window (o, w) that reads it: a sum window over g with strides and
             // dilations swapped. The window of ones is symmetric, so no reversal is needed.
             WindowKind::Sum => {
-                let in_dims = b.ty(&x[0]).dims;
-                let g_dims = b.ty(g).dims;
+                let in_dims = b.ty(&x[0]).dims.clone();
+                let g_dims = b.ty(g).dims.clone();
                 let padding = (0..in_dims.len())
                     .map(|d| {
                         let low = self.window[d] as i64 - 1 - self.padding[d].0;
