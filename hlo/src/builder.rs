@@ -76,7 +76,7 @@ pub trait Builder {
         self.op(Op::Convert(Convert { to }), &[a])
     }
     fn reshape(&mut self, a: &Self::V, dims: &[usize]) -> Self::V {
-        if self.ty(a).dims == dims {
+        if self.ty(a).dims[..] == dims[..] {
             return a.clone();
         }
         self.op(Op::Reshape(Reshape { dims: dims.to_vec() }), &[a])
@@ -88,7 +88,7 @@ pub trait Builder {
         self.op(Op::Transpose(Transpose { perm: perm.to_vec() }), &[a])
     }
     fn broadcast(&mut self, a: &Self::V, dims: &[usize], map: &[usize]) -> Self::V {
-        if self.ty(a).dims == dims {
+        if self.ty(a).dims[..] == dims[..] {
             return a.clone();
         }
         self.op(Op::BroadcastInDim(BroadcastInDim { dims: dims.to_vec(), map: map.to_vec() }), &[a])

@@ -155,20 +155,24 @@ impl fmt::Display for DType {
     }
 }
 
+/// Dimensions, stored inline up to rank 4: every graph node has a type, and a separate allocation per shape cost
+/// an allocation and a cache miss per node (BENCHMARKS.md, `trace`).
+pub type Dims = smallvec::SmallVec<[usize; 4]>;
+
 /// A tensor's static type: element type and dimensions. Displayed as `f32[2,3]`, lowered as `tensor<2x3xf32>`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
     pub dtype: DType,
-    pub dims: Vec<usize>,
+    pub dims: Dims,
 }
 
 impl TensorType {
-    pub fn new(dtype: DType, dims: impl Into<Vec<usize>>) -> Self {
-        TensorType { dtype, dims: dims.into() }
+    pub fn new(dtype: DType, dims: impl AsRef<[usize]>) -> Self {
+        TensorType { dtype, dims: Dims::from_slice(dims.as_ref()) }
     }
 
     pub fn scalar(dtype: DType) -> Self {
-        TensorType { dtype, dims: Vec::new() }
+        TensorType { dtype, dims: Dims::new() }
     }
 
     pub fn rank(&self) -> usize {

@@ -16,7 +16,7 @@ pub mod ops;
 pub mod shard;
 
 pub use builder::Builder;
-pub use dtype::{DType, TensorType};
+pub use dtype::{DType, Dims, TensorType};
 pub use emit::{emit, EmitOptions};
 pub use graph::{Graph, Loc, Node, NodeId};
 pub use op::{Op, OpRules};

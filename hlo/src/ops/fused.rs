@@ -156,7 +156,7 @@ impl OpRules for Fused {
                 let (name, ty) = (cx.arg(i).to_string(), cx.arg_ty(i).clone());
                 if ty.rank() == 0 && out.rank() > 0 {
                     let full = TensorType::new(ty.dtype, out.dims.clone());
-                    let b = Op::BroadcastInDim(BroadcastInDim { dims: out.dims.clone(), map: vec![] });
+                    let b = Op::BroadcastInDim(BroadcastInDim { dims: out.dims.to_vec(), map: vec![] });
                     (cx.lower_op(&b, vec![(name, &ty)], &full), full)
                 } else {
                     (name, ty)

@@ -139,7 +139,7 @@ impl OpRules for ScatterAdd {
             return Err(format!("scatter_add is not defined for {x}"));
         }
         let dims = indexed_dims(x, self.axis, idx, "scatter_add")?;
-        if upd.dtype != x.dtype || upd.dims != dims {
+        if upd.dtype != x.dtype || upd.dims[..] != dims[..] {
             let want = TensorType::new(x.dtype, dims);
             return Err(format!("scatter_add: updates must be {want} for {x} indexed by {idx}, got {upd}"));
         }

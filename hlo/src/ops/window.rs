@@ -294,7 +294,7 @@ impl OpRules for SelectAndScatter {
         arity("select_and_scatter", operands, 2)?;
         let (x, s) = (operands[0], operands[1]);
         let pooled = self.pool().out_dims("select_and_scatter", &x.dims)?;
-        if s.dtype != x.dtype || s.dims != pooled || x.dtype == DType::Bool {
+        if s.dtype != x.dtype || s.dims[..] != pooled[..] || x.dtype == DType::Bool {
             return Err(format!("select_and_scatter: source {s} does not match the windows of {x}"));
         }
         Ok(x.clone())
