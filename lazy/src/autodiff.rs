@@ -37,13 +37,18 @@ struct Recorder {
     loc: Loc,
 }
 
+/// Gradient nodes are handle-less (`Tensor::record_node`): only the leaves' gradients become tensors.
 impl Builder for Recorder {
-    type V = Tensor;
-    fn ty<'a>(&'a self, v: &'a Tensor) -> &'a TensorType {
-        v.tensor_type()
+    type V = Arc<Node>;
+    fn ty<'a>(&'a self, v: &'a Arc<Node>) -> &'a TensorType {
+        &v.ty
     }
-    fn op(&mut self, op: Op, operands: &[&Tensor]) -> Tensor {
-        apply(op, operands, self.loc)
+    fn op(&mut self, op: Op, operands: &[&Arc<Node>]) -> Arc<Node> {
+        let tys: Vec<&TensorType> = operands.iter().map(|n| &n.ty).collect();
+        match op.infer(&tys) {
+            Ok(ty) => Tensor::record_node(op, operands.iter().map(|n| Arc::clone(n)).collect(), ty, self.loc),
+            Err(msg) => fail(self.loc, msg),
+        }
     }
 }
 
@@ -83,8 +88,8 @@ fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
 fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
     no_grad(|| {
         let order = topo_order(&root.node);
-        let mut cot: NodeMap<Tensor> = NodeMap::default();
-        cot.insert(Arc::as_ptr(&root.node), seed);
+        let mut cot: NodeMap<Arc<Node>> = NodeMap::default();
+        cot.insert(Arc::as_ptr(&root.node), seed.node.clone());
         let mut leaves = Vec::new();
         for node in order.iter().rev() {
             // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
@@ -92,21 +97,18 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
             node.backward_done.store(true, Ordering::Relaxed);
             let Some(g) = cot.remove(&Arc::as_ptr(node)) else { continue };
             if node.requires_grad() {
-                leaves.push((node.clone(), g));
+                leaves.push((node.clone(), Tensor::from_node(g)));
                 continue;
             }
             let (op, x) = {
                 let state = node.lock();
                 let Some(recipe) = state.recipe.as_ref() else { continue };
-                let x: Vec<Tensor> = recipe.operands.iter().map(|o| Tensor::from_node(o.clone())).collect();
-                (recipe.op.clone(), x)
+                (recipe.op.clone(), recipe.operands.clone())
             };
             let mut b = Recorder { loc: node.loc };
-            let out = Tensor::from_node(node.clone());
-            let grads = op.vjp(&mut b, &x, &out, &g);
+            let grads = op.vjp(&mut b, &x, node, &g);
             for (operand, dx) in x.iter().zip(grads) {
                 let Some(dx) = dx else { continue };
-                let operand = &operand.node;
                 if !(operand.grad_path || operand.requires_grad()) {
                     continue;
                 }

@@ -83,6 +83,27 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// A new node with `handles` user handles.
+    fn make(ty: TensorType, loc: Loc, state: State, grad_path: bool, handles: usize) -> Arc<Node> {
+        let op_hash = state.recipe.as_ref().map_or(0, |r| structure_hash(&r.op));
+        let ty_hash = structure_hash(&ty);
+        Arc::new(Node {
+            op_hash,
+            ty_hash,
+            ty,
+            loc,
+            state: Mutex::new(state),
+            handles: AtomicUsize::new(handles),
+            requires_grad: AtomicBool::new(false),
+            grad_path,
+            grad: Mutex::new(None),
+            backward_done: AtomicBool::new(false),
+            placement: None,
+            visit: std::sync::atomic::AtomicU64::new(0),
+            successor: std::sync::OnceLock::new(),
+        })
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave State half-written (every write is one assignment).
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -175,6 +196,15 @@ pub(crate) type NodeMap<V> = std::collections::HashMap<*const Node, V, std::hash
 /// Pending nodes that may be live, for `sync()`. Weak, so the registry never keeps a graph alive.
 static PENDING: Mutex<Vec<Weak<Node>>> = Mutex::new(Vec::new());
 
+/// Note a pending node as a candidate output of the next `sync()`.
+fn register(node: &Arc<Node>) {
+    let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    if reg.len() >= 1024 && reg.len().is_power_of_two() {
+        reg.retain(|w| w.strong_count() > 0);
+    }
+    reg.push(Arc::downgrade(node));
+}
+
 /// A lazy tensor. Cloning is cheap (a reference count); ops record into the graph and return new tensors;
 /// nothing runs until a value is read (`item`, `to_vec`, `to_ndarray`, `Display`) or `sync()` is called.
 pub struct Tensor {
@@ -197,29 +227,9 @@ impl Drop for Tensor {
 impl Tensor {
     fn from_state(ty: TensorType, loc: Loc, state: State, grad_path: bool) -> Tensor {
         let pending = state.data.is_none();
-        let op_hash = state.recipe.as_ref().map_or(0, |r| structure_hash(&r.op));
-        let ty_hash = structure_hash(&ty);
-        let node = Arc::new(Node {
-            op_hash,
-            ty_hash,
-            ty,
-            loc,
-            state: Mutex::new(state),
-            handles: AtomicUsize::new(1),
-            requires_grad: AtomicBool::new(false),
-            grad_path,
-            grad: Mutex::new(None),
-            backward_done: AtomicBool::new(false),
-            placement: None,
-            visit: std::sync::atomic::AtomicU64::new(0),
-            successor: std::sync::OnceLock::new(),
-        });
+        let node = Node::make(ty, loc, state, grad_path, 1);
         if pending {
-            let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-            if reg.len() >= 1024 && reg.len().is_power_of_two() {
-                reg.retain(|w| w.strong_count() > 0);
-            }
-            reg.push(Arc::downgrade(&node));
+            register(&node);
         }
         Tensor { node }
     }
@@ -230,6 +240,15 @@ impl Tensor {
             && crate::autodiff::grad_enabled()
             && operands.iter().any(|o| o.grad_path || o.requires_grad());
         Tensor::from_state(ty, loc, State { data: None, recipe: Some(Recipe { op, operands }) }, grad_path)
+    }
+
+    /// Record an intermediate node no `Tensor` holds (autodiff's): no user handle, so it is not registered as a
+    /// candidate output of `sync()` unless a handle is made for it later (`from_node`).
+    pub(crate) fn record_node(op: Op, operands: Vec<Arc<Node>>, ty: TensorType, loc: Loc) -> Arc<Node> {
+        let grad_path = ty.dtype.is_float()
+            && crate::autodiff::grad_enabled()
+            && operands.iter().any(|o| o.grad_path || o.requires_grad());
+        Node::make(ty, loc, State { data: None, recipe: Some(Recipe { op, operands }) }, grad_path, 0)
     }
 
     pub(crate) fn host(ty: TensorType, bytes: Vec<u8>, loc: Loc) -> Tensor {
@@ -250,7 +269,10 @@ impl Tensor {
 
     /// A handle to an existing node (counts as a user handle while it lives).
     pub(crate) fn from_node(node: Arc<Node>) -> Tensor {
-        node.handles.fetch_add(1, Ordering::Relaxed);
+        // A node that had no handle may never have been registered (see `record_node`).
+        if node.handles.fetch_add(1, Ordering::Relaxed) == 0 && node.is_pending() {
+            register(&node);
+        }
         Tensor { node }
     }
 
