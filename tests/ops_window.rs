@@ -386,13 +386,13 @@ fn gradient_convolutions_are_adjoint_in_every_configuration() {
             rhs_dilation: rd.to_vec(),
             reverse: rev,
         };
-        check_adjoint(&format!("convolution case {i}"), Op::Convolution(conv), &xd, Some(&kd));
+        check_adjoint(&format!("convolution case {i}"), Op::Convolution(Box::new(conv)), &xd, Some(&kd));
     }
     // 1-D and 3-D convolutions go through the same rules.
     let conv1 = Convolution::channels_first(vec![2], vec![(1, 1)], vec![2]);
-    check_adjoint("conv1d", Op::Convolution(conv1), &[2, 3, 9], Some(&[2, 3, 3]));
+    check_adjoint("conv1d", Op::Convolution(Box::new(conv1)), &[2, 3, 9], Some(&[2, 3, 3]));
     let conv3 = Convolution::channels_first(vec![1, 2, 1], vec![(0, 0), (1, 0), (0, 1)], vec![1, 1, 1]);
-    check_adjoint("conv3d", Op::Convolution(conv3), &[1, 2, 3, 4, 3], Some(&[2, 2, 2, 2, 2]));
+    check_adjoint("conv3d", Op::Convolution(Box::new(conv3)), &[1, 2, 3, 4, 3], Some(&[2, 2, 2, 2, 2]));
 }
 
 #[test]
@@ -410,6 +410,6 @@ fn sum_window_gradient_is_adjoint() {
             base_dilation: base.to_vec(),
             padding: padding.to_vec(),
         };
-        check_adjoint(&format!("sum window case {i}"), Op::ReduceWindow(op), &xd, None);
+        check_adjoint(&format!("sum window case {i}"), Op::ReduceWindow(Box::new(op)), &xd, None);
     }
 }

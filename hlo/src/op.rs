@@ -71,9 +71,10 @@ pub enum Op {
     Erf(Erf),
     RngBitGenerator(RngBitGenerator),
     BitcastConvert(BitcastConvert),
-    Convolution(Convolution),
-    ReduceWindow(ReduceWindow),
-    SelectAndScatter(SelectAndScatter),
+    // Boxed: rare and large; inline they would make every node's op as large as theirs.
+    Convolution(Box<Convolution>),
+    ReduceWindow(Box<ReduceWindow>),
+    SelectAndScatter(Box<SelectAndScatter>),
     ShardingConstraint(ShardingConstraint),
     Fused(Fused),
 }

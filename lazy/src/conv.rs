@@ -51,7 +51,7 @@ impl Tensor {
         }
         let padding = padding.iter().map(|&p| (p as i64, p as i64)).collect();
         let conv = Convolution::channels_first(stride.to_vec(), padding, dilation.to_vec());
-        apply(Op::Convolution(conv), &[self, weight], loc)
+        apply(Op::Convolution(Box::new(conv)), &[self, weight], loc)
     }
 
     /// Max pooling over the last two dimensions with a `kernel` window moved by `stride`, no padding.
@@ -112,7 +112,7 @@ impl Tensor {
             strides[r - 2 + k] = stride[k];
             pads[r - 2 + k] = (padding[k] as i64, padding[k] as i64);
         }
-        let pooled = apply(Op::ReduceWindow(ReduceWindow::new(kind, window, strides, pads)), &[self], loc);
+        let pooled = apply(Op::ReduceWindow(Box::new(ReduceWindow::new(kind, window, strides, pads))), &[self], loc);
         if kind == WindowKind::Max {
             return pooled;
         }

@@ -45,8 +45,11 @@ impl Data {
 #[derive(Clone)]
 pub(crate) struct Recipe {
     pub op: Op,
-    pub operands: Vec<Arc<Node>>,
+    pub operands: Operands,
 }
+
+/// A node's operands: inline up to two (most ops), so recording allocates no list for them.
+pub(crate) type Operands = smallvec::SmallVec<[Arc<Node>; 2]>;
 
 /// A node is pending until it has data. Its recipe is dropped when it is computed (freeing the graph above it),
 /// except on the gradient path, where `backward()` still needs it.
@@ -235,7 +238,7 @@ impl Tensor {
     }
 
     /// Record `op` on `operands`; the op's shape rule has already produced `ty`.
-    pub(crate) fn record(op: Op, operands: Vec<Arc<Node>>, ty: TensorType, loc: Loc) -> Tensor {
+    pub(crate) fn record(op: Op, operands: Operands, ty: TensorType, loc: Loc) -> Tensor {
         let grad_path = ty.dtype.is_float()
             && crate::autodiff::grad_enabled()
             && operands.iter().any(|o| o.grad_path || o.requires_grad());
@@ -244,7 +247,7 @@ impl Tensor {
 
     /// Record an intermediate node no `Tensor` holds (autodiff's): no user handle, so it is not registered as a
     /// candidate output of `sync()` unless a handle is made for it later (`from_node`).
-    pub(crate) fn record_node(op: Op, operands: Vec<Arc<Node>>, ty: TensorType, loc: Loc) -> Arc<Node> {
+    pub(crate) fn record_node(op: Op, operands: Operands, ty: TensorType, loc: Loc) -> Arc<Node> {
         let grad_path = ty.dtype.is_float()
             && crate::autodiff::grad_enabled()
             && operands.iter().any(|o| o.grad_path || o.requires_grad());

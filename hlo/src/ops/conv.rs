@@ -207,7 +207,7 @@ impl OpRules for Convolution {
             rhs_dilation: self.rhs_dilation.clone(),
             reverse: !self.reverse,
         };
-        let dx = b.op(Op::Convolution(d_lhs), &[g, rhs]);
+        let dx = b.op(Op::Convolution(Box::new(d_lhs)), &[g, rhs]);
 
         let dk = if self.reverse {
             let conv = Convolution {
@@ -227,7 +227,7 @@ impl OpRules for Convolution {
                 rhs_dilation: self.lhs_dilation.clone(),
                 reverse: false,
             };
-            b.op(Op::Convolution(conv), &[g, lhs])
+            b.op(Op::Convolution(Box::new(conv)), &[g, lhs])
         } else {
             let conv = Convolution {
                 lhs_spec: swap_roles(&self.lhs_spec),
@@ -246,7 +246,7 @@ impl OpRules for Convolution {
                 rhs_dilation: self.strides.clone(),
                 reverse: false,
             };
-            b.op(Op::Convolution(conv), &[lhs, g])
+            b.op(Op::Convolution(Box::new(conv)), &[lhs, g])
         };
         vec![Some(dx), Some(dk)]
     }

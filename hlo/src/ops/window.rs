@@ -253,7 +253,7 @@ impl OpRules for ReduceWindow {
                     base_dilation: self.strides.clone(),
                     padding,
                 };
-                b.op(Op::ReduceWindow(transposed), &[g])
+                b.op(Op::ReduceWindow(Box::new(transposed)), &[g])
             }
             WindowKind::Max => {
                 let scatter = SelectAndScatter {
@@ -261,7 +261,7 @@ impl OpRules for ReduceWindow {
                     strides: self.strides.clone(),
                     padding: self.padding.clone(),
                 };
-                b.op(Op::SelectAndScatter(scatter), &[&x[0], g])
+                b.op(Op::SelectAndScatter(Box::new(scatter)), &[&x[0], g])
             }
         };
         vec![Some(dx)]
