@@ -49,8 +49,9 @@ fn fused_matches_ndarray_the_interpreter_and_the_unfused_ops() {
         let name = format!("fused update {dt:?}");
         assert_close(&format!("{name} vs ndarray"), dt, &got, &want.iter().copied().collect::<Vec<_>>());
         assert_close(&format!("{name} vs interpreter"), dt, &got, &reference.iter().copied().collect::<Vec<_>>());
-        // The same ops in the same order: XLA gives the same bits fused or not.
-        assert_eq!(got, unfused.to_f64_vec().unwrap(), "{name}: fused and unfused differ");
+        // The same ops in the same order (XLA may still contract a multiply-add differently in either, so not
+        // always the same bits).
+        assert_close(&format!("{name} vs unfused"), dt, &got, &unfused.to_f64_vec().unwrap());
     }
 }
 

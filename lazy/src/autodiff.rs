@@ -44,7 +44,7 @@ impl Builder for Recorder {
         &v.ty
     }
     fn op(&mut self, op: Op, operands: &[&Arc<Node>]) -> Arc<Node> {
-        let tys: Vec<&TensorType> = operands.iter().map(|n| &n.ty).collect();
+        let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|n| &n.ty).collect();
         match op.infer(&tys) {
             Ok(ty) => Tensor::record_node(op, operands.iter().map(|n| Arc::clone(n)).collect(), ty, self.loc),
             Err(msg) => fail(self.loc, msg),

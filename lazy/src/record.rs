@@ -18,7 +18,7 @@ pub(crate) fn fail(loc: Loc, msg: impl std::fmt::Display) -> ! {
 /// Record `op` on `operands` at `loc`, inferring the result type by the op's rule.
 #[track_caller]
 pub(crate) fn apply(op: Op, operands: &[&Tensor], loc: Loc) -> Tensor {
-    let tys: Vec<&TensorType> = operands.iter().map(|t| t.tensor_type()).collect();
+    let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|t| t.tensor_type()).collect();
     match op.infer(&tys) {
         Ok(ty) => Tensor::record(op, operands.iter().map(|t| t.node.clone()).collect(), ty, loc),
         Err(msg) => fail(loc, msg),
@@ -146,6 +146,9 @@ impl Tensor {
     pub(crate) fn binary_at(&self, other: impl Operand, kind: BinaryKind, loc: Loc) -> Tensor {
         let other = other.into_tensor(self.dtype(), loc);
         let op = Op::Binary(Binary { kind });
+        if self.tensor_type() == other.tensor_type() {
+            return apply(op, &[self, &other], loc);
+        }
         let v = Tensor::broadcast_all(&[self, &other], op.name(), loc);
         apply(op, &[&v[0], &v[1]], loc)
     }

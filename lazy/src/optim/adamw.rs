@@ -96,19 +96,24 @@ impl Optimizer for AdamW {
         let mut s = Scalars::new();
         let [moment, square_moment, update] = expressions();
         let at = Loc::caller();
+        let hyper =
+            [self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, decay, step_size, inv_sqrt_bc2, self.eps];
+        // The eight host scalars of the update, for the dtype of the last parameter seen (usually all share one).
+        let mut scalars: Option<(lazuli_hlo::DType, Vec<Tensor>)> = None;
         no_grad(|| {
             for (i, (_, p)) in self.params.iter().enumerate() {
                 let Some(g) = p.grad() else { continue };
                 let dt = g.dtype();
-                let mut c = |v: f64| s.scalar(dt, v);
-                let (b1, one_b1, b2, one_b2) = (c(self.beta1), c(1.0 - self.beta1), c(self.beta2), c(1.0 - self.beta2));
-                let (decay, step, inv_sqrt_bc2, eps) = (c(decay), c(step_size), c(inv_sqrt_bc2), c(self.eps));
-                self.exp_avg[i] = super::follow(&self.exp_avg[i], &p.get());
-                self.exp_avg_sq[i] = super::follow(&self.exp_avg_sq[i], &p.get());
-                let m = fused(moment, &[&self.exp_avg[i], &g, &b1, &one_b1], at);
-                let v = fused(square_moment, &[&self.exp_avg_sq[i], &g, &b2, &one_b2], at);
+                if scalars.as_ref().is_none_or(|(d, _)| *d != dt) {
+                    scalars = Some((dt, hyper.iter().map(|&v| s.scalar(dt, v)).collect()));
+                }
+                let c = &scalars.as_ref().expect("set above").1;
                 let w = p.get();
-                p.set(fused(update, &[&w, &m, &v, &decay, &step, &inv_sqrt_bc2, &eps], at));
+                self.exp_avg[i] = super::follow(&self.exp_avg[i], &w);
+                self.exp_avg_sq[i] = super::follow(&self.exp_avg_sq[i], &w);
+                let m = fused(moment, &[&self.exp_avg[i], &g, &c[0], &c[1]], at);
+                let v = fused(square_moment, &[&self.exp_avg_sq[i], &g, &c[2], &c[3]], at);
+                p.set(fused(update, &[&w, &m, &v, &c[4], &c[5], &c[6], &c[7]], at));
                 super::replace(&mut self.exp_avg[i], super::follow(&m, &w));
                 super::replace(&mut self.exp_avg_sq[i], super::follow(&v, &w));
             }
