@@ -10,6 +10,14 @@ pub trait Element: Copy + Send + Sync + std::fmt::Debug + std::fmt::Display + 's
     fn put(self, out: &mut Vec<u8>);
     /// Read one element from exactly `DTYPE.byte_size()` bytes.
     fn get(bytes: &[u8]) -> Self;
+    /// Append the bytes of every element (one copy for plain numbers on a little-endian host).
+    fn put_all(data: &[Self], out: &mut Vec<u8>) {
+        data.iter().for_each(|&x| x.put(out));
+    }
+    /// Read every element of dense bytes.
+    fn get_all(bytes: &[u8]) -> Vec<Self> {
+        bytes.chunks_exact(Self::DTYPE.byte_size()).map(Self::get).collect()
+    }
     fn to_f64(self) -> f64;
     fn from_f64(x: f64) -> Self;
 }
@@ -20,6 +28,14 @@ macro_rules! numeric {
             const DTYPE: DType = $dt;
             fn put(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
+            }
+            #[cfg(target_endian = "little")]
+            fn put_all(data: &[Self], out: &mut Vec<u8>) {
+                out.extend_from_slice(bytemuck::cast_slice(data));
+            }
+            #[cfg(target_endian = "little")]
+            fn get_all(bytes: &[u8]) -> Vec<Self> {
+                bytemuck::pod_collect_to_vec(bytes)
             }
             fn get(bytes: &[u8]) -> Self {
                 let mut b = [0u8; $n];
@@ -50,6 +66,14 @@ macro_rules! half_float {
             const DTYPE: DType = $dt;
             fn put(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
+            }
+            #[cfg(target_endian = "little")]
+            fn put_all(data: &[Self], out: &mut Vec<u8>) {
+                out.extend_from_slice(bytemuck::cast_slice(data));
+            }
+            #[cfg(target_endian = "little")]
+            fn get_all(bytes: &[u8]) -> Vec<Self> {
+                bytemuck::pod_collect_to_vec(bytes)
             }
             fn get(bytes: &[u8]) -> Self {
                 <$t>::from_le_bytes([bytes[0], bytes[1]])
@@ -86,15 +110,13 @@ impl Element for bool {
 /// Encode a slice as dense little-endian bytes.
 pub fn to_bytes<T: Element>(data: &[T]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() * T::DTYPE.byte_size());
-    for &x in data {
-        x.put(&mut out);
-    }
+    T::put_all(data, &mut out);
     out
 }
 
 /// Decode dense little-endian bytes.
 pub fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
-    bytes.chunks_exact(T::DTYPE.byte_size()).map(T::get).collect()
+    T::get_all(bytes)
 }
 
 /// A scalar of any dtype, encoded from an f64 (rounded the way a conversion would).
