@@ -7,12 +7,39 @@ use lazuli_hlo::{
     Iota, Loc, Op, Pad, Reshape, Reverse, ScatterAdd, Slice, Take, TensorType,
 };
 
-use crate::record::{apply, axis, fail, Operand};
-use crate::tensor::Tensor;
+use std::collections::HashMap;
+use std::sync::Arc;
 
-/// A rank-0 constant (structure, not data: use it for values fixed by the op, never for user values).
-pub(crate) fn scalar_constant(value: f64, dtype: DType, loc: Loc) -> Tensor {
-    apply(Op::Constant(Constant::new(value, TensorType::scalar(dtype))), &[], loc)
+use crate::record::{apply, axis, fail, Operand};
+use crate::tensor::{Node, Tensor};
+
+/// `value` of `dtype` broadcast to `dims`, as structure (a count, a fixed coefficient, a zero to select): one node
+/// per value, dtype and shape, shared by every use on this thread, so a model that scales by the same constant
+/// in every layer records it once instead of a constant and a broadcast per use. The shared node is never a
+/// step's output (it has no handle outside one op's recording), so it stays a constant in every program.
+pub(crate) fn constant_like(value: f64, dtype: DType, dims: &[usize], loc: Loc) -> Tensor {
+    type Key = (u64, DType, lazuli_hlo::Dims);
+    thread_local! {
+        static SHARED: std::cell::RefCell<HashMap<Key, Arc<Node>>> = std::cell::RefCell::new(HashMap::new());
+    }
+    let key = (value.to_bits(), dtype, lazuli_hlo::Dims::from_slice(dims));
+    let node = SHARED.with(|m| {
+        let mut m = m.borrow_mut();
+        if let Some(n) = m.get(&key) {
+            return n.clone();
+        }
+        // Shapes a long-running process saw once stay in the graphs that use them, not here.
+        if m.len() >= 512 {
+            m.clear();
+        }
+        // Made without a handle, so it is never registered as a candidate output of `sync()`.
+        let ty = TensorType::new(dtype, dims);
+        let op = Op::Constant(Constant::new(value, ty.clone()));
+        let n = Tensor::record_node(op, Default::default(), ty, loc);
+        m.insert(key, n.clone());
+        n
+    });
+    Tensor::structural(node)
 }
 
 /// `iota` along `dim` of an i64 tensor of `dims`.
@@ -24,7 +51,7 @@ fn iota(dims: &[usize], dim: usize, loc: Loc) -> Tensor {
 fn triangle(rows: usize, cols: usize, k: isize, lower: bool, loc: Loc) -> Tensor {
     let (i, j) = (iota(&[rows, cols], 0, loc), iota(&[rows, cols], 1, loc));
     let diff = j.binary_at(&i, BinaryKind::Sub, loc);
-    let kk = scalar_constant(k as f64, DType::I64, loc).broadcast_at(&[rows, cols], loc);
+    let kk = constant_like(k as f64, DType::I64, &[rows, cols], loc);
     let dir = if lower { CompareDir::Le } else { CompareDir::Ge };
     apply(Op::Compare(Compare { dir }), &[&diff, &kk], loc)
 }
@@ -67,7 +94,7 @@ fn triangle_part(t: &Tensor, k: isize, lower: bool, loc: Loc) -> Tensor {
         fail(loc, format!("tril/triu: needs rank ≥ 2, got {}", t.tensor_type()));
     }
     let mask = triangle(t.dims()[r - 2], t.dims()[r - 1], k, lower, loc).broadcast_at(t.dims(), loc);
-    let zeros = scalar_constant(0.0, t.dtype(), loc).broadcast_at(t.dims(), loc);
+    let zeros = constant_like(0.0, t.dtype(), t.dims(), loc);
     apply(Op::Select(lazuli_hlo::Select), &[&mask, t, &zeros], loc)
 }
 

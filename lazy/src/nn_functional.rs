@@ -5,7 +5,7 @@
 
 use lazuli_hlo::{BinaryKind, CompareDir, Loc, Op, Reduce, ReduceKind, UnaryKind};
 
-use crate::array_ops::{one_hot_mask, scalar_constant};
+use crate::array_ops::{constant_like, one_hot_mask};
 use crate::autodiff::no_grad;
 use crate::record::{apply, axis, fail};
 use crate::tensor::Tensor;
@@ -32,7 +32,7 @@ fn kept_dims(dims: &[usize], axes: &[usize]) -> Vec<usize> {
 
 /// `t op c` for a constant scalar `c` of `t`'s dtype.
 fn with_constant(t: &Tensor, kind: BinaryKind, c: f64, loc: Loc) -> Tensor {
-    t.binary_at(scalar_constant(c, t.dtype(), loc), kind, loc)
+    t.binary_at(constant_like(c, t.dtype(), t.dims(), loc), kind, loc)
 }
 
 /// A unary op on `t`.
@@ -52,10 +52,9 @@ fn shift_for(x: &Tensor, axes: &[usize], loc: Loc) -> Tensor {
     no_grad(|| {
         let m = apply(Op::Reduce(Reduce { kind: ReduceKind::Max, axes: axes.to_vec() }), &[x], loc);
         let m = apply(Op::Reshape(lazuli_hlo::Reshape { dims: kept_dims(x.dims(), axes) }), &[&m], loc);
-        let inf = scalar_constant(f64::INFINITY, x.dtype(), loc);
+        let inf = constant_like(f64::INFINITY, x.dtype(), m.dims(), loc);
         let infinite = compare(&unary(&m, UnaryKind::Abs, loc), &inf, CompareDir::Eq, loc);
-        let zero = scalar_constant(0.0, x.dtype(), loc).broadcast_at(m.dims(), loc);
-        let infinite = infinite.broadcast_at(m.dims(), loc);
+        let zero = constant_like(0.0, x.dtype(), m.dims(), loc);
         apply(Op::Select(lazuli_hlo::Select), &[&infinite, &zero, &m], loc)
     })
 }
@@ -74,9 +73,8 @@ impl Tensor {
     #[track_caller]
     pub fn relu(&self) -> Tensor {
         let loc = Loc::caller();
-        let zero = scalar_constant(0.0, self.dtype(), loc);
-        let positive = compare(self, &zero, CompareDir::Gt, loc);
-        let zeros = zero.broadcast_at(self.dims(), loc);
+        let zeros = constant_like(0.0, self.dtype(), self.dims(), loc);
+        let positive = compare(self, &zeros, CompareDir::Gt, loc);
         apply(Op::Select(lazuli_hlo::Select), &[&positive, self, &zeros], loc)
     }
 
@@ -178,7 +176,7 @@ impl Tensor {
         }
         let lsm = self.log_softmax(1);
         let hot = one_hot_mask(targets, self.dims()[1], loc);
-        let zeros = scalar_constant(0.0, self.dtype(), loc).broadcast_at(self.dims(), loc);
+        let zeros = constant_like(0.0, self.dtype(), self.dims(), loc);
         let picked = apply(Op::Select(lazuli_hlo::Select), &[&hot, &lsm, &zeros], loc);
         let total = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0, 1] }), &[&picked], loc);
         with_constant(&total, BinaryKind::Div, -(self.dims()[0] as f64), loc)

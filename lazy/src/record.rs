@@ -410,7 +410,7 @@ impl Tensor {
         }
         let s = self.reduce(ReduceKind::Sum, axes, keepdim);
         // The count is structure (it follows from the shape), so it is a constant, not a parameter.
-        let c = apply(Op::Constant(Constant::new(count as f64, TensorType::scalar(self.dtype()))), &[], loc);
+        let c = crate::array_ops::constant_like(count as f64, self.dtype(), s.dims(), loc);
         s.binary_at(&c, BinaryKind::Div, loc)
     }
 

@@ -279,6 +279,13 @@ impl Tensor {
         Tensor { node }
     }
 
+    /// A handle to a shared structural constant (`array_ops::constant_like`): counted like any handle, but never
+    /// registered as a candidate output of `sync()`, since the node is shared by every graph that uses it.
+    pub(crate) fn structural(node: Arc<Node>) -> Tensor {
+        node.handles.fetch_add(1, Ordering::Relaxed);
+        Tensor { node }
+    }
+
     /// A tensor from a slice in row-major order. Panics (at the caller's line) if `data.len()` is not the product
     /// of `dims`.
     #[track_caller]
