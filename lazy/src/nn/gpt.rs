@@ -6,6 +6,7 @@ use lazuli_hlo::DType;
 use super::init::{normal, HostRng};
 use super::layers::{Dropout, Embedding, LayerNorm, Linear};
 use super::{join, Module, Param};
+use crate::array_ops::constant_like;
 use crate::tensor::Tensor;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -67,10 +68,11 @@ impl CausalSelfAttention {
         let part = |i: usize| qkv.narrow(0, i, 1).reshape(&[b, h, t, hd]);
         let (q, k, v) = (part(0), part(1), part(2));
         // The scale and the mask value are part of the model: constants, not per-step uploads.
-        let dt = q.dtype();
-        let scores = q.matmul(&k.t()) * Tensor::constant(1.0 / (hd as f64).sqrt(), dt);
+        let (dt, at) = (q.dtype(), crate::Loc::caller());
+        let scores = q.matmul(&k.t());
+        let scores = &scores * &constant_like(1.0 / (hd as f64).sqrt(), dt, scores.dims(), at);
         let causal = Tensor::tril_mask(t as usize, 0);
-        let scores = causal.select(&scores, Tensor::constant(f64::NEG_INFINITY, dt));
+        let scores = causal.select(&scores, constant_like(f64::NEG_INFINITY, dt, scores.dims(), at));
         let y = self.attn_drop.forward(&scores.softmax(-1)).matmul(&v); // [B, H, T, hd]
         self.resid_drop.forward(&self.proj.forward(&y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d])))
     }
