@@ -431,10 +431,10 @@ pub(crate) fn live_pending() -> Vec<Arc<Node>> {
     let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
     let mut live = Vec::new();
     reg.retain(|w| match w.upgrade() {
+        // No handle: not an output now; kept until it dies (checking whether it is still pending needs its lock).
+        Some(n) if n.handles.load(Ordering::Relaxed) == 0 => true,
         Some(n) if n.is_pending() => {
-            if n.handles.load(Ordering::Relaxed) > 0 {
-                live.push(n);
-            }
+            live.push(n);
             true
         }
         _ => false,
