@@ -1,6 +1,6 @@
 //! Runtime set-up through the public API: a bad plugin path is a clear error (and leaves the runtime usable),
 //! the plugin chosen by the environment is the one loaded, and a second, different configuration is refused.
-//! One test: the runtime is per process.
+//! The runtime is per process: one test uses it here, the other checks a bad setting in a child process.
 
 use lazuli::{Config, Tensor};
 
@@ -37,4 +37,24 @@ fn plugin_choice_and_configuration_errors() {
     let other = Config { cpu_device_count: 3, ..Config::from_env().unwrap() };
     let err = lazuli::init(other).unwrap_err().to_string();
     assert!(err.contains("already initialized"), "{err}");
+}
+
+/// `LAZULI_CPU_ASYNC` takes 1 or 0; anything else is an error that names the variable and the value, at the
+/// first read. Run in a child process, whose runtime starts from that environment.
+#[test]
+fn a_bad_cpu_async_setting_is_a_clear_error() {
+    const CHILD: &str = "LAZULI_TEST_BAD_ASYNC_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let err = (&Tensor::from_slice(&[1.0f32], &[1]) * 2.0).to_vec::<f32>().unwrap_err().to_string();
+        assert!(err.contains("LAZULI_CPU_ASYNC") && err.contains("maybe"), "{err}");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "a_bad_cpu_async_setting_is_a_clear_error", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("LAZULI_CPU_ASYNC", "maybe")
+        .output()
+        .expect("run the child");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the check");
 }
