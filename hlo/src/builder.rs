@@ -21,6 +21,12 @@ pub trait Builder {
     /// well-typed ops, so a rule violation here is a bug in a rule, reported with the op's location.
     fn op(&mut self, op: Op, operands: &[&Self::V]) -> Self::V;
 
+    /// Whether a gradient with respect to `v` is wanted. Rules skip recording cotangents nobody will use (a
+    /// constant's, a batch's); a builder that cannot tell says yes.
+    fn needs_grad(&self, _v: &Self::V) -> bool {
+        true
+    }
+
     // Helpers, all in terms of `op`.
 
     /// A constant with every element `value`, of type `ty`.

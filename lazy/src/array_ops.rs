@@ -18,12 +18,17 @@ use crate::tensor::{Node, Tensor};
 /// in every layer records it once instead of a constant and a broadcast per use. The shared node is never a
 /// step's output (it has no handle outside one op's recording), so it stays a constant in every program.
 pub(crate) fn constant_like(value: f64, dtype: DType, dims: &[usize], loc: Loc) -> Tensor {
+    Tensor::structural(shared_constant(value, dtype, dims, loc))
+}
+
+/// The node behind [`constant_like`] (autodiff's constants share it too).
+pub(crate) fn shared_constant(value: f64, dtype: DType, dims: &[usize], loc: Loc) -> Arc<Node> {
     type Key = (u64, DType, lazuli_hlo::Dims);
     thread_local! {
         static SHARED: std::cell::RefCell<HashMap<Key, Arc<Node>>> = std::cell::RefCell::new(HashMap::new());
     }
     let key = (value.to_bits(), dtype, lazuli_hlo::Dims::from_slice(dims));
-    let node = SHARED.with(|m| {
+    SHARED.with(|m| {
         let mut m = m.borrow_mut();
         if let Some(n) = m.get(&key) {
             return n.clone();
@@ -38,8 +43,7 @@ pub(crate) fn constant_like(value: f64, dtype: DType, dims: &[usize], loc: Loc) 
         let n = Tensor::record_node(op, Default::default(), ty, loc);
         m.insert(key, n.clone());
         n
-    });
-    Tensor::structural(node)
+    })
 }
 
 /// `iota` along `dim` of an i64 tensor of `dims`.

@@ -43,7 +43,14 @@ impl Builder for Recorder {
     fn ty<'a>(&'a self, v: &'a Arc<Node>) -> &'a TensorType {
         &v.ty
     }
+    fn needs_grad(&self, v: &Arc<Node>) -> bool {
+        v.grad_path || v.requires_grad()
+    }
     fn op(&mut self, op: Op, operands: &[&Arc<Node>]) -> Arc<Node> {
+        // Gradient rules' constants (zeros for masks, ones, scales) are structure: share them.
+        if let Op::Constant(c) = &op {
+            return crate::array_ops::shared_constant(c.value(), c.ty.dtype, &c.ty.dims, self.loc);
+        }
         let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|n| &n.ty).collect();
         match op.infer(&tys) {
             Ok(ty) => Tensor::record_node(op, operands.iter().map(|n| Arc::clone(n)).collect(), ty, self.loc),

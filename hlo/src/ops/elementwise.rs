@@ -260,13 +260,25 @@ impl OpRules for Binary {
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         use BinaryKind::*;
         let (l, r) = (&x[0], &x[1]);
+        let (want_l, want_r) = (b.needs_grad(l), b.needs_grad(r));
+        // Only the cotangents that are wanted are recorded (a constant factor's would be dead nodes).
         let (dl, dr) = match self.kind {
             Add => (g.clone(), g.clone()),
-            Sub => (g.clone(), b.neg(g)),
-            Mul => (b.mul(g, r), b.mul(g, l)),
+            Sub => {
+                let dr = want_r.then(|| b.neg(g));
+                return vec![Some(g.clone()), dr];
+            }
+            Mul => {
+                let dl = want_l.then(|| b.mul(g, r));
+                let dr = want_r.then(|| b.mul(g, l));
+                return vec![dl, dr];
+            }
             // d(l/r) = g/r, -g l/r² = -g out/r
             Div => {
                 let dl = b.div(g, r);
+                if !want_r {
+                    return vec![Some(dl), None];
+                }
                 let t = b.mul(&dl, out);
                 (dl, b.neg(&t))
             }
@@ -384,9 +396,9 @@ impl OpRules for Select {
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         let zero = b.full_like(g, 0.0);
-        let dt = b.select(&x[0], g, &zero);
-        let df = b.select(&x[0], &zero, g);
-        vec![None, Some(dt), Some(df)]
+        let dt = b.needs_grad(&x[1]).then(|| b.select(&x[0], g, &zero));
+        let df = b.needs_grad(&x[2]).then(|| b.select(&x[0], &zero, g));
+        vec![None, dt, df]
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
         crate::shard::elementwise(x, out)

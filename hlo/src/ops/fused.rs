@@ -198,7 +198,13 @@ impl OpRules for Fused {
                     Ref::Step(k) => vals[k as usize].clone(),
                 })
                 .collect();
-            let grads = s.op().vjp(b, &ins, &vals[i], &gi);
+            // The unfused values are this rule's own: every step's cotangents are wanted, whatever the outer
+            // builder would say of them.
+            let mut all = AllGrads(&mut *b);
+            let grads = match *s {
+                Step::Unary(kind, _) => Unary { kind }.vjp(&mut all, &ins, &vals[i], &gi),
+                Step::Binary(kind, _, _) => Binary { kind }.vjp(&mut all, &ins, &vals[i], &gi),
+            };
             for (r, d) in refs[..n].iter().zip(grads) {
                 let Some(d) = d else { continue };
                 let slot = match *r {
@@ -221,5 +227,18 @@ impl OpRules for Fused {
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
         crate::shard::elementwise(x, out)
+    }
+}
+
+/// A builder that wants every cotangent (see `Builder::needs_grad`), recording through `B`.
+struct AllGrads<'a, B: Builder>(&'a mut B);
+
+impl<B: Builder> Builder for AllGrads<'_, B> {
+    type V = B::V;
+    fn ty<'a>(&'a self, v: &'a B::V) -> &'a TensorType {
+        self.0.ty(v)
+    }
+    fn op(&mut self, op: Op, operands: &[&B::V]) -> B::V {
+        self.0.op(op, operands)
     }
 }
