@@ -34,11 +34,19 @@ pub enum Step {
 }
 
 /// An expression over `args` operands; the last step is the result. Cloning shares the steps.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fused {
     pub name: &'static str,
     pub args: u8,
     pub steps: Arc<[Step]>,
+    /// Hash of the steps, taken once: every node of this expression hashes it instead of the steps.
+    digest: u64,
+}
+
+impl std::hash::Hash for Fused {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.name, self.args, self.digest).hash(h);
+    }
 }
 
 /// Builds a [`Fused`] expression step by step.
@@ -82,7 +90,10 @@ impl FusedBuilder {
     /// The expression, whose result is the last step.
     pub fn finish(self) -> Fused {
         assert!(!self.steps.is_empty(), "fused expression {} has no steps", self.name);
-        Fused { name: self.name, args: self.args, steps: self.steps.into() }
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.steps.hash(&mut h);
+        Fused { name: self.name, args: self.args, steps: self.steps.into(), digest: h.finish() }
     }
 }
 
