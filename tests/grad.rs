@@ -71,6 +71,7 @@ fn reduction_gradients() {
         check_grad(&format!("min {axes:?}"), &[x.clone()], |t| t[0].min(axes));
     }
     check_grad("sum_keepdim", &[x.clone()], |t| t[0].sum_keepdim(&[1]) * &t[0]);
+    check_grad("max_keepdim", &[x.clone()], |t| t[0].max_keepdim(&[1]) * &t[0]);
 }
 
 #[test]

@@ -104,7 +104,7 @@ pub trait Builder {
         if axes.is_empty() {
             return a.clone();
         }
-        self.op(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: axes.to_vec() }), &[a])
+        self.op(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: axes.to_vec(), keep: false }), &[a])
     }
     /// The reverse of broadcasting `like`-typed values to `g`'s shape with dimension map `map`: sum `g` over the
     /// added and the expanded dimensions, then reshape to `like`'s dims.

@@ -13,7 +13,7 @@ fn matmul_sum_graph() -> (Graph, Loc) {
     let w = g.parameter(TensorType::new(DType::F32, [3, 2]), at);
     let dot = DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
     let y = g.push(Op::DotGeneral(dot), vec![x, w], at).unwrap();
-    let s = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![1] }), vec![y], at).unwrap();
+    let s = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![1], keep: false }), vec![y], at).unwrap();
     let z = g.push(Op::Binary(Binary { kind: BinaryKind::Mul }), vec![s, s], at).unwrap();
     g.outputs = vec![z, y];
     (g, at)
@@ -53,7 +53,8 @@ fn shape_rules_explain_what_does_not_fit() {
     let b = g.parameter(TensorType::new(DType::F32, [3]), at);
     let err = g.push(Op::Binary(Binary { kind: BinaryKind::Add }), vec![a, b], at).unwrap_err();
     assert_eq!(err, "add: operand types differ: f32[2,3] vs f32[3]");
-    let err = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![2] }), vec![a], at).unwrap_err();
+    let err =
+        g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![2], keep: false }), vec![a], at).unwrap_err();
     assert!(err.contains("axes [2]"), "{err}");
 }
 

@@ -25,11 +25,6 @@ fn axes_of(t: &Tensor, axes: &[isize], what: &str, loc: Loc) -> Vec<usize> {
     ax
 }
 
-/// `dims` with `axes` set to 1.
-fn kept_dims(dims: &[usize], axes: &[usize]) -> Vec<usize> {
-    dims.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
-}
-
 /// `t op c` for a constant scalar `c` of `t`'s dtype.
 fn with_constant(t: &Tensor, kind: BinaryKind, c: f64, loc: Loc) -> Tensor {
     t.binary_at(constant_like(c, t.dtype(), t.dims(), loc), kind, loc)
@@ -42,16 +37,14 @@ fn unary(t: &Tensor, kind: UnaryKind, loc: Loc) -> Tensor {
 
 /// Sum over `axes` keeping them as size 1.
 fn sum_kept(t: &Tensor, axes: &[usize], loc: Loc) -> Tensor {
-    let s = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: axes.to_vec() }), &[t], loc);
-    apply(Op::Reshape(lazuli_hlo::Reshape { dims: kept_dims(t.dims(), axes) }), &[&s], loc)
+    apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: axes.to_vec(), keep: true }), &[t], loc)
 }
 
 /// Max of `x` over `axes` (kept as size 1) with no gradient, with ±inf replaced by 0 so that `x - max` stays
 /// finite for rows that are all -inf.
 fn shift_for(x: &Tensor, axes: &[usize], loc: Loc) -> Tensor {
     no_grad(|| {
-        let m = apply(Op::Reduce(Reduce { kind: ReduceKind::Max, axes: axes.to_vec() }), &[x], loc);
-        let m = apply(Op::Reshape(lazuli_hlo::Reshape { dims: kept_dims(x.dims(), axes) }), &[&m], loc);
+        let m = apply(Op::Reduce(Reduce { kind: ReduceKind::Max, axes: axes.to_vec(), keep: true }), &[x], loc);
         let inf = constant_like(f64::INFINITY, x.dtype(), m.dims(), loc);
         let infinite = compare(&unary(&m, UnaryKind::Abs, loc), &inf, CompareDir::Eq, loc);
         let zero = constant_like(0.0, x.dtype(), m.dims(), loc);
@@ -178,7 +171,7 @@ impl Tensor {
         let hot = one_hot_mask(targets, self.dims()[1], loc);
         let zeros = constant_like(0.0, self.dtype(), self.dims(), loc);
         let picked = apply(Op::Select(lazuli_hlo::Select), &[&hot, &lsm, &zeros], loc);
-        let total = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0, 1] }), &[&picked], loc);
+        let total = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0, 1], keep: false }), &[&picked], loc);
         with_constant(&total, BinaryKind::Div, -(self.dims()[0] as f64), loc)
     }
 
@@ -193,7 +186,7 @@ impl Tensor {
         let d = self.binary_at(target, BinaryKind::Sub, loc);
         let all: Vec<usize> = (0..self.rank()).collect();
         let sq = d.binary_at(&d, BinaryKind::Mul, loc);
-        let s = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: all }), &[&sq], loc);
+        let s = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: all, keep: false }), &[&sq], loc);
         with_constant(&s, BinaryKind::Div, self.elements() as f64, loc)
     }
 }

@@ -335,14 +335,7 @@ impl Tensor {
         let mut ax: Vec<usize> = axes.iter().map(|&a| axis(a, self.rank(), "reduce", loc)).collect();
         ax.sort_unstable();
         ax.dedup();
-        let r = apply(Op::Reduce(Reduce { kind, axes: ax.clone() }), &[self], loc);
-        if keepdim {
-            let dims: Vec<isize> =
-                (0..self.rank()).map(|i| if ax.contains(&i) { 1 } else { self.dims()[i] as isize }).collect();
-            r.reshape(&dims)
-        } else {
-            r
-        }
+        apply(Op::Reduce(Reduce { kind, axes: ax, keep: keepdim }), &[self], loc)
     }
 
     /// Sum over `axes` (negative allowed), removing them.

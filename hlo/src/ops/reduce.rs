@@ -26,11 +26,22 @@ impl ReduceKind {
     }
 }
 
-/// Reduce the listed axes (sorted, unique) away.
+/// Reduce the listed axes (sorted, unique) away, or to size 1 with `keep` (one node for what would otherwise be
+/// a reduction and a reshape, in the forward pass and in its gradient).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reduce {
     pub kind: ReduceKind,
     pub axes: Vec<usize>,
+    pub keep: bool,
+}
+
+impl Reduce {
+    /// The reduction's result without kept axes.
+    fn dropped(&self, t: &TensorType) -> TensorType {
+        let dims: Vec<usize> =
+            t.dims.iter().enumerate().filter(|(i, _)| !self.axes.contains(i)).map(|(_, &d)| d).collect();
+        TensorType::new(t.dtype, dims)
+    }
 }
 
 impl OpRules for Reduce {
@@ -47,13 +58,15 @@ impl OpRules for Reduce {
         if self.kind == ReduceKind::Sum && t.dtype == DType::Bool {
             return Err(format!("sum is not defined for {t}; convert to an integer type first"));
         }
-        let dims: Vec<usize> =
-            t.dims.iter().enumerate().filter(|(i, _)| !self.axes.contains(i)).map(|(_, &d)| d).collect();
-        Ok(TensorType::new(t.dtype, dims))
+        if self.keep {
+            let dims: Vec<usize> = (0..t.rank()).map(|i| if self.axes.contains(&i) { 1 } else { t.dims[i] }).collect();
+            return Ok(TensorType::new(t.dtype, dims));
+        }
+        Ok(self.dropped(t))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
         let in_ty = cx.arg_ty(0).clone();
-        let out = cx.out_ty().clone();
+        let out = self.dropped(&in_ty);
         let scalar = TensorType::scalar(in_ty.dtype);
         let (_, body_op, init) = self.kind.row(in_ty.dtype);
         let init_attr = format!("value = dense<{}> : {}", in_ty.dtype.literal(init), scalar.mlir());
@@ -64,7 +77,13 @@ impl OpRules for Reduce {
         );
         let x = cx.arg(0).to_string();
         let attrs = format!("dimensions = {}", i64_array(&self.axes));
-        cx.op("stablehlo.reduce", &[x, init_name], &[&in_ty, &scalar], &attrs, Some(&region), &out)
+        let r = cx.op("stablehlo.reduce", &[x, init_name], &[&in_ty, &scalar], &attrs, Some(&region), &out);
+        if !self.keep {
+            return r;
+        }
+        let kept = cx.out_ty().clone();
+        let reshape = crate::op::Op::Reshape(crate::ops::layout::Reshape { dims: kept.dims.to_vec() });
+        cx.lower_op(&reshape, vec![(r, &out)], &kept)
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let (_, _, init) = self.kind.row(out.dtype);
@@ -89,17 +108,23 @@ impl OpRules for Reduce {
                 }
             });
         }
+        if self.keep {
+            return a.into_shape_with_order(ndarray::IxDyn(&out.dims)).expect("same element count");
+        }
         a
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         let dims = b.ty(&x[0]).dims.clone();
         let kept: Vec<usize> = (0..dims.len()).filter(|d| !self.axes.contains(d)).collect();
-        let gb = b.broadcast(g, &dims, &kept);
+        // A kept result has every dimension, the reduced ones of size 1.
+        let all: Vec<usize> = (0..dims.len()).collect();
+        let map = if self.keep { &all } else { &kept };
+        let gb = b.broadcast(g, &dims, map);
         let dx = match self.kind {
             ReduceKind::Sum => gb,
             // The gradient goes to the extremal elements, split evenly among ties.
             ReduceKind::Max | ReduceKind::Min => {
-                let ob = b.broadcast(out, &dims, &kept);
+                let ob = b.broadcast(out, &dims, map);
                 let hit = b.compare(CompareDir::Eq, &x[0], &ob);
                 let one = b.full_like(&x[0], 1.0);
                 let ones = b.mask(&hit, &one);
@@ -112,6 +137,15 @@ impl OpRules for Reduce {
         vec![Some(dx)]
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        if self.keep {
+            let d = x[0].dims?;
+            let kept: crate::shard::DimShards = d
+                .iter()
+                .enumerate()
+                .map(|(i, a)| if self.axes.contains(&i) { Default::default() } else { a.clone() })
+                .collect();
+            return kept.iter().any(|a| !a.is_empty()).then_some(kept);
+        }
         crate::shard::drop_dims(&x[0], &self.axes)
     }
 }
