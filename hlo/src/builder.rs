@@ -116,6 +116,10 @@ pub trait Builder {
                 Some(i) => like[i] == 1 && gdims[*d] != 1,
             })
             .collect();
+        // Only expanded size-1 dimensions (no added ones): a sum that keeps them is already `like`-shaped.
+        if like.len() == gdims.len() && !axes.is_empty() {
+            return self.op(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes, keep: true }), &[g]);
+        }
         let s = self.sum(g, &axes);
         self.reshape(&s, like)
     }
