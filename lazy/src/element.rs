@@ -22,6 +22,20 @@ pub trait Element: Copy + Send + Sync + std::fmt::Debug + std::fmt::Display + 's
     fn from_f64(x: f64) -> Self;
 }
 
+/// Plain numbers are stored as their little-endian bytes: on a little-endian host a slice of them is those bytes.
+macro_rules! bulk_le {
+    () => {
+        #[cfg(target_endian = "little")]
+        fn put_all(data: &[Self], out: &mut Vec<u8>) {
+            out.extend_from_slice(bytemuck::cast_slice(data));
+        }
+        #[cfg(target_endian = "little")]
+        fn get_all(bytes: &[u8]) -> Vec<Self> {
+            bytemuck::pod_collect_to_vec(bytes)
+        }
+    };
+}
+
 macro_rules! numeric {
     ($t:ty, $dt:expr, $n:expr) => {
         impl Element for $t {
@@ -29,14 +43,7 @@ macro_rules! numeric {
             fn put(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
             }
-            #[cfg(target_endian = "little")]
-            fn put_all(data: &[Self], out: &mut Vec<u8>) {
-                out.extend_from_slice(bytemuck::cast_slice(data));
-            }
-            #[cfg(target_endian = "little")]
-            fn get_all(bytes: &[u8]) -> Vec<Self> {
-                bytemuck::pod_collect_to_vec(bytes)
-            }
+            bulk_le!();
             fn get(bytes: &[u8]) -> Self {
                 let mut b = [0u8; $n];
                 b.copy_from_slice(bytes);
@@ -67,14 +74,7 @@ macro_rules! half_float {
             fn put(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
             }
-            #[cfg(target_endian = "little")]
-            fn put_all(data: &[Self], out: &mut Vec<u8>) {
-                out.extend_from_slice(bytemuck::cast_slice(data));
-            }
-            #[cfg(target_endian = "little")]
-            fn get_all(bytes: &[u8]) -> Vec<Self> {
-                bytemuck::pod_collect_to_vec(bytes)
-            }
+            bulk_le!();
             fn get(bytes: &[u8]) -> Self {
                 <$t>::from_le_bytes([bytes[0], bytes[1]])
             }
