@@ -35,38 +35,19 @@ pub trait Optimizer {
     fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()>;
 }
 
-/// One host scalar per dtype and value for one step, shared by every parameter's update (one upload each), and
-/// its broadcast to each parameter shape, shared by the parameters of that shape (a 12-layer model repeats a
-/// few shapes; broadcasting per parameter made a third of the optimizer's nodes).
-pub(crate) struct Scalars {
-    scalars: HashMap<(DType, u64), Tensor>,
-    /// Per scalar, its broadcasts by shape (a few shapes each: a linear scan beats hashing a shape).
-    broadcasts: HashMap<(DType, u64), Vec<Tensor>>,
-}
+/// One host scalar per dtype and value for one step, shared by every parameter's update (one upload each); the
+/// fused updates broadcast it inside.
+pub(crate) struct Scalars(HashMap<(DType, u64), Tensor>);
 
 impl Scalars {
     pub fn new() -> Scalars {
-        Scalars { scalars: HashMap::new(), broadcasts: HashMap::new() }
+        Scalars(HashMap::new())
     }
 
-    /// `value` as a rank-0 host scalar of `dtype` (an operand of a fused update, broadcast inside it).
+    /// `value` as a rank-0 host scalar of `dtype`.
     #[track_caller]
     pub fn scalar(&mut self, dtype: DType, value: f64) -> Tensor {
-        self.scalars.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone()
-    }
-
-    /// `value` as a host scalar of `like`'s dtype, broadcast to `like`'s shape.
-    #[track_caller]
-    pub fn like(&mut self, like: &Tensor, value: f64) -> Tensor {
-        let (dtype, dims) = (like.dtype(), like.dims());
-        let key = (dtype, value.to_bits());
-        if let Some(t) = self.broadcasts.get(&key).and_then(|v| v.iter().find(|t| t.dims() == dims)) {
-            return t.clone();
-        }
-        let t = self.scalar(dtype, value).broadcast_to(dims);
-        let shapes = self.broadcasts.entry(key).or_default();
-        shapes.push(t.clone());
-        t
+        self.0.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone()
     }
 }
 

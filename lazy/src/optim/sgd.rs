@@ -1,11 +1,15 @@
 //! SGD with momentum and weight decay (PyTorch's semantics, dampening 0).
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use lazuli_hlo::{Fused, FusedBuilder, Loc};
 
 use super::{take_state, zeros_like_host, Optimizer, Scalars};
 use crate::autodiff::no_grad;
 use crate::error::Result;
 use crate::nn::Param;
+use crate::record::fused;
 use crate::tensor::Tensor;
 
 pub struct Sgd {
@@ -38,25 +42,59 @@ impl Sgd {
     }
 }
 
+/// SGD's update as fused expressions (one node each; see `lazuli_hlo::ops::fused`), in PyTorch's order:
+/// - weight decay `g' = g + w·wd`
+/// - momentum `b' = b·μ + g'`
+/// - step `w' = w − u·lr` (`u` is `b'` with momentum, else `g'`)
+fn expressions() -> &'static [Fused; 3] {
+    static EXPRS: OnceLock<[Fused; 3]> = OnceLock::new();
+    EXPRS.get_or_init(|| {
+        // `a + b·c` and `a − b·c` over three operands.
+        let mul_then = |name, sub: bool| {
+            let mut e = FusedBuilder::new(name, 3);
+            let (a, b, c) = (e.arg(0), e.arg(1), e.arg(2));
+            let bc = e.mul(b, c);
+            if sub {
+                e.sub(a, bc);
+            } else {
+                e.add(a, bc);
+            }
+            e.finish()
+        };
+        let mut e = FusedBuilder::new("sgd_momentum", 3);
+        let (b, mu, g) = (e.arg(0), e.arg(1), e.arg(2));
+        let bm = e.mul(b, mu);
+        e.add(bm, g);
+        [mul_then("sgd_weight_decay", false), e.finish(), mul_then("sgd_update", true)]
+    })
+}
+
 impl Optimizer for Sgd {
     fn step(&mut self) {
         self.steps += 1;
         let mut s = Scalars::new();
+        let [decay, momentum, update] = expressions();
+        let at = Loc::caller();
         no_grad(|| {
             for (i, (_, p)) in self.params.iter().enumerate() {
                 let Some(g) = p.grad() else { continue };
                 let w = p.get();
-                let g = if self.weight_decay != 0.0 { g + &w * &s.like(&w, self.weight_decay) } else { g };
-                let update = match &mut self.momentum_buf[i] {
+                let dt = w.dtype();
+                let g = if self.weight_decay != 0.0 {
+                    fused(decay, &[&g, &w, &s.scalar(dt, self.weight_decay)], at)
+                } else {
+                    g
+                };
+                let u = match &mut self.momentum_buf[i] {
                     Some(buf) => {
                         *buf = super::follow(buf, &w);
-                        let next = super::follow(&(&*buf * &s.like(&w, self.momentum) + g), &w);
+                        let next = super::follow(&fused(momentum, &[&*buf, &s.scalar(dt, self.momentum), &g], at), &w);
                         super::replace(buf, next);
                         buf.clone()
                     }
                     None => g,
                 };
-                p.set(&w - update * &s.like(&w, self.lr));
+                p.set(fused(update, &[&w, &u, &s.scalar(dt, self.lr)], at));
             }
         });
     }
