@@ -106,6 +106,15 @@ pub trait Builder {
         }
         self.op(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: axes.to_vec(), keep: false }), &[a])
     }
+    /// Reduce over `axes` (sorted, unique), keeping them as size 1.
+    fn reduce_kept(&mut self, kind: ReduceKind, a: &Self::V, axes: &[usize]) -> Self::V {
+        self.op(Op::Reduce(Reduce { kind, axes: axes.to_vec(), keep: true }), &[a])
+    }
+    /// Broadcast `a`, whose rank is `dims`'s, to `dims` (size-1 dimensions expand).
+    fn expand(&mut self, a: &Self::V, dims: &[usize]) -> Self::V {
+        let map: Vec<usize> = (0..dims.len()).collect();
+        self.broadcast(a, dims, &map)
+    }
     /// The reverse of broadcasting `like`-typed values to `g`'s shape with dimension map `map`: sum `g` over the
     /// added and the expanded dimensions, then reshape to `like`'s dims.
     fn unbroadcast(&mut self, g: &Self::V, like: &[usize], map: &[usize]) -> Self::V {

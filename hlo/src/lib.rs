@@ -27,6 +27,7 @@ pub use ops::fused::{Fused, FusedBuilder};
 pub use ops::gather::{ScatterAdd, Take};
 pub use ops::layout::{BroadcastInDim, Reshape, Transpose};
 pub use ops::leaf::{Constant, Iota, Parameter};
+pub use ops::norm::{NormSpec, Normalize, NormalizeGrad};
 pub use ops::random::{BitcastConvert, RngAlgorithm, RngBitGenerator, RngOutput};
 pub use ops::reduce::{Reduce, ReduceKind};
 pub use ops::scan::{ArgKind, ArgReduce, CumSum};

@@ -15,6 +15,7 @@ use crate::ops::{
     gather::{ScatterAdd, Take},
     layout::{BroadcastInDim, Reshape, Transpose},
     leaf::{Constant, Iota, Parameter},
+    norm::{Normalize, NormalizeGrad},
     random::{BitcastConvert, RngBitGenerator},
     reduce::Reduce,
     scan::{ArgReduce, CumSum},
@@ -77,6 +78,8 @@ pub enum Op {
     SelectAndScatter(Box<SelectAndScatter>),
     ShardingConstraint(ShardingConstraint),
     Fused(Fused),
+    Normalize(Normalize),
+    NormalizeGrad(NormalizeGrad),
 }
 
 macro_rules! dispatch {
@@ -111,6 +114,8 @@ macro_rules! dispatch {
             Op::SelectAndScatter($o) => $e,
             Op::ShardingConstraint($o) => $e,
             Op::Fused($o) => $e,
+            Op::Normalize($o) => $e,
+            Op::NormalizeGrad($o) => $e,
         }
     };
 }

@@ -133,19 +133,13 @@ impl Tensor {
     }
 
     /// `(x - mean) / sqrt(var + eps)` over `axes` (biased variance), without scale or shift: the affine part is
-    /// the layer module's.
+    /// the layer module's. One node forward and one backward (`Normalize`, `NormalizeGrad`).
     #[track_caller]
     pub fn layer_norm(&self, axes: &[isize], eps: f64) -> Tensor {
         let loc = Loc::caller();
         need_float(self, "layer_norm", loc);
         let ax = axes_of(self, axes, "layer_norm", loc);
-        let count = ax.iter().map(|&a| self.dims()[a]).product::<usize>() as f64;
-        let mean = with_constant(&sum_kept(self, &ax, loc), BinaryKind::Div, count, loc);
-        let centered = self.binary_at(&mean, BinaryKind::Sub, loc);
-        let sq = centered.binary_at(&centered, BinaryKind::Mul, loc);
-        let var = with_constant(&sum_kept(&sq, &ax, loc), BinaryKind::Div, count, loc);
-        let inv = unary(&with_constant(&var, BinaryKind::Add, eps, loc), UnaryKind::Rsqrt, loc);
-        centered.binary_at(&inv, BinaryKind::Mul, loc)
+        apply(Op::Normalize(lazuli_hlo::Normalize(lazuli_hlo::NormSpec::new(ax, eps))), &[self], loc)
     }
 
     /// Mean cross-entropy of `[N, C]` logits against integer class `targets` `[N]`: `-mean(log_softmax(x)[i, t_i])`.

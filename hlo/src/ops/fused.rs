@@ -6,7 +6,7 @@
 //!
 //! Every rule is derived from the steps' own rules: the shape rule checks each step, the reference evaluates them
 //! in turn (rounding as separate ops would), and the gradient records the expression unfused and runs each step's
-//! `vjp` backwards through it, so no expression needs a hand-written derivative.
+//! `vjp` backwards through it (`composite::vjp`), so no expression needs a hand-written derivative.
 
 use std::sync::Arc;
 
@@ -16,6 +16,7 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::op::{Op, OpRules};
+use crate::ops::composite;
 use crate::ops::elementwise::{Binary, BinaryKind, Unary, UnaryKind};
 use crate::ops::layout::BroadcastInDim;
 
@@ -192,64 +193,14 @@ impl OpRules for Fused {
         vals.last().expect("at least one step").clone()
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        // Record the expression unfused, then walk it backwards with each step's own rule.
+        // Record the expression unfused (rank-0 operands broadcast) and run each step's own rule backwards.
         let dims = b.ty(g).dims.clone();
-        let args: Vec<B::V> = x.iter().map(|a| b.broadcast(a, &dims, &[])).collect();
-        let vals = self.run(&args, |op, ins| b.op(op.clone(), ins));
-        let mut arg_cot: Vec<Option<B::V>> = vec![None; x.len()];
-        let mut step_cot: Vec<Option<B::V>> = vec![None; self.steps.len()];
-        step_cot[self.steps.len() - 1] = Some(g.clone());
-        for (i, s) in self.steps.iter().enumerate().rev() {
-            let Some(gi) = step_cot[i].take() else { continue };
-            let (refs, n) = s.refs();
-            let ins: Vec<B::V> = refs[..n]
-                .iter()
-                .map(|r| match *r {
-                    Ref::Arg(k) => args[k as usize].clone(),
-                    Ref::Step(k) => vals[k as usize].clone(),
-                })
-                .collect();
-            // The unfused values are this rule's own: every step's cotangents are wanted, whatever the outer
-            // builder would say of them.
-            let mut all = AllGrads(&mut *b);
-            let grads = match *s {
-                Step::Unary(kind, _) => Unary { kind }.vjp(&mut all, &ins, &vals[i], &gi),
-                Step::Binary(kind, _, _) => Binary { kind }.vjp(&mut all, &ins, &vals[i], &gi),
-            };
-            for (r, d) in refs[..n].iter().zip(grads) {
-                let Some(d) = d else { continue };
-                let slot = match *r {
-                    Ref::Arg(k) => &mut arg_cot[k as usize],
-                    Ref::Step(k) => &mut step_cot[k as usize],
-                };
-                *slot = Some(match slot.take() {
-                    Some(prev) => b.add(&prev, &d),
-                    None => d,
-                });
-            }
-        }
-        // A broadcast rank-0 operand's gradient is the sum over the whole result.
-        let all: Vec<usize> = (0..dims.len()).collect();
-        arg_cot
-            .into_iter()
-            .zip(x)
-            .map(|(c, a)| c.map(|c| if b.ty(a).rank() == 0 { b.sum(&c, &all) } else { c }))
-            .collect()
+        composite::vjp(b, x, g, |t, x| {
+            let args: Vec<_> = x.iter().map(|a| t.broadcast(a, &dims, &[])).collect();
+            self.run(&args, |op, ins| t.op(op.clone(), ins)).pop().expect("at least one step")
+        })
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
         crate::shard::elementwise(x, out)
-    }
-}
-
-/// A builder that wants every cotangent (see `Builder::needs_grad`), recording through `B`.
-struct AllGrads<'a, B: Builder>(&'a mut B);
-
-impl<B: Builder> Builder for AllGrads<'_, B> {
-    type V = B::V;
-    fn ty<'a>(&'a self, v: &'a B::V) -> &'a TensorType {
-        self.0.ty(v)
-    }
-    fn op(&mut self, op: Op, operands: &[&B::V]) -> B::V {
-        self.0.op(op, operands)
     }
 }

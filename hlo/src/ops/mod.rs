@@ -1,4 +1,5 @@
 //! Op families, one file each; see [`crate::op::OpRules`] for what every family provides.
+pub(crate) mod composite;
 pub mod conv;
 pub mod dot;
 pub mod elementwise;
@@ -6,6 +7,7 @@ pub mod fused;
 pub mod gather;
 pub mod layout;
 pub mod leaf;
+pub mod norm;
 pub mod random;
 pub mod reduce;
 pub mod scan;

@@ -1,0 +1,180 @@
+//! Composite ops: one node whose meaning is an *expansion* into other ops, written once against [`Builder`].
+//! The same expansion is lowered (each op through its own lowering, as lines of the composite's node), evaluated
+//! by the reference interpreter, and differentiated by recording it on a [`Tape`] and running each op's own `vjp`
+//! backwards. A composite thus needs no second copy of its formula; what it gains is one node where the
+//! expansion would record many, and (where it has one) a hand-written gradient that is one node too.
+
+use ndarray::ArrayD;
+
+use crate::builder::Builder;
+use crate::dtype::TensorType;
+use crate::emit::LowerCx;
+use crate::op::Op;
+
+/// Lowers every op recorded on it into the StableHLO of the node being lowered. Values are SSA names with types.
+pub(crate) struct Lowering<'c, 'a>(&'c mut LowerCx<'a>);
+
+impl Builder for Lowering<'_, '_> {
+    type V = (String, TensorType);
+    fn ty<'x>(&'x self, v: &'x Self::V) -> &'x TensorType {
+        &v.1
+    }
+    fn op(&mut self, op: Op, operands: &[&Self::V]) -> Self::V {
+        let tys: Vec<&TensorType> = operands.iter().map(|v| &v.1).collect();
+        let ty = op.infer(&tys).unwrap_or_else(|e| panic!("a composite's expansion is ill-typed: {e}"));
+        let name = self.0.lower_op(&op, operands.iter().map(|v| (v.0.clone(), &v.1)).collect(), &ty);
+        (name, ty)
+    }
+}
+
+/// Lower `expand` applied to the node's operands; returns the SSA name of its result.
+pub(crate) fn lower(
+    cx: &mut LowerCx<'_>,
+    expand: impl FnOnce(&mut Lowering<'_, '_>, &[(String, TensorType)]) -> (String, TensorType),
+) -> String {
+    let args: Vec<(String, TensorType)> =
+        (0..cx.num_args()).map(|i| (cx.arg(i).to_string(), cx.arg_ty(i).clone())).collect();
+    expand(&mut Lowering(cx), &args).0
+}
+
+/// Evaluates every op recorded on it with the op's reference semantics, rounding each result to its dtype as
+/// separate ops would.
+pub(crate) struct Evaluating;
+
+impl Builder for Evaluating {
+    type V = (ArrayD<f64>, TensorType);
+    fn ty<'x>(&'x self, v: &'x Self::V) -> &'x TensorType {
+        &v.1
+    }
+    fn op(&mut self, op: Op, operands: &[&Self::V]) -> Self::V {
+        let tys: Vec<&TensorType> = operands.iter().map(|v| &v.1).collect();
+        let ty = op.infer(&tys).unwrap_or_else(|e| panic!("a composite's expansion is ill-typed: {e}"));
+        let arrays: Vec<&ArrayD<f64>> = operands.iter().map(|v| &v.0).collect();
+        let value = op.reference(&ty, &arrays).mapv(|v| ty.dtype.round(v));
+        (value, ty)
+    }
+}
+
+/// The reference value of `expand` on `x`; every operand of a composite has the result's dtype.
+pub(crate) fn reference(
+    out: &TensorType,
+    x: &[&ArrayD<f64>],
+    expand: impl FnOnce(&mut Evaluating, &[(ArrayD<f64>, TensorType)]) -> (ArrayD<f64>, TensorType),
+) -> ArrayD<f64> {
+    let args: Vec<(ArrayD<f64>, TensorType)> =
+        x.iter().map(|a| ((*a).clone(), TensorType::new(out.dtype, a.shape().to_vec()))).collect();
+    expand(&mut Evaluating, &args).0
+}
+
+/// A value recorded on a [`Tape`]: the outer builder's value and its place on the tape.
+#[derive(Clone)]
+pub(crate) struct Taped<V> {
+    v: V,
+    id: usize,
+}
+
+/// Records through an outer builder and remembers every op, so that the recording can be run backwards.
+pub(crate) struct Tape<'b, B: Builder> {
+    b: &'b mut B,
+    /// Values by tape id: the operands first, then one per recorded op.
+    values: Vec<B::V>,
+    /// Each recorded op with its operands' tape ids.
+    ops: Vec<(Op, Vec<usize>)>,
+}
+
+impl<B: Builder> Builder for Tape<'_, B> {
+    type V = Taped<B::V>;
+    fn ty<'x>(&'x self, v: &'x Self::V) -> &'x TensorType {
+        self.b.ty(&v.v)
+    }
+    fn op(&mut self, op: Op, operands: &[&Self::V]) -> Self::V {
+        let ins: Vec<&B::V> = operands.iter().map(|t| &t.v).collect();
+        let v = self.b.op(op.clone(), &ins);
+        self.values.push(v.clone());
+        self.ops.push((op, operands.iter().map(|t| t.id).collect()));
+        Taped { v, id: self.values.len() - 1 }
+    }
+}
+
+/// The cotangents of `x` for the expansion `expand` whose result's cotangent is `g`: the expansion is recorded
+/// through `b` and each of its ops' `vjp` runs in reverse order.
+pub(crate) fn vjp<B: Builder>(
+    b: &mut B,
+    x: &[B::V],
+    g: &B::V,
+    expand: impl FnOnce(&mut Tape<'_, B>, &[Taped<B::V>]) -> Taped<B::V>,
+) -> Vec<Option<B::V>> {
+    let args: Vec<Taped<B::V>> = x.iter().enumerate().map(|(id, v)| Taped { v: v.clone(), id }).collect();
+    let mut tape = Tape { b, values: x.to_vec(), ops: Vec::new() };
+    let out = expand(&mut tape, &args);
+    let Tape { b, values, ops } = tape;
+    let mut cot: Vec<Option<B::V>> = vec![None; values.len()];
+    cot[out.id] = Some(g.clone());
+    for (k, (op, ins)) in ops.iter().enumerate().rev() {
+        let id = x.len() + k;
+        let Some(gk) = cot[id].take() else { continue };
+        let operands: Vec<B::V> = ins.iter().map(|&i| values[i].clone()).collect();
+        // The recorded values are this rule's own: every cotangent is wanted, whatever `b` would say of them.
+        let grads = op.vjp(&mut AllGrads(&mut *b), &operands, &values[id], &gk);
+        for (&i, d) in ins.iter().zip(grads) {
+            let Some(d) = d else { continue };
+            cot[i] = Some(match cot[i].take() {
+                Some(prev) => b.add(&prev, &d),
+                None => d,
+            });
+        }
+    }
+    cot.truncate(x.len());
+    cot
+}
+
+/// A builder that wants every cotangent (see `Builder::needs_grad`), recording through another. The other is
+/// behind `dyn`: a composite inside a composite's expansion would otherwise instantiate rules for ever-deeper
+/// wrapper types.
+struct AllGrads<'a, V>(&'a mut dyn Builder<V = V>);
+
+impl<V: Clone> Builder for AllGrads<'_, V> {
+    type V = V;
+    fn ty<'a>(&'a self, v: &'a V) -> &'a TensorType {
+        self.0.ty(v)
+    }
+    fn op(&mut self, op: Op, operands: &[&V]) -> V {
+        self.0.op(op, operands)
+    }
+}
+
+/// Check `op`'s `vjp` (run on reference values) against central finite differences of its reference semantics,
+/// in f64, for the objective `sum(op(x) * w)` with fixed pseudo-random `w`.
+#[cfg(test)]
+pub(crate) fn check_vjp(op: &Op, inputs: &[ArrayD<f64>]) {
+    use crate::dtype::DType;
+    let ty = |a: &ArrayD<f64>| TensorType::new(DType::F64, a.shape().to_vec());
+    let eval = |xs: &[ArrayD<f64>]| {
+        let tys: Vec<TensorType> = xs.iter().map(ty).collect();
+        let out = op.infer(&tys.iter().collect::<Vec<_>>()).expect("well-typed");
+        op.reference(&out, &xs.iter().collect::<Vec<_>>())
+    };
+    let out = eval(inputs);
+    let w =
+        ArrayD::from_shape_vec(out.raw_dim(), (0..out.len()).map(|k| ((k * 7 + 3) % 11) as f64 / 5.0 - 1.0).collect())
+            .expect("same element count");
+    let objective = |xs: &[ArrayD<f64>]| (eval(xs) * &w).sum();
+    let x: Vec<(ArrayD<f64>, TensorType)> = inputs.iter().map(|a| (a.clone(), ty(a))).collect();
+    let grads = op.vjp(&mut Evaluating, &x, &(out.clone(), ty(&out)), &(w.clone(), ty(&w)));
+    for (i, g) in grads.iter().enumerate() {
+        let g = &g.as_ref().expect("a float operand has a cotangent").0;
+        for k in 0..inputs[i].len() {
+            let (mut plus, mut minus) = (inputs.to_vec(), inputs.to_vec());
+            let eps = 1e-6;
+            plus[i].as_slice_mut().expect("standard layout")[k] += eps;
+            minus[i].as_slice_mut().expect("standard layout")[k] -= eps;
+            let fd = (objective(&plus) - objective(&minus)) / (2.0 * eps);
+            let got = g.as_slice().expect("standard layout")[k];
+            assert!(
+                (got - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
+                "{}: d/d operand {i}[{k}]: vjp {got} vs {fd}",
+                op.name()
+            );
+        }
+    }
+}
