@@ -8,6 +8,7 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
+    activation::{Gelu, GeluGrad, Softmax, SoftmaxGrad},
     conv::Convolution,
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
@@ -80,6 +81,10 @@ pub enum Op {
     Fused(Fused),
     Normalize(Normalize),
     NormalizeGrad(NormalizeGrad),
+    Gelu(Gelu),
+    GeluGrad(GeluGrad),
+    Softmax(Softmax),
+    SoftmaxGrad(SoftmaxGrad),
 }
 
 macro_rules! dispatch {
@@ -116,6 +121,10 @@ macro_rules! dispatch {
             Op::Fused($o) => $e,
             Op::Normalize($o) => $e,
             Op::NormalizeGrad($o) => $e,
+            Op::Gelu($o) => $e,
+            Op::GeluGrad($o) => $e,
+            Op::Softmax($o) => $e,
+            Op::SoftmaxGrad($o) => $e,
         }
     };
 }
@@ -143,6 +152,17 @@ impl Op {
 
     pub fn shard(&self, x: &[ShardIn<'_>], out: &TensorType) -> Option<DimShards> {
         dispatch!(self, o => o.shard(x, out))
+    }
+
+    /// How many full-sized elementwise results this op counts as in the planner's cost model: a forward
+    /// composite as the ops its formula used to record (so one cost model serves both), everything else as one.
+    pub fn cost_weight(&self) -> usize {
+        match self {
+            Op::Normalize(_) => Normalize::FULL_RESULTS,
+            Op::Gelu(_) => Gelu::FULL_RESULTS,
+            Op::Softmax(_) => Softmax::FULL_RESULTS,
+            _ => 1,
+        }
     }
 }
 

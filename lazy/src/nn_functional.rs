@@ -1,7 +1,9 @@
 //! Neural-network functionals without parameters: activations, softmax family, layer normalization and losses.
-//! All are compositions of recorded ops, so their gradients come from autodiff. Fixed numbers of the formulas
-//! (0.5, √(2/π), eps) are constants of the program; the max-shift of the softmax family is recorded without a
-//! gradient, which is exact because those functions do not change when their input is shifted.
+//! What a transformer records every step (GELU, softmax, layer normalization) is one composite op each, with a
+//! one-node gradient (`hlo/src/ops/{activation,norm}.rs`); the rest are compositions of recorded ops, so their
+//! gradients come from autodiff. Fixed numbers of the formulas (0.5, √(2/π), eps) are constants of the program;
+//! the max-shift of the softmax family is recorded without a gradient, which is exact because those functions do
+//! not change when their input is shifted.
 
 use lazuli_hlo::{BinaryKind, CompareDir, Loc, Op, Reduce, ReduceKind, UnaryKind};
 
@@ -76,12 +78,7 @@ impl Tensor {
     pub fn gelu(&self) -> Tensor {
         let loc = Loc::caller();
         need_float(self, "gelu", loc);
-        let x3 = self.binary_at(self, BinaryKind::Mul, loc).binary_at(self, BinaryKind::Mul, loc);
-        let inner = self.binary_at(with_constant(&x3, BinaryKind::Mul, 0.044715, loc), BinaryKind::Add, loc);
-        let scaled = with_constant(&inner, BinaryKind::Mul, (2.0 / std::f64::consts::PI).sqrt(), loc);
-        let t = unary(&scaled, UnaryKind::Tanh, loc);
-        let half_x = with_constant(self, BinaryKind::Mul, 0.5, loc);
-        half_x.binary_at(with_constant(&t, BinaryKind::Add, 1.0, loc), BinaryKind::Mul, loc)
+        apply(Op::Gelu(lazuli_hlo::Gelu), &[self], loc)
     }
 
     /// GELU, exact form: `0.5 x (1 + erf(x / √2))`.
@@ -109,15 +106,13 @@ impl Tensor {
         apply(Op::Reshape(lazuli_hlo::Reshape { dims: out }), &[&lse], loc)
     }
 
-    /// `exp(x) / sum(exp(x))` along `axis`.
+    /// `exp(x) / sum(exp(x))` along `axis` (max-shifted).
     #[track_caller]
     pub fn softmax(&self, axis: isize) -> Tensor {
         let loc = Loc::caller();
         need_float(self, "softmax", loc);
-        let ax = axes_of(self, &[axis], "softmax", loc);
-        let m = shift_for(self, &ax, loc);
-        let e = unary(&self.binary_at(&m, BinaryKind::Sub, loc), UnaryKind::Exp, loc);
-        e.binary_at(sum_kept(&e, &ax, loc), BinaryKind::Div, loc)
+        let axis = crate::record::axis(axis, self.rank(), "softmax", loc);
+        apply(Op::Softmax(lazuli_hlo::Softmax { axis }), &[self], loc)
     }
 
     /// `x - logsumexp(x)` along `axis` (kept).

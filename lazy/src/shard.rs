@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use lazuli_hlo::{DimShards, Graph, Loc, Normalize, Op, ShardIn, ShardingConstraint};
+use lazuli_hlo::{DimShards, Graph, Loc, Op, ShardIn, ShardingConstraint};
 pub use lazuli_sharding::plan::{Candidate, DeviceModel, ParamInfo, Plan, Role, StepInfo, Work};
 pub use lazuli_sharding::{Mesh, PartitionSpec, Sharding, ShardingError};
 
@@ -144,10 +144,7 @@ fn forward_work(g: &Graph, mesh: Option<&Mesh>, mut dims: Vec<Option<DimShards>>
                 w.matmul_flops += 2.0 * (elems * k) as f64;
             }
             Op::Constant(_) | Op::Reshape(_) | Op::BroadcastInDim(_) => {}
-            Op::Normalize(_) => {
-                w.elementwise_bytes += (Normalize::FULL_RESULTS * elems * node.ty.dtype.byte_size()) as f64
-            }
-            _ => w.elementwise_bytes += (elems * node.ty.dtype.byte_size()) as f64,
+            _ => w.elementwise_bytes += (node.op.cost_weight() * elems * node.ty.dtype.byte_size()) as f64,
         }
         dims[id] = out;
     }
@@ -195,8 +192,7 @@ pub fn plan(
         }
         match node.op {
             Op::Parameter(_) | Op::Constant(_) => {}
-            Op::Normalize(_) => activations += (Normalize::FULL_RESULTS * node.ty.byte_size()) as f64,
-            _ => activations += node.ty.byte_size() as f64,
+            _ => activations += (node.op.cost_weight() * node.ty.byte_size()) as f64,
         }
     }
     let whole = forward_work(g, None, vec![None; g.nodes.len()]);

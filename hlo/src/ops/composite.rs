@@ -62,7 +62,7 @@ pub(crate) fn reference(
     expand: impl FnOnce(&mut Evaluating, &[(ArrayD<f64>, TensorType)]) -> (ArrayD<f64>, TensorType),
 ) -> ArrayD<f64> {
     let args: Vec<(ArrayD<f64>, TensorType)> =
-        x.iter().map(|a| ((*a).clone(), TensorType::new(out.dtype, a.shape().to_vec()))).collect();
+        x.iter().map(|a| ((*a).clone(), TensorType::new(out.dtype, a.shape()))).collect();
     expand(&mut Evaluating, &args).0
 }
 
@@ -143,12 +143,49 @@ impl<V: Clone> Builder for AllGrads<'_, V> {
     }
 }
 
+/// Check a composite's operands: `n` of one floating-point type, which is the result's.
+pub(crate) fn same_float(name: &str, operands: &[&TensorType], n: usize) -> Result<TensorType, String> {
+    crate::op::arity(name, operands, n)?;
+    let t = operands[0];
+    if !t.dtype.is_float() {
+        return Err(format!("{name} needs a floating-point operand, got {t}"));
+    }
+    if let Some(o) = operands.iter().find(|o| **o != t) {
+        return Err(format!("{name}: operands {t} and {o} differ"));
+    }
+    Ok(t.clone())
+}
+
+/// The rules a composite takes from its `expand(b, x)`: lowering, reference, and sharding as its operands lie
+/// (the composites are shape-preserving; XLA reduces across devices where an expansion reduces a split axis).
+/// `expanded!(taped)` adds a `vjp` through the expansion, for composites without a hand-written gradient.
+macro_rules! expanded {
+    () => {
+        fn lower(&self, cx: &mut $crate::emit::LowerCx<'_>) -> String {
+            $crate::ops::composite::lower(cx, |b, x| self.expand(b, x))
+        }
+        fn reference(&self, out: &TensorType, x: &[&ndarray::ArrayD<f64>]) -> ndarray::ArrayD<f64> {
+            $crate::ops::composite::reference(out, x, |b, x| self.expand(b, x))
+        }
+        fn shard(&self, x: &[$crate::shard::ShardIn<'_>], out: &TensorType) -> Option<$crate::shard::DimShards> {
+            $crate::shard::elementwise(x, out)
+        }
+    };
+    (taped) => {
+        $crate::ops::composite::expanded!();
+        fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+            $crate::ops::composite::vjp(b, x, g, |t, x| self.expand(t, x))
+        }
+    };
+}
+pub(crate) use expanded;
+
 /// Check `op`'s `vjp` (run on reference values) against central finite differences of its reference semantics,
 /// in f64, for the objective `sum(op(x) * w)` with fixed pseudo-random `w`.
 #[cfg(test)]
 pub(crate) fn check_vjp(op: &Op, inputs: &[ArrayD<f64>]) {
     use crate::dtype::DType;
-    let ty = |a: &ArrayD<f64>| TensorType::new(DType::F64, a.shape().to_vec());
+    let ty = |a: &ArrayD<f64>| TensorType::new(DType::F64, a.shape());
     let eval = |xs: &[ArrayD<f64>]| {
         let tys: Vec<TensorType> = xs.iter().map(ty).collect();
         let out = op.infer(&tys.iter().collect::<Vec<_>>()).expect("well-typed");

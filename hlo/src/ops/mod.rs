@@ -1,4 +1,5 @@
 //! Op families, one file each; see [`crate::op::OpRules`] for what every family provides.
+pub mod activation;
 pub(crate) mod composite;
 pub mod conv;
 pub mod dot;

@@ -7,16 +7,12 @@
 //! fuses them as it fused the recorded ops) and evaluated by the reference interpreter. The gradient of
 //! `Normalize` is `NormalizeGrad`; the gradient of `NormalizeGrad` (second order) runs through its formula.
 
-use ndarray::ArrayD;
-
 use crate::builder::Builder;
 use crate::dtype::TensorType;
-use crate::emit::LowerCx;
-use crate::op::{arity, Op, OpRules};
-use crate::ops::composite;
+use crate::op::{Op, OpRules};
+use crate::ops::composite::{expanded, same_float};
 use crate::ops::elementwise::UnaryKind;
 use crate::ops::reduce::ReduceKind;
-use crate::shard::{DimShards, ShardIn};
 
 /// The axes normalized over (sorted, unique) and epsilon: what an op and its gradient share.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -34,11 +30,8 @@ impl NormSpec {
         f64::from_bits(self.eps_bits)
     }
 
-    /// `x`'s type, checked: floating-point, axes in range.
+    /// `x`'s type, checked: axes in range.
     fn check(&self, name: &str, x: &TensorType) -> Result<TensorType, String> {
-        if !x.dtype.is_float() {
-            return Err(format!("{name} needs a floating-point operand, got {x}"));
-        }
         if self.axes.is_empty()
             || self.axes.windows(2).any(|w| w[0] >= w[1])
             || self.axes.iter().any(|&a| a >= x.rank())
@@ -92,21 +85,12 @@ impl OpRules for Normalize {
         "normalize"
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        arity("normalize", operands, 1)?;
-        self.0.check("normalize", operands[0])
+        let t = same_float("normalize", operands, 1)?;
+        self.0.check("normalize", &t)
     }
-    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
-        composite::lower(cx, |b, x| self.expand(b, x))
-    }
-    fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
-        composite::reference(out, x, |b, x| self.expand(b, x))
-    }
+    expanded!();
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         vec![Some(b.op(Op::NormalizeGrad(NormalizeGrad(self.0.clone())), &[&x[0], g]))]
-    }
-    fn shard(&self, x: &[ShardIn<'_>], out: &TensorType) -> Option<DimShards> {
-        // Split normalized axes are XLA's to reduce across devices; the result lies as the input does.
-        crate::shard::elementwise(x, out)
     }
 }
 
@@ -138,24 +122,10 @@ impl OpRules for NormalizeGrad {
         "normalize_grad"
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        arity("normalize_grad", operands, 2)?;
-        if operands[0] != operands[1] {
-            return Err(format!("normalize_grad: {} and its cotangent {} differ", operands[0], operands[1]));
-        }
-        self.0.check("normalize_grad", operands[0])
+        let t = same_float("normalize_grad", operands, 2)?;
+        self.0.check("normalize_grad", &t)
     }
-    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
-        composite::lower(cx, |b, x| self.expand(b, x))
-    }
-    fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
-        composite::reference(out, x, |b, x| self.expand(b, x))
-    }
-    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        composite::vjp(b, x, g, |t, x| self.expand(t, x))
-    }
-    fn shard(&self, x: &[ShardIn<'_>], out: &TensorType) -> Option<DimShards> {
-        crate::shard::elementwise(x, out)
-    }
+    expanded!(taped);
 }
 
 #[cfg(test)]

@@ -1,0 +1,222 @@
+//! Activations a transformer records every step, as composites (`composite.rs`): GELU (tanh form) and softmax,
+//! each one node forward and one node for its gradient, where the recorded formulas were about ten nodes forward
+//! and fifteen to twenty backward. The formulas below are their only definition; the compiled program is what
+//! the recorded ops gave (XLA fuses the expansion the same way).
+
+use crate::builder::Builder;
+use crate::dtype::TensorType;
+use crate::op::{Op, OpRules};
+use crate::ops::composite::{expanded, same_float};
+use crate::ops::elementwise::{CompareDir, UnaryKind};
+use crate::ops::reduce::ReduceKind;
+
+/// √(2/π) and the cubic coefficient of GELU's tanh form.
+const GELU_K: f64 = 0.797_884_560_802_865_4;
+const GELU_A: f64 = 0.044715;
+
+/// `tanh(√(2/π) (x + 0.044715 x³))`, the inner value both GELU and its gradient need.
+fn gelu_tanh<B: Builder>(b: &mut B, x: &B::V) -> B::V {
+    let x2 = b.mul(x, x);
+    let x3 = b.mul(&x2, x);
+    let x3 = b.scale(&x3, GELU_A);
+    let inner = b.add(x, &x3);
+    let scaled = b.scale(&inner, GELU_K);
+    b.unary(UnaryKind::Tanh, &scaled)
+}
+
+/// `x + c` for a constant `c` of `x`'s type.
+fn plus<B: Builder>(b: &mut B, x: &B::V, c: f64) -> B::V {
+    let c = b.full_like(x, c);
+    b.add(x, &c)
+}
+
+/// GELU, tanh form: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Gelu;
+
+impl Gelu {
+    /// Full-sized results of the recorded formula, for the planner (see `Op::cost_weight`).
+    pub const FULL_RESULTS: usize = 9;
+
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let t = gelu_tanh(b, &x[0]);
+        let half_x = b.scale(&x[0], 0.5);
+        let one_t = plus(b, &t, 1.0);
+        b.mul(&half_x, &one_t)
+    }
+}
+
+impl OpRules for Gelu {
+    fn name(&self) -> &'static str {
+        "gelu"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        same_float("gelu", operands, 1)
+    }
+    expanded!();
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        vec![Some(b.op(Op::GeluGrad(GeluGrad), &[&x[0], g]))]
+    }
+}
+
+/// The gradient of [`Gelu`] at `x` for the cotangent `g`:
+/// `g (0.5 (1 + t) + 0.5 x (1 - t²) √(2/π) (1 + 3 · 0.044715 x²))` with `t` the inner tanh.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GeluGrad;
+
+impl GeluGrad {
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let (x, g) = (&x[0], &x[1]);
+        let t = gelu_tanh(b, x);
+        let one_t = plus(b, &t, 1.0);
+        let left = b.scale(&one_t, 0.5);
+        let t2 = b.mul(&t, &t);
+        let sech2 = b.neg(&t2);
+        let sech2 = plus(b, &sech2, 1.0);
+        let x2 = b.mul(x, x);
+        let dinner = b.scale(&x2, 3.0 * GELU_A * GELU_K);
+        let dinner = plus(b, &dinner, GELU_K);
+        let half_x = b.scale(x, 0.5);
+        let right = b.mul(&half_x, &sech2);
+        let right = b.mul(&right, &dinner);
+        let d = b.add(&left, &right);
+        b.mul(g, &d)
+    }
+}
+
+impl OpRules for GeluGrad {
+    fn name(&self) -> &'static str {
+        "gelu_grad"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        same_float("gelu_grad", operands, 2)
+    }
+    expanded!(taped);
+}
+
+/// `exp(x) / sum(exp(x))` along `axis`, shifted by the maximum for stability (a row that is all -inf is shifted
+/// by 0, so it stays NaN-free up to the division, as an all-masked row should show NaN).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Softmax {
+    pub axis: usize,
+}
+
+impl Softmax {
+    /// Full-sized results of the recorded formula (shifted, exponentiated, divided), for the planner.
+    pub const FULL_RESULTS: usize = 3;
+
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let x = &x[0];
+        let dims = b.ty(x).dims.clone();
+        let m = b.reduce_kept(ReduceKind::Max, x, &[self.axis]);
+        let inf = b.full_like(&m, f64::INFINITY);
+        let am = b.unary(UnaryKind::Abs, &m);
+        let infinite = b.compare(CompareDir::Eq, &am, &inf);
+        let zero = b.full_like(&m, 0.0);
+        let m = b.select(&infinite, &zero, &m);
+        let m = b.expand(&m, &dims);
+        let shifted = b.sub(x, &m);
+        let e = b.unary(UnaryKind::Exp, &shifted);
+        let s = b.reduce_kept(ReduceKind::Sum, &e, &[self.axis]);
+        let s = b.expand(&s, &dims);
+        b.div(&e, &s)
+    }
+
+    fn check(&self, name: &str, t: TensorType) -> Result<TensorType, String> {
+        if self.axis >= t.rank() {
+            return Err(format!("{name}: axis {} out of range for {t}", self.axis));
+        }
+        Ok(t)
+    }
+}
+
+impl OpRules for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        self.check("softmax", same_float("softmax", operands, 1)?)
+    }
+    expanded!();
+    fn vjp<B: Builder>(&self, b: &mut B, _: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        vec![Some(b.op(Op::SoftmaxGrad(SoftmaxGrad { axis: self.axis }), &[out, g]))]
+    }
+}
+
+/// The gradient of [`Softmax`] given its result `y` and the cotangent `g`: `y (g - sum(g y))` along the axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SoftmaxGrad {
+    pub axis: usize,
+}
+
+impl SoftmaxGrad {
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let (y, g) = (&x[0], &x[1]);
+        let dims = b.ty(y).dims.clone();
+        let gy = b.mul(g, y);
+        let s = b.reduce_kept(ReduceKind::Sum, &gy, &[self.axis]);
+        let s = b.expand(&s, &dims);
+        let d = b.sub(g, &s);
+        b.mul(y, &d)
+    }
+}
+
+impl OpRules for SoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "softmax_grad"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        Softmax { axis: self.axis }.check("softmax_grad", same_float("softmax_grad", operands, 2)?)
+    }
+    expanded!(taped);
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{ArrayD, IxDyn};
+
+    use super::*;
+    use crate::ops::composite::check_vjp;
+
+    fn data(dims: &[usize], seed: usize) -> ArrayD<f64> {
+        let n: usize = dims.iter().product();
+        let v = (0..n).map(|k| (((k + seed) * 2654435761) % 1000) as f64 / 250.0 - 2.0).collect();
+        ArrayD::from_shape_vec(IxDyn(dims), v).expect("same element count")
+    }
+
+    fn eval(op: &Op, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        let ty = TensorType::new(crate::DType::F64, x[0].shape());
+        op.reference(&ty, x)
+    }
+
+    #[test]
+    fn values_match_the_formulas() {
+        let x = data(&[3, 4], 1);
+        let gelu = eval(&Op::Gelu(Gelu), &[&x]);
+        let want = x.mapv(|v| 0.5 * v * (1.0 + (GELU_K * (v + GELU_A * v * v * v)).tanh()));
+        assert!(gelu.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{gelu} vs {want}");
+        let sm = eval(&Op::Softmax(Softmax { axis: 0 }), &[&x]);
+        for c in 0..4 {
+            let col = x.index_axis(ndarray::Axis(1), c);
+            let total: f64 = col.iter().map(|v| v.exp()).sum();
+            for r in 0..3 {
+                assert!((sm[[r, c]] - x[[r, c]].exp() / total).abs() < 1e-12, "softmax [{r}, {c}]");
+            }
+        }
+        // A row that is all -inf: no shift by -inf, so the exponentials are 0 and the division 0/0.
+        let masked = ArrayD::from_elem(IxDyn(&[1, 3]), f64::NEG_INFINITY);
+        assert!(eval(&Op::Softmax(Softmax { axis: 1 }), &[&masked]).iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        let x = data(&[3, 5], 2);
+        check_vjp(&Op::Gelu(Gelu), std::slice::from_ref(&x));
+        check_vjp(&Op::GeluGrad(GeluGrad), &[x.clone(), data(&[3, 5], 3)]);
+        for axis in 0..2 {
+            check_vjp(&Op::Softmax(Softmax { axis }), std::slice::from_ref(&x));
+            let y = eval(&Op::Softmax(Softmax { axis }), &[&x]);
+            check_vjp(&Op::SoftmaxGrad(SoftmaxGrad { axis }), &[y, data(&[3, 5], 4)]);
+        }
+    }
+}
