@@ -36,5 +36,5 @@ pub use lazuli_lazy::random::{manual_seed, rng_state, set_rng_state};
 pub use lazuli_lazy::shard::{self as sharding, mesh, shard_params, Mesh, PartitionSpec, Sharding};
 pub use lazuli_lazy::{
     broadcast_shapes, grad, init, metrics, no_grad, platform, runtime_info, sync, value_and_grad, wait, Backend, Cause,
-    Config, DType, Element, Error, Loc, Metrics, Operand, Result, RuntimeInfo, Tensor,
+    Config, DType, Element, Error, Loc, Metrics, Operand, Result, RuntimeInfo, Tensor, XlaOption,
 };

@@ -1,6 +1,6 @@
 //! Runtime set-up through the public API: a bad plugin path is a clear error (and leaves the runtime usable),
 //! the plugin chosen by the environment is the one loaded, and a second, different configuration is refused.
-//! The runtime is per process: one test uses it here, the other checks a bad setting in a child process.
+//! The runtime is per process: one test uses it here, the others check settings in child processes.
 
 use lazuli::{Config, Tensor};
 
@@ -39,8 +39,20 @@ fn plugin_choice_and_configuration_errors() {
     assert!(err.contains("already initialized"), "{err}");
 }
 
+/// Run this test binary's test `name` alone in a child process with `env` set; its runtime starts from that
+/// environment. Panics unless the child's test passed.
+fn in_child(name: &str, env: &[(&str, &str)]) {
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", name, "--test-threads=1"])
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the child");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the check");
+}
+
 /// `LAZULI_CPU_ASYNC` takes 1 or 0; anything else is an error that names the variable and the value, at the
-/// first read. Run in a child process, whose runtime starts from that environment.
+/// first read.
 #[test]
 fn a_bad_cpu_async_setting_is_a_clear_error() {
     const CHILD: &str = "LAZULI_TEST_BAD_ASYNC_CHILD";
@@ -49,12 +61,32 @@ fn a_bad_cpu_async_setting_is_a_clear_error() {
         assert!(err.contains("LAZULI_CPU_ASYNC") && err.contains("maybe"), "{err}");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "a_bad_cpu_async_setting_is_a_clear_error", "--test-threads=1"])
-        .env(CHILD, "1")
-        .env("LAZULI_CPU_ASYNC", "maybe")
-        .output()
-        .expect("run the child");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the check");
+    in_child("a_bad_cpu_async_setting_is_a_clear_error", &[(CHILD, "1"), ("LAZULI_CPU_ASYNC", "maybe")]);
+}
+
+/// `LAZULI_XLA_OPTIONS` reaches XLA's compiler: known options (a bool, and the empty list the GPU default uses)
+/// compile and compute; an unknown name is XLA's error, reported at the line that needed the value, without
+/// aborting; an item that is not `name=value` names the variable.
+#[test]
+fn xla_options_from_the_environment() {
+    const CHILD: &str = "LAZULI_TEST_XLA_OPTIONS_CHILD";
+    let x = || Tensor::from_slice(&[1.5f32, -2.0], &[2]);
+    match std::env::var(CHILD).as_deref() {
+        Ok("known") => return assert_eq!((&x() * 2.0).to_vec::<f32>().unwrap(), vec![3.0, -4.0]),
+        Ok("unknown") => {
+            let err = (&x() * 3.0).to_vec::<f32>().unwrap_err().to_string();
+            let line = format!("runtime_config.rs:{}", line!() - 1);
+            return assert!(err.contains("xla_no_such_option") && err.contains(&line), "{err}");
+        }
+        Ok("malformed") => {
+            let err = (&x() * 2.0).to_vec::<f32>().unwrap_err().to_string();
+            return assert!(err.contains("LAZULI_XLA_OPTIONS") && err.contains("fast_math"), "{err}");
+        }
+        _ => {}
+    }
+    let name = "xla_options_from_the_environment";
+    let known = "xla_cpu_enable_fast_math=false xla_gpu_enable_command_buffer=";
+    in_child(name, &[(CHILD, "known"), ("LAZULI_XLA_OPTIONS", known), ("LAZULI_COMPILE_CACHE", "off")]);
+    in_child(name, &[(CHILD, "unknown"), ("LAZULI_XLA_OPTIONS", "xla_no_such_option=1")]);
+    in_child(name, &[(CHILD, "malformed"), ("LAZULI_XLA_OPTIONS", "fast_math")]);
 }

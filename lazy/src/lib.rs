@@ -36,6 +36,7 @@ pub use autodiff::{grad, grad_enabled, no_grad, value_and_grad};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use lazuli_hlo::{DType, Loc};
+pub use lazuli_pjrt::XlaOption;
 pub use materialize::{wait, Cause};
 pub use metrics::{metrics, Metrics};
 pub use random::{manual_seed, rng_state, set_rng_state};

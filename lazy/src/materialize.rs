@@ -212,13 +212,6 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
     }
     let transfer = t0.elapsed();
     Counters::add(&COUNTERS.upload_ns, transfer.as_nanos() as u64);
-    let options = match &mesh {
-        Some(m) => CompileOptions {
-            device_assignment: Some(vec![m.devices().iter().map(|&d| d as i64).collect()]),
-            ..CompileOptions::spmd(m.size() as u32)
-        },
-        None => CompileOptions::default(),
-    };
     let t0 = Instant::now();
     let exe = match cached {
         Some(exe) => {
@@ -226,6 +219,14 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
             exe
         }
         None => {
+            let options = match &mesh {
+                Some(m) => CompileOptions {
+                    device_assignment: Some(vec![m.devices().iter().map(|&d| d as i64).collect()]),
+                    xla_options: rt.config.all_xla_options(),
+                    ..CompileOptions::spmd(m.size() as u32)
+                },
+                None => CompileOptions { xla_options: rt.config.all_xla_options(), ..CompileOptions::default() },
+            };
             let text = emit(traced.graph(), &EmitOptions::default());
             dump_program(key, &text);
             let exe =

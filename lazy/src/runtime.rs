@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use lazuli_pjrt::{provision, Client, ClientOptions, Device, LoadedExecutable, Plugin};
+use lazuli_pjrt::{provision, Client, ClientOptions, Device, LoadedExecutable, Plugin, XlaOption};
 
 use crate::error::{Error, Result};
 
@@ -34,18 +34,28 @@ pub struct Config {
     /// program runs. Turn it on when steps are long and cores are spare (the host records the next step while
     /// the program runs). Other backends always run asynchronously.
     pub cpu_async: bool,
+    /// XLA debug options for every compile, by name, applied after the backend's defaults (see
+    /// [`Config::backend_xla_options`]); later entries win. They are part of the persistent cache's key.
+    pub xla_options: Vec<(String, XlaOption)>,
 }
 
 impl Default for Config {
     /// The CPU plugin, one device, synchronous.
     fn default() -> Config {
-        Config { backend: Backend::Cpu, plugin_path: None, cpu_device_count: 1, cpu_async: false }
+        Config {
+            backend: Backend::Cpu,
+            plugin_path: None,
+            cpu_device_count: 1,
+            cpu_async: false,
+            xla_options: Vec::new(),
+        }
     }
 }
 
 impl Config {
     /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1);
-    /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0).
+    /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0); `LAZULI_XLA_OPTIONS` = `name=value …` (whitespace-separated;
+    /// `true`/`false` and integers are typed, anything else is a string, list options comma-separated).
     pub fn from_env() -> Result<Config> {
         let backend = match std::env::var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
             "" | "cpu" => Backend::Cpu,
@@ -66,7 +76,34 @@ impl Config {
             "1" | "true" => true,
             other => return Err(Error::Config(format!("LAZULI_CPU_ASYNC={other:?}: expected 1 or 0"))),
         };
-        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async })
+        let xla_options = std::env::var("LAZULI_XLA_OPTIONS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|item| match item.split_once('=') {
+                Some((name, value)) if !name.is_empty() => Ok((name.to_string(), XlaOption::parse(value))),
+                _ => Err(Error::Config(format!("LAZULI_XLA_OPTIONS: {item:?} is not name=value"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, xla_options })
+    }
+
+    /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.
+    ///
+    /// GPU: no command buffers (CUDA graphs). A lazily traced step hands XLA fresh output buffers every time, so
+    /// each launch first updates the captured graph (about 4.7 ms for a GPT-2-small step on an H200) before the
+    /// device starts; launching kernels one by one starts the device at once. Measured in `BENCHMARKS.md`.
+    pub fn backend_xla_options(&self) -> Vec<(String, XlaOption)> {
+        match self.backend {
+            Backend::Gpu => vec![("xla_gpu_enable_command_buffer".into(), XlaOption::Str(String::new()))],
+            Backend::Cpu | Backend::Tpu => Vec::new(),
+        }
+    }
+
+    /// The backend's options followed by the configured ones.
+    pub(crate) fn all_xla_options(&self) -> Vec<(String, XlaOption)> {
+        let mut all = self.backend_xla_options();
+        all.extend(self.xla_options.iter().cloned());
+        all
     }
 }
 

@@ -3,7 +3,9 @@
 //! Both CPU plugins abort the whole process (`Check failed: replica_count > 0`) when the options lack
 //! `num_replicas` or `num_partitions`, so both are always sent and must be ≥ 1.
 
-use prost::Message;
+use std::collections::BTreeMap;
+
+use prost::{Message, Oneof};
 
 use crate::error::{Error, Result};
 
@@ -16,11 +18,41 @@ pub struct CompileOptions {
     pub use_spmd_partitioning: bool,
     /// `[replica][partition]` global device ids; `None` lets the plugin choose (devices 0, 1, …).
     pub device_assignment: Option<Vec<Vec<i64>>>,
+    /// XLA debug options for this compile, by name (`xla_gpu_enable_command_buffer`, …): what `XLA_FLAGS` sets
+    /// for a whole process, sent as the proto's option overrides (JAX's `compiler_options`). The plugin rejects an
+    /// unknown name with an error. Later entries win.
+    pub xla_options: Vec<(String, XlaOption)>,
+}
+
+/// The value of one XLA debug option (a list option such as `xla_gpu_enable_command_buffer` is a
+/// comma-separated string, as in `XLA_FLAGS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XlaOption {
+    Str(String),
+    Bool(bool),
+    Int(i64),
+}
+
+impl XlaOption {
+    /// `true`/`false` as a bool, an integer as an int, anything else as a string.
+    pub fn parse(s: &str) -> XlaOption {
+        match s {
+            "true" => XlaOption::Bool(true),
+            "false" => XlaOption::Bool(false),
+            _ => s.parse::<i64>().map(XlaOption::Int).unwrap_or_else(|_| XlaOption::Str(s.to_string())),
+        }
+    }
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { num_replicas: 1, num_partitions: 1, use_spmd_partitioning: false, device_assignment: None }
+        CompileOptions {
+            num_replicas: 1,
+            num_partitions: 1,
+            use_spmd_partitioning: false,
+            device_assignment: None,
+            xla_options: Vec::new(),
+        }
     }
 }
 
@@ -29,6 +61,25 @@ impl Default for CompileOptions {
 struct CompileOptionsProto {
     #[prost(message, optional, tag = "3")]
     executable_build_options: Option<ExecutableBuildOptionsProto>,
+    /// Ordered, so that equal options encode to equal bytes (the persistent compile cache keys on them).
+    #[prost(btree_map = "string, message", tag = "7")]
+    env_option_overrides: BTreeMap<String, OptionOverrideProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct OptionOverrideProto {
+    #[prost(oneof = "OverrideValue", tags = "1, 2, 3")]
+    value: Option<OverrideValue>,
+}
+
+#[derive(Clone, PartialEq, Oneof)]
+enum OverrideValue {
+    #[prost(string, tag = "1")]
+    Str(String),
+    #[prost(bool, tag = "2")]
+    Bool(bool),
+    #[prost(int64, tag = "3")]
+    Int(i64),
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -128,6 +179,18 @@ impl CompileOptions {
                 use_spmd_partitioning: self.use_spmd_partitioning,
                 device_assignment,
             }),
+            env_option_overrides: self
+                .xla_options
+                .iter()
+                .map(|(name, v)| {
+                    let value = match v {
+                        XlaOption::Str(s) => OverrideValue::Str(s.clone()),
+                        XlaOption::Bool(b) => OverrideValue::Bool(*b),
+                        XlaOption::Int(i) => OverrideValue::Int(*i),
+                    };
+                    (name.clone(), OptionOverrideProto { value: Some(value) })
+                })
+                .collect(),
         };
         Ok(proto.encode_to_vec())
     }
@@ -175,5 +238,29 @@ mod tests {
         let da = decoded.executable_build_options.unwrap().device_assignment.unwrap();
         assert_eq!((da.replica_count, da.computation_count), (1, 2));
         assert_eq!(da.computation_devices[1].replica_device_ids, vec![3]);
+        assert!(decoded.env_option_overrides.is_empty());
+    }
+
+    #[test]
+    fn xla_options_encode_as_ordered_overrides() {
+        let with = |opts: &[(&str, &str)]| CompileOptions {
+            xla_options: opts.iter().map(|(k, v)| (k.to_string(), XlaOption::parse(v))).collect(),
+            ..Default::default()
+        };
+        let a = with(&[("xla_b", "true"), ("xla_a", ""), ("xla_c", "12"), ("xla_a", "FUSION,CUBLAS")]);
+        let decoded = CompileOptionsProto::decode(a.to_proto_bytes().unwrap().as_slice()).unwrap();
+        let got: Vec<(String, Option<OverrideValue>)> =
+            decoded.env_option_overrides.into_iter().map(|(k, v)| (k, v.value)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("xla_a".to_string(), Some(OverrideValue::Str("FUSION,CUBLAS".into()))),
+                ("xla_b".to_string(), Some(OverrideValue::Bool(true))),
+                ("xla_c".to_string(), Some(OverrideValue::Int(12))),
+            ]
+        );
+        // The same options in another order encode to the same bytes (the compile cache keys on them).
+        let b = with(&[("xla_c", "12"), ("xla_a", "FUSION,CUBLAS"), ("xla_b", "true")]);
+        assert_eq!(a.to_proto_bytes().unwrap(), b.to_proto_bytes().unwrap());
     }
 }

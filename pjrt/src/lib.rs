@@ -37,7 +37,7 @@ pub mod provision;
 pub use buffer::Buffer;
 pub use client::{Client, Device};
 pub use client_options::ClientOptions;
-pub use compile_options::CompileOptions;
+pub use compile_options::{CompileOptions, XlaOption};
 pub use element_type::ElementType;
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{Completion, LoadedExecutable};
