@@ -426,6 +426,8 @@ fn bad_input_names_the_callers_line() {
         (line!(), "integer", panic_message(|| drop(x.one_hot(3, DType::F32)))),
         (line!(), "targets", panic_message(|| drop(x.cross_entropy(&Tensor::from_slice(&[0i32; 4], &[4]))))),
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).softmax(0)))),
+        (line!(), "at least one axis", panic_message(|| drop(x.layer_norm(&[], 1e-5)))),
+        (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).gelu()))),
         (line!(), "argmax", panic_message(|| drop(Tensor::from_slice(&[true], &[1]).argmax(0)))),
     ];
     for (line, needle, msg) in cases {

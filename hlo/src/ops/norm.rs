@@ -32,10 +32,10 @@ impl NormSpec {
 
     /// `x`'s type, checked: axes in range.
     fn check(&self, name: &str, x: &TensorType) -> Result<TensorType, String> {
-        if self.axes.is_empty()
-            || self.axes.windows(2).any(|w| w[0] >= w[1])
-            || self.axes.iter().any(|&a| a >= x.rank())
-        {
+        if self.axes.is_empty() {
+            return Err(format!("{name} needs at least one axis to normalize over, got none for {x}"));
+        }
+        if self.axes.windows(2).any(|w| w[0] >= w[1]) || self.axes.iter().any(|&a| a >= x.rank()) {
             return Err(format!("{name}: axes {:?} are not sorted unique dimensions of {x}", self.axes));
         }
         Ok(x.clone())
