@@ -176,13 +176,7 @@ mod tests {
     use ndarray::{ArrayD, IxDyn};
 
     use super::*;
-    use crate::ops::composite::check_vjp;
-
-    fn data(dims: &[usize], seed: usize) -> ArrayD<f64> {
-        let n: usize = dims.iter().product();
-        let v = (0..n).map(|k| (((k + seed) * 2654435761) % 1000) as f64 / 250.0 - 2.0).collect();
-        ArrayD::from_shape_vec(IxDyn(dims), v).expect("same element count")
-    }
+    use crate::ops::composite::{check_vjp, data};
 
     fn eval(op: &Op, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let ty = TensorType::new(crate::DType::F64, x[0].shape());

@@ -215,3 +215,11 @@ pub(crate) fn check_vjp(op: &Op, inputs: &[ArrayD<f64>]) {
         }
     }
 }
+
+/// Deterministic test values in [-2, 2) of shape `dims`, varied by `seed`.
+#[cfg(test)]
+pub(crate) fn data(dims: &[usize], seed: usize) -> ArrayD<f64> {
+    let n: usize = dims.iter().product();
+    let v = (0..n).map(|k| (((k + seed) * 2654435761) % 1000) as f64 / 250.0 - 2.0).collect();
+    ArrayD::from_shape_vec(ndarray::IxDyn(dims), v).expect("same element count")
+}

@@ -130,16 +130,8 @@ impl OpRules for NormalizeGrad {
 
 #[cfg(test)]
 mod tests {
-    use ndarray::{ArrayD, IxDyn};
-
     use super::*;
-    use crate::ops::composite::check_vjp;
-
-    fn data(dims: &[usize], seed: usize) -> ArrayD<f64> {
-        let n: usize = dims.iter().product();
-        let v = (0..n).map(|k| (((k + seed) * 2654435761) % 1000) as f64 / 250.0 - 2.0).collect();
-        ArrayD::from_shape_vec(IxDyn(dims), v).expect("same element count")
-    }
+    use crate::ops::composite::{check_vjp, data};
 
     #[test]
     fn normalize_matches_the_formula() {
