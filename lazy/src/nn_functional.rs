@@ -1,5 +1,5 @@
 //! Neural-network functionals without parameters: activations, softmax family, layer normalization and losses.
-//! What a transformer records every step (GELU, softmax, layer normalization) is one composite op each, with a
+//! What a transformer records every step (GELU, softmax, log-softmax, layer normalization) is one composite op each, with a
 //! one-node gradient (`hlo/src/ops/{activation,norm}.rs`); the rest are compositions of recorded ops, so their
 //! gradients come from autodiff. Fixed numbers of the formulas (0.5, √(2/π), eps) are constants of the program;
 //! the max-shift of the softmax family is recorded without a gradient, which is exact because those functions do
@@ -120,11 +120,8 @@ impl Tensor {
     pub fn log_softmax(&self, axis: isize) -> Tensor {
         let loc = Loc::caller();
         need_float(self, "log_softmax", loc);
-        let ax = axes_of(self, &[axis], "log_softmax", loc);
-        let m = shift_for(self, &ax, loc);
-        let shifted = self.binary_at(&m, BinaryKind::Sub, loc);
-        let lse = unary(&sum_kept(&unary(&shifted, UnaryKind::Exp, loc), &ax, loc), UnaryKind::Log, loc);
-        shifted.binary_at(&lse, BinaryKind::Sub, loc)
+        let axis = crate::record::axis(axis, self.rank(), "log_softmax", loc);
+        apply(Op::LogSoftmax(lazuli_hlo::LogSoftmax { axis }), &[self], loc)
     }
 
     /// `(x - mean) / sqrt(var + eps)` over `axes` (biased variance), without scale or shift: the affine part is

@@ -1,5 +1,5 @@
-//! Activations a transformer records every step, as composites (`composite.rs`): GELU (tanh form) and softmax,
-//! each one node forward and one node for its gradient, where the recorded formulas were about ten nodes forward
+//! Activations a transformer records every step, as composites (`composite.rs`): GELU (tanh form), softmax and
+//! log-softmax (the loss), each one node forward and one node for its gradient, where the recorded formulas were about ten nodes forward
 //! and fifteen to twenty backward. The formulas below are their only definition; the compiled program is what
 //! the recorded ops gave (XLA fuses the expansion the same way).
 
@@ -94,6 +94,20 @@ impl OpRules for GeluGrad {
     expanded!(taped);
 }
 
+/// `x - max(x)` along `axis`, with an infinite maximum taken as 0 (a row that is all -inf stays -inf rather
+/// than becoming NaN before the exponential): the stable start of the softmax family.
+fn shifted<B: Builder>(b: &mut B, x: &B::V, axis: usize) -> B::V {
+    let dims = b.ty(x).dims.clone();
+    let m = b.reduce_kept(ReduceKind::Max, x, &[axis]);
+    let inf = b.full_like(&m, f64::INFINITY);
+    let am = b.unary(UnaryKind::Abs, &m);
+    let infinite = b.compare(CompareDir::Eq, &am, &inf);
+    let zero = b.full_like(&m, 0.0);
+    let m = b.select(&infinite, &zero, &m);
+    let m = b.expand(&m, &dims);
+    b.sub(x, &m)
+}
+
 /// `exp(x) / sum(exp(x))` along `axis`, shifted by the maximum for stability (a row that is all -inf is shifted
 /// by 0, so it stays NaN-free up to the division, as an all-masked row should show NaN).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -106,16 +120,8 @@ impl Softmax {
     pub const FULL_RESULTS: usize = 3;
 
     fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
-        let x = &x[0];
-        let dims = b.ty(x).dims.clone();
-        let m = b.reduce_kept(ReduceKind::Max, x, &[self.axis]);
-        let inf = b.full_like(&m, f64::INFINITY);
-        let am = b.unary(UnaryKind::Abs, &m);
-        let infinite = b.compare(CompareDir::Eq, &am, &inf);
-        let zero = b.full_like(&m, 0.0);
-        let m = b.select(&infinite, &zero, &m);
-        let m = b.expand(&m, &dims);
-        let shifted = b.sub(x, &m);
+        let dims = b.ty(&x[0]).dims.clone();
+        let shifted = shifted(b, &x[0], self.axis);
         let e = b.unary(UnaryKind::Exp, &shifted);
         let s = b.reduce_kept(ReduceKind::Sum, &e, &[self.axis]);
         let s = b.expand(&s, &dims);
@@ -171,6 +177,68 @@ impl OpRules for SoftmaxGrad {
     expanded!(taped);
 }
 
+/// `x - log(sum(exp(x)))` along `axis`, max-shifted: the log-probabilities a cross-entropy reads.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LogSoftmax {
+    pub axis: usize,
+}
+
+impl LogSoftmax {
+    /// Full-sized results of the recorded formula (shifted, exponentiated, subtracted), for the planner.
+    pub const FULL_RESULTS: usize = 3;
+
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let dims = b.ty(&x[0]).dims.clone();
+        let shifted = shifted(b, &x[0], self.axis);
+        let e = b.unary(UnaryKind::Exp, &shifted);
+        let s = b.reduce_kept(ReduceKind::Sum, &e, &[self.axis]);
+        let lse = b.unary(UnaryKind::Log, &s);
+        let lse = b.expand(&lse, &dims);
+        b.sub(&shifted, &lse)
+    }
+}
+
+impl OpRules for LogSoftmax {
+    fn name(&self) -> &'static str {
+        "log_softmax"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        Softmax { axis: self.axis }.check("log_softmax", same_float("log_softmax", operands, 1)?)
+    }
+    expanded!();
+    fn vjp<B: Builder>(&self, b: &mut B, _: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        vec![Some(b.op(Op::LogSoftmaxGrad(LogSoftmaxGrad { axis: self.axis }), &[out, g]))]
+    }
+}
+
+/// The gradient of [`LogSoftmax`] given its result `y` and the cotangent `g`: `g - exp(y) sum(g)` along the axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LogSoftmaxGrad {
+    pub axis: usize,
+}
+
+impl LogSoftmaxGrad {
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let (y, g) = (&x[0], &x[1]);
+        let dims = b.ty(y).dims.clone();
+        let p = b.unary(UnaryKind::Exp, y);
+        let s = b.reduce_kept(ReduceKind::Sum, g, &[self.axis]);
+        let s = b.expand(&s, &dims);
+        let ps = b.mul(&p, &s);
+        b.sub(g, &ps)
+    }
+}
+
+impl OpRules for LogSoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "log_softmax_grad"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        Softmax { axis: self.axis }.check("log_softmax_grad", same_float("log_softmax_grad", operands, 2)?)
+    }
+    expanded!(taped);
+}
+
 #[cfg(test)]
 mod tests {
     use ndarray::{ArrayD, IxDyn};
@@ -197,6 +265,8 @@ mod tests {
                 assert!((sm[[r, c]] - x[[r, c]].exp() / total).abs() < 1e-12, "softmax [{r}, {c}]");
             }
         }
+        let lsm = eval(&Op::LogSoftmax(LogSoftmax { axis: 0 }), &[&x]);
+        assert!(lsm.iter().zip(&sm).all(|(l, p)| (l - p.ln()).abs() < 1e-12), "{lsm} vs log {sm}");
         // A row that is all -inf: no shift by -inf, so the exponentials are 0 and the division 0/0.
         let masked = ArrayD::from_elem(IxDyn(&[1, 3]), f64::NEG_INFINITY);
         assert!(eval(&Op::Softmax(Softmax { axis: 1 }), &[&masked]).iter().all(|v| v.is_nan()));
@@ -211,6 +281,9 @@ mod tests {
             check_vjp(&Op::Softmax(Softmax { axis }), std::slice::from_ref(&x));
             let y = eval(&Op::Softmax(Softmax { axis }), &[&x]);
             check_vjp(&Op::SoftmaxGrad(SoftmaxGrad { axis }), &[y, data(&[3, 5], 4)]);
+            check_vjp(&Op::LogSoftmax(LogSoftmax { axis }), std::slice::from_ref(&x));
+            let y = eval(&Op::LogSoftmax(LogSoftmax { axis }), &[&x]);
+            check_vjp(&Op::LogSoftmaxGrad(LogSoftmaxGrad { axis }), &[y, data(&[3, 5], 5)]);
         }
     }
 }
