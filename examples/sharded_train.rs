@@ -44,6 +44,10 @@ struct Args {
     /// Vocabulary size (0: the corpus's byte vocabulary).
     #[arg(long, default_value_t = 0)]
     vocab: usize,
+    /// The planner's cost model: `auto` (the platform's), `cpu` or `h200`. With `--steps 0`, a CPU run shows
+    /// what the planner would choose on GPUs.
+    #[arg(long, default_value = "auto")]
+    device_model: String,
 }
 
 fn main() -> lazuli::Result<()> {
@@ -94,7 +98,11 @@ fn main() -> lazuli::Result<()> {
     };
 
     // Plan from the recorded (not run) first step.
-    let device = if info.platform == "cpu" { DeviceModel::CPU } else { DeviceModel::H200 };
+    let device = match (args.device_model.as_str(), info.platform.as_str()) {
+        ("cpu", _) | ("auto", "cpu") => DeviceModel::CPU,
+        ("h200", _) | ("auto", _) => DeviceModel::H200,
+        (other, _) => return Err(lazuli::Error::Config(format!("--device-model {other}: expected auto, cpu or h200"))),
+    };
     let mut p = {
         let (x, y) = batch(0);
         let loss = model.loss(&Tensor::from_slice(&x, &[b, t]), &Tensor::from_slice(&y, &[b, t]));

@@ -70,13 +70,18 @@ impl DeviceModel {
         collective_latency_s: 1.8e-4,
         shared_cores: Some(2),
     };
-    /// H200 with NVLink: dense bf16 tensor-core peak, HBM3e bandwidth, ~450 GB/s per direction; independent devices.
-    /// Data-sheet numbers, not calibrated.
+    /// H200s with NVLink, independent devices, measured on two (2026-11-29, `LAZULI_DEVICE=gpu planner_calibration
+    /// --devices 2 --rows 8192 --dim 768 --param-mib 64`, medians of 7; BENCHMARKS.md has the run):
+    /// - flops_per_s: f32 matmuls of a GPT-2-small MLP on 8,192 tokens per device (XLA's default f32 precision;
+    ///   the data sheet's dense bf16 peak is 9.9e14).
+    /// - bytes_per_s: the CPU model's elementwise block at that size, counted before fusion as the planner counts
+    ///   (so above the HBM bandwidth of 4.8e12: XLA fuses what the planner counts separately).
+    /// - link_bytes_per_s, collective_latency_s: all-reduces of 4 KiB and 64 MiB per device, as on the CPU.
     pub const H200: DeviceModel = DeviceModel {
-        flops_per_s: 9.9e14,
-        bytes_per_s: 4.8e12,
-        link_bytes_per_s: 4.5e11,
-        collective_latency_s: 1e-5,
+        flops_per_s: 3.52e14,
+        bytes_per_s: 1.11e13,
+        link_bytes_per_s: 3.15e11,
+        collective_latency_s: 1.8e-5,
         shared_cores: None,
     };
 
