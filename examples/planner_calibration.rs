@@ -142,13 +142,15 @@ fn main() -> lazuli::Result<()> {
     };
     let (t_small, b_small) = allreduce(1024);
     // 1 MiB per device on the CPU; on GPUs large enough for the links' bandwidth to show.
-    let (t_large, b_large) = allreduce(if cpu { 256 * 1024 } else { args.param_mib * 256 * 1024 });
+    let large = if cpu { 256 * 1024 } else { args.param_mib * 256 * 1024 };
+    let (t_large, b_large) = allreduce(large);
     let link = (b_large - b_small) / (t_large - t_small).max(1e-9);
     let latency = (t_small - b_small / link).max(0.0);
     println!(
-        "all-reduce: {:.1} us at 4 KiB, {:.1} us at 1 MiB: link_bytes_per_s = {link:.3e}, collective_latency_s = {latency:.2e}",
+        "all-reduce: {:.1} us at 4 KiB, {:.1} us at {} MiB: link_bytes_per_s = {link:.3e}, collective_latency_s = {latency:.2e}",
         t_small * 1e6,
-        t_large * 1e6
+        t_large * 1e6,
+        large * 4 / 1048576
     );
     let shared = if cpu { format!("Some({parallel})") } else { "None".to_string() };
     println!(
