@@ -20,7 +20,7 @@ pub use dtype::{DType, Dims, TensorType};
 pub use emit::{emit, EmitOptions};
 pub use graph::{Graph, Loc, Node, NodeId};
 pub use op::{Op, OpRules};
-pub use ops::activation::{Gelu, GeluGrad, LogSoftmax, LogSoftmaxGrad, Softmax, SoftmaxGrad};
+pub use ops::activation::{Gelu, GeluGrad, Softmax, SoftmaxGrad};
 pub use ops::conv::Convolution;
 pub use ops::dot::DotGeneral;
 pub use ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind};

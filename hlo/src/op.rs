@@ -8,7 +8,7 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
-    activation::{Gelu, GeluGrad, LogSoftmax, LogSoftmaxGrad, Softmax, SoftmaxGrad},
+    activation::{Gelu, GeluGrad, Softmax, SoftmaxGrad},
     conv::Convolution,
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
@@ -85,8 +85,6 @@ pub enum Op {
     GeluGrad(GeluGrad),
     Softmax(Softmax),
     SoftmaxGrad(SoftmaxGrad),
-    LogSoftmax(LogSoftmax),
-    LogSoftmaxGrad(LogSoftmaxGrad),
 }
 
 macro_rules! dispatch {
@@ -127,8 +125,6 @@ macro_rules! dispatch {
             Op::GeluGrad($o) => $e,
             Op::Softmax($o) => $e,
             Op::SoftmaxGrad($o) => $e,
-            Op::LogSoftmax($o) => $e,
-            Op::LogSoftmaxGrad($o) => $e,
         }
     };
 }
@@ -165,7 +161,6 @@ impl Op {
             Op::Normalize(_) => Normalize::FULL_RESULTS,
             Op::Gelu(_) => Gelu::FULL_RESULTS,
             Op::Softmax(_) => Softmax::FULL_RESULTS,
-            Op::LogSoftmax(_) => LogSoftmax::FULL_RESULTS,
             _ => 1,
         }
     }

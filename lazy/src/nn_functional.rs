@@ -112,7 +112,7 @@ impl Tensor {
         let loc = Loc::caller();
         need_float(self, "softmax", loc);
         let axis = crate::record::axis(axis, self.rank(), "softmax", loc);
-        apply(Op::Softmax(lazuli_hlo::Softmax { axis }), &[self], loc)
+        apply(Op::Softmax(lazuli_hlo::Softmax { axis, log: false }), &[self], loc)
     }
 
     /// `x - logsumexp(x)` along `axis` (kept).
@@ -121,7 +121,7 @@ impl Tensor {
         let loc = Loc::caller();
         need_float(self, "log_softmax", loc);
         let axis = crate::record::axis(axis, self.rank(), "log_softmax", loc);
-        apply(Op::LogSoftmax(lazuli_hlo::LogSoftmax { axis }), &[self], loc)
+        apply(Op::Softmax(lazuli_hlo::Softmax { axis, log: true }), &[self], loc)
     }
 
     /// `(x - mean) / sqrt(var + eps)` over `axes` (biased variance), without scale or shift: the affine part is

@@ -108,15 +108,17 @@ fn shifted<B: Builder>(b: &mut B, x: &B::V, axis: usize) -> B::V {
     b.sub(x, &m)
 }
 
-/// `exp(x) / sum(exp(x))` along `axis`, shifted by the maximum for stability (a row that is all -inf is shifted
-/// by 0, so it stays NaN-free up to the division, as an all-masked row should show NaN).
+/// `exp(x) / sum(exp(x))` along `axis`, or with `log` its logarithm `x - log(sum(exp(x)))` (the log-probabilities
+/// a cross-entropy reads); shifted by the maximum for stability (a row that is all -inf is shifted by 0, so it
+/// stays NaN-free up to the division, as an all-masked row should show NaN).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Softmax {
     pub axis: usize,
+    pub log: bool,
 }
 
 impl Softmax {
-    /// Full-sized results of the recorded formula (shifted, exponentiated, divided), for the planner.
+    /// Full-sized results of the recorded formula (shifted, exponentiated, divided or subtracted), for the planner.
     pub const FULL_RESULTS: usize = 3;
 
     fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
@@ -124,11 +126,23 @@ impl Softmax {
         let shifted = shifted(b, &x[0], self.axis);
         let e = b.unary(UnaryKind::Exp, &shifted);
         let s = b.reduce_kept(ReduceKind::Sum, &e, &[self.axis]);
+        if self.log {
+            let lse = b.unary(UnaryKind::Log, &s);
+            let lse = b.expand(&lse, &dims);
+            return b.sub(&shifted, &lse);
+        }
         let s = b.expand(&s, &dims);
         b.div(&e, &s)
     }
 
-    fn check(&self, name: &str, t: TensorType) -> Result<TensorType, String> {
+    fn check(&self, operands: &[&TensorType], n: usize, grad: bool) -> Result<TensorType, String> {
+        let name = match (self.log, grad) {
+            (false, false) => "softmax",
+            (true, false) => "log_softmax",
+            (false, true) => "softmax_grad",
+            (true, true) => "log_softmax_grad",
+        };
+        let t = same_float(name, operands, n)?;
         if self.axis >= t.rank() {
             return Err(format!("{name}: axis {} out of range for {t}", self.axis));
         }
@@ -138,29 +152,39 @@ impl Softmax {
 
 impl OpRules for Softmax {
     fn name(&self) -> &'static str {
-        "softmax"
+        if self.log {
+            "log_softmax"
+        } else {
+            "softmax"
+        }
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        self.check("softmax", same_float("softmax", operands, 1)?)
+        self.check(operands, 1, false)
     }
     expanded!();
     fn vjp<B: Builder>(&self, b: &mut B, _: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        vec![Some(b.op(Op::SoftmaxGrad(SoftmaxGrad { axis: self.axis }), &[out, g]))]
+        vec![Some(b.op(Op::SoftmaxGrad(SoftmaxGrad(self.clone())), &[out, g]))]
     }
 }
 
-/// The gradient of [`Softmax`] given its result `y` and the cotangent `g`: `y (g - sum(g y))` along the axis.
+/// The gradient of [`Softmax`] given its result `y` and the cotangent `g`, along the axis: `y (g - sum(g y))`,
+/// or for the log form `g - exp(y) sum(g)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SoftmaxGrad {
-    pub axis: usize,
-}
+pub struct SoftmaxGrad(pub Softmax);
 
 impl SoftmaxGrad {
     fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
-        let (y, g) = (&x[0], &x[1]);
+        let (y, g, axis) = (&x[0], &x[1], self.0.axis);
         let dims = b.ty(y).dims.clone();
+        if self.0.log {
+            let p = b.unary(UnaryKind::Exp, y);
+            let s = b.reduce_kept(ReduceKind::Sum, g, &[axis]);
+            let s = b.expand(&s, &dims);
+            let ps = b.mul(&p, &s);
+            return b.sub(g, &ps);
+        }
         let gy = b.mul(g, y);
-        let s = b.reduce_kept(ReduceKind::Sum, &gy, &[self.axis]);
+        let s = b.reduce_kept(ReduceKind::Sum, &gy, &[axis]);
         let s = b.expand(&s, &dims);
         let d = b.sub(g, &s);
         b.mul(y, &d)
@@ -169,72 +193,14 @@ impl SoftmaxGrad {
 
 impl OpRules for SoftmaxGrad {
     fn name(&self) -> &'static str {
-        "softmax_grad"
+        if self.0.log {
+            "log_softmax_grad"
+        } else {
+            "softmax_grad"
+        }
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        Softmax { axis: self.axis }.check("softmax_grad", same_float("softmax_grad", operands, 2)?)
-    }
-    expanded!(taped);
-}
-
-/// `x - log(sum(exp(x)))` along `axis`, max-shifted: the log-probabilities a cross-entropy reads.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LogSoftmax {
-    pub axis: usize,
-}
-
-impl LogSoftmax {
-    /// Full-sized results of the recorded formula (shifted, exponentiated, subtracted), for the planner.
-    pub const FULL_RESULTS: usize = 3;
-
-    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
-        let dims = b.ty(&x[0]).dims.clone();
-        let shifted = shifted(b, &x[0], self.axis);
-        let e = b.unary(UnaryKind::Exp, &shifted);
-        let s = b.reduce_kept(ReduceKind::Sum, &e, &[self.axis]);
-        let lse = b.unary(UnaryKind::Log, &s);
-        let lse = b.expand(&lse, &dims);
-        b.sub(&shifted, &lse)
-    }
-}
-
-impl OpRules for LogSoftmax {
-    fn name(&self) -> &'static str {
-        "log_softmax"
-    }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        Softmax { axis: self.axis }.check("log_softmax", same_float("log_softmax", operands, 1)?)
-    }
-    expanded!();
-    fn vjp<B: Builder>(&self, b: &mut B, _: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        vec![Some(b.op(Op::LogSoftmaxGrad(LogSoftmaxGrad { axis: self.axis }), &[out, g]))]
-    }
-}
-
-/// The gradient of [`LogSoftmax`] given its result `y` and the cotangent `g`: `g - exp(y) sum(g)` along the axis.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LogSoftmaxGrad {
-    pub axis: usize,
-}
-
-impl LogSoftmaxGrad {
-    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
-        let (y, g) = (&x[0], &x[1]);
-        let dims = b.ty(y).dims.clone();
-        let p = b.unary(UnaryKind::Exp, y);
-        let s = b.reduce_kept(ReduceKind::Sum, g, &[self.axis]);
-        let s = b.expand(&s, &dims);
-        let ps = b.mul(&p, &s);
-        b.sub(g, &ps)
-    }
-}
-
-impl OpRules for LogSoftmaxGrad {
-    fn name(&self) -> &'static str {
-        "log_softmax_grad"
-    }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        Softmax { axis: self.axis }.check("log_softmax_grad", same_float("log_softmax_grad", operands, 2)?)
+        self.0.check(operands, 2, true)
     }
     expanded!(taped);
 }
@@ -257,7 +223,7 @@ mod tests {
         let gelu = eval(&Op::Gelu(Gelu), &[&x]);
         let want = x.mapv(|v| 0.5 * v * (1.0 + (GELU_K * (v + GELU_A * v * v * v)).tanh()));
         assert!(gelu.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{gelu} vs {want}");
-        let sm = eval(&Op::Softmax(Softmax { axis: 0 }), &[&x]);
+        let sm = eval(&Op::Softmax(Softmax { axis: 0, log: false }), &[&x]);
         for c in 0..4 {
             let col = x.index_axis(ndarray::Axis(1), c);
             let total: f64 = col.iter().map(|v| v.exp()).sum();
@@ -265,11 +231,11 @@ mod tests {
                 assert!((sm[[r, c]] - x[[r, c]].exp() / total).abs() < 1e-12, "softmax [{r}, {c}]");
             }
         }
-        let lsm = eval(&Op::LogSoftmax(LogSoftmax { axis: 0 }), &[&x]);
+        let lsm = eval(&Op::Softmax(Softmax { axis: 0, log: true }), &[&x]);
         assert!(lsm.iter().zip(&sm).all(|(l, p)| (l - p.ln()).abs() < 1e-12), "{lsm} vs log {sm}");
         // A row that is all -inf: no shift by -inf, so the exponentials are 0 and the division 0/0.
         let masked = ArrayD::from_elem(IxDyn(&[1, 3]), f64::NEG_INFINITY);
-        assert!(eval(&Op::Softmax(Softmax { axis: 1 }), &[&masked]).iter().all(|v| v.is_nan()));
+        assert!(eval(&Op::Softmax(Softmax { axis: 1, log: false }), &[&masked]).iter().all(|v| v.is_nan()));
     }
 
     #[test]
@@ -278,12 +244,12 @@ mod tests {
         check_vjp(&Op::Gelu(Gelu), std::slice::from_ref(&x));
         check_vjp(&Op::GeluGrad(GeluGrad), &[x.clone(), data(&[3, 5], 3)]);
         for axis in 0..2 {
-            check_vjp(&Op::Softmax(Softmax { axis }), std::slice::from_ref(&x));
-            let y = eval(&Op::Softmax(Softmax { axis }), &[&x]);
-            check_vjp(&Op::SoftmaxGrad(SoftmaxGrad { axis }), &[y, data(&[3, 5], 4)]);
-            check_vjp(&Op::LogSoftmax(LogSoftmax { axis }), std::slice::from_ref(&x));
-            let y = eval(&Op::LogSoftmax(LogSoftmax { axis }), &[&x]);
-            check_vjp(&Op::LogSoftmaxGrad(LogSoftmaxGrad { axis }), &[y, data(&[3, 5], 5)]);
+            for log in [false, true] {
+                let sm = Softmax { axis, log };
+                check_vjp(&Op::Softmax(sm.clone()), std::slice::from_ref(&x));
+                let y = eval(&Op::Softmax(sm.clone()), &[&x]);
+                check_vjp(&Op::SoftmaxGrad(SoftmaxGrad(sm)), &[y, data(&[3, 5], 4)]);
+            }
         }
     }
 }
