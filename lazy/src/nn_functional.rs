@@ -1,9 +1,9 @@
 //! Neural-network functionals without parameters: activations, softmax family, layer normalization and losses.
-//! What a transformer records every step (GELU, softmax, log-softmax, layer normalization) is one composite op each, with a
-//! one-node gradient (`hlo/src/ops/{activation,norm}.rs`); the rest are compositions of recorded ops, so their
-//! gradients come from autodiff. Fixed numbers of the formulas (0.5, √(2/π), eps) are constants of the program;
-//! the max-shift of the softmax family is recorded without a gradient, which is exact because those functions do
-//! not change when their input is shifted.
+//! What a transformer records every step (GELU, softmax, log-softmax, layer normalization) is one composite op
+//! each, with a one-node gradient (`hlo/src/ops/{activation,norm}.rs`); the rest are compositions of recorded
+//! ops, so their gradients come from autodiff. Fixed numbers of the formulas (0.5, √(2/π), eps) are constants of
+//! the program; `logsumexp`'s max-shift is recorded without a gradient, which is exact because it does not change
+//! when its input is shifted.
 
 use lazuli_hlo::{BinaryKind, CompareDir, Loc, Op, Reduce, ReduceKind, UnaryKind};
 

@@ -1,7 +1,7 @@
-//! Activations a transformer records every step, as composites (`composite.rs`): GELU (tanh form), softmax and
-//! log-softmax (the loss), each one node forward and one node for its gradient, where the recorded formulas were about ten nodes forward
-//! and fifteen to twenty backward. The formulas below are their only definition; the compiled program is what
-//! the recorded ops gave (XLA fuses the expansion the same way).
+//! Activations a transformer records every step, as composites (`composite.rs`): GELU (tanh form), and softmax
+//! with its log form (the loss). Each is one node forward and one node for its gradient, where the recorded
+//! formulas were about ten nodes forward and fifteen to twenty backward. The formulas below are their only
+//! definition; the compiled program is what the recorded ops gave (XLA fuses the expansion the same way).
 
 use crate::builder::Builder;
 use crate::dtype::TensorType;
@@ -135,13 +135,8 @@ impl Softmax {
         b.div(&e, &s)
     }
 
-    fn check(&self, operands: &[&TensorType], n: usize, grad: bool) -> Result<TensorType, String> {
-        let name = match (self.log, grad) {
-            (false, false) => "softmax",
-            (true, false) => "log_softmax",
-            (false, true) => "softmax_grad",
-            (true, true) => "log_softmax_grad",
-        };
+    /// `n` operands of one float type, and the axis in range; `name` is the checking op's.
+    fn check(&self, name: &str, operands: &[&TensorType], n: usize) -> Result<TensorType, String> {
         let t = same_float(name, operands, n)?;
         if self.axis >= t.rank() {
             return Err(format!("{name}: axis {} out of range for {t}", self.axis));
@@ -159,7 +154,7 @@ impl OpRules for Softmax {
         }
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        self.check(operands, 1, false)
+        self.check(self.name(), operands, 1)
     }
     expanded!();
     fn vjp<B: Builder>(&self, b: &mut B, _: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
@@ -200,7 +195,7 @@ impl OpRules for SoftmaxGrad {
         }
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
-        self.0.check(operands, 2, true)
+        self.0.check(self.name(), operands, 2)
     }
     expanded!(taped);
 }
