@@ -41,7 +41,7 @@ fn training_steps_are_one_program_and_learn_a_pattern() {
     let mut opt = AdamW::new(model.named_params(), 1e-2);
     lazuli::manual_seed(0);
     // A repeating sequence is easy to predict.
-    let seq: Vec<i32> = (0..9).map(|i| (i % 5) as i32 + 1).collect();
+    let seq: Vec<i32> = (0..9).map(|i| (i % 5) + 1).collect();
     let x = Tensor::from_slice(&[&seq[..8], &seq[..8]].concat(), &[2, 8]);
     let y = Tensor::from_slice(&[&seq[1..9], &seq[1..9]].concat(), &[2, 8]);
     let mut losses = Vec::new();

@@ -53,9 +53,14 @@ fn run(checks: Vec<Check>) {
     }
 }
 
+/// Name, the op, its reference, and the range of inputs.
+type UnaryCase = (&'static str, fn(&Tensor) -> Tensor, fn(f64) -> f64, f64, f64);
+/// Name, the comparison, its reference.
+type ComparisonCase = (&'static str, fn(&Tensor, &Tensor) -> Tensor, fn(f64, f64) -> bool);
+
 #[test]
 fn unary_ops_every_float_dtype() {
-    let table: [(&str, fn(&Tensor) -> Tensor, fn(f64) -> f64, f64, f64); 10] = [
+    let table: [UnaryCase; 10] = [
         ("neg", |t| -t, |x| -x, -3.0, 3.0),
         ("abs", |t| t.abs(), f64::abs, -3.0, 3.0),
         ("exp", |t| t.exp(), f64::exp, -3.0, 3.0),
@@ -140,7 +145,7 @@ fn binary_ops_with_broadcasting_every_numeric_dtype() {
 fn comparisons_and_select_every_dtype() {
     let mut rng = Rng::new(3);
     let mut checks = Vec::new();
-    let table: [(&str, fn(&Tensor, &Tensor) -> Tensor, fn(f64, f64) -> bool); 6] = [
+    let table: [ComparisonCase; 6] = [
         ("eq", |a, b| a.eq(b), |x, y| x == y),
         ("ne", |a, b| a.ne(b), |x, y| x != y),
         ("lt", |a, b| a.lt(b), |x, y| x < y),

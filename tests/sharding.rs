@@ -64,13 +64,13 @@ fn place(model: &Mlp, m: &Mesh, plan: &str) {
             "dp" => PartitionSpec::replicated(rank),
             "fsdp" if weight => PartitionSpec::split(rank, 0, "data"),
             "tp" | "2d" if weight => {
-                let mut s = PartitionSpec::split(rank, if layer % 2 == 0 { 1 } else { 0 }, "model");
+                let mut s = PartitionSpec::split(rank, if layer.is_multiple_of(2) { 1 } else { 0 }, "model");
                 if plan == "2d" && has("data") {
-                    s.0[if layer % 2 == 0 { 0 } else { 1 }].push("data".into());
+                    s.0[if layer.is_multiple_of(2) { 0 } else { 1 }].push("data".into());
                 }
                 s
             }
-            "tp" | "2d" if layer % 2 == 0 => PartitionSpec::split(rank, 0, "model"),
+            "tp" | "2d" if layer.is_multiple_of(2) => PartitionSpec::split(rank, 0, "model"),
             _ => PartitionSpec::replicated(rank),
         }
     });

@@ -19,6 +19,6 @@ fn an_xla_verifier_error_names_the_rust_line_of_the_op() {
 
     let plugin = Plugin::load(provision::cpu_plugin_path().unwrap()).unwrap();
     let client = Client::new(&plugin, &ClientOptions::new().cpu_device_count(1)).unwrap();
-    let err = client.compile(&text, &CompileOptions::default()).err().expect("XLA must reject the program").to_string();
+    let err = client.compile(&text, &CompileOptions::default()).expect_err("XLA must reject the program").to_string();
     assert!(err.contains(&format!("{}:{line}", file!())), "the error names {}:{line}:\n{err}", file!());
 }

@@ -291,7 +291,7 @@ impl Tensor {
         let loc = Loc::caller();
         let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
         let holes = dims.iter().filter(|&&d| d < 0).count();
-        let fill = if holes == 1 && known > 0 && self.elements() % known == 0 {
+        let fill = if holes == 1 && known > 0 && self.elements().is_multiple_of(known) {
             self.elements() / known
         } else if holes == 0 {
             0

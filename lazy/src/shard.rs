@@ -102,7 +102,7 @@ fn role(name: &str, rank: usize) -> Role {
     let column = match layer {
         "qkv" | "fc" => Some(true),
         "proj" | "fc_proj" => Some(false),
-        n => n.parse::<usize>().ok().filter(|_| parts.iter().any(|p| *p == "layers")).map(|i| i % 2 == 0),
+        n => n.parse::<usize>().ok().filter(|_| parts.contains(&"layers")).map(|i| i % 2 == 0),
     };
     match (column, last, rank) {
         (Some(true), _, _) => Role::Column,

@@ -8,6 +8,9 @@ use crate::element_type::ElementType;
 use crate::error::{Error, Result};
 use crate::ffi::{EventHandle, ExecHandle};
 
+/// An output's element type and dimensions.
+type OutputType = (ElementType, Vec<i64>);
+
 /// A compiled program. Dropping it frees the executable; it keeps its client alive.
 pub struct LoadedExecutable {
     client: Arc<ClientInner>,
@@ -16,7 +19,7 @@ pub struct LoadedExecutable {
     num_outputs: usize,
     /// Element type and dimensions of every output on every device, read from the first execution's buffers
     /// (fixed for a compiled program), so later executions ask the plugin nothing per output.
-    output_types: std::sync::OnceLock<Vec<Vec<(ElementType, Vec<i64>)>>>,
+    output_types: std::sync::OnceLock<Vec<Vec<OutputType>>>,
 }
 
 impl LoadedExecutable {

@@ -37,7 +37,7 @@ impl Sharding {
                 axes.push(a);
             }
             let parts: usize = axes.iter().map(|&a| mesh.axis_size(a)).product();
-            if shape[d] % parts != 0 {
+            if !shape[d].is_multiple_of(parts) {
                 return Err(ShardingError::NotDivisible { dim: d, size: shape[d], parts, axes: names.clone() });
             }
             dims.push(axes);

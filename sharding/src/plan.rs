@@ -282,7 +282,7 @@ impl fmt::Display for Plan {
 fn tp_spec(p: &ParamInfo, model: usize, data: Option<(&str, usize)>) -> PartitionSpec {
     let rank = p.shape.len();
     let split = |dim: usize| {
-        if p.shape[dim] % model == 0 {
+        if p.shape[dim].is_multiple_of(model) {
             PartitionSpec::split(rank, dim, "model")
         } else {
             PartitionSpec::replicated(rank)
@@ -297,7 +297,7 @@ fn tp_spec(p: &ParamInfo, model: usize, data: Option<(&str, usize)>) -> Partitio
         // 2-D: the other dimension of a matrix is split over data too, where it divides.
         if rank == 2 {
             let free = if s.0[0].is_empty() { 0 } else { 1 };
-            if s.0[free].is_empty() && p.shape[free] % size == 0 {
+            if s.0[free].is_empty() && p.shape[free].is_multiple_of(size) {
                 s.0[free].push(axis.to_string());
             }
         }
@@ -358,7 +358,7 @@ pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: Device
                    collectives: f64,
                    memory: f64| {
         let data = mesh.iter().find(|(n, _)| n == "data").map_or(1, |m| m.1);
-        let invalid = if step.batch % data != 0 {
+        let invalid = if !step.batch.is_multiple_of(data) {
             Some(format!("batch {} is not divisible by data={data}", step.batch))
         } else {
             check(&step.params, &placements, &mesh)
@@ -427,7 +427,7 @@ pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: Device
         tp_param * (2.0 + step.optimizer_state_factor) + step.activation_bytes,
     );
     // 2-D: model=2 within pairs, data over the rest; weights split both ways.
-    if devices >= 4 && devices % 2 == 0 {
+    if devices >= 4 && devices.is_multiple_of(2) {
         let d = n / 2.0;
         let other: f64 = step.params.iter().filter(|p| p.role == Role::Other).map(ParamInfo::bytes).sum();
         let split = (param_bytes - other) / n + other;

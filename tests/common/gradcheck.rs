@@ -28,7 +28,8 @@ pub fn check_grad(name: &str, inputs: &[ArrayD<f64>], f: impl Fn(&[Tensor]) -> T
     for (i, g) in grads.iter().enumerate() {
         assert_eq!(g.dims(), inputs[i].shape(), "{name}: gradient {i} shape");
         let got = g.to_vec::<f64>().unwrap();
-        for k in 0..inputs[i].len() {
+        assert_eq!(got.len(), inputs[i].len(), "{name}: gradient {i} length");
+        for (k, &got_k) in got.iter().enumerate() {
             let mut plus = inputs.to_vec();
             let mut minus = inputs.to_vec();
             plus[i].as_slice_mut().unwrap()[k] += eps;
@@ -36,9 +37,8 @@ pub fn check_grad(name: &str, inputs: &[ArrayD<f64>], f: impl Fn(&[Tensor]) -> T
             let fd = (objective(&plus) - objective(&minus)) / (2.0 * eps);
             let tol = 1e-6 * (1.0 + fd.abs());
             assert!(
-                (got[k] - fd).abs() <= tol,
-                "{name}: d/d input {i}[{k}]: autodiff {} vs finite differences {fd}",
-                got[k]
+                (got_k - fd).abs() <= tol,
+                "{name}: d/d input {i}[{k}]: autodiff {got_k} vs finite differences {fd}"
             );
         }
     }

@@ -146,8 +146,10 @@ enum Accepts {
     Integers,
 }
 
+type BinaryRow = (&'static str, &'static str, Accepts, fn(f64, f64, DType) -> f64);
+
 /// One row per binary op: name, StableHLO op, accepted types, reference (the dtype decides integer division).
-fn binary_row(k: BinaryKind) -> (&'static str, &'static str, Accepts, fn(f64, f64, DType) -> f64) {
+fn binary_row(k: BinaryKind) -> BinaryRow {
     use BinaryKind::*;
     match k {
         Add => ("add", "stablehlo.add", Accepts::Numbers, |a, b, _| a + b),
