@@ -207,6 +207,13 @@ pub fn runtime_info() -> Result<RuntimeInfo> {
     })
 }
 
+/// Every device's allocator statistics (bytes in use, peak, limit), in device order, initializing the runtime
+/// if needed. The CPU plugins keep none: there this is the plugin's `Unimplemented` error.
+pub fn memory_stats() -> Result<Vec<lazuli_pjrt::MemoryStats>> {
+    let rt = runtime()?;
+    Ok(rt.client.devices().iter().map(|d| d.memory_stats()).collect::<std::result::Result<_, _>>()?)
+}
+
 impl std::fmt::Display for RuntimeInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let file = self.plugin_path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();

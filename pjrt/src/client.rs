@@ -165,6 +165,23 @@ impl Device {
     pub(crate) fn handle(&self) -> DeviceHandle {
         self.data().handle
     }
+
+    /// What the device's allocator holds now and at most so far. An error where the plugin keeps no such
+    /// statistics (the CPU plugins allocate from the host heap).
+    pub fn memory_stats(&self) -> Result<MemoryStats> {
+        let (bytes_in_use, peak_bytes_in_use, bytes_limit) = self.client.api().device_memory_stats(self.handle())?;
+        Ok(MemoryStats { bytes_in_use, peak_bytes_in_use, bytes_limit })
+    }
+}
+
+/// A device allocator's statistics, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub bytes_in_use: i64,
+    /// The most ever held at once, where the plugin tracks it.
+    pub peak_bytes_in_use: Option<i64>,
+    /// What the allocator may use in all, where the plugin says.
+    pub bytes_limit: Option<i64>,
 }
 
 impl PartialEq for Device {

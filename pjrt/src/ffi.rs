@@ -323,6 +323,19 @@ impl Api {
         Ok((id.id, copy_str(kind.device_kind, kind.device_kind_size), hw.local_hardware_id))
     }
 
+    /// The device allocator's statistics: (bytes in use, peak bytes in use, bytes limit); the last two only
+    /// where the plugin reports them.
+    pub(crate) fn device_memory_stats(self, device: DeviceHandle) -> Result<(i64, Option<i64>, Option<i64>)> {
+        let mut args = c::PJRT_Device_MemoryStats_Args::new();
+        args.device = device.raw();
+        call!(self, PJRT_Device_MemoryStats, &mut args)?;
+        Ok((
+            args.bytes_in_use,
+            args.peak_bytes_in_use_is_set.then_some(args.peak_bytes_in_use),
+            args.bytes_limit_is_set.then_some(args.bytes_limit),
+        ))
+    }
+
     pub(crate) fn client_compile(
         self,
         client: ClientHandle,

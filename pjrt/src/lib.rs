@@ -35,7 +35,7 @@ mod plugin;
 pub mod provision;
 
 pub use buffer::Buffer;
-pub use client::{Client, Device};
+pub use client::{Client, Device, MemoryStats};
 pub use client_options::ClientOptions;
 pub use compile_options::{CompileOptions, XlaOption};
 pub use element_type::ElementType;

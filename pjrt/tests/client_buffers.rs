@@ -127,7 +127,17 @@ fn buffers_keep_their_client_alive(plugin: &Plugin) {
     assert_eq!(d.kind(), "cpu");
 }
 
+/// The CPU plugins keep no allocator statistics: asking is the plugin's clear error, not a crash or zeros.
+/// (The GPU test checks real statistics.)
+fn memory_stats_are_unimplemented_on_the_cpu(plugin: &Plugin) {
+    let c = client(plugin, 1);
+    let e = c.devices()[0].memory_stats().unwrap_err();
+    assert_eq!(e.call(), Some("PJRT_Device_MemoryStats"), "{e}");
+    assert!(matches!(&e, Error::Pjrt { code: Some(lazuli_pjrt::ErrorCode::Unimplemented), .. }), "{e:?}");
+}
+
 per_plugin!(
+    memory_stats_are_unimplemented_on_the_cpu,
     device_counts_follow_the_option,
     bad_create_options_never_reach_the_plugin,
     every_element_type_round_trips_exactly,

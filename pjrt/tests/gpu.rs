@@ -61,4 +61,26 @@ fn cuda_end_to_end() {
         drop(exe.execute(&[&a, &b]).unwrap());
     }
     eprintln!("execute + await: {:?} each", start.elapsed() / 200);
+
+    // The allocator's statistics follow a 64 MiB buffer in and out (preallocation is off, so it is allocated).
+    let before = d.memory_stats().unwrap();
+    let big = client.buffer_from_host(&vec![0u8; 64 << 20], ElementType::U8, &[64 << 20], d).unwrap();
+    let held = d.memory_stats().unwrap();
+    assert!(held.bytes_in_use >= before.bytes_in_use + (64 << 20), "{before:?} then {held:?}");
+    let peak = held.peak_bytes_in_use.expect("the CUDA allocator tracks its peak");
+    assert!(peak >= held.bytes_in_use, "{held:?}");
+    assert!(held.bytes_limit.is_some_and(|l| l > 1 << 30), "{held:?}");
+    drop(big);
+    // The memory returns to the allocator once the device's stream is done with it, asynchronously.
+    let mut after = d.memory_stats().unwrap();
+    for _ in 0..200 {
+        if after.bytes_in_use < held.bytes_in_use {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        after = d.memory_stats().unwrap();
+    }
+    assert!(after.bytes_in_use < held.bytes_in_use, "{held:?} then, 2 s after the drop, {after:?}");
+    assert_eq!(after.peak_bytes_in_use, Some(peak), "the peak stays");
+    eprintln!("memory stats: {before:?}, {held:?}, {after:?}");
 }

@@ -162,6 +162,31 @@ pjrt_args!(PJRT_Device_GetDescription_Args {
     device_description: *mut PJRT_DeviceDescription,
 });
 pjrt_args!(PJRT_Device_LocalHardwareId_Args { device: *mut PJRT_Device, local_hardware_id: i32 });
+// Each optional statistic is a value and an `_is_set` flag; the plugin fills what its allocator knows.
+pjrt_args!(PJRT_Device_MemoryStats_Args {
+    device: *mut PJRT_Device,
+    bytes_in_use: i64,
+    peak_bytes_in_use: i64,
+    peak_bytes_in_use_is_set: bool,
+    num_allocs: i64,
+    num_allocs_is_set: bool,
+    largest_alloc_size: i64,
+    largest_alloc_size_is_set: bool,
+    bytes_limit: i64,
+    bytes_limit_is_set: bool,
+    bytes_reserved: i64,
+    bytes_reserved_is_set: bool,
+    peak_bytes_reserved: i64,
+    peak_bytes_reserved_is_set: bool,
+    bytes_reservable_limit: i64,
+    bytes_reservable_limit_is_set: bool,
+    largest_free_block_bytes: i64,
+    largest_free_block_bytes_is_set: bool,
+    pool_bytes: i64,
+    pool_bytes_is_set: bool,
+    peak_pool_bytes: i64,
+    peak_pool_bytes_is_set: bool,
+});
 
 pjrt_args!(PJRT_Executable_Destroy_Args { executable: *mut PJRT_Executable });
 pjrt_args!(PJRT_Executable_NumOutputs_Args { executable: *mut PJRT_Executable, num_outputs: usize });
@@ -294,7 +319,7 @@ pub(crate) struct PJRT_Api {
     pub PJRT_Device_LocalHardwareId: Entry<PJRT_Device_LocalHardwareId_Args>,
     _PJRT_Device_AddressableMemories: Unused,
     _PJRT_Device_DefaultMemory: Unused,
-    _PJRT_Device_MemoryStats: Unused,
+    pub PJRT_Device_MemoryStats: Entry<PJRT_Device_MemoryStats_Args>,
 
     _PJRT_Memory_Id: Unused,
     _PJRT_Memory_Kind: Unused,
@@ -367,6 +392,8 @@ mod tests {
             (PJRT_DeviceDescription_Kind_Args::STRUCT_SIZE, 40),
             (PJRT_Device_GetDescription_Args::STRUCT_SIZE, 32),
             (PJRT_Device_LocalHardwareId_Args::STRUCT_SIZE, 28),
+            // Newer than 0.81 (the pool fields came later): ten (value, flag) pairs after `bytes_in_use`.
+            (PJRT_Device_MemoryStats_Args::STRUCT_SIZE, 185),
             (PJRT_Executable_Destroy_Args::STRUCT_SIZE, 24),
             (PJRT_Executable_NumOutputs_Args::STRUCT_SIZE, 32),
             (PJRT_Executable_Serialize_Args::STRUCT_SIZE, 56),
