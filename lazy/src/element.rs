@@ -122,19 +122,24 @@ pub fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
 /// A scalar of any dtype, encoded from an f64 (rounded the way a conversion would).
 pub fn scalar_bytes(dtype: DType, x: f64) -> Vec<u8> {
     let mut out = Vec::with_capacity(dtype.byte_size());
-    match dtype {
-        DType::F32 => (x as f32).put(&mut out),
-        DType::F64 => x.put(&mut out),
-        DType::F16 => f16::from_f64(x).put(&mut out),
-        DType::BF16 => bf16::from_f64(x).put(&mut out),
-        DType::I32 => (x as i32).put(&mut out),
-        DType::I64 => (x as i64).put(&mut out),
-        DType::U8 => (x as u8).put(&mut out),
-        DType::U32 => (x as u32).put(&mut out),
-        DType::U64 => (x as u64).put(&mut out),
-        DType::Bool => (x != 0.0).put(&mut out),
-    }
+    put_scalar(dtype, x, &mut out);
     out
+}
+
+/// Append `x` rounded to `dtype` (no allocation per element when filling a large tensor).
+pub fn put_scalar(dtype: DType, x: f64, out: &mut Vec<u8>) {
+    match dtype {
+        DType::F32 => (x as f32).put(out),
+        DType::F64 => x.put(out),
+        DType::F16 => f16::from_f64(x).put(out),
+        DType::BF16 => bf16::from_f64(x).put(out),
+        DType::I32 => (x as i32).put(out),
+        DType::I64 => (x as i64).put(out),
+        DType::U8 => (x as u8).put(out),
+        DType::U32 => (x as u32).put(out),
+        DType::U64 => (x as u64).put(out),
+        DType::Bool => (x != 0.0).put(out),
+    }
 }
 
 /// Decode any dtype's bytes to f64 (for display and references).

@@ -2,7 +2,7 @@
 
 use lazuli_hlo::DType;
 
-use crate::element::scalar_bytes;
+use crate::element::put_scalar;
 use crate::tensor::Tensor;
 
 /// A small, fast, seedable host generator (splitmix64) for initial weights and synthetic data.
@@ -46,7 +46,7 @@ pub fn host_tensor(dims: &[usize], dtype: DType, mut f: impl FnMut() -> f64) -> 
     let n: usize = dims.iter().product();
     let mut bytes = Vec::with_capacity(n * dtype.byte_size());
     for _ in 0..n {
-        bytes.extend_from_slice(&scalar_bytes(dtype, f()));
+        put_scalar(dtype, f(), &mut bytes);
     }
     Tensor::host(lazuli_hlo::TensorType::new(dtype, dims), bytes, crate::Loc::caller())
 }
