@@ -34,6 +34,18 @@ fn shapes_causality_and_initial_loss() {
     assert!((l - 11f64.ln()).abs() < 0.25, "initial loss {l} vs ln 11 = {}", 11f64.ln());
 }
 
+/// The MFU numerator counts the model's own parameters: 6 FLOPs per parameter outside the position table, plus
+/// attention's 12·L·d·T.
+#[test]
+fn train_flops_count_the_models_parameters() {
+    let model = tiny(0.0);
+    let c = &model.config;
+    let positions = c.block_size * c.d_model;
+    let matmul_params = (model.num_params() - positions) as f64;
+    let attention = 12.0 * (c.n_layer * c.d_model * 8) as f64;
+    assert_eq!(c.train_flops_per_token(8), 6.0 * matmul_params + attention);
+}
+
 #[test]
 fn training_steps_are_one_program_and_learn_a_pattern() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

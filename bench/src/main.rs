@@ -391,16 +391,9 @@ fn gpu(common: &Common, frameworks: &[String], tiny: bool, device: &str) -> Benc
     Ok(())
 }
 
-/// Training FLOPs per token: 6 per parameter (the position table excluded; the tied head counted once) plus
-/// attention's 12·L·d·T (PaLM's appendix B, as nanoGPT's MFU).
 fn gpt_flops_per_token(w: &Workload) -> f64 {
     match &w.model {
-        lazuli_bench::workloads::Model::Gpt { config: c, seq } => {
-            let (l, d, v) = (c.n_layer as f64, c.d_model as f64, c.vocab as f64);
-            let per_layer = 12.0 * d * d + 13.0 * d;
-            let n = l * per_layer + v * d + 2.0 * d;
-            6.0 * n + 12.0 * l * d * *seq as f64
-        }
+        lazuli_bench::workloads::Model::Gpt { config, seq } => config.train_flops_per_token(*seq),
         _ => 0.0,
     }
 }

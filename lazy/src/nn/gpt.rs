@@ -27,6 +27,16 @@ impl GptConfig {
     pub fn gpt2_small(vocab: usize) -> GptConfig {
         GptConfig { vocab, block_size: 1024, n_layer: 12, n_head: 12, d_model: 768, dropout: 0.0, dtype: DType::F32 }
     }
+
+    /// Training FLOPs per token at sequence length `seq`: 6 per parameter (the position table excluded; the
+    /// tied head counted once) plus attention's 12·L·d·T (PaLM's appendix B, as nanoGPT's MFU). The numerator
+    /// of model FLOPs utilization.
+    pub fn train_flops_per_token(&self, seq: usize) -> f64 {
+        let (l, d, v) = (self.n_layer as f64, self.d_model as f64, self.vocab as f64);
+        let per_layer = 12.0 * d * d + 13.0 * d;
+        let n = l * per_layer + v * d + 2.0 * d;
+        6.0 * n + 12.0 * l * d * seq as f64
+    }
 }
 
 /// GPT-2's initialisation: weights N(0, 0.02²), residual projections N(0, (0.02/√(2·layers))²), biases 0.
