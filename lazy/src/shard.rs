@@ -112,14 +112,70 @@ fn role(name: &str, rank: usize) -> Role {
     }
 }
 
-/// One device's forward work in `g` when its parameters lie as `dims` says: matmul FLOPs and the bytes of every
-/// other result, each op split as its `shard` rule propagates (a dimension an axis does not divide is padded, as
-/// XLA pads it). Reshapes and broadcasts are not counted: XLA makes them free or fuses them into their users.
-fn forward_work(g: &Graph, mesh: Option<&Mesh>, mut dims: Vec<Option<DimShards>>) -> Work {
+/// The recorded step as the planner reads it: the forward pass and its backward, and which forward results the
+/// backward reads.
+struct StepGraph {
+    graph: Graph,
+    leaves: Vec<Arc<crate::tensor::Node>>,
+    forward: Vec<bool>,
+    saved: Vec<bool>,
+}
+
+impl StepGraph {
+    /// Records the backward of `loss` with respect to `weights` (without running or accumulating anything) and
+    /// walks both. Parameters and constants are never "saved": they are counted as state, or are free.
+    fn record(loss: &Tensor, weights: &[Tensor]) -> StepGraph {
+        let grads = crate::autodiff::grad(loss, &weights.iter().collect::<Vec<_>>());
+        let mut targets = vec![loss.node.clone()];
+        targets.extend(grads.iter().map(|g| g.node.clone()));
+        let traced = crate::walk::trace(&targets);
+        let g = &traced.graph;
+        // Operands come before their users, so one backward sweep marks everything the loss depends on.
+        let mut forward = vec![false; g.nodes.len()];
+        forward[g.outputs[0]] = true;
+        for id in (0..g.nodes.len()).rev() {
+            if forward[id] {
+                g.nodes[id].operands.iter().for_each(|&o| forward[o] = true);
+            }
+        }
+        // A reshape or broadcast read by the backward is not kept itself (XLA makes it a view or fuses it into
+        // its reader): its source is.
+        let source = |mut o: usize| {
+            while matches!(g.nodes[o].op, Op::Reshape(_) | Op::BroadcastInDim(_)) {
+                o = g.nodes[o].operands[0];
+            }
+            o
+        };
+        let mut saved = vec![false; g.nodes.len()];
+        for (_, node) in g.nodes.iter().enumerate().filter(|(id, _)| !forward[*id]) {
+            for &o in &node.operands {
+                let o = source(o);
+                saved[o] |= forward[o] && !matches!(g.nodes[o].op, Op::Parameter(_) | Op::Constant(_));
+            }
+        }
+        StepGraph { graph: traced.graph, leaves: traced.leaves, forward, saved }
+    }
+
+    /// One device's forward work when the parameters lie as `dims` says: matmul FLOPs, the bytes of every other
+    /// result, and the bytes of the saved results; each op split as its `shard` rule propagates (a dimension an
+    /// axis does not divide is padded, as XLA pads it). Reshapes and broadcasts are not counted as work: XLA makes
+    /// them free or fuses them into their users.
+    fn forward_work(&self, mesh: Option<&Mesh>, dims: Vec<Option<DimShards>>) -> Work {
+        forward_work(&self.graph, mesh, dims, &self.forward, &self.saved)
+    }
+}
+
+fn forward_work(
+    g: &Graph,
+    mesh: Option<&Mesh>,
+    mut dims: Vec<Option<DimShards>>,
+    forward: &[bool],
+    saved: &[bool],
+) -> Work {
     let size = |axes: &[usize]| -> usize { axes.iter().map(|&a| mesh.map_or(1, |m| m.axis_size(a))).product() };
     let mut w = Work::default();
     for (id, node) in g.nodes.iter().enumerate() {
-        if matches!(node.op, Op::Parameter(_)) {
+        if matches!(node.op, Op::Parameter(_)) || !forward[id] {
             continue;
         }
         let x: Vec<ShardIn<'_>> =
@@ -146,6 +202,9 @@ fn forward_work(g: &Graph, mesh: Option<&Mesh>, mut dims: Vec<Option<DimShards>>
             Op::Constant(_) | Op::Reshape(_) | Op::BroadcastInDim(_) => {}
             _ => w.elementwise_bytes += (node.op.cost_weight() * elems * node.ty.dtype.byte_size()) as f64,
         }
+        if saved[id] {
+            w.saved_bytes += (elems * node.ty.dtype.byte_size()) as f64;
+        }
         dims[id] = out;
     }
     w
@@ -164,11 +223,12 @@ pub fn plan(
     device: DeviceModel,
 ) -> Plan {
     let named = model.named_params();
-    let traced = crate::walk::trace(std::slice::from_ref(&loss.node));
-    let g = &traced.graph;
+    let weights: Vec<Tensor> = named.iter().map(|(_, p)| p.get()).filter(|t| t.is_requires_grad()).collect();
+    let step_graph = StepGraph::record(loss, &weights);
+    let g = &step_graph.graph;
     // Which model parameter (index into `named`) each graph parameter is.
     let leaf_param: Vec<Option<usize>> =
-        traced.leaves.iter().map(|leaf| named.iter().position(|(_, p)| Arc::ptr_eq(&p.get().node, leaf))).collect();
+        step_graph.leaves.iter().map(|leaf| named.iter().position(|(_, p)| Arc::ptr_eq(&p.get().node, leaf))).collect();
     let param_of = |id: usize| -> Option<usize> { leaf_param[g.params.iter().position(|&p| p == id)?] };
     let params: Vec<ParamInfo> = named
         .iter()
@@ -183,25 +243,20 @@ pub fn plan(
         })
         .collect();
     let mut boundary: f64 = 0.0;
-    let mut activations = 0.0;
-    for node in &g.nodes {
+    for (_, node) in g.nodes.iter().enumerate().filter(|(id, _)| step_graph.forward[*id]) {
         if matches!(node.op, Op::DotGeneral(_))
             && param_of(node.operands[1]).is_some_and(|i| params[i].role == Role::Row)
         {
             boundary = boundary.max(node.ty.byte_size() as f64);
         }
-        match node.op {
-            Op::Parameter(_) | Op::Constant(_) => {}
-            _ => activations += (node.op.cost_weight() * node.ty.byte_size()) as f64,
-        }
     }
-    let whole = forward_work(g, None, vec![None; g.nodes.len()]);
+    let whole = step_graph.forward_work(None, vec![None; g.nodes.len()]);
     let step = StepInfo {
         tp_pairs: params.iter().filter(|p| p.role == Role::Row).count(),
         params,
         flops: 3.0 * whole.matmul_flops,
         elementwise_bytes: 3.0 * whole.elementwise_bytes,
-        activation_bytes: activations,
+        activation_bytes: whole.saved_bytes,
         boundary_bytes: boundary,
         batch,
         optimizer_state_factor: 2.0,
@@ -226,8 +281,8 @@ pub fn plan(
             let d = Sharding::new(&m, &spec, &ty.dims).ok()?.dims;
             dims[id] = Some(d).filter(|d| d.iter().any(|a| !a.is_empty()));
         }
-        let w = forward_work(g, Some(&m), dims);
-        Some(Work { matmul_flops: 3.0 * w.matmul_flops, elementwise_bytes: 3.0 * w.elementwise_bytes })
+        let w = step_graph.forward_work(Some(&m), dims);
+        Some(Work { matmul_flops: 3.0 * w.matmul_flops, elementwise_bytes: 3.0 * w.elementwise_bytes, ..w })
     };
     lazuli_sharding::plan::plan_with(&step, devices, memory_limit, device, &work)
 }
@@ -252,5 +307,7 @@ pub fn apply_plan(plan: &Plan, model: &dyn Module) -> Result<Mesh> {
 /// FLOPs and the bytes of every other result. For calibrating a `DeviceModel` against measured times.
 pub fn recorded_work(t: &Tensor) -> Work {
     let traced = crate::walk::trace(std::slice::from_ref(&t.node));
-    forward_work(&traced.graph, None, vec![None; traced.graph.nodes.len()])
+    let n = traced.graph.nodes.len();
+    // Everything here is forward; with no backward recorded, nothing is saved for one.
+    forward_work(&traced.graph, None, vec![None; n], &vec![true; n], &vec![false; n])
 }

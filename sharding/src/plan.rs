@@ -101,6 +101,8 @@ pub struct Work {
     pub matmul_flops: f64,
     /// Bytes of the results of all other ops (forward and backward), as recorded, before XLA fuses them.
     pub elementwise_bytes: f64,
+    /// Bytes of the forward results the backward pass reads (kept between the two).
+    pub saved_bytes: f64,
 }
 
 /// The training step as the planner sees it.
@@ -111,7 +113,7 @@ pub struct StepInfo {
     pub flops: f64,
     /// Bytes of the results of every other op of one whole step on one device, as recorded (before fusion).
     pub elementwise_bytes: f64,
-    /// Bytes of activations kept for the backward pass, whole batch.
+    /// Bytes of activations kept for the backward pass (forward results its gradient rules read), whole batch.
     pub activation_bytes: f64,
     /// Bytes of one activation tensor crossing a Megatron all-reduce ([batch·seq, d]), whole batch.
     pub boundary_bytes: f64,
@@ -234,12 +236,8 @@ fn ms(s: f64) -> String {
 
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "sharding plan for {} device(s), memory limit {} per device",
-            self.devices,
-            mib(self.memory_limit)
-        )?;
+        let limit = if self.memory_limit.is_finite() { mib(self.memory_limit) } else { "none".into() };
+        writeln!(f, "sharding plan for {} device(s), memory limit {limit} per device", self.devices)?;
         writeln!(
             f,
             "  {:<6} {:<16} {:>9} {:>11} {:>9} {:>11} {:>9} {:>9} {:>11} {:>10}",
@@ -270,11 +268,45 @@ impl fmt::Display for Plan {
         writeln!(f, "chosen: {} — {}", self.chosen().name, self.reason)?;
         writeln!(f, "placements:")?;
         let mut s = String::new();
-        for (n, p) in &self.chosen().placements {
-            let _ = writeln!(s, "  {n:<32} {p}");
+        for (name, spec, count) in grouped(&self.chosen().placements) {
+            let times = if count > 1 { format!("  (×{count})") } else { String::new() };
+            let _ = writeln!(s, "  {name:<32} {spec}{times}");
         }
         f.write_str(&s)
     }
+}
+
+/// Placements with the layer index written `*` where every layer places that parameter alike (a 48-layer
+/// model then prints a dozen lines, not six hundred), in order of first appearance; names whose layers differ
+/// (an override) stay one per line.
+fn grouped(placements: &[(String, PartitionSpec)]) -> Vec<(String, String, usize)> {
+    let pattern = |name: &str| -> String {
+        let segments: Vec<&str> = name
+            .split('.')
+            .map(|g| if !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()) { "*" } else { g })
+            .collect();
+        segments.join(".")
+    };
+    let mut order: Vec<String> = Vec::new();
+    let mut members: std::collections::HashMap<String, Vec<usize>> = std::collections::HashMap::new();
+    for (i, (name, _)) in placements.iter().enumerate() {
+        let key = pattern(name);
+        if !members.contains_key(&key) {
+            order.push(key.clone());
+        }
+        members.entry(key).or_default().push(i);
+    }
+    let mut out = Vec::new();
+    for key in order {
+        let idx = &members[&key];
+        let first = &placements[idx[0]].1;
+        if idx.len() > 1 && idx.iter().all(|&i| placements[i].1 == *first) {
+            out.push((key, first.to_string(), idx.len()));
+        } else {
+            out.extend(idx.iter().map(|&i| (placements[i].0.clone(), placements[i].1.to_string(), 1)));
+        }
+    }
+    out
 }
 
 /// Megatron placement of one parameter over `model` (plus FSDP-style over `data` for 2-D); a dimension that an
@@ -356,15 +388,20 @@ pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: Device
                    placements: Vec<(String, PartitionSpec)>,
                    comm_bytes: f64,
                    collectives: f64,
-                   memory: f64| {
+                   state: f64| {
         let data = mesh.iter().find(|(n, _)| n == "data").map_or(1, |m| m.1);
         let invalid = if !step.batch.is_multiple_of(data) {
             Some(format!("batch {} is not divisible by data={data}", step.batch))
         } else {
             check(&step.params, &placements, &mesh)
         };
-        let w = work(&mesh, &placements)
-            .unwrap_or(Work { matmul_flops: step.flops / n, elementwise_bytes: step.elementwise_bytes / data as f64 });
+        let w = work(&mesh, &placements).unwrap_or(Work {
+            matmul_flops: step.flops / n,
+            elementwise_bytes: step.elementwise_bytes / data as f64,
+            saved_bytes: step.activation_bytes / data as f64,
+        });
+        // Weights, gradients and optimizer state (`state`), and the activations kept for the backward pass.
+        let memory = state + w.saved_bytes;
         let held: f64 = step.params.iter().zip(&placements).map(|(p, (_, s))| shard_bytes(p, s, &mesh)).sum();
         let update_bytes = held * step.update_traffic;
         let collectives = if comm_bytes > 0.0 { collectives } else { 0.0 };
@@ -399,7 +436,7 @@ pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: Device
         names(&|p| PartitionSpec::replicated(p.shape.len())),
         2.0 * ring(n) * param_bytes,
         1.0,
-        state_bytes + step.activation_bytes / n,
+        state_bytes,
     );
     // FSDP: parameters gathered for forward and backward, gradients reduce-scattered (3·(n-1)/n).
     add(
@@ -414,7 +451,7 @@ pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: Device
         }),
         3.0 * ring(n) * param_bytes,
         n_params + 1.0,
-        state_bytes / n + step.activation_bytes / n + param_bytes / step.params.len().max(1) as f64,
+        state_bytes / n + param_bytes / step.params.len().max(1) as f64,
     );
     // Tensor parallel: weights split, activations all-reduced twice per column/row pair (forward and backward).
     let tp_param: f64 = step.params.iter().map(|p| if p.role == Role::Other { p.bytes() } else { p.bytes() / n }).sum();
@@ -424,7 +461,7 @@ pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: Device
         names(&|p| tp_spec(p, devices, None)),
         2.0 * step.tp_pairs as f64 * 2.0 * ring(n) * step.boundary_bytes,
         4.0 * step.tp_pairs as f64,
-        tp_param * (2.0 + step.optimizer_state_factor) + step.activation_bytes,
+        tp_param * (2.0 + step.optimizer_state_factor),
     );
     // 2-D: model=2 within pairs, data over the rest; weights split both ways.
     if devices >= 4 && devices.is_multiple_of(2) {
@@ -437,7 +474,7 @@ pub fn plan_with(step: &StepInfo, devices: usize, memory_limit: f64, dev: Device
             names(&|p| tp_spec(p, 2, Some(("data", devices / 2)))),
             2.0 * step.tp_pairs as f64 * 2.0 * ring(2.0) * step.boundary_bytes / d + 3.0 * ring(d) * param_bytes / 2.0,
             4.0 * step.tp_pairs as f64 + n_params + 1.0,
-            split * (2.0 + step.optimizer_state_factor) + step.activation_bytes / d,
+            split * (2.0 + step.optimizer_state_factor),
         );
     }
     let fastest = |fits: bool| {
@@ -558,5 +595,32 @@ mod tests {
         p.override_param("proj.bias", PartitionSpec::split(1, 0, "model")).unwrap();
         assert!(p.to_string().contains("proj.bias"));
         assert!(p.choose("dp").is_err());
+    }
+
+    #[test]
+    fn layers_placed_alike_print_as_one_line() {
+        let spec =
+            |dim: Option<usize>| dim.map_or(PartitionSpec::replicated(2), |d| PartitionSpec::split(2, d, "model"));
+        let mut placements = Vec::new();
+        for l in 0..3 {
+            placements.push((format!("blocks.{l}.fc.weight"), spec(Some(1))));
+            // Layer 1's projection was overridden.
+            placements.push((format!("blocks.{l}.proj.weight"), spec((l != 1).then_some(0))));
+        }
+        placements.push(("head.weight".to_string(), spec(None)));
+        let lines: Vec<(String, String, usize)> = grouped(&placements);
+        let names: Vec<(&str, usize)> = lines.iter().map(|(n, _, c)| (n.as_str(), *c)).collect();
+        assert_eq!(
+            names,
+            [
+                ("blocks.*.fc.weight", 3),
+                ("blocks.0.proj.weight", 1),
+                ("blocks.1.proj.weight", 1),
+                ("blocks.2.proj.weight", 1),
+                ("head.weight", 1)
+            ]
+        );
+        assert_eq!(lines[0].1, spec(Some(1)).to_string());
+        assert_eq!(lines[2].1, spec(None).to_string());
     }
 }
