@@ -22,9 +22,10 @@ struct Args {
     plan: String,
     #[arg(long, default_value_t = 30)]
     steps: u64,
-    /// Per-device memory limit for the planner, MiB.
-    #[arg(long, default_value_t = 1e6)]
-    memory_mib: f64,
+    /// Per-device memory limit for the planner, MiB (default: what the device's allocator may use, where the
+    /// plugin says; otherwise no limit).
+    #[arg(long)]
+    memory_mib: Option<f64>,
     #[arg(long, default_value_t = 32)]
     batch: usize,
     #[arg(long, default_value_t = 64)]
@@ -48,6 +49,9 @@ struct Args {
     /// what the planner would choose on GPUs.
     #[arg(long, default_value = "auto")]
     device_model: String,
+    /// Peak TFLOP/s of one device for the MFU line (default on GPUs: an H200's dense bf16, 989).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
 }
 
 fn main() -> lazuli::Result<()> {
@@ -84,7 +88,7 @@ fn main() -> lazuli::Result<()> {
         dropout: 0.0,
         dtype: DType::F32,
     };
-    let model = Gpt::new(&mut HostRng::new(1), cfg);
+    let model = Gpt::new(&mut HostRng::new(1), cfg.clone());
     let (b, t) = (args.batch, args.block);
     let batch = |step: u64| {
         let mut rng = HostRng::new(30_000 + step);
@@ -106,7 +110,14 @@ fn main() -> lazuli::Result<()> {
     let mut p = {
         let (x, y) = batch(0);
         let loss = model.loss(&Tensor::from_slice(&x, &[b, t]), &Tensor::from_slice(&y, &[b, t]));
-        plan(&model, &loss, b, args.devices, args.memory_mib * 1024.0 * 1024.0, device)
+        let limit = match args.memory_mib {
+            Some(mib) => mib * 1024.0 * 1024.0,
+            None => lazuli::memory_stats()
+                .ok()
+                .and_then(|s| s.first().and_then(|s| s.bytes_limit))
+                .map_or(f64::INFINITY, |b| b as f64),
+        };
+        plan(&model, &loss, b, args.devices, limit, device)
     };
     if args.plan != "auto" {
         p.choose(&args.plan).map_err(lazuli::Error::Sharding)?;
@@ -133,7 +144,42 @@ fn main() -> lazuli::Result<()> {
         log.step_done(step, Some(last));
     }
     log.finish();
+    report_throughput(&args, &cfg, &info.platform, log.median_step_ms(), p.chosen().memory_bytes);
     println!("plan: {} on {mesh}; unigram entropy {entropy:.3} nats", p.chosen().name);
     println!("final loss: {last}");
     Ok(())
+}
+
+/// Tokens per second, model FLOPs utilization (on GPUs, or given `--peak-tflops`) and each device's peak memory
+/// beside the planner's estimate (where the plugin keeps allocator statistics: GPUs, not the CPU).
+fn report_throughput(args: &Args, cfg: &GptConfig, platform: &str, step_ms: f64, estimated_bytes: f64) {
+    if !step_ms.is_finite() {
+        return;
+    }
+    let tokens = (args.batch * args.block) as f64;
+    let per_s = tokens / (step_ms / 1e3);
+    let mut line = format!("throughput: {per_s:.0} tokens/s");
+    let peak = args.peak_tflops.or((platform != "cpu").then_some(989.0));
+    if let Some(peak) = peak {
+        let flops = cfg.train_flops_per_token(args.block) * per_s;
+        let mfu = flops / (peak * 1e12 * args.devices as f64);
+        line += &format!(", {:.1}% MFU ({:.0} TFLOP/s of {} × {peak} peak)", 100.0 * mfu, flops / 1e12, args.devices);
+    }
+    println!("{line}");
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    match lazuli::memory_stats() {
+        Ok(stats) => {
+            let peaks: Vec<String> = stats
+                .iter()
+                .take(args.devices)
+                .map(|s| s.peak_bytes_in_use.map_or("?".into(), |p| format!("{:.2}", gib(p as f64))))
+                .collect();
+            println!(
+                "peak memory per device: {} GiB (the planner estimated {:.2} GiB)",
+                peaks.join(", "),
+                gib(estimated_bytes)
+            );
+        }
+        Err(e) => println!("peak memory per device: not reported by this plugin ({e})"),
+    }
 }
