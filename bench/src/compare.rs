@@ -65,6 +65,8 @@ pub struct Side {
     pub first_from_disk: bool,
     /// Why this side has no result (GPU rows report a failed side and go on).
     pub error: Option<String>,
+    /// The same calls with an empty program (the step's arguments and donation): dispatch alone (JAX, CPU rows).
+    pub empty_program: Spread,
 }
 
 #[derive(Clone, Debug)]
@@ -144,6 +146,7 @@ pub fn cpu_row(w: &Workload, python: &Path, script: &Path, dir: &Path, opts: &Op
             other.steps.push(median(&jax.run(steps, opts.pipelined)?.times));
             lazuli_rep(&mut lz, &mut lazuli)?;
         }
+        other.empty_program.push(median(&jax.run_empty(steps, opts.pipelined)?.times));
     }
     lazuli.split = split_median(&splits);
     let _ = std::fs::remove_file(&weights);

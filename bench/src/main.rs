@@ -208,6 +208,25 @@ fn print_rows(rows: &[Row]) {
             r.others.first().map(|o| duration(o.first_s)).unwrap_or_default()
         );
     }
+    println!(
+        "\nThe comparison's own split: the same calls with an empty program (the step's arguments, donated alike, \
+         passed through) time dispatch alone; the rest is the step's program.\n"
+    );
+    println!("| workload | side | step | empty program (dispatch) | step − empty (the program) |");
+    println!("|---|---|---|---|---|");
+    for r in rows {
+        for o in r.others.iter().filter(|o| !o.empty_program.values.is_empty()) {
+            let (step, empty) = (o.steps.median(), o.empty_program.median());
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                r.workload.name,
+                o.name,
+                duration(step),
+                o.empty_program.show(),
+                duration((step - empty).max(0.0))
+            );
+        }
+    }
 }
 
 fn goal(name: &str) -> &'static str {

@@ -128,7 +128,17 @@ impl Worker {
     /// Run `steps` training steps, each timed until its results are ready (or, pipelined, all of them back to
     /// back until the last one's results are ready; every step then gets the mean).
     pub fn run(&mut self, steps: usize, pipelined: bool) -> BenchResult<StepRun> {
-        let r = self.request(json!({"cmd": "run", "steps": steps, "pipelined": pipelined}))?;
+        self.run_program(steps, pipelined, false)
+    }
+
+    /// As [`Self::run`], with a program that does nothing but take the step's arguments (donated as the step
+    /// donates them) and pass them through: the framework's dispatch cost alone (JAX only).
+    pub fn run_empty(&mut self, steps: usize, pipelined: bool) -> BenchResult<StepRun> {
+        self.run_program(steps, pipelined, true)
+    }
+
+    fn run_program(&mut self, steps: usize, pipelined: bool, empty: bool) -> BenchResult<StepRun> {
+        let r = self.request(json!({"cmd": "run", "steps": steps, "pipelined": pipelined, "empty": empty}))?;
         let floats = |v: &Value| -> Vec<f64> {
             v.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
         };

@@ -71,6 +71,23 @@ fn lazuli_and_jax_losses_agree_on_every_workload() {
     }
 }
 
+/// The dispatch-only measurement runs an empty program: it passes the donated weights through unchanged, so the
+/// training steps around it continue as if it had not run.
+#[test]
+fn the_empty_program_leaves_the_weights_alone() {
+    let env = Env::new("empty");
+    let w = Workload::mlp_tiny();
+    let (_, weights) = env.lazuli(&w);
+    let straight = env.jax(&w, &weights);
+    let mut jax = worker::Worker::start(&env.python, &env.script, "jax").expect("starting the JAX worker");
+    jax.setup(&w, &weights).expect("JAX setup");
+    let first = jax.run(2, false).expect("JAX steps").losses;
+    let empty = jax.run_empty(3, false).expect("empty program").losses;
+    assert_eq!(empty, vec![0.0; 3], "the empty program's results");
+    let rest = jax.run(STEPS - 2, false).expect("JAX steps").losses;
+    assert_eq!([first, rest].concat(), straight, "training around the empty program");
+}
+
 /// The comparison notices a small difference in the optimizer: JAX with a 5% larger learning rate disagrees.
 #[test]
 fn a_different_learning_rate_is_detected() {
