@@ -18,7 +18,6 @@ use crate::emit::LowerCx;
 use crate::op::{Op, OpRules};
 use crate::ops::composite;
 use crate::ops::elementwise::{Binary, BinaryKind, Unary, UnaryKind};
-use crate::ops::layout::BroadcastInDim;
 
 /// A value inside an expression: operand `i`, or the result of step `i`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,6 +115,13 @@ impl Step {
 
 impl Fused {
     /// Run the steps over `args` (operands already broadcast to one shape): each step's value from `apply`.
+    /// The steps as separate ops on `b`, rank-0 operands broadcast to the result's `dims`: the lowering (each
+    /// step through its own op's lowering) and, taped, the gradient.
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V], dims: &[usize]) -> B::V {
+        let args: Vec<_> = x.iter().map(|a| b.broadcast(a, dims, &[])).collect();
+        self.run(&args, |op, ins| b.op(op.clone(), ins)).pop().expect("at least one step")
+    }
+
     fn run<V>(&self, args: &[V], mut apply: impl FnMut(&Op, &[&V]) -> V) -> Vec<V> {
         let mut vals: Vec<V> = Vec::with_capacity(self.steps.len());
         for s in self.steps.iter() {
@@ -162,27 +168,8 @@ impl OpRules for Fused {
         }
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
-        let out = cx.out_ty().clone();
-        let args: Vec<(String, TensorType)> = (0..cx.num_args())
-            .map(|i| {
-                let (name, ty) = (cx.arg(i).to_string(), cx.arg_ty(i).clone());
-                if ty.rank() == 0 && out.rank() > 0 {
-                    let full = TensorType::new(ty.dtype, out.dims.clone());
-                    let b = Op::BroadcastInDim(BroadcastInDim { dims: out.dims.to_vec(), map: vec![] });
-                    (cx.lower_op(&b, vec![(name, &ty)], &full), full)
-                } else {
-                    (name, ty)
-                }
-            })
-            .collect();
-        // Every step's result has the result's shape; its dtype is the step's own (a comparison would be bool).
-        let vals = self.run(&args, |op, ins| {
-            let tys: Vec<&TensorType> = ins.iter().map(|a| &a.1).collect();
-            let ty = op.infer(&tys).expect("checked when recorded");
-            let name = cx.lower_op(op, ins.iter().map(|a| (a.0.clone(), &a.1)).collect(), &ty);
-            (name, ty)
-        });
-        vals.last().expect("at least one step").0.clone()
+        let dims = cx.out_ty().dims.clone();
+        composite::lower(cx, |b, x| self.expand(b, x, &dims))
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let shape = IxDyn(&out.dims);
@@ -193,12 +180,9 @@ impl OpRules for Fused {
         vals.last().expect("at least one step").clone()
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
-        // Record the expression unfused (rank-0 operands broadcast) and run each step's own rule backwards.
+        // Record the expression unfused and run each step's own rule backwards.
         let dims = b.ty(g).dims.clone();
-        composite::vjp(b, x, g, |t, x| {
-            let args: Vec<_> = x.iter().map(|a| t.broadcast(a, &dims, &[])).collect();
-            self.run(&args, |op, ins| t.op(op.clone(), ins)).pop().expect("at least one step")
-        })
+        composite::vjp(b, x, g, |t, x| self.expand(t, x, &dims))
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
         crate::shard::elementwise(x, out)
