@@ -18,7 +18,9 @@
 #![forbid(unsafe_code)]
 
 /// Recording allocates many small nodes per step; mimalloc serves them much faster than glibc's malloc. Feature
-/// `mimalloc` (on by default); turn it off to set a global allocator of your own.
+/// `mimalloc` (on by default); turn it off to set a global allocator of your own. Feature `malloc-override` (on by
+/// default) makes mimalloc C's `malloc` for the whole process too, so the PJRT plugin's allocations (each execution
+/// allocates its results and bookkeeping) are served by it as well.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
