@@ -38,14 +38,18 @@ def adamw_scalars(opt, t):
 def timed_steps(steps, pipelined, prepare, launch, wait):
     """Run `steps` steps: `prepare()` (untimed: batch choice, host scalars), `launch(prepared)` -> loss, and
     `wait(loss)` until it is ready. Each step is timed until its loss is ready, or, pipelined, all of them back to
-    back until the last is ready, every step getting the mean (lazuli's harness does the same)."""
+    back until the last is ready, every step getting the mean (lazuli's harness does the same). With
+    LAZULI_BENCH_READ_LOSS=1 every step reads its loss as a Python float instead, as a loop that logs it does."""
+    read = os.environ.get("LAZULI_BENCH_READ_LOSS") == "1"
     times, losses = [], []
     start = time.perf_counter()
     for _ in range(steps):
         prepared = prepare()
         t0 = time.perf_counter()
         loss = launch(prepared)
-        if not pipelined:
+        if read:
+            float(loss)
+        elif not pipelined:
             wait(loss)
         times.append(time.perf_counter() - t0)
         losses.append(loss)

@@ -5,6 +5,8 @@
 //!   lazuli-bench gpu --python python3                          # GPT-2 small on a GPU: lazuli, JAX, torch.compile
 //!
 //! The first `cpu` run makes the comparison environment (bench/.venv: jax[cpu], numpy, safetensors from PyPI).
+//! Modes: `LAZULI_BENCH_JAX_SYNC=1` (JAX's CPU client dispatches synchronously, as lazuli's does);
+//! `LAZULI_BENCH_READ_LOSS=1` (every step reads its loss to the host, as a loop that logs it does).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -154,6 +156,13 @@ fn header(command: &str, python_versions: &str) -> BenchResult<()> {
     println!("- machine: {}", machine());
     println!("- lazuli {} ({}), {}", env!("CARGO_PKG_VERSION"), rustc_version(), lazuli::runtime_info()?);
     println!("- comparison: {python_versions}");
+    let knobs: Vec<String> = ["LAZULI_BENCH_JAX_SYNC", "LAZULI_BENCH_READ_LOSS"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))
+        .collect();
+    if !knobs.is_empty() {
+        println!("- modes: {}", knobs.join(", "));
+    }
     Ok(())
 }
 

@@ -273,13 +273,17 @@ impl LazuliRun {
         let mut record = Vec::with_capacity(steps);
         // Per step, in seconds: execute (launch), sync before arguments, uploads, after launch, wait.
         let mut phases: [Vec<f64>; 5] = Default::default();
+        // As a loop that logs its loss does: every step reads it to the host (`item()`), on every side.
+        let read = std::env::var("LAZULI_BENCH_READ_LOSS").is_ok_and(|v| v == "1");
         let before = lazuli::metrics();
         let start = Instant::now();
         for _ in 0..steps {
             let m0 = lazuli::metrics();
             let t0 = Instant::now();
             let (loss, recorded) = self.step()?;
-            if !pipelined {
+            if read {
+                loss.item::<f32>()?;
+            } else if !pipelined {
                 lazuli::wait()?;
             }
             times.push(t0.elapsed().as_secs_f64());

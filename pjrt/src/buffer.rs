@@ -64,8 +64,15 @@ impl Buffer {
 
     /// Copies the array to the host: dense, row-major, `element_count() * byte_size()` bytes.
     pub fn to_host(&self) -> Result<Vec<u8>> {
-        let bytes = self.client.api().buffer_to_host(self.handle, self.dims.len())?;
         let expected = byte_len(self.ty, &self.dims)?;
+        // Scalars and vectors in host memory are read where they lie: one layout only, and no worker-thread
+        // round trip (reading a loss on the 2-core CPU machine: about 1 µs instead of about 90).
+        if self.dims.len() <= 1 && self.on_device_size()? == expected {
+            if let Some(bytes) = self.client.api().buffer_read_in_place(self.handle, expected)? {
+                return Ok(bytes);
+            }
+        }
+        let bytes = self.client.api().buffer_to_host(self.handle, self.dims.len())?;
         if bytes.len() != expected {
             return Err(Error::Pjrt {
                 call: "PJRT_Buffer_ToHostBuffer",

@@ -259,6 +259,9 @@ pub(crate) union MemoryLayoutUnion {
     pub tiled: std::mem::ManuallyDrop<PJRT_Buffer_MemoryLayout_Tiled>,
 }
 pjrt_args!(PJRT_Buffer_MemoryLayout { layout: MemoryLayoutUnion, type_: CEnum });
+pjrt_args!(PJRT_Buffer_IsOnCpu_Args { buffer: *mut PJRT_Buffer, is_on_cpu: bool });
+pjrt_args!(PJRT_Buffer_ReadyEvent_Args { buffer: *mut PJRT_Buffer, event: *mut PJRT_Event });
+pjrt_args!(PJRT_Buffer_UnsafePointer_Args { buffer: *mut PJRT_Buffer, buffer_pointer: usize });
 pjrt_args!(PJRT_Buffer_ToHostBuffer_Args {
     src: *mut PJRT_Buffer,
     host_layout: *mut PJRT_Buffer_MemoryLayout,
@@ -360,6 +363,9 @@ pub(crate) struct PJRT_Api {
     _PJRT_Buffer_IsDeleted: Unused,
     _PJRT_Buffer_CopyToDevice: Unused,
     pub PJRT_Buffer_ToHostBuffer: Entry<PJRT_Buffer_ToHostBuffer_Args>,
+    pub PJRT_Buffer_IsOnCpu: Entry<PJRT_Buffer_IsOnCpu_Args>,
+    pub PJRT_Buffer_ReadyEvent: Entry<PJRT_Buffer_ReadyEvent_Args>,
+    pub PJRT_Buffer_UnsafePointer: Entry<PJRT_Buffer_UnsafePointer_Args>,
 }
 
 #[cfg(test)]
@@ -411,6 +417,9 @@ mod tests {
             (PJRT_Buffer_MemoryLayout_Tiled::STRUCT_SIZE, 56),
             (PJRT_Buffer_MemoryLayout::STRUCT_SIZE, 76),
             (PJRT_Buffer_ToHostBuffer_Args::STRUCT_SIZE, 56),
+            (PJRT_Buffer_IsOnCpu_Args::STRUCT_SIZE, 25),
+            (PJRT_Buffer_ReadyEvent_Args::STRUCT_SIZE, 32),
+            (PJRT_Buffer_UnsafePointer_Args::STRUCT_SIZE, 32),
         ];
         for (i, (ours, header)) in sizes.iter().enumerate() {
             assert_eq!(ours, header, "entry {i}");
@@ -427,5 +436,6 @@ mod tests {
         assert_eq!(offset_of!(PJRT_Api, PJRT_Executable_DeserializeAndLoad), 488);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_Destroy), 504);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_ToHostBuffer), 600);
+        assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_UnsafePointer), 624);
     }
 }
