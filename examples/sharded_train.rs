@@ -146,7 +146,9 @@ fn main() -> lazuli::Result<()> {
     log.finish();
     report_throughput(&args, &cfg, &info.platform, log.median_step_ms(), p.chosen().memory_bytes);
     println!("plan: {} on {mesh}; unigram entropy {entropy:.3} nats", p.chosen().name);
-    println!("final loss: {last}");
+    if args.steps > 0 {
+        println!("final loss: {last}");
+    }
     Ok(())
 }
 

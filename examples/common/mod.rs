@@ -75,6 +75,10 @@ impl StepLog {
     /// Print the program accounting; returns whether every step after the first was one cached program.
     pub fn finish(&self) -> bool {
         self.bar.finish_and_clear();
+        if self.steps == 0 {
+            println!("no steps run");
+            return true;
+        }
         let m = lazuli::metrics();
         println!("steps: {}, median step: {:.3} ms", self.steps, self.median_step_ms());
         println!("runtime: {m}");
