@@ -208,6 +208,10 @@ class JaxSide:
         self.batch, self.t = batch, t
         return out
 
+    def peak_bytes(self):
+        stats = self.device.memory_stats()  # None on the CPU
+        return stats.get("peak_bytes_in_use") if stats else None
+
     def versions(self):
         import jaxlib
 
@@ -309,6 +313,9 @@ class TorchSide:
 
         return timed_steps(steps, pipelined, prepare, launch, lambda _: self.sync())
 
+    def peak_bytes(self):
+        return self.torch.cuda.max_memory_allocated() if self.dev.type == "cuda" else None
+
     def versions(self):
         dev = self.torch.cuda.get_device_name() if self.dev.type == "cuda" else "cpu"
         return {"framework": "torch " + self.torch.__version__ + " (torch.compile)", "device": dev}
@@ -331,7 +338,7 @@ def main():
             elif msg["cmd"] == "run":
                 kw = {"empty": True} if msg.get("empty") else {}
                 times, losses = side.run(int(msg["steps"]), bool(msg.get("pipelined", False)), **kw)
-                reply({"ok": True, "times": times, "losses": losses})
+                reply({"ok": True, "times": times, "losses": losses, "peak_bytes": side.peak_bytes()})
             elif msg["cmd"] == "quit":
                 reply({"ok": True})
                 return

@@ -67,6 +67,8 @@ pub struct Side {
     pub error: Option<String>,
     /// The same calls with an empty program (the step's arguments and donation): dispatch alone (JAX, CPU rows).
     pub empty_program: Spread,
+    /// The device allocator's peak after the timed steps, where reported (GPU rows).
+    pub peak_bytes: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -167,16 +169,19 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
     let rest = lz.run(opts.warmup.saturating_sub(1), false)?;
     let mut reps = Vec::new();
     let mut splits = Vec::new();
+    let mut peak_bytes = None;
     for _ in 0..opts.reps {
         let r: StepRun = lz.run(steps, opts.pipelined)?;
         reps.push(r.times);
         splits.extend(r.split);
+        peak_bytes = r.peak_bytes;
     }
     let s = split_median(&splits).unwrap_or_default();
     let warmup_losses = [first.losses, rest.losses].concat();
     Ok(json!({
         "init_s": init_s, "first_s": first_s, "warmup_losses": warmup_losses,
         "reps": reps, "params": lz.num_params(), "runtime": lazuli::runtime_info()?.to_string(),
+        "peak_bytes": peak_bytes,
         "split": {"record": s.record, "execute": s.execute, "programs_per_step": s.programs_per_step,
                   "compiles": s.compiles, "boundary": s.boundary, "upload": s.upload, "finish": s.finish, "wait": s.wait},
     }))
@@ -233,6 +238,7 @@ pub fn gpu_row(
         }),
         info: SetupInfo { framework: v["runtime"].as_str().unwrap_or("?").into(), ..SetupInfo::default() },
         error: v["error"].as_str().map(String::from),
+        peak_bytes: v["peak_bytes"].as_f64(),
         ..Side::default()
     };
     for rep in v["reps"].as_array().into_iter().flatten() {
@@ -275,7 +281,9 @@ fn python_side(
     side.first_s = if fw == "jax" { side.info.compile_s + first.times[0] } else { t0.elapsed().as_secs_f64() };
     side.warmup_losses = [first.losses, worker.run(opts.warmup.saturating_sub(1), false)?.losses].concat();
     for _ in 0..opts.reps {
-        side.steps.push(median(&worker.run(steps, opts.pipelined)?.times));
+        let r = worker.run(steps, opts.pipelined)?;
+        side.steps.push(median(&r.times));
+        side.peak_bytes = r.peak_bytes;
     }
     Ok(())
 }

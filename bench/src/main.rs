@@ -371,12 +371,15 @@ fn gpu(common: &Common, frameworks: &[String], tiny: bool, device: &str) -> Benc
         w.name,
         flops / 1e9
     );
-    println!("\n| framework | ms/step median (min–max) | tokens/s | MFU | vs JAX | first step incl. compile | losses agree with lazuli |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "\n| framework | ms/step median (min–max) | tokens/s | MFU | vs JAX | first step incl. compile | peak memory | \
+         losses agree with lazuli |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     let jax = row.others.iter().find(|o| o.name == "JAX jit").map(|o| o.steps.median());
     for side in std::iter::once(&row.lazuli).chain(&row.others) {
         if let Some(e) = &side.error {
-            println!("| {} | failed: {e} | | | | | |", side.name);
+            println!("| {} | failed: {e} | | | | | | |", side.name);
             continue;
         }
         let m = side.steps.median();
@@ -393,13 +396,14 @@ fn gpu(common: &Common, frameworks: &[String], tiny: bool, device: &str) -> Benc
             }
         };
         println!(
-            "| {} | {} | {:.0} | {:.1}% | {} | {} | {agree} |",
+            "| {} | {} | {:.0} | {:.1}% | {} | {} | {} | {agree} |",
             side.name,
             side.steps.show(),
             tokens / m,
             100.0 * flops / m / 989e12,
             jax.map(|j| format!("{:.2}", m / j)).unwrap_or_default(),
-            duration(side.first_s)
+            duration(side.first_s),
+            side.peak_bytes.map_or("–".to_string(), |b| format!("{:.2} GiB", b / (1u64 << 30) as f64))
         );
     }
     if let Some(s) = row.lazuli.split {

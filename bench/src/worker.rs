@@ -36,6 +36,8 @@ pub struct StepRun {
     pub losses: Vec<f64>,
     /// lazuli only: where its step time goes.
     pub split: Option<Split>,
+    /// The device allocator's peak so far, where the framework reports one (GPUs).
+    pub peak_bytes: Option<f64>,
 }
 
 /// Where a lazuli step's time goes (seconds per step).
@@ -142,7 +144,12 @@ impl Worker {
         let floats = |v: &Value| -> Vec<f64> {
             v.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
         };
-        Ok(StepRun { times: floats(&r["times"]), losses: floats(&r["losses"]), split: None })
+        Ok(StepRun {
+            times: floats(&r["times"]),
+            losses: floats(&r["losses"]),
+            split: None,
+            peak_bytes: r["peak_bytes"].as_f64(),
+        })
     }
 }
 

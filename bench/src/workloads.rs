@@ -314,7 +314,8 @@ impl LazuliRun {
             programs_per_step: m.executions as f64 / steps.max(1) as f64,
             compiles: m.compiles,
         };
-        Ok(StepRun { times, losses, split: Some(split) })
+        let peak_bytes = lazuli::memory_stats().ok().and_then(|s| s.first()?.peak_bytes_in_use).map(|b| b as f64);
+        Ok(StepRun { times, losses, split: Some(split), peak_bytes })
     }
 
     /// Number of parameter elements.
