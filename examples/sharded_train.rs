@@ -88,7 +88,7 @@ fn main() -> lazuli::Result<()> {
         dropout: 0.0,
         dtype: DType::F32,
     };
-    let model = Gpt::new(&mut HostRng::new(1), cfg.clone());
+    let model = Gpt::new(&mut HostRng::new(1), cfg);
     let (b, t) = (args.batch, args.block);
     let batch = |step: u64| {
         let mut rng = HostRng::new(30_000 + step);
@@ -144,7 +144,7 @@ fn main() -> lazuli::Result<()> {
         log.step_done(step, Some(last));
     }
     log.finish();
-    report_throughput(&args, &cfg, &info.platform, log.median_step_ms(), p.chosen().memory_bytes);
+    report_throughput(&args, &model.config, &info.platform, log.median_step_ms(), p.chosen().memory_bytes);
     println!("plan: {} on {mesh}; unigram entropy {entropy:.3} nats", p.chosen().name);
     if args.steps > 0 {
         println!("final loss: {last}");

@@ -200,12 +200,11 @@ class JaxSide:
             self.params, self.state, loss = fn(self.params, self.state, self.xs[i], self.ys[i], s)
             return loss
 
-        if not empty:
-            return timed_steps(steps, pipelined, prepare, launch, lambda loss: loss.block_until_ready())
-        # Training resumes where it was: the empty calls do not use up batches or optimizer steps.
         batch, t = self.batch, self.t
         out = timed_steps(steps, pipelined, prepare, launch, lambda loss: loss.block_until_ready())
-        self.batch, self.t = batch, t
+        if empty:
+            # Training resumes where it was: the empty calls do not use up batches or optimizer steps.
+            self.batch, self.t = batch, t
         return out
 
     def peak_bytes(self):
