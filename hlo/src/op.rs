@@ -8,7 +8,7 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
-    activation::{Gelu, GeluGrad, Softmax, SoftmaxGrad},
+    activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad},
     conv::Convolution,
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
@@ -16,6 +16,7 @@ use crate::ops::{
     gather::{ScatterAdd, Take},
     layout::{BroadcastInDim, Reshape, Transpose},
     leaf::{Constant, Iota, Parameter},
+    loss::{CrossEntropy, CrossEntropyGrad},
     norm::{Normalize, NormalizeGrad},
     random::{BitcastConvert, RngBitGenerator},
     reduce::Reduce,
@@ -85,6 +86,10 @@ pub enum Op {
     GeluGrad(GeluGrad),
     Softmax(Softmax),
     SoftmaxGrad(SoftmaxGrad),
+    Relu(Relu),
+    ReluGrad(ReluGrad),
+    CrossEntropy(CrossEntropy),
+    CrossEntropyGrad(CrossEntropyGrad),
 }
 
 macro_rules! dispatch {
@@ -125,6 +130,10 @@ macro_rules! dispatch {
             Op::GeluGrad($o) => $e,
             Op::Softmax($o) => $e,
             Op::SoftmaxGrad($o) => $e,
+            Op::Relu($o) => $e,
+            Op::ReluGrad($o) => $e,
+            Op::CrossEntropy($o) => $e,
+            Op::CrossEntropyGrad($o) => $e,
         }
     };
 }
@@ -161,6 +170,7 @@ impl Op {
             Op::Normalize(_) => Normalize::FULL_RESULTS,
             Op::Gelu(_) => Gelu::FULL_RESULTS,
             Op::Softmax(_) => Softmax::FULL_RESULTS,
+            Op::CrossEntropy(_) => CrossEntropy::FULL_RESULTS,
             _ => 1,
         }
     }

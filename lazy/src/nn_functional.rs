@@ -7,7 +7,7 @@
 
 use lazuli_hlo::{BinaryKind, CompareDir, Loc, Op, Reduce, ReduceKind, UnaryKind};
 
-use crate::array_ops::{constant_like, one_hot_mask};
+use crate::array_ops::constant_like;
 use crate::autodiff::no_grad;
 use crate::record::{apply, axis, fail};
 use crate::tensor::Tensor;
@@ -67,10 +67,7 @@ impl Tensor {
     /// `max(x, 0)`; the gradient at 0 is 0.
     #[track_caller]
     pub fn relu(&self) -> Tensor {
-        let loc = Loc::caller();
-        let zeros = constant_like(0.0, self.dtype(), self.dims(), loc);
-        let positive = compare(self, &zeros, CompareDir::Gt, loc);
-        apply(Op::Select(lazuli_hlo::Select), &[&positive, self, &zeros], loc)
+        apply(Op::Relu(lazuli_hlo::Relu), &[self], Loc::caller())
     }
 
     /// GELU, tanh form: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
@@ -153,12 +150,8 @@ impl Tensor {
         if !targets.dtype().is_int() {
             fail(loc, format!("cross_entropy: targets must have an integer dtype, got {}", targets.tensor_type()));
         }
-        let lsm = self.log_softmax(1);
-        let hot = one_hot_mask(targets, self.dims()[1], loc);
-        let zeros = constant_like(0.0, self.dtype(), self.dims(), loc);
-        let picked = apply(Op::Select(lazuli_hlo::Select), &[&hot, &lsm, &zeros], loc);
-        let total = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0, 1], keep: false }), &[&picked], loc);
-        with_constant(&total, BinaryKind::Div, -(self.dims()[0] as f64), loc)
+        // One node (and one for its gradient); see `lazuli_hlo::CrossEntropy`.
+        apply(Op::CrossEntropy(lazuli_hlo::CrossEntropy), &[self, targets], loc)
     }
 
     /// Mean squared error against `target` of the same type.

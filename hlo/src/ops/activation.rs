@@ -1,5 +1,5 @@
-//! Activations a transformer records every step, as composites (`composite.rs`): GELU (tanh form), and softmax
-//! with its log form (the loss). Each is one node forward and one node for its gradient, where the recorded
+//! Activations recorded every step, as composites (`composite.rs`): ReLU, GELU (tanh form), and softmax with its
+//! log form. Each is one node forward and one node for its gradient, where the recorded
 //! formulas were about ten nodes forward and fifteen to twenty backward. The formulas below are their only
 //! definition; the compiled program is what the recorded ops gave (XLA fuses the expansion the same way).
 
@@ -90,6 +90,62 @@ impl OpRules for GeluGrad {
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
         same_float("gelu_grad", operands, 2)
+    }
+    expanded!(taped);
+}
+
+/// `max(x, 0)` (any numeric type), with gradient 0 at 0: one node, where a comparison and a selection were two (and their
+/// gradient one more).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Relu;
+
+/// `x > 0`.
+fn positive<B: Builder>(b: &mut B, x: &B::V) -> B::V {
+    let zero = b.full_like(x, 0.0);
+    b.compare(CompareDir::Gt, x, &zero)
+}
+
+impl Relu {
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let p = positive(b, &x[0]);
+        b.mask(&p, &x[0])
+    }
+}
+
+impl OpRules for Relu {
+    fn name(&self) -> &'static str {
+        "relu"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        crate::op::arity("relu", operands, 1)?;
+        match operands[0] {
+            t if t.dtype == crate::DType::Bool => Err(format!("relu needs a numeric operand, got {t}")),
+            t => Ok(t.clone()),
+        }
+    }
+    expanded!();
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        vec![Some(b.op(Op::ReluGrad(ReluGrad), &[&x[0], g]))]
+    }
+}
+
+/// The gradient of [`Relu`] at `x` for the cotangent `g`: `g` where `x > 0`, else 0.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ReluGrad;
+
+impl ReluGrad {
+    fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
+        let p = positive(b, &x[0]);
+        b.mask(&p, &x[1])
+    }
+}
+
+impl OpRules for ReluGrad {
+    fn name(&self) -> &'static str {
+        "relu_grad"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        same_float("relu_grad", operands, 2)
     }
     expanded!(taped);
 }
@@ -215,6 +271,8 @@ mod tests {
     #[test]
     fn values_match_the_formulas() {
         let x = data(&[3, 4], 1);
+        let relu = eval(&Op::Relu(Relu), &[&x]);
+        assert!(relu.iter().zip(&x).all(|(r, v)| *r == v.max(0.0)), "{relu} vs max({x}, 0)");
         let gelu = eval(&Op::Gelu(Gelu), &[&x]);
         let want = x.mapv(|v| 0.5 * v * (1.0 + (GELU_K * (v + GELU_A * v * v * v)).tanh()));
         assert!(gelu.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-12), "{gelu} vs {want}");
@@ -238,6 +296,8 @@ mod tests {
         let x = data(&[3, 5], 2);
         check_vjp(&Op::Gelu(Gelu), std::slice::from_ref(&x));
         check_vjp(&Op::GeluGrad(GeluGrad), &[x.clone(), data(&[3, 5], 3)]);
+        // (ReluGrad's own derivative in `x` is zero almost everywhere: its taped gradient records none.)
+        check_vjp(&Op::Relu(Relu), std::slice::from_ref(&x));
         for axis in 0..2 {
             for log in [false, true] {
                 let sm = Softmax { axis, log };

@@ -184,10 +184,19 @@ pub(crate) use expanded;
 /// in f64, for the objective `sum(op(x) * w)` with fixed pseudo-random `w`.
 #[cfg(test)]
 pub(crate) fn check_vjp(op: &Op, inputs: &[ArrayD<f64>]) {
+    check_vjp_but(op, inputs, &[]);
+}
+
+/// [`check_vjp`] where the operands at `ints` hold integers (class ids) and must have no cotangent. They are
+/// typed as integers; every other operand is f64.
+#[cfg(test)]
+pub(crate) fn check_vjp_but(op: &Op, inputs: &[ArrayD<f64>], ints: &[usize]) {
     use crate::dtype::DType;
+    let ty_of =
+        |i: usize, a: &ArrayD<f64>| TensorType::new(if ints.contains(&i) { DType::I32 } else { DType::F64 }, a.shape());
     let ty = |a: &ArrayD<f64>| TensorType::new(DType::F64, a.shape());
     let eval = |xs: &[ArrayD<f64>]| {
-        let tys: Vec<TensorType> = xs.iter().map(ty).collect();
+        let tys: Vec<TensorType> = xs.iter().enumerate().map(|(i, a)| ty_of(i, a)).collect();
         let out = op.infer(&tys.iter().collect::<Vec<_>>()).expect("well-typed");
         op.reference(&out, &xs.iter().collect::<Vec<_>>())
     };
@@ -196,17 +205,22 @@ pub(crate) fn check_vjp(op: &Op, inputs: &[ArrayD<f64>]) {
         ArrayD::from_shape_vec(out.raw_dim(), (0..out.len()).map(|k| ((k * 7 + 3) % 11) as f64 / 5.0 - 1.0).collect())
             .expect("same element count");
     let objective = |xs: &[ArrayD<f64>]| (eval(xs) * &w).sum();
-    let x: Vec<(ArrayD<f64>, TensorType)> = inputs.iter().map(|a| (a.clone(), ty(a))).collect();
+    let x: Vec<(ArrayD<f64>, TensorType)> = inputs.iter().enumerate().map(|(i, a)| (a.clone(), ty_of(i, a))).collect();
     let grads = op.vjp(&mut Evaluating, &x, &(out.clone(), ty(&out)), &(w.clone(), ty(&w)));
+    assert_eq!(grads.len(), inputs.len(), "{}: one cotangent slot per operand", op.name());
     for (i, g) in grads.iter().enumerate() {
-        let g = &g.as_ref().expect("a float operand has a cotangent").0;
+        if ints.contains(&i) {
+            assert!(g.is_none(), "{}: operand {i} holds integers and has no cotangent", op.name());
+            continue;
+        }
+        let g = g.as_ref().expect("a float operand has a cotangent").0.as_standard_layout().into_owned();
         for k in 0..inputs[i].len() {
             let (mut plus, mut minus) = (inputs.to_vec(), inputs.to_vec());
             let eps = 1e-6;
             plus[i].as_slice_mut().expect("standard layout")[k] += eps;
             minus[i].as_slice_mut().expect("standard layout")[k] -= eps;
             let fd = (objective(&plus) - objective(&minus)) / (2.0 * eps);
-            let got = g.as_slice().expect("standard layout")[k];
+            let got = g.as_slice().expect("made standard above")[k];
             assert!(
                 (got - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
                 "{}: d/d operand {i}[{k}]: vjp {got} vs {fd}",

@@ -34,8 +34,9 @@ fn dims_list(name: &str, v: &[usize]) -> Option<String> {
 
 impl DotGeneral {
     /// The cotangent of one side: contract `g` with the other side over the other side's free dimensions, then
-    /// permute the result (batch, this side's free dims, this side's contracting dims in the other side's order)
-    /// back into this side's dimension order.
+    /// permute the result back into this side's dimension order. The product is taken as `(g, other)` or as
+    /// `(other, g)`, whichever leaves this side's dimensions in order, so the usual `x·W` records no transpose
+    /// for either gradient (one node each, where a transpose made the weight's two).
     fn side_vjp<B: Builder>(
         b: &mut B,
         g: &B::V,
@@ -47,27 +48,47 @@ impl DotGeneral {
         let nb = this_batch.len();
         let this_free = Self::free(this_rank, this_batch, this_contract);
         let other_free = Self::free(other_rank, other_batch, other_contract);
-        let dot = DotGeneral {
-            lhs_batch: (0..nb).collect(),
-            rhs_batch: other_batch.to_vec(),
-            lhs_contract: g_other_free.collect(),
-            rhs_contract: other_free,
-        };
-        let r = b.op(Op::DotGeneral(dot), &[g, other]);
-        // The result is [batch, this side's free dims, other side's contracting dims sorted by index].
+        // The product's dimensions: batch, then the first operand's remaining ones, then the second's. `g`'s
+        // remaining ones are this side's free dims; the other side's are its contracting dims in index order,
+        // each standing for the dimension of this side it contracted with.
         let mut sorted = other_contract.to_vec();
         sorted.sort_unstable();
-        let mut pos = vec![0usize; this_rank];
-        for (i, &d) in this_batch.iter().enumerate() {
-            pos[d] = i;
-        }
-        for (i, &d) in this_free.iter().enumerate() {
-            pos[d] = nb + i;
-        }
-        for (j, &d) in this_contract.iter().enumerate() {
-            let k = sorted.iter().position(|&s| s == other_contract[j]).expect("a contracting dimension");
-            pos[d] = nb + this_free.len() + k;
-        }
+        let layout = |g_first: bool| {
+            let mut pos = vec![0usize; this_rank];
+            for (i, &d) in this_batch.iter().enumerate() {
+                pos[d] = i;
+            }
+            let (free_at, contract_at) = if g_first { (nb, nb + this_free.len()) } else { (nb + sorted.len(), nb) };
+            for (i, &d) in this_free.iter().enumerate() {
+                pos[d] = free_at + i;
+            }
+            for (j, &d) in this_contract.iter().enumerate() {
+                pos[d] = contract_at + sorted.iter().position(|&s| s == other_contract[j]).expect("a contracting dim");
+            }
+            pos
+        };
+        let in_order = |pos: &[usize]| pos.iter().enumerate().all(|(i, &p)| i == p);
+        let (pos_g, pos_other) = (layout(true), layout(false));
+        let g_first = in_order(&pos_g) || !in_order(&pos_other);
+        let g_dims = (0..nb).collect();
+        let (dot, operands, pos) = if g_first {
+            let dot = DotGeneral {
+                lhs_batch: g_dims,
+                rhs_batch: other_batch.to_vec(),
+                lhs_contract: g_other_free.collect(),
+                rhs_contract: other_free,
+            };
+            (dot, [g, other], pos_g)
+        } else {
+            let dot = DotGeneral {
+                lhs_batch: other_batch.to_vec(),
+                rhs_batch: g_dims,
+                lhs_contract: other_free,
+                rhs_contract: g_other_free.collect(),
+            };
+            (dot, [other, g], pos_other)
+        };
+        let r = b.op(Op::DotGeneral(dot), &operands);
         b.transpose(&r, &pos)
     }
 }
@@ -187,5 +208,52 @@ impl OpRules for DotGeneral {
             return None;
         }
         crate::shard::dedupe(out_d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::composite::{check_vjp, data};
+
+    fn dot(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> Op {
+        Op::DotGeneral(DotGeneral {
+            lhs_batch: lb.to_vec(),
+            rhs_batch: rb.to_vec(),
+            lhs_contract: lc.to_vec(),
+            rhs_contract: rc.to_vec(),
+        })
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        // x·W, x·Wᵀ, xᵀ·W, a batched product, and two contracting dimensions paired out of order.
+        check_vjp(&dot(&[], &[], &[1], &[0]), &[data(&[3, 4], 1), data(&[4, 5], 2)]);
+        check_vjp(&dot(&[], &[], &[1], &[1]), &[data(&[3, 4], 3), data(&[5, 4], 4)]);
+        check_vjp(&dot(&[], &[], &[0], &[0]), &[data(&[4, 3], 5), data(&[4, 5], 6)]);
+        check_vjp(&dot(&[0], &[0], &[2], &[1]), &[data(&[2, 3, 4], 7), data(&[2, 4, 5], 8)]);
+        check_vjp(&dot(&[], &[], &[1, 2], &[2, 0]), &[data(&[3, 4, 2], 9), data(&[2, 5, 4], 10)]);
+    }
+
+    /// The gradients of `x·W` are one product each, with no transpose after them.
+    #[test]
+    fn the_usual_product_records_no_transpose() {
+        struct Count(Vec<&'static str>);
+        impl Builder for Count {
+            type V = TensorType;
+            fn ty<'a>(&'a self, v: &'a TensorType) -> &'a TensorType {
+                v
+            }
+            fn op(&mut self, op: Op, operands: &[&TensorType]) -> TensorType {
+                self.0.push(op.name());
+                op.infer(operands).expect("well-typed")
+            }
+        }
+        let (x, w) = (TensorType::new(DType::F32, vec![8, 32]), TensorType::new(DType::F32, vec![32, 64]));
+        let g = TensorType::new(DType::F32, vec![8, 64]);
+        let mut b = Count(Vec::new());
+        let grads = dot(&[], &[], &[1], &[0]).vjp(&mut b, &[x.clone(), w.clone()], &g, &g);
+        assert_eq!(b.0, ["dot_general", "dot_general"]);
+        assert_eq!(grads.into_iter().map(|v| v.expect("both sides")).collect::<Vec<_>>(), [x, w]);
     }
 }

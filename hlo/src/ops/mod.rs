@@ -8,6 +8,7 @@ pub mod fused;
 pub mod gather;
 pub mod layout;
 pub mod leaf;
+pub mod loss;
 pub mod norm;
 pub mod random;
 pub mod reduce;

@@ -60,7 +60,7 @@ impl Activation {
     pub fn apply(self, x: &Tensor) -> Tensor {
         match self {
             Activation::Tanh => x.tanh(),
-            Activation::Relu => x.maximum(0.0),
+            Activation::Relu => x.relu(),
             Activation::Sigmoid => x.sigmoid(),
         }
     }
