@@ -206,3 +206,46 @@ fn donation_never_consumes_a_buffer_that_is_still_needed() {
     assert_eq!(next.to_vec::<f32>().unwrap(), vec![15.0; 4]);
     assert_eq!(kept.to_vec::<f32>().unwrap(), vec![5.0; 4]);
 }
+
+/// An optimizer's update is recorded at the training loop's `step()` line, for every optimizer, also behind `dyn`.
+#[test]
+fn updates_are_recorded_at_the_callers_step_line() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lin = Linear::new(&mut HostRng::new(3), 2, 2, true, DType::F32);
+    let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 3.0], &[2, 2]);
+    let mut opts: Vec<Box<dyn Optimizer>> =
+        vec![Box::new(Sgd::new(lin.named_params(), 0.1)), Box::new(AdamW::new(lin.named_params(), 0.1))];
+    for opt in &mut opts {
+        lin.forward(&x).sum_all().backward();
+        let line = line!() + 1;
+        opt.step();
+        let at = lin.weight.get().location();
+        assert_eq!((at.file, at.line), ("tests/train.rs", line), "recorded at {at}");
+        opt.zero_grad();
+    }
+}
+
+/// Batches uploaded step after step (their buffers reused once dropped) carry each step's values, also when a
+/// tensor of the batch's shape is a parameter whose buffer is donated to its update every step.
+#[test]
+fn each_steps_batch_holds_its_own_values() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = Tensor::from_slice(&[0.5f32; 6], &[2, 3]);
+    let mut w_ref = [0.5f64; 6];
+    for step in 0..6 {
+        let vals: Vec<f32> = (0..6).map(|k| (step * 10 + k) as f32).collect();
+        let x = Tensor::from_slice(&vals, &[2, 3]);
+        let kept = Tensor::from_slice(&[step as f32; 6], &[2, 3]);
+        let total = (&x * &w).sum_all();
+        w = &w - &x * 0.01;
+        lazuli::sync().unwrap();
+        let want: f64 = vals.iter().zip(&w_ref).map(|(&v, &wr)| v as f64 * wr).sum();
+        assert!((total.item::<f32>().unwrap() as f64 - want).abs() < 1e-3 * want.abs(), "step {step}");
+        for (wr, &v) in w_ref.iter_mut().zip(&vals) {
+            *wr -= v as f64 * 0.01;
+        }
+        let got = w.to_vec::<f32>().unwrap();
+        assert!(got.iter().zip(&w_ref).all(|(&g, &r)| (g as f64 - r).abs() < 1e-4), "step {step}: {got:?}");
+        assert_eq!(kept.to_vec::<f32>().unwrap(), vec![step as f32; 6], "step {step}");
+    }
+}

@@ -107,14 +107,13 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
                 leaves.push((node.clone(), Tensor::from_node(g)));
                 continue;
             }
-            let (op, x) = {
-                let state = node.lock();
-                let Some(recipe) = state.recipe.as_ref() else { continue };
-                (recipe.op.clone(), recipe.operands.clone())
-            };
             let mut b = Recorder { loc: node.loc };
-            let grads = op.vjp(&mut b, &x, node, &g);
-            for (operand, dx) in x.iter().zip(grads) {
+            // The rule runs under the node's lock (it records new nodes and never locks this one), so neither
+            // the op nor its operands are copied.
+            let state = node.lock();
+            let Some(recipe) = state.recipe.as_ref() else { continue };
+            let grads = recipe.op.vjp(&mut b, &recipe.operands, node, &g);
+            for (operand, dx) in recipe.operands.iter().zip(grads) {
                 let Some(dx) = dx else { continue };
                 if !(operand.grad_path || operand.requires_grad()) {
                     continue;

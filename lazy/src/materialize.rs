@@ -47,7 +47,10 @@ pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
 /// Copy a host leaf to the device once; later materializations reuse the buffer. Host scalars (learning rates,
 /// Adam's betas, recorded anew every step) share one device copy per dtype and value; they are never donated
 /// (`plan_donation`), so sharing is safe.
-fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
+///
+/// With `reuse` (a CPU device and no program running), an array of a batch's size overwrites the buffer of an
+/// earlier upload of its type and shape that is no longer used (`Client::buffer_from_host_reusing`).
+fn device_buffer(rt: &Runtime, node: &Node, reuse: bool) -> Result<(Arc<Buffer>, u64)> {
     type ScalarKey = (lazuli_hlo::DType, Vec<u8>);
     static SCALARS: std::sync::Mutex<Option<std::collections::HashMap<ScalarKey, Arc<Buffer>>>> =
         std::sync::Mutex::new(None);
@@ -69,7 +72,12 @@ fn device_buffer(rt: &Runtime, node: &Node) -> Result<(Arc<Buffer>, u64)> {
         }
     }
     let dims: Vec<i64> = node.ty.dims.iter().map(|&d| d as i64).collect();
-    let buf = Arc::new(rt.client.buffer_from_host(&bytes, element_type(node.ty.dtype), &dims, &rt.device)?);
+    let ty = element_type(node.ty.dtype);
+    let buf = Arc::new(if reuse && key.is_none() {
+        rt.client.buffer_from_host_reusing(&bytes, ty, &dims, &rt.device)?
+    } else {
+        rt.client.buffer_from_host(&bytes, ty, &dims, &rt.device)?
+    });
     Counters::add(&COUNTERS.bytes_to_device, bytes.len() as u64);
     state.data = Some(Data::Device(buf.clone()));
     if let Some(key) = key {
@@ -200,10 +208,11 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
     // Per device (one for an ordinary program), the argument buffers in parameter order.
     let devices = mesh.as_ref().map_or(1, |m| m.size());
     let mut args: Vec<Vec<Arc<Buffer>>> = vec![Vec::with_capacity(traced.leaves.len()); devices];
+    let reuse = rt.config.backend == crate::runtime::Backend::Cpu && nothing_running();
     for (i, leaf) in traced.leaves.iter().enumerate() {
         let (bufs, bytes) = match &placement {
             Some((params, _)) => crate::spmd::leaf_shards(rt, leaf, &params[i])?,
-            None => device_buffer(rt, leaf).map(|(b, n)| (vec![b], n))?,
+            None => device_buffer(rt, leaf, reuse).map(|(b, n)| (vec![b], n))?,
         };
         uploaded += bytes;
         for (k, b) in bufs.into_iter().enumerate() {
@@ -331,6 +340,11 @@ struct Launched {
 
 fn in_flight() -> std::sync::MutexGuard<'static, std::collections::VecDeque<Launched>> {
     IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// No launched program is still running (their completions stay queued, with any error, for `wait()`).
+fn nothing_running() -> bool {
+    in_flight().iter().all(|l| l.done.is_done())
 }
 
 /// Wait for the oldest launched programs until at most `keep` remain; an error names the line that launched it.

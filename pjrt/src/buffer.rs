@@ -15,6 +15,10 @@ pub struct Buffer {
     dims: Vec<i64>,
     /// Where it lives (known at creation; checked on every execution without asking the plugin).
     pub(crate) device: DeviceHandle,
+    /// Made by `Client::buffer_from_host_reusing`: kept for reuse when dropped, not destroyed.
+    reusable: bool,
+    /// Where its bytes lie in host memory, once known (a reused buffer's).
+    pub(crate) host_address: Option<usize>,
 }
 
 impl Buffer {
@@ -25,7 +29,12 @@ impl Buffer {
         dims: Vec<i64>,
         device: DeviceHandle,
     ) -> Buffer {
-        Buffer { client, handle, ty, dims, device }
+        Buffer { client, handle, ty, dims, device, reusable: false, host_address: None }
+    }
+
+    pub(crate) fn reusable(mut self) -> Buffer {
+        self.reusable = true;
+        self
     }
 
     /// Takes ownership of a buffer the plugin produced (an execution output), reading its type and shape.
@@ -101,7 +110,10 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        self.client.api().buffer_destroy(self.handle);
+        let dims = std::mem::take(&mut self.dims);
+        if !(self.reusable && self.client.keep_spare(self.handle, self.ty, dims, self.device, self.host_address)) {
+            self.client.api().buffer_destroy(self.handle);
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! `Client`: one PJRT client of a plugin, with its addressable devices.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::buffer::Buffer;
 use crate::client_options::ClientOptions;
@@ -8,7 +8,7 @@ use crate::compile_options::CompileOptions;
 use crate::element_type::ElementType;
 use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
-use crate::ffi::{Api, ClientHandle, DeviceHandle};
+use crate::ffi::{Api, BufferHandle, ClientHandle, DeviceHandle};
 use crate::plugin::Plugin;
 
 pub(crate) struct ClientInner {
@@ -16,7 +16,23 @@ pub(crate) struct ClientInner {
     pub(crate) handle: ClientHandle,
     /// Addressable devices, queried once: they are fixed for the client's life.
     pub(crate) devices: Vec<DeviceData>,
+    /// Buffers of small uploads whose last `Buffer` was dropped, kept to be overwritten by the next upload of
+    /// the same type and shape (`Client::buffer_from_host_reusing`).
+    spares: Mutex<Vec<Spare>>,
 }
+
+struct Spare {
+    handle: BufferHandle,
+    ty: ElementType,
+    dims: Vec<i64>,
+    device: DeviceHandle,
+    /// Where its bytes lie in host memory.
+    address: usize,
+}
+
+/// Uploads at most this large are reused; at most this many spares are kept (at most 2 MiB in all).
+const REUSE_MAX_BYTES: usize = 64 << 10;
+const MAX_SPARES: usize = 32;
 
 pub(crate) struct DeviceData {
     pub(crate) handle: DeviceHandle,
@@ -36,11 +52,39 @@ impl ClientInner {
         let index = self.devices.iter().position(|d| d.handle == handle)?;
         Some(Device { client: Arc::clone(self), index })
     }
+
+    /// Keep a dropped upload's buffer for reuse; `false` (the caller destroys it) if it was donated away, does
+    /// not lie in host memory as dense bytes, or enough are kept.
+    pub(crate) fn keep_spare(
+        &self,
+        handle: BufferHandle,
+        ty: ElementType,
+        dims: Vec<i64>,
+        device: DeviceHandle,
+        known_address: Option<usize>,
+    ) -> bool {
+        let api = self.api();
+        if self.spares.lock().unwrap_or_else(|e| e.into_inner()).len() >= MAX_SPARES || api.buffer_is_deleted(handle) {
+            return false;
+        }
+        let address = match known_address {
+            Some(a) => a,
+            None => match byte_len(ty, &dims).map(|len| api.buffer_host_address(handle, len)) {
+                Ok(Ok(Some(a))) => a,
+                _ => return false,
+            },
+        };
+        self.spares.lock().unwrap_or_else(|e| e.into_inner()).push(Spare { handle, ty, dims, device, address });
+        true
+    }
 }
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
-        self.api().client_destroy(self.handle);
+        let api = self.api();
+        let spares = std::mem::take(self.spares.get_mut().unwrap_or_else(|e| e.into_inner()));
+        spares.into_iter().for_each(|s| api.buffer_destroy(s.handle));
+        api.client_destroy(self.handle);
     }
 }
 
@@ -65,7 +109,8 @@ impl Client {
         let api = plugin.api();
         let handle = api.client_create(&options)?;
         // From here on, dropping `inner` destroys the client, also on the error paths below.
-        let mut inner = ClientInner { plugin: plugin.clone(), handle, devices: Vec::new() };
+        let mut inner =
+            ClientInner { plugin: plugin.clone(), handle, devices: Vec::new(), spares: Mutex::new(Vec::new()) };
         for device in api.client_addressable_devices(handle)? {
             let (id, kind, local_hardware_id) = api.device_info(device)?;
             inner.devices.push(DeviceData { handle: device, id, kind, local_hardware_id });
@@ -101,6 +146,48 @@ impl Client {
         let api = self.inner.api();
         let handle = api.buffer_from_host(self.inner.handle, data, ty.to_raw(), dims, device.handle())?;
         Ok(Buffer::new(Arc::clone(&self.inner), handle, ty, dims.to_vec(), device.handle()))
+    }
+
+    /// Like [`Client::buffer_from_host`], for small arrays uploaded again and again (a training loop's batches):
+    /// on a device in host memory, the buffer of an earlier such upload of the same type and shape, whose last
+    /// `Buffer` was dropped, is overwritten instead of a new one made (no plugin call to create it, none to
+    /// destroy it later). The caller guarantees that no launched program is still running, since one that read
+    /// the old buffer would see the new values.
+    pub fn buffer_from_host_reusing(
+        &self,
+        data: &[u8],
+        ty: ElementType,
+        dims: &[i64],
+        device: &Device,
+    ) -> Result<Buffer> {
+        if data.len() > REUSE_MAX_BYTES {
+            return self.buffer_from_host(data, ty, dims, device);
+        }
+        self.check_device(device)?;
+        if data.len() != byte_len(ty, dims)? {
+            return self.buffer_from_host(data, ty, dims, device); // its error
+        }
+        let api = self.inner.api();
+        let spare = {
+            let mut spares = self.inner.spares.lock().unwrap_or_else(|e| e.into_inner());
+            let found = spares.iter().position(|s| s.ty == ty && s.dims == dims && s.device == device.handle());
+            found.map(|i| spares.swap_remove(i))
+        };
+        if let Some(s) = spare {
+            // Dense row-major bytes in a host buffer of their size: the plugin's copy would lay them out the same
+            // way (checked against the plugin's own copy in the tests).
+            api.buffer_write_at(s.address, data);
+            let mut b = Buffer::new(Arc::clone(&self.inner), s.handle, ty, s.dims, s.device).reusable();
+            b.host_address = Some(s.address);
+            return Ok(b);
+        }
+        Ok(self.buffer_from_host(data, ty, dims, device)?.reusable())
+    }
+
+    /// Dropped uploads kept for reuse (for tests).
+    #[doc(hidden)]
+    pub fn spare_uploads(&self) -> usize {
+        self.inner.spares.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Compiles StableHLO (MLIR text or bytecode; entry function `main`).

@@ -179,6 +179,12 @@ impl Completion {
         self.wait_all()
     }
 
+    /// Whether every device has finished (without waiting).
+    pub fn is_done(&self) -> bool {
+        let api = self.client.api();
+        self.events.iter().all(|e| api.event_is_ready(e))
+    }
+
     fn wait_all(&mut self) -> Result<()> {
         let api = self.client.api();
         let mut status = Ok(());

@@ -485,6 +485,47 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Whether the buffer was deleted (an execution it was donated to took its memory). Errors count as deleted.
+    pub(crate) fn buffer_is_deleted(self, buffer: BufferHandle) -> bool {
+        let mut args = c::PJRT_Buffer_IsDeleted_Args::new();
+        args.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_IsDeleted, &mut args).map(|()| args.is_deleted).unwrap_or(true)
+    }
+
+    /// Where a buffer's `len` bytes lie in this process's memory, once it is defined; `None` if it is not in
+    /// host memory or holds another size (padding, tiling).
+    pub(crate) fn buffer_host_address(self, buffer: BufferHandle, len: usize) -> Result<Option<usize>> {
+        let mut on_cpu = c::PJRT_Buffer_IsOnCpu_Args::new();
+        on_cpu.buffer = buffer.raw();
+        if call!(self, PJRT_Buffer_IsOnCpu, &mut on_cpu).is_err() || !on_cpu.is_on_cpu {
+            return Ok(None);
+        }
+        if self.buffer_on_device_size(buffer).ok() != Some(len) {
+            return Ok(None);
+        }
+        let mut ready = c::PJRT_Buffer_ReadyEvent_Args::new();
+        ready.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_ReadyEvent, &mut ready)?;
+        self.await_event(ready.event, "PJRT_Buffer_ReadyEvent")?;
+        let mut at = c::PJRT_Buffer_UnsafePointer_Args::new();
+        at.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_UnsafePointer, &mut at)?;
+        Ok((at.buffer_pointer != 0).then_some(at.buffer_pointer))
+    }
+
+    /// Overwrite a buffer in host memory, at `address` from [`Api::buffer_host_address`], with `data` (as many
+    /// bytes as it holds). The caller owns the buffer alone (no `Buffer` wraps it) and no launched program reads
+    /// it any more.
+    pub(crate) fn buffer_write_at(self, address: usize, data: &[u8]) {
+        // SAFETY: `address` is where this live buffer's `data.len()` bytes lie in this process's memory
+        // (`buffer_host_address` checked that it is in host memory, holds that many bytes and is defined; a
+        // buffer's memory does not move). Nothing else reads or writes it now: the caller holds the only handle
+        // and no launched program is running (the caller's guarantee).
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), address as *mut u8, data.len()) };
+    }
+}
+
 fn rename_call(e: Error, call: &'static str) -> Error {
     match e {
         Error::Pjrt { code, message, .. } => Error::Pjrt { call, code, message },

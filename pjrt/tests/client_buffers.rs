@@ -136,7 +136,41 @@ fn memory_stats_are_unimplemented_on_the_cpu(plugin: &Plugin) {
     assert!(matches!(&e, Error::Pjrt { code: Some(lazuli_pjrt::ErrorCode::Unimplemented), .. }), "{e:?}");
 }
 
+/// A reused upload holds the new values, for every element type and rank (the plugin's own copy to the host,
+/// used for rank ≥ 2, would show a layout the in-place write got wrong); only same-typed, same-shaped uploads
+/// share a buffer, and only once the earlier one is dropped.
+fn reused_uploads_carry_the_new_values(plugin: &Plugin) {
+    for ty in ElementType::ALL {
+        let first = sample_bytes(ty);
+        let second: Vec<u8> = first.chunks(ty.byte_size()).rev().flatten().copied().collect();
+        for dims in [&[2i64, 3][..], &[6], &[3, 1, 2]] {
+            let c = client(plugin, 2);
+            let device = &c.devices()[1];
+            let a = c.buffer_from_host_reusing(&first, ty, dims, device).unwrap();
+            let held = c.buffer_from_host_reusing(&first, ty, dims, device).unwrap();
+            assert_eq!(c.spare_uploads(), 0, "nothing dropped yet");
+            drop(a);
+            assert_eq!(c.spare_uploads(), 1, "{ty:?} {dims:?}: the dropped upload is kept");
+            let b = c.buffer_from_host_reusing(&second, ty, dims, device).unwrap();
+            assert_eq!(c.spare_uploads(), 0, "{ty:?} {dims:?}: and reused");
+            assert_eq!(b.to_host().unwrap(), second, "{ty:?} {dims:?}");
+            assert_eq!(held.to_host().unwrap(), first, "{ty:?} {dims:?}: a live upload is never overwritten");
+            assert_eq!((b.element_type(), b.dims(), b.device().unwrap()), (ty, dims.to_vec(), device.clone()));
+            drop(b);
+            // Another shape or device does not take the kept buffer.
+            let other = c.buffer_from_host_reusing(&second, ty, &[6, 1], device).unwrap();
+            let elsewhere = c.buffer_from_host_reusing(&second, ty, dims, &c.devices()[0]).unwrap();
+            assert_eq!(c.spare_uploads(), 1, "{ty:?} {dims:?}");
+            assert_eq!((other.to_host().unwrap(), elsewhere.to_host().unwrap()), (second.clone(), second.clone()));
+            // Plain uploads are never kept.
+            drop(c.buffer_from_host(&first, ty, dims, device).unwrap());
+            assert_eq!(c.spare_uploads(), 1, "{ty:?} {dims:?}");
+        }
+    }
+}
+
 per_plugin!(
+    reused_uploads_carry_the_new_values,
     memory_stats_are_unimplemented_on_the_cpu,
     device_counts_follow_the_option,
     bad_create_options_never_reach_the_plugin,

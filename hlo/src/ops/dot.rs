@@ -187,9 +187,10 @@ impl OpRules for DotGeneral {
         let nrf = rr - nb - self.rhs_contract.len();
         let lhs = (&self.lhs_batch[..], &self.lhs_contract[..], lr);
         let rhs = (&self.rhs_batch[..], &self.rhs_contract[..], rr);
-        let dl = Self::side_vjp(b, g, r, nb + nlf..nb + nlf + nrf, lhs, rhs);
-        let dr = Self::side_vjp(b, g, l, nb..nb + nlf, rhs, lhs);
-        vec![Some(dl), Some(dr)]
+        // Only the wanted sides: a first layer's input (the batch) needs no cotangent.
+        let dl = b.needs_grad(l).then(|| Self::side_vjp(b, g, r, nb + nlf..nb + nlf + nrf, lhs, rhs));
+        let dr = b.needs_grad(r).then(|| Self::side_vjp(b, g, l, nb..nb + nlf, rhs, lhs));
+        vec![dl, dr]
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
         let (l, r) = (&x[0], &x[1]);

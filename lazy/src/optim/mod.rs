@@ -21,7 +21,9 @@ use crate::tensor::Tensor;
 
 /// A gradient-based optimizer over a fixed list of named parameters.
 pub trait Optimizer {
-    /// Record the update of every parameter that has a gradient (lazily; nothing runs here).
+    /// Record the update of every parameter that has a gradient (lazily; nothing runs here). The update's nodes
+    /// carry the caller's line, so reports and errors point at the training loop's `step()`.
+    #[track_caller]
     fn step(&mut self);
     /// Forget the parameters' gradients.
     fn zero_grad(&self);

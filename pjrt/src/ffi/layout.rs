@@ -259,6 +259,7 @@ pub(crate) union MemoryLayoutUnion {
     pub tiled: std::mem::ManuallyDrop<PJRT_Buffer_MemoryLayout_Tiled>,
 }
 pjrt_args!(PJRT_Buffer_MemoryLayout { layout: MemoryLayoutUnion, type_: CEnum });
+pjrt_args!(PJRT_Buffer_IsDeleted_Args { buffer: *mut PJRT_Buffer, is_deleted: bool });
 pjrt_args!(PJRT_Buffer_IsOnCpu_Args { buffer: *mut PJRT_Buffer, is_on_cpu: bool });
 pjrt_args!(PJRT_Buffer_ReadyEvent_Args { buffer: *mut PJRT_Buffer, event: *mut PJRT_Event });
 pjrt_args!(PJRT_Buffer_UnsafePointer_Args { buffer: *mut PJRT_Buffer, buffer_pointer: usize });
@@ -360,7 +361,7 @@ pub(crate) struct PJRT_Api {
     pub PJRT_Buffer_Device: Entry<PJRT_Buffer_Device_Args>,
     _PJRT_Buffer_Memory: Unused,
     _PJRT_Buffer_Delete: Unused,
-    _PJRT_Buffer_IsDeleted: Unused,
+    pub PJRT_Buffer_IsDeleted: Entry<PJRT_Buffer_IsDeleted_Args>,
     _PJRT_Buffer_CopyToDevice: Unused,
     pub PJRT_Buffer_ToHostBuffer: Entry<PJRT_Buffer_ToHostBuffer_Args>,
     pub PJRT_Buffer_IsOnCpu: Entry<PJRT_Buffer_IsOnCpu_Args>,
@@ -417,6 +418,7 @@ mod tests {
             (PJRT_Buffer_MemoryLayout_Tiled::STRUCT_SIZE, 56),
             (PJRT_Buffer_MemoryLayout::STRUCT_SIZE, 76),
             (PJRT_Buffer_ToHostBuffer_Args::STRUCT_SIZE, 56),
+            (PJRT_Buffer_IsDeleted_Args::STRUCT_SIZE, 25),
             (PJRT_Buffer_IsOnCpu_Args::STRUCT_SIZE, 25),
             (PJRT_Buffer_ReadyEvent_Args::STRUCT_SIZE, 32),
             (PJRT_Buffer_UnsafePointer_Args::STRUCT_SIZE, 32),
@@ -435,6 +437,7 @@ mod tests {
         assert_eq!(offset_of!(PJRT_Api, PJRT_LoadedExecutable_Destroy), 440);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Executable_DeserializeAndLoad), 488);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_Destroy), 504);
+        assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_IsDeleted), 584);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_ToHostBuffer), 600);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_UnsafePointer), 624);
     }
