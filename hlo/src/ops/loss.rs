@@ -13,7 +13,7 @@ use crate::emit::LowerCx;
 use crate::op::{arity, Op, OpRules};
 use crate::ops::activation::Softmax;
 use crate::ops::composite::{self, Evaluating};
-use crate::ops::elementwise::CompareDir;
+use crate::ops::elementwise::{CompareDir, UnaryKind};
 use crate::ops::leaf::Iota;
 use crate::shard::{DimShards, ShardIn};
 
@@ -106,7 +106,10 @@ impl CrossEntropyGrad {
     fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
         let (logits, t, g) = (&x[0], &x[1], &x[2]);
         let ty = b.ty(logits).clone();
-        let p = b.op(Op::Softmax(Softmax { axis: 1, log: false }), &[logits]);
+        // exp(log_softmax(x)), not softmax(x): XLA then shares the forward's log-softmax and fuses as it did the
+        // recorded gradient (softmax's division would need the row sums as a separate kernel).
+        let lsm = b.op(Op::Softmax(Softmax { axis: 1, log: true }), &[logits]);
+        let p = b.unary(UnaryKind::Exp, &lsm);
         let hot = one_hot(b, t, ty.dims[1]);
         let hot = b.convert(&hot, ty.dtype);
         let d = b.sub(&p, &hot);
