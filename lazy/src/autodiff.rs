@@ -95,7 +95,7 @@ fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
 fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
     no_grad(|| {
         let order = topo_order(&root.node);
-        let mut cot: NodeMap<Arc<Node>> = NodeMap::default();
+        let mut cot: NodeMap<Arc<Node>> = NodeMap::with_capacity_and_hasher(order.len(), Default::default());
         cot.insert(Arc::as_ptr(&root.node), seed.node.clone());
         let mut leaves = Vec::new();
         for node in order.iter().rev() {
