@@ -11,7 +11,7 @@ fn matmul_sum_graph() -> (Graph, Loc) {
     let mut g = Graph::new();
     let x = g.parameter(TensorType::new(DType::F32, [2, 3]), at);
     let w = g.parameter(TensorType::new(DType::F32, [3, 2]), at);
-    let dot = DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+    let dot = DotGeneral::new(&[], &[], &[1], &[0]);
     let y = g.push(Op::DotGeneral(dot), vec![x, w], at).unwrap();
     let s = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![1], keep: false }), vec![y], at).unwrap();
     let z = g.push(Op::Binary(Binary { kind: BinaryKind::Mul }), vec![s, s], at).unwrap();

@@ -426,7 +426,7 @@ impl Tensor {
         if ra > 2 && rb == 2 {
             // [..., m, k] @ [k, n]: one 2-D product over the flattened rows, not a broadcast of the matrix per batch.
             let rows = a2.elements() / k1;
-            let dot = DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]);
             let r = apply(Op::DotGeneral(dot), &[&a2.reshape(&[rows as isize, k1 as isize]), &b2], loc);
             let mut out: Vec<isize> = a2.dims()[..ra - 1].iter().map(|&d| d as isize).collect();
             out.push(n as isize);
@@ -441,12 +441,8 @@ impl Tensor {
         let mut db = batch.clone();
         db.extend([k2, n]);
         let (a3, b3) = (a2.broadcast_at(&da, loc), b2.broadcast_at(&db, loc));
-        let dot = DotGeneral {
-            lhs_batch: (0..nb).collect(),
-            rhs_batch: (0..nb).collect(),
-            lhs_contract: vec![nb + 1],
-            rhs_contract: vec![nb],
-        };
+        let batch_dims: Vec<usize> = (0..nb).collect();
+        let dot = DotGeneral::new(&batch_dims, &batch_dims, &[nb + 1], &[nb]);
         let r = apply(Op::DotGeneral(dot), &[&a3, &b3], loc);
         // Drop the unit dimensions that stood for vectors.
         let mut out: Vec<isize> = batch.iter().map(|&d| d as isize).collect();

@@ -9,17 +9,30 @@ use crate::emit::LowerCx;
 use crate::op::Op;
 use crate::op::{arity, OpRules};
 
+/// A list of dimension numbers: inline up to two (a matmul's), so recording a product allocates none.
+pub type Axes = smallvec::SmallVec<[usize; 2]>;
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct DotGeneral {
-    pub lhs_batch: Vec<usize>,
-    pub rhs_batch: Vec<usize>,
-    pub lhs_contract: Vec<usize>,
-    pub rhs_contract: Vec<usize>,
+    pub lhs_batch: Axes,
+    pub rhs_batch: Axes,
+    pub lhs_contract: Axes,
+    pub rhs_contract: Axes,
 }
 
 impl DotGeneral {
+    /// Batch dimensions paired in order, then contracting dimensions paired in order.
+    pub fn new(lhs_batch: &[usize], rhs_batch: &[usize], lhs_contract: &[usize], rhs_contract: &[usize]) -> Self {
+        DotGeneral {
+            lhs_batch: Axes::from_slice(lhs_batch),
+            rhs_batch: Axes::from_slice(rhs_batch),
+            lhs_contract: Axes::from_slice(lhs_contract),
+            rhs_contract: Axes::from_slice(rhs_contract),
+        }
+    }
+
     /// Dimensions of `rank` that are neither batch nor contracting, in order.
-    fn free(rank: usize, batch: &[usize], contract: &[usize]) -> Vec<usize> {
+    fn free(rank: usize, batch: &[usize], contract: &[usize]) -> Axes {
         (0..rank).filter(|d| !batch.contains(d) && !contract.contains(d)).collect()
     }
 }
@@ -51,10 +64,10 @@ impl DotGeneral {
         // The product's dimensions: batch, then the first operand's remaining ones, then the second's. `g`'s
         // remaining ones are this side's free dims; the other side's are its contracting dims in index order,
         // each standing for the dimension of this side it contracted with.
-        let mut sorted = other_contract.to_vec();
+        let mut sorted = Axes::from(other_contract);
         sorted.sort_unstable();
         let layout = |g_first: bool| {
-            let mut pos = vec![0usize; this_rank];
+            let mut pos: smallvec::SmallVec<[usize; 4]> = smallvec::smallvec![0; this_rank];
             for (i, &d) in this_batch.iter().enumerate() {
                 pos[d] = i;
             }
@@ -74,14 +87,14 @@ impl DotGeneral {
         let (dot, operands, pos) = if g_first {
             let dot = DotGeneral {
                 lhs_batch: g_dims,
-                rhs_batch: other_batch.to_vec(),
+                rhs_batch: other_batch.into(),
                 lhs_contract: g_other_free.collect(),
                 rhs_contract: other_free,
             };
             (dot, [g, other], pos_g)
         } else {
             let dot = DotGeneral {
-                lhs_batch: other_batch.to_vec(),
+                lhs_batch: other_batch.into(),
                 rhs_batch: g_dims,
                 lhs_contract: other_free,
                 rhs_contract: g_other_free.collect(),
@@ -103,18 +116,15 @@ impl OpRules for DotGeneral {
         if l.dtype != r.dtype || l.dtype == DType::Bool {
             return Err(format!("dot_general: operands must share a numeric type, got {l} and {r}"));
         }
-        let valid = |dims: &[usize], rank: usize| {
-            let mut seen = vec![false; rank];
-            dims.iter().all(|&d| d < rank && !std::mem::replace(&mut seen[d], true))
+        // Each side's batch and contracting dimensions: in range, none named twice.
+        let valid = |batch: &[usize], contract: &[usize], rank: usize| {
+            let mut seen: smallvec::SmallVec<[bool; 8]> = smallvec::smallvec![false; rank];
+            batch.iter().chain(contract).all(|&d| d < rank && !std::mem::replace(&mut seen[d], true))
         };
-        let mut all_l = self.lhs_batch.clone();
-        all_l.extend(&self.lhs_contract);
-        let mut all_r = self.rhs_batch.clone();
-        all_r.extend(&self.rhs_contract);
         if self.lhs_batch.len() != self.rhs_batch.len()
             || self.lhs_contract.len() != self.rhs_contract.len()
-            || !valid(&all_l, l.rank())
-            || !valid(&all_r, r.rank())
+            || !valid(&self.lhs_batch, &self.lhs_contract, l.rank())
+            || !valid(&self.rhs_batch, &self.rhs_contract, r.rank())
         {
             return Err(format!("dot_general: invalid dimension numbers {self:?} for {l} and {r}"));
         }
@@ -127,7 +137,7 @@ impl OpRules for DotGeneral {
                 ));
             }
         }
-        let mut dims: Vec<usize> = self.lhs_batch.iter().map(|&d| l.dims[d]).collect();
+        let mut dims: crate::Dims = self.lhs_batch.iter().map(|&d| l.dims[d]).collect();
         dims.extend(Self::free(l.rank(), &self.lhs_batch, &self.lhs_contract).iter().map(|&d| l.dims[d]));
         dims.extend(Self::free(r.rank(), &self.rhs_batch, &self.rhs_contract).iter().map(|&d| r.dims[d]));
         Ok(TensorType::new(l.dtype, dims))
@@ -218,12 +228,7 @@ mod tests {
     use crate::ops::composite::{check_vjp, data};
 
     fn dot(lb: &[usize], rb: &[usize], lc: &[usize], rc: &[usize]) -> Op {
-        Op::DotGeneral(DotGeneral {
-            lhs_batch: lb.to_vec(),
-            rhs_batch: rb.to_vec(),
-            lhs_contract: lc.to_vec(),
-            rhs_contract: rc.to_vec(),
-        })
+        Op::DotGeneral(DotGeneral::new(lb, rb, lc, rc))
     }
 
     #[test]
