@@ -181,8 +181,8 @@ impl Tensor {
         if self.elements() != 1 || !self.dtype().is_float() {
             fail(loc, format!("backward: needs a floating-point scalar loss, got {}", self.tensor_type()));
         }
-        let seed =
-            no_grad(|| apply(Op::Constant(lazuli_hlo::Constant::new(1.0, self.tensor_type().clone())), &[], loc));
+        // The seed is structure (a shared constant node), not a candidate output of the step.
+        let seed = Tensor::structural(crate::array_ops::shared_constant(1.0, self.dtype(), self.dims(), loc));
         for (leaf, g) in backprop(self, seed) {
             let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(match slot.take() {

@@ -278,7 +278,7 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
         // The buffer now belongs to an output; nothing may read this node again.
         let leaf = &traced.leaves[i];
         Counters::add(&COUNTERS.bytes_donated, leaf.ty.byte_size() as u64);
-        leaf.lock().data = None;
+        leaf.take_data();
     }
     for (j, (node, mut bufs)) in traced.targets.iter().zip(outs).enumerate() {
         // Dropping the op and operands here releases the graph above computed values.

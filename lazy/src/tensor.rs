@@ -62,6 +62,8 @@ pub(crate) struct Node {
     pub ty: TensorType,
     pub loc: Loc,
     pub state: Mutex<State>,
+    /// `state.data` is set: read without taking the lock (the step boundary asks this of every candidate).
+    has_data: AtomicBool,
     /// Number of `Tensor` handles the user holds; nodes only referenced by other nodes are not "live" for `sync()`.
     handles: AtomicUsize,
     /// A gradient leaf: `backward()` accumulates into `grad` and does not look further up.
@@ -95,6 +97,7 @@ impl Node {
             ty_hash,
             ty,
             loc,
+            has_data: AtomicBool::new(state.data.is_some()),
             state: Mutex::new(state),
             handles: AtomicUsize::new(handles),
             requires_grad: AtomicBool::new(false),
@@ -113,7 +116,7 @@ impl Node {
     }
 
     pub fn is_pending(&self) -> bool {
-        self.lock().data.is_none()
+        !self.has_data.load(Ordering::Acquire)
     }
 
     pub fn requires_grad(&self) -> bool {
@@ -154,6 +157,13 @@ impl Node {
         if !keep {
             s.recipe = None;
         }
+        self.has_data.store(true, Ordering::Release);
+    }
+
+    /// Drop the data (a donated input: its buffer now belongs to an output).
+    pub fn take_data(&self) {
+        self.lock().data = None;
+        self.has_data.store(false, Ordering::Release);
     }
 }
 
