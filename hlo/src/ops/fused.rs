@@ -13,7 +13,7 @@ use std::sync::Arc;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::builder::Builder;
-use crate::dtype::TensorType;
+use crate::dtype::{DType, TensorType};
 use crate::emit::LowerCx;
 use crate::op::{Op, OpRules};
 use crate::ops::composite;
@@ -152,8 +152,17 @@ impl OpRules for Fused {
                 self.name
             ));
         }
-        // Elementwise steps keep the shape: check them on rank-0 types (no shape copies), then give the result
-        // the operands' shape.
+        // Elementwise steps keep the shape, so the result's dtype depends only on the operands' dtypes: the
+        // steps are checked once per expression and dtypes (on rank-0 types), then remembered, since a training
+        // loop records the same updates every step.
+        type Key = (u64, u8, smallvec::SmallVec<[DType; 8]>);
+        thread_local! {
+            static CHECKED: std::cell::RefCell<std::collections::HashMap<Key, DType>> = Default::default();
+        }
+        let key: Key = (self.digest, self.args, operands.iter().map(|t| t.dtype).collect());
+        if let Some(dtype) = CHECKED.with(|c| c.borrow().get(&key).copied()) {
+            return Ok(TensorType::new(dtype, full.dims.clone()));
+        }
         let tys: Vec<TensorType> = operands.iter().map(|t| TensorType::scalar(t.dtype)).collect();
         let mut err = None;
         let out = self.run(&tys, |op, ins| {
@@ -162,10 +171,18 @@ impl OpRules for Fused {
                 ins[0].clone()
             })
         });
-        match err {
-            Some(e) => Err(e),
-            None => Ok(TensorType::new(out.last().expect("at least one step").dtype, full.dims.clone())),
+        if let Some(e) = err {
+            return Err(e);
         }
+        let dtype = out.last().expect("at least one step").dtype;
+        CHECKED.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() >= 1024 {
+                c.clear();
+            }
+            c.insert(key, dtype);
+        });
+        Ok(TensorType::new(dtype, full.dims.clone()))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
         let dims = cx.out_ty().dims.clone();
