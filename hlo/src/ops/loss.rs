@@ -13,7 +13,7 @@ use crate::emit::LowerCx;
 use crate::op::{arity, Op, OpRules};
 use crate::ops::activation::Softmax;
 use crate::ops::composite::{self, Evaluating};
-use crate::ops::elementwise::{CompareDir, UnaryKind};
+use crate::ops::elementwise::{BinaryKind, CompareDir, UnaryKind};
 use crate::ops::leaf::Iota;
 use crate::shard::{DimShards, ShardIn};
 
@@ -37,6 +37,15 @@ fn one_hot<B: Builder>(b: &mut B, t: &B::V, classes: usize) -> B::V {
     b.compare(CompareDir::Eq, &wide, &ids)
 }
 
+/// `0 <= t[i] < classes` as a bool `[N]`.
+fn in_range<B: Builder>(b: &mut B, t: &B::V, classes: usize) -> B::V {
+    let zero = b.full_like(t, 0.0);
+    let top = b.full_like(t, classes as f64);
+    let above = b.compare(CompareDir::Ge, t, &zero);
+    let below = b.compare(CompareDir::Lt, t, &top);
+    b.binary(BinaryKind::And, &above, &below)
+}
+
 /// The reference value of a loss op's expansion, with the class ids (operand 1) typed as integers.
 fn reference_of(
     out_dtype: DType,
@@ -52,7 +61,7 @@ fn reference_of(
 }
 
 /// Mean cross-entropy of logits `[N, C]` against class ids `[N]`: `-mean_i log_softmax(x)[i, t_i]`. A class id
-/// outside `0..C` picks nothing (that row adds 0, as the recorded formula did).
+/// outside `0..C` picks nothing: that row adds 0 and gets no gradient (the mean still divides by `N`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CrossEntropy;
 
@@ -98,7 +107,7 @@ impl OpRules for CrossEntropy {
 }
 
 /// The gradient of [`CrossEntropy`] with respect to the logits `x`, for class ids `t` and the loss's cotangent
-/// `g` (a scalar): `(softmax(x) - onehot(t)) · g / N`.
+/// `g` (a scalar): `(softmax(x) - onehot(t)) · g / N`, and 0 on rows whose class id is out of range.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CrossEntropyGrad;
 
@@ -116,7 +125,12 @@ impl CrossEntropyGrad {
         let count = b.full_like(g, ty.dims[0] as f64);
         let scale = b.div(g, &count);
         let scale = b.broadcast(&scale, &ty.dims, &[]);
-        b.mul(&d, &scale)
+        let d = b.mul(&d, &scale);
+        // A row whose class id is out of range adds a constant 0 to the loss, so its gradient is 0 (elementwise
+        // on the ids: XLA fuses it into the same kernel).
+        let valid = in_range(b, t, ty.dims[1]);
+        let valid = b.broadcast(&valid, &ty.dims, &[0]);
+        b.mask(&valid, &d)
     }
 }
 
@@ -180,6 +194,9 @@ mod tests {
 
     #[test]
     fn gradients_match_finite_differences() {
+        // Ids out of range (a row that adds nothing) have no gradient, like the loss they add.
+        let wild = ArrayD::from_shape_vec(IxDyn(&[4]), vec![2.0, 7.0, 0.0, -1.0]).expect("four ids");
+        check_vjp_but(&Op::CrossEntropy(CrossEntropy), &[data(&[4, 5], 5), wild], &[1]);
         let (x, t) = (data(&[4, 5], 2), ids(4, 5));
         check_vjp_but(&Op::CrossEntropy(CrossEntropy), &[x.clone(), t.clone()], &[1]);
         // Second order: the gradient's own gradient, through its formula (the cotangent `g` is a scalar).
