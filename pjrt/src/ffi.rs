@@ -459,28 +459,14 @@ impl Api {
     /// For a buffer in host memory (a CPU device's), copies its `len` bytes straight from where they lie, once
     /// the buffer is ready; `Ok(None)` for a buffer elsewhere. The plugin's own copy to the host hands the work to
     /// a worker thread and wakes the caller afterwards, which costs tens of microseconds for a loss value.
-    /// The caller guarantees that `len` is the buffer's dense size and that its layout is row-major.
+    /// The caller guarantees that the layout is row-major (`len` bytes of another on-device size are refused).
     pub(crate) fn buffer_read_in_place(self, buffer: BufferHandle, len: usize) -> Result<Option<Vec<u8>>> {
-        let mut on_cpu = c::PJRT_Buffer_IsOnCpu_Args::new();
-        on_cpu.buffer = buffer.raw();
-        if call!(self, PJRT_Buffer_IsOnCpu, &mut on_cpu).is_err() || !on_cpu.is_on_cpu {
-            return Ok(None);
-        }
-        let mut ready = c::PJRT_Buffer_ReadyEvent_Args::new();
-        ready.buffer = buffer.raw();
-        call!(self, PJRT_Buffer_ReadyEvent, &mut ready)?;
-        self.await_event(ready.event, "PJRT_Buffer_ReadyEvent")?;
-        let mut at = c::PJRT_Buffer_UnsafePointer_Args::new();
-        at.buffer = buffer.raw();
-        call!(self, PJRT_Buffer_UnsafePointer, &mut at)?;
-        if at.buffer_pointer == 0 {
-            return Ok(None);
-        }
+        let Some(address) = self.buffer_host_address(buffer, len)? else { return Ok(None) };
         let mut out = vec![0u8; len];
-        // SAFETY: the buffer lies in this process's memory at `buffer_pointer` (`IsOnCpu`), holds at least `len`
-        // bytes (the caller checked its on-device size), is defined (its ready event fired) and stays alive and
-        // unwritten while the caller holds it (buffers are immutable; donation needs the buffer's last owner).
-        unsafe { ptr::copy_nonoverlapping(at.buffer_pointer as *const u8, out.as_mut_ptr(), len) };
+        // SAFETY: `address` is where this live buffer's `len` bytes lie in this process's memory, defined
+        // (`buffer_host_address`). Nothing writes them while the caller holds the buffer: a buffer is overwritten
+        // only when no `Buffer` wraps it (reused uploads), and donation needs the buffer's last owner.
+        unsafe { ptr::copy_nonoverlapping(address as *const u8, out.as_mut_ptr(), len) };
         Ok(Some(out))
     }
 }
