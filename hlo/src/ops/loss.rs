@@ -28,17 +28,19 @@ fn check_pair(name: &str, x: &TensorType, t: &TensorType) -> Result<(), String> 
     Ok(())
 }
 
-/// `t[i] == j` as a bool `[N, C]` mask.
+/// `t[i] == j` as a bool `[N, C]` mask. Ids are compared as i64, so that no class count wraps a narrow type
+/// (u8 ids with 300 classes).
 fn one_hot<B: Builder>(b: &mut B, t: &B::V, classes: usize) -> B::V {
-    let tt = b.ty(t).clone();
-    let dims = vec![tt.dims[0], classes];
-    let wide = b.broadcast(t, &dims, &[0]);
-    let ids = b.op(Op::Iota(Iota { dim: 1, ty: TensorType::new(tt.dtype, dims) }), &[]);
+    let t = b.convert(t, DType::I64);
+    let dims = vec![b.ty(&t).dims[0], classes];
+    let wide = b.broadcast(&t, &dims, &[0]);
+    let ids = b.op(Op::Iota(Iota { dim: 1, ty: TensorType::new(DType::I64, dims) }), &[]);
     b.compare(CompareDir::Eq, &wide, &ids)
 }
 
-/// `0 <= t[i] < classes` as a bool `[N]`.
+/// `0 <= t[i] < classes` as a bool `[N]` (compared as i64, as in [`one_hot`]).
 fn in_range<B: Builder>(b: &mut B, t: &B::V, classes: usize) -> B::V {
+    let t = &b.convert(t, DType::I64);
     let zero = b.full_like(t, 0.0);
     let top = b.full_like(t, classes as f64);
     let above = b.compare(CompareDir::Ge, t, &zero);
@@ -202,6 +204,29 @@ mod tests {
         // Second order: the gradient's own gradient, through its formula (the cotangent `g` is a scalar).
         let g = ArrayD::from_elem(IxDyn(&[]), 0.7);
         check_vjp_but(&Op::CrossEntropyGrad(CrossEntropyGrad), &[x, t, g], &[1]);
+    }
+
+    /// u8 ids against 300 classes: no class count wraps the ids' type.
+    #[test]
+    fn narrow_ids_pick_their_own_class() {
+        let x = data(&[2, 300], 6);
+        // Wrapped to u8, class 266 would be 10 too, and the bound 300 would be 44.
+        let t = ArrayD::from_shape_vec(IxDyn(&[2]), vec![10.0, 255.0]).expect("two ids");
+        let tys = [TensorType::new(DType::F64, vec![2, 300]), TensorType::new(DType::U8, vec![2])];
+        let args: Vec<(ArrayD<f64>, TensorType)> = vec![(x.clone(), tys[0].clone()), (t, tys[1].clone())];
+        let got = CrossEntropy.expand(&mut Evaluating, &args).0.into_iter().next().expect("a scalar");
+        let g = (ArrayD::from_elem(IxDyn(&[]), 1.0), TensorType::scalar(DType::F64));
+        let d = CrossEntropyGrad.expand(&mut Evaluating, &[args[0].clone(), args[1].clone(), g]).0;
+        let mut want = 0.0;
+        for (i, id) in [10, 255].into_iter().enumerate() {
+            let row = x.index_axis(ndarray::Axis(0), i);
+            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+            want -= (row[id] - lse) / 2.0;
+            // The gradient is softmax - onehot, over 2 rows: negative only at the row's own class.
+            let negative: Vec<usize> = (0..300).filter(|&j| d[[i, j]] < 0.0).collect();
+            assert_eq!(negative, [id], "row {i}");
+        }
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
     }
 
     #[test]
