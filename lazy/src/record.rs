@@ -73,11 +73,23 @@ pub(crate) fn axis(ax: isize, rank: usize, what: &str, loc: Loc) -> usize {
 /// parameter of the other operand's dtype (so a new value, e.g. a learning rate, does not recompile).
 pub trait Operand {
     fn into_tensor(self, like: DType, loc: Loc) -> Tensor;
+
+    /// `f` on the operand as a tensor: a borrowed tensor is lent as it is, without a handle of its own (two
+    /// reference counts up and down again, per op).
+    fn with_tensor<R>(self, like: DType, loc: Loc, f: impl FnOnce(&Tensor) -> R) -> R
+    where
+        Self: Sized,
+    {
+        f(&self.into_tensor(like, loc))
+    }
 }
 
 impl Operand for &Tensor {
     fn into_tensor(self, _: DType, _: Loc) -> Tensor {
         self.clone()
+    }
+    fn with_tensor<R>(self, _: DType, _: Loc, f: impl FnOnce(&Tensor) -> R) -> R {
+        f(self)
     }
 }
 impl Operand for Tensor {
@@ -144,13 +156,14 @@ impl Tensor {
 
     #[track_caller]
     pub(crate) fn binary_at(&self, other: impl Operand, kind: BinaryKind, loc: Loc) -> Tensor {
-        let other = other.into_tensor(self.dtype(), loc);
-        let op = Op::Binary(Binary { kind });
-        if self.tensor_type() == other.tensor_type() {
-            return apply(op, &[self, &other], loc);
-        }
-        let v = Tensor::broadcast_all(&[self, &other], op.name(), loc);
-        apply(op, &[&v[0], &v[1]], loc)
+        other.with_tensor(self.dtype(), loc, |other| {
+            let op = Op::Binary(Binary { kind });
+            if self.tensor_type() == other.tensor_type() {
+                return apply(op, &[self, other], loc);
+            }
+            let v = Tensor::broadcast_all(&[self, other], op.name(), loc);
+            apply(op, &[&v[0], &v[1]], loc)
+        })
     }
 
     #[track_caller]
@@ -161,10 +174,11 @@ impl Tensor {
     #[track_caller]
     fn compare(&self, other: impl Operand, dir: CompareDir) -> Tensor {
         let loc = Loc::caller();
-        let other = other.into_tensor(self.dtype(), loc);
-        let op = Op::Compare(Compare { dir });
-        let v = Tensor::broadcast_all(&[self, &other], op.name(), loc);
-        apply(op, &[&v[0], &v[1]], loc)
+        other.with_tensor(self.dtype(), loc, |other| {
+            let op = Op::Compare(Compare { dir });
+            let v = Tensor::broadcast_all(&[self, other], op.name(), loc);
+            apply(op, &[&v[0], &v[1]], loc)
+        })
     }
 
     /// Elementwise maximum (broadcasting).
