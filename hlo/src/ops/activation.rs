@@ -1,6 +1,6 @@
 //! Activations recorded every step, as composites (`composite.rs`): ReLU, GELU (tanh form), and softmax with its
-//! log form. Each is one node forward and one node for its gradient, where the recorded
-//! formulas were about ten nodes forward and fifteen to twenty backward. The formulas below are their only
+//! log form. Each is one node forward and one node for its gradient, where the recorded formulas were two (ReLU)
+//! to about ten nodes forward and up to twenty backward. The formulas below are their only
 //! definition; the compiled program is what the recorded ops gave (XLA fuses the expansion the same way).
 
 use crate::builder::Builder;
@@ -94,8 +94,8 @@ impl OpRules for GeluGrad {
     expanded!(taped);
 }
 
-/// `max(x, 0)` (any numeric type), with gradient 0 at 0: one node, where a comparison and a selection were two (and their
-/// gradient one more).
+/// `max(x, 0)` (any numeric type), with gradient 0 at 0: one node, where a comparison and a selection were two
+/// (and their gradient one more).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Relu;
 
