@@ -230,18 +230,22 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
             exe
         }
         None => {
-            let options = match &mesh {
+            let options = || match &mesh {
                 Some(m) => CompileOptions {
                     device_assignment: Some(vec![m.devices().iter().map(|&d| d as i64).collect()]),
-                    xla_options: rt.config.all_xla_options(),
+                    xla_options: rt.xla_options(),
                     ..CompileOptions::spmd(m.size() as u32)
                 },
-                None => CompileOptions { xla_options: rt.config.all_xla_options(), ..CompileOptions::default() },
+                None => CompileOptions { xla_options: rt.xla_options(), ..CompileOptions::default() },
             };
             let text = emit(traced.graph(), &EmitOptions::default());
             dump_program(key, &text);
-            let exe =
-                compile_cache::compile(rt, &text, &options, key).map_err(|source| Error::Compile { at, source })?;
+            let exe = loop {
+                match compile_cache::compile(rt, &text, &options(), key) {
+                    Err(source) if rt.drop_unknown_default(&source) => continue,
+                    done => break done.map_err(|source| Error::Compile { at, source })?,
+                }
+            };
             Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
             Counters::add(&COUNTERS.compiles, 1);
             let exe = Arc::new(exe);

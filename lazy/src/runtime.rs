@@ -92,18 +92,17 @@ impl Config {
     /// GPU: no command buffers (CUDA graphs). A lazily traced step hands XLA fresh output buffers every time, so
     /// each launch first updates the captured graph (about 4.7 ms for a GPT-2-small step on an H200) before the
     /// device starts; launching kernels one by one starts the device at once. Measured in `BENCHMARKS.md`.
+    ///
+    /// CPU: no YNNPACK library fusions. The default plugin's XLA (jaxlib 0.11.2) miscompiles a batched product
+    /// with a broadcast operand that it fuses with a multiply and a reduction: the values come back wrong by up to
+    /// 1e242, with no error (`tests/cpu_library_fusions.rs`). Without the fusions XLA uses its own kernels; the
+    /// cost is in `BENCHMARKS.md`. A plugin that does not know an option here compiles without it.
     pub fn backend_xla_options(&self) -> Vec<(String, XlaOption)> {
         match self.backend {
             Backend::Gpu => vec![("xla_gpu_enable_command_buffer".into(), XlaOption::Str(String::new()))],
-            Backend::Cpu | Backend::Tpu => Vec::new(),
+            Backend::Cpu => vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(String::new()))],
+            Backend::Tpu => Vec::new(),
         }
-    }
-
-    /// The backend's options followed by the configured ones.
-    pub(crate) fn all_xla_options(&self) -> Vec<(String, XlaOption)> {
-        let mut all = self.backend_xla_options();
-        all.extend(self.xla_options.iter().cloned());
-        all
     }
 }
 
@@ -113,6 +112,8 @@ pub(crate) struct Runtime {
     pub config: Config,
     /// Compiled programs by graph structure hash.
     pub cache: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
+    /// Backend defaults ([`Config::backend_xla_options`]) the plugin refused as unknown; compiles leave them out.
+    unknown_options: Mutex<Vec<String>>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -143,7 +144,70 @@ impl Runtime {
             .into_iter()
             .next()
             .ok_or_else(|| Error::Config(format!("the plugin {} reports no devices", path.display())))?;
-        Ok(Runtime { client, device, config, cache: Mutex::new(HashMap::new()) })
+        Ok(Runtime {
+            client,
+            device,
+            config,
+            cache: Mutex::new(HashMap::new()),
+            unknown_options: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl Runtime {
+    /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
+    pub(crate) fn xla_options(&self) -> Vec<(String, XlaOption)> {
+        let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<_> =
+            self.config.backend_xla_options().into_iter().filter(|(name, _)| !unknown.contains(name)).collect();
+        all.extend(self.config.xla_options.iter().cloned());
+        all
+    }
+
+    /// Whether `error` is the plugin refusing one of the backend's own defaults as unknown (an older XLA); if so,
+    /// later compiles leave it out. Options the user configured are never dropped: their error is reported.
+    pub(crate) fn drop_unknown_default(&self, error: &lazuli_pjrt::Error) -> bool {
+        let lazuli_pjrt::Error::Pjrt { message, .. } = error else { return false };
+        let Some(name) = unknown_default(&self.config, message) else { return false };
+        let mut unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
+        let new = !unknown.contains(&name);
+        if new {
+            unknown.push(name);
+        }
+        new
+    }
+}
+
+/// The backend default that a compile error says the plugin does not know, unless the user configured it too.
+/// XLA words it `No such compile option: 'NAME'` (`tests/runtime_config.rs` checks that on the real plugin).
+fn unknown_default(config: &Config, message: &str) -> Option<String> {
+    let configured = |name: &str| config.xla_options.iter().any(|(n, _)| n == name);
+    config
+        .backend_xla_options()
+        .into_iter()
+        .map(|(name, _)| name)
+        .find(|name| message.contains(&format!("No such compile option: '{name}'")) && !configured(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unknown_backend_default_is_dropped() {
+        let cpu = Config::default();
+        let refused = "No such compile option: 'xla_cpu_experimental_ynn_fusion_type'";
+        assert_eq!(unknown_default(&cpu, refused).as_deref(), Some("xla_cpu_experimental_ynn_fusion_type"));
+        assert_eq!(unknown_default(&cpu, "No such compile option: 'xla_other'"), None);
+        assert_eq!(unknown_default(&cpu, "While setting option xla_cpu_experimental_ynn_fusion_type, …"), None);
+        // Set by the user as well: their compile error stands.
+        let user = Config {
+            xla_options: vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(String::new()))],
+            ..Config::default()
+        };
+        assert_eq!(unknown_default(&user, refused), None);
+        // Another backend's defaults are not this one's.
+        assert_eq!(unknown_default(&Config { backend: Backend::Gpu, ..Config::default() }, refused), None);
     }
 }
 

@@ -1,0 +1,81 @@
+//! Programs that the default CPU plugin's XLA (jaxlib 0.11.2) computes wrongly when it hands a batched product
+//! and the ops around it to its YNNPACK library fusions: the values came back off by up to 1e242, with no error.
+//! lazuli compiles for the CPU without those fusions (`Config::backend_xla_options`); these tests hold the
+//! results to host references, so they fail if the fusions come back on.
+
+mod common;
+
+use common::{assert_close, values, Rng};
+use lazuli::{DType, Tensor};
+use ndarray::{Array3, Axis};
+
+/// `b` matrices `n × n`, E = A·Aᵀ each (symmetric, entries of a few units).
+fn batch(b: usize, n: usize, seed: u64) -> Array3<f64> {
+    let mut rng = Rng::new(seed);
+    let a = Array3::from_shape_vec((b, n, n), values(&mut rng, DType::F64, b * n * n, -0.5, 0.5)).unwrap();
+    let mut e = Array3::zeros((b, n, n));
+    for k in 0..b {
+        let ak = a.index_axis(Axis(0), k);
+        e.index_axis_mut(Axis(0), k).assign(&ak.dot(&ak.t()));
+    }
+    e
+}
+
+fn batched_matmul(a: &Array3<f64>, b: &Array3<f64>) -> Array3<f64> {
+    let mut out = Array3::zeros((a.dim().0, a.dim().1, b.dim().2));
+    for k in 0..a.dim().0 {
+        out.index_axis_mut(Axis(0), k).assign(&a.index_axis(Axis(0), k).dot(&b.index_axis(Axis(0), k)));
+    }
+    out
+}
+
+fn tensor(a: &Array3<f64>, dtype: DType) -> Tensor {
+    common::tensor_of(dtype, a.as_slice().unwrap(), &[a.dim().0, a.dim().1, a.dim().2])
+}
+
+fn read(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64).to_vec::<f64>().unwrap()
+}
+
+/// sum((E · full(c)) * E, last axis): a batched product with a broadcast operand, multiplied and reduced.
+#[test]
+fn batched_product_with_a_broadcast_operand_then_multiply_and_reduce() {
+    let (b, n, c) = (5, 60, 0.37);
+    let e = batch(b, n, 1);
+    let want = (batched_matmul(&e, &Array3::from_elem((b, n, n), c)) * &e).sum_axis(Axis(2));
+    for dtype in [DType::F64, DType::F32] {
+        let et = tensor(&e, dtype);
+        let got = read(&(et.matmul(&Tensor::full(&[b, n, n], c, dtype)) * &et).sum(&[-1]));
+        // f32 sums 60 products of entries up to ~5 twice over: relative error ~1e-6 of the largest value.
+        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(want.iter()).fold(0f64, |m, (g, w)| m.max((g - w).abs())) / scale;
+        let tol = if dtype == DType::F64 { 1e-13 } else { 1e-5 };
+        assert!(worst <= tol, "{dtype}: largest error {worst:e} of the largest value (tolerance {tol:e})");
+    }
+}
+
+/// The same shape of program arises from autodiff: the gradient of sum(E·X) is Eᵀ · broadcast(1).
+#[test]
+fn gradient_of_a_summed_batched_product() {
+    let (b, n) = (4, 48);
+    let e = batch(b, n, 2);
+    let x = batch(b, n, 3);
+    let xt = tensor(&x, DType::F64).requires_grad();
+    let et = tensor(&e, DType::F64);
+    let e_t = e.clone().permuted_axes([0, 2, 1]).as_standard_layout().to_owned();
+    // d/dX sum(E·X) = Eᵀ · 1, and d/dX sum((E·X) ∘ E) = Eᵀ · E.
+    let g = lazuli::grad(&et.matmul(&xt).sum_all(), &[&xt]).remove(0);
+    let want = batched_matmul(&e_t, &Array3::ones((b, n, n)));
+    // Used further in the same program (as a gradient-times-value term does), the product meets a multiply and a
+    // reduction: the pattern above, made by autodiff.
+    let gx = (&g * &xt).sum(&[-1]);
+    let want_gx = (&want * &x).sum_axis(Axis(2));
+    assert_close("gradient times X, summed", DType::F64, &read(&gx), want_gx.as_slice().unwrap());
+    assert_close("gradient of sum(E·X)", DType::F64, &read(&g), want.as_slice().unwrap());
+    let g = lazuli::grad(&(et.matmul(&xt) * &et).sum_all(), &[&xt]).remove(0);
+    let want = batched_matmul(&e_t, &e);
+    assert_close("gradient of sum((E·X) ∘ E)", DType::F64, &read(&g), want.as_slice().unwrap());
+    let y = et.matmul(&xt).sum(&[-1]) * &et.sum(&[-1]);
+    let want_y = batched_matmul(&e, &x).sum_axis(Axis(2)) * e.sum_axis(Axis(2));
+    assert_close("forward", DType::F64, &read(&y), want_y.as_slice().unwrap());
+}
