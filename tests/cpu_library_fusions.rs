@@ -1,8 +1,8 @@
-//! Programs that the default CPU plugin's XLA (jaxlib 0.11.2) computes wrongly when it hands a batched product
-//! and the ops around it to its YNNPACK library fusions: the values came back off by up to 1e242, with no error.
-//! lazuli lets YNNPACK run single products only, and none in a program with batched products
-//! (`Config::backend_xla_options`). These tests hold the results to host references, so they fail if the fusions
-//! come back on (the first one did before).
+//! Programs that the default CPU plugin's XLA (jaxlib 0.11.2) computes wrongly when it hands the elementwise ops
+//! and reductions around a product to YNNPACK: the values came back off by up to 1e242, with no error, and
+//! differently from run to run. lazuli lets YNNPACK run single products only (`Config::backend_xla_options`).
+//! These tests hold the results to host references, so they fail if those fusions come back on (the first one
+//! did before).
 
 mod common;
 
@@ -63,7 +63,7 @@ fn batched_product_with_a_broadcast_operand_then_multiply_and_reduce() {
     broadcast_product_then_multiply_and_reduce(Some(5));
 }
 
-/// The same without a batch dimension: a program whose single product YNNPACK still runs.
+/// The same without a batch dimension.
 #[test]
 fn single_product_with_a_broadcast_operand_then_multiply_and_reduce() {
     broadcast_product_then_multiply_and_reduce(None);

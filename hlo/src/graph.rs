@@ -88,12 +88,6 @@ impl Graph {
         Graph::default()
     }
 
-    /// Whether some `dot_general` has batch dimensions (attention's products do; a dense layer's do not).
-    /// Compile options depend on it (`lazuli_lazy`'s `Config::backend_xla_options`).
-    pub fn has_batched_product(&self) -> bool {
-        self.nodes.iter().any(|n| matches!(&n.op, Op::DotGeneral(d) if !d.lhs_batch.is_empty()))
-    }
-
     /// Add the next parameter of the program.
     pub fn parameter(&mut self, ty: TensorType, loc: Loc) -> NodeId {
         let index = self.params.len();

@@ -230,14 +230,13 @@ pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Resul
             exe
         }
         None => {
-            let batched = traced.graph().has_batched_product();
             let options = || match &mesh {
                 Some(m) => CompileOptions {
                     device_assignment: Some(vec![m.devices().iter().map(|&d| d as i64).collect()]),
-                    xla_options: rt.xla_options(batched),
+                    xla_options: rt.xla_options(),
                     ..CompileOptions::spmd(m.size() as u32)
                 },
-                None => CompileOptions { xla_options: rt.xla_options(batched), ..CompileOptions::default() },
+                None => CompileOptions { xla_options: rt.xla_options(), ..CompileOptions::default() },
             };
             let text = emit(traced.graph(), &EmitOptions::default());
             dump_program(key, &text);

@@ -87,26 +87,24 @@ impl Config {
         Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, xla_options })
     }
 
-    /// The XLA debug options a backend compiles a program with unless [`Config::xla_options`] says otherwise.
-    /// `batched_products`: the program has a `dot_general` with batch dimensions.
+    /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.
     ///
     /// GPU: no command buffers (CUDA graphs). A lazily traced step hands XLA fresh output buffers every time, so
     /// each launch first updates the captured graph (about 4.7 ms for a GPT-2-small step on an H200) before the
     /// device starts; launching kernels one by one starts the device at once. Measured in `BENCHMARKS.md`.
     ///
-    /// CPU: YNNPACK only for single products, and none in a program with batched products. The default plugin's
-    /// XLA (jaxlib 0.11.2) also fuses the ops around a product into YNNPACK calls, and it computes a batched
-    /// product with a broadcast operand, fused with a multiply and a reduction, wrong by up to 1e242, with no
-    /// error (`tests/cpu_library_fusions.rs`). YNNPACK's single products are upstream XLA's own default; they
-    /// are faster than XLA's for a dense layer's products but slower for a small GPT's (`BENCHMARKS.md`).
+    /// CPU: YNNPACK runs single products only (upstream XLA's default). The default plugin's XLA (jaxlib 0.11.2)
+    /// also hands the elementwise ops and reductions around a product to YNNPACK, and it then computes a batched
+    /// product with a broadcast operand, multiplied and reduced, wrong by up to 1e242, with no error
+    /// (`tests/cpu_library_fusions.rs`). The cost, and why single products stay, is in `BENCHMARKS.md`.
     ///
     /// A plugin that does not know an option here compiles without it.
-    pub fn backend_xla_options(&self, batched_products: bool) -> Vec<(String, XlaOption)> {
+    pub fn backend_xla_options(&self) -> Vec<(String, XlaOption)> {
+        let single_products = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT";
         match self.backend {
             Backend::Gpu => vec![("xla_gpu_enable_command_buffer".into(), XlaOption::Str(String::new()))],
             Backend::Cpu => {
-                let ynn = if batched_products { "" } else { "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT" };
-                vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(ynn.into()))]
+                vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into()))]
             }
             Backend::Tpu => Vec::new(),
         }
@@ -163,14 +161,10 @@ impl Runtime {
 
 impl Runtime {
     /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
-    pub(crate) fn xla_options(&self, batched_products: bool) -> Vec<(String, XlaOption)> {
+    pub(crate) fn xla_options(&self) -> Vec<(String, XlaOption)> {
         let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
-        let mut all: Vec<_> = self
-            .config
-            .backend_xla_options(batched_products)
-            .into_iter()
-            .filter(|(name, _)| !unknown.contains(name))
-            .collect();
+        let mut all: Vec<_> =
+            self.config.backend_xla_options().into_iter().filter(|(name, _)| !unknown.contains(name)).collect();
         all.extend(self.config.xla_options.iter().cloned());
         all
     }
@@ -194,7 +188,7 @@ impl Runtime {
 fn unknown_default(config: &Config, message: &str) -> Option<String> {
     let configured = |name: &str| config.xla_options.iter().any(|(n, _)| n == name);
     config
-        .backend_xla_options(false)
+        .backend_xla_options()
         .into_iter()
         .map(|(name, _)| name)
         .find(|name| message.contains(&format!("No such compile option: '{name}'")) && !configured(name))
