@@ -1,5 +1,5 @@
 //! Property tests over generated shapes: broadcasting, reductions, permutations and batched matmul on the real
-//! plugin against ndarray.
+//! plugin against ndarray, and products inside the elementwise ops and reductions XLA fuses around them.
 
 mod common;
 
@@ -104,5 +104,46 @@ proptest! {
         let mut dims = batch.clone();
         dims.extend([m, n]);
         check("matmul", &a.matmul(&b), &array(out, &dims));
+    }
+
+    /// (A·B) ∘ C reduced, where A or B may be a broadcast: the shape of program whose fused form XLA's CPU
+    /// compiler got wrong (`tests/cpu_library_fusions.rs`). Sizes reach the tens, where XLA uses library kernels.
+    #[test]
+    fn products_fused_with_broadcasts_and_reductions(
+        b in 1usize..5, m in 1usize..48, k in 1usize..48, n in 1usize..48, kind_a in 0u8..2, kind_b in 0u8..3,
+        all in any::<bool>(), f64s in any::<bool>(), seed in any::<u64>(),
+    ) {
+        let dt = if f64s { DType::F64 } else { DType::F32 };
+        let c = 0.37;
+        let (a, aa) = match kind_a {
+            0 => data(seed, dt, &[b, m, k]),
+            _ => (Tensor::full(&[b, m, k], c, dt), ArrayD::from_elem(IxDyn(&[b, m, k]), dt.round(c))),
+        };
+        let (bt, ba) = match kind_b {
+            0 => data(seed ^ 3, dt, &[b, k, n]),
+            1 => (Tensor::full(&[b, k, n], c, dt), ArrayD::from_elem(IxDyn(&[b, k, n]), dt.round(c))),
+            _ => {
+                let (row, ra) = data(seed ^ 5, dt, &[n]);
+                (row.broadcast_to(&[b, k, n]), ra.broadcast(IxDyn(&[b, k, n])).unwrap().to_owned())
+            }
+        };
+        let (ct, ca) = data(seed ^ 9, dt, &[b, m, n]);
+        let got = if all { (a.matmul(&bt) * &ct).sum_all() } else { (a.matmul(&bt) * &ct).sum(&[-1]) };
+        let mut prod = Vec::with_capacity(b * m * n);
+        for p in 0..b {
+            let x = aa.index_axis(Axis(0), p).into_dimensionality::<ndarray::Ix2>().unwrap().to_owned();
+            let y = ba.index_axis(Axis(0), p).into_dimensionality::<ndarray::Ix2>().unwrap().to_owned();
+            prod.extend(x.dot(&y).iter().copied());
+        }
+        let fused = array(prod, &[b, m, n]) * &ca;
+        let want = if all { ArrayD::from_elem(IxDyn(&[]), fused.sum()) } else { fused.sum_axis(Axis(2)) };
+        // Sums of up to 48·48 products of values up to 4: compare against the largest magnitude, not each element.
+        let scale = want.iter().fold(1f64, |s, v| s.max(v.abs()));
+        let tol = if f64s { 1e-12 } else { 1e-4 };
+        let got = got.to_f64_vec().unwrap();
+        prop_assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+            prop_assert!((g - w).abs() <= tol * scale, "element {}: got {}, want {} ({:?}, scale {})", i, g, w, dt, scale);
+        }
     }
 }
