@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use crate::stats::{median, Spread};
-use crate::worker::{SetupInfo, Split, StepRun, Worker};
+use crate::worker::{self, SetupInfo, Split, StepRun, Worker};
 use crate::workloads::{LazuliRun, Workload};
 use crate::{losses_agree, BenchResult};
 
@@ -118,7 +118,7 @@ pub fn cpu_row(w: &Workload, python: &Path, script: &Path, dir: &Path, opts: &Op
     let weights = dir.join(format!("{}.safetensors", w.name));
     let mut lz = LazuliRun::new(w);
     lz.write_weights(&weights)?;
-    let mut jax = Worker::start(python, script, "jax")?;
+    let mut jax = Worker::start_with(python, script, "jax", worker::jax_cpu_xla_flags()?.as_deref())?;
     let info = jax.setup(w, &weights)?;
     let mut lazuli = Side { name: "lazuli".into(), ..Side::default() };
     let mut other = Side { name: "JAX jit".into(), first_s: info.compile_s, info, ..Side::default() };

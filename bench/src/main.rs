@@ -6,7 +6,8 @@
 //!
 //! The first `cpu` run makes the comparison environment (bench/.venv: jax[cpu], numpy, safetensors from PyPI).
 //! Modes: `LAZULI_BENCH_JAX_SYNC=1` (JAX's CPU client dispatches synchronously, as lazuli's does);
-//! `LAZULI_BENCH_READ_LOSS=1` (every step reads its loss to the host, as a loop that logs it does).
+//! `LAZULI_BENCH_READ_LOSS=1` (every step reads its loss to the host, as a loop that logs it does);
+//! `LAZULI_BENCH_JAX_XLA=lazuli` (JAX's CPU side compiles with lazuli's XLA CPU options, through `XLA_FLAGS`).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -156,10 +157,13 @@ fn header(command: &str, python_versions: &str) -> BenchResult<()> {
     println!("- machine: {}", machine());
     println!("- lazuli {} ({}), {}", env!("CARGO_PKG_VERSION"), rustc_version(), lazuli::runtime_info()?);
     println!("- comparison: {python_versions}");
-    let knobs: Vec<String> = ["LAZULI_BENCH_JAX_SYNC", "LAZULI_BENCH_READ_LOSS"]
+    let mut knobs: Vec<String> = ["LAZULI_BENCH_JAX_SYNC", "LAZULI_BENCH_READ_LOSS", "LAZULI_BENCH_JAX_XLA"]
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))
         .collect();
+    if let Some(flags) = lazuli_bench::worker::jax_cpu_xla_flags()? {
+        knobs.push(format!("JAX's XLA_FLAGS `{flags}`"));
+    }
     if !knobs.is_empty() {
         println!("- modes: {}", knobs.join(", "));
     }

@@ -84,7 +84,16 @@ pub struct Worker {
 impl Worker {
     /// Start `python script framework` ("jax" or "torch").
     pub fn start(python: &Path, script: &Path, framework: &str) -> BenchResult<Worker> {
-        let mut child = Command::new(python)
+        Worker::start_with(python, script, framework, None)
+    }
+
+    /// [`Worker::start`] with the worker's `XLA_FLAGS` set.
+    pub fn start_with(python: &Path, script: &Path, framework: &str, xla_flags: Option<&str>) -> BenchResult<Worker> {
+        let mut command = Command::new(python);
+        if let Some(flags) = xla_flags {
+            command.env("XLA_FLAGS", flags);
+        }
+        let mut child = command
             .arg("-u")
             .arg(script)
             .arg(framework)
@@ -161,4 +170,24 @@ impl Drop for Worker {
         }
         let _ = self.child.wait();
     }
+}
+
+/// With `LAZULI_BENCH_JAX_XLA=lazuli`, the `XLA_FLAGS` that make a JAX CPU worker compile with lazuli's CPU
+/// options (`Config::backend_xla_options`), after any the environment sets; otherwise `None` (JAX as installed).
+pub fn jax_cpu_xla_flags() -> BenchResult<Option<String>> {
+    match std::env::var("LAZULI_BENCH_JAX_XLA").as_deref() {
+        Err(_) | Ok("") | Ok("default") => return Ok(None),
+        Ok("lazuli") => {}
+        Ok(other) => return Err(format!("LAZULI_BENCH_JAX_XLA={other:?}: expected lazuli or default").into()),
+    }
+    let mut flags = std::env::var("XLA_FLAGS").unwrap_or_default();
+    for (name, value) in lazuli::Config::default().backend_xla_options() {
+        let value = match value {
+            lazuli::pjrt::XlaOption::Str(s) => s,
+            lazuli::pjrt::XlaOption::Bool(b) => b.to_string(),
+            lazuli::pjrt::XlaOption::Int(i) => i.to_string(),
+        };
+        flags += &format!(" --{name}={value}");
+    }
+    Ok(Some(flags.trim().to_string()))
 }
