@@ -37,7 +37,7 @@ pub use lazuli_lazy::optim::{self, AdamW, Optimizer, Schedule, Sgd};
 pub use lazuli_lazy::random::{manual_seed, rng_state, set_rng_state};
 pub use lazuli_lazy::shard::{self as sharding, mesh, shard_params, Mesh, PartitionSpec, Sharding};
 pub use lazuli_lazy::{
-    broadcast_shapes, grad, init, memory_stats, metrics, no_grad, platform, runtime_info, sync, value_and_grad, wait,
-    Backend, Cause, Config, DType, Element, Error, Loc, MemoryStats, Metrics, Operand, Result, RuntimeInfo, Tensor,
-    XlaOption,
+    broadcast_shapes, grad, init, matmul_precision, memory_stats, metrics, no_grad, platform, runtime_info,
+    set_matmul_precision, sync, value_and_grad, wait, with_matmul_precision, Backend, Cause, Config, DType, Element,
+    Error, Loc, MemoryStats, Metrics, Operand, Precision, Result, RuntimeInfo, Tensor, XlaOption,
 };

@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use common::gradcheck::check_grad;
 use common::{array, assert_close, tensor_of, values, Rng};
 use lazuli::hlo::{Builder, Convolution, Graph, Loc, NodeId, Op, ReduceWindow, TensorType, WindowKind};
-use lazuli::{DType, Tensor};
+use lazuli::{DType, Precision, Tensor};
 use ndarray::{ArrayD, Dimension, IxDyn};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -385,6 +385,8 @@ fn gradient_convolutions_are_adjoint_in_every_configuration() {
             lhs_dilation: ld.to_vec(),
             rhs_dilation: rd.to_vec(),
             reverse: rev,
+            // The attribute compiles, and the gradients' convolutions carry it too.
+            precision: if i % 2 == 0 { Precision::Default } else { Precision::Highest },
         };
         check_adjoint(&format!("convolution case {i}"), Op::Convolution(Box::new(conv)), &xd, Some(&kd));
     }

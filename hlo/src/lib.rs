@@ -22,7 +22,7 @@ pub use graph::{Graph, Loc, Node, NodeId};
 pub use op::{Op, OpRules};
 pub use ops::activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad};
 pub use ops::conv::Convolution;
-pub use ops::dot::DotGeneral;
+pub use ops::dot::{DotGeneral, Precision};
 pub use ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind};
 pub use ops::fused::{Fused, FusedBuilder};
 pub use ops::gather::{ScatterAdd, Take};

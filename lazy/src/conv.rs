@@ -50,7 +50,10 @@ impl Tensor {
             fail(loc, format!("conv2d: stride {stride:?} and dilation {dilation:?} must be positive"));
         }
         let padding = padding.iter().map(|&p| (p as i64, p as i64)).collect();
-        let conv = Convolution::channels_first(stride.to_vec(), padding, dilation.to_vec());
+        let conv = Convolution {
+            precision: crate::precision::matmul_precision(),
+            ..Convolution::channels_first(stride.to_vec(), padding, dilation.to_vec())
+        };
         apply(Op::Convolution(Box::new(conv)), &[self, weight], loc)
     }
 

@@ -12,6 +12,7 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::{i64_array, LowerCx};
 use crate::op::{arity, Op, OpRules};
+use crate::ops::dot::Precision;
 use crate::ops::layout::is_permutation;
 use crate::ops::window::{dilated, fit_high, for_each_index, padding_attr, source_index, sweep_len};
 
@@ -29,6 +30,8 @@ pub struct Convolution {
     pub rhs_dilation: Vec<usize>,
     /// Read the window back to front in every spatial dimension (StableHLO's `window_reversal`).
     pub reverse: bool,
+    /// As a product's ([`Precision`]); the gradients' convolutions keep it.
+    pub precision: Precision,
 }
 
 /// `[a, b, c…] → [b, a, c…]`
@@ -51,6 +54,7 @@ impl Convolution {
             padding,
             rhs_dilation: dilation,
             reverse: false,
+            precision: Precision::Default,
         }
     }
 
@@ -137,6 +141,7 @@ impl OpRules for Convolution {
             attrs.push_str(&format!(", window_reversal = array<i1: {flags}>"));
         }
         attrs.push_str(", feature_group_count = 1 : i64, batch_group_count = 1 : i64");
+        attrs.push_str(&self.precision.config_attr());
         cx.op_on_args("stablehlo.convolution", &attrs)
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
@@ -206,6 +211,7 @@ impl OpRules for Convolution {
             lhs_dilation: self.strides.clone(),
             rhs_dilation: self.rhs_dilation.clone(),
             reverse: !self.reverse,
+            precision: self.precision,
         };
         let dx = b.op(Op::Convolution(Box::new(d_lhs)), &[g, rhs]);
 
@@ -226,6 +232,7 @@ impl OpRules for Convolution {
                 lhs_dilation: self.strides.clone(),
                 rhs_dilation: self.lhs_dilation.clone(),
                 reverse: false,
+                precision: self.precision,
             };
             b.op(Op::Convolution(Box::new(conv)), &[g, lhs])
         } else {
@@ -245,6 +252,7 @@ impl OpRules for Convolution {
                 lhs_dilation: self.lhs_dilation.clone(),
                 rhs_dilation: self.strides.clone(),
                 reverse: false,
+                precision: self.precision,
             };
             b.op(Op::Convolution(Box::new(conv)), &[lhs, g])
         };

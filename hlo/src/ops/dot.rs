@@ -12,23 +12,58 @@ use crate::op::{arity, OpRules};
 /// A list of dimension numbers: inline up to two (a matmul's), so recording a product allocates none.
 pub type Axes = smallvec::SmallVec<[usize; 2]>;
 
+/// How exactly a product of floats is computed (StableHLO's `precision_config`, for both operands). Backends read
+/// it per element type: on NVIDIA GPUs since Ampere, XLA computes `Default` f32 products with TF32 inputs (10
+/// mantissa bits, about 1e-3 relative error); `Highest` keeps f32. CPUs compute every level in full precision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// The backend's fastest (JAX's default too).
+    #[default]
+    Default,
+    /// More than the fastest: on GPUs, f32 products from three bf16 products.
+    High,
+    /// The operands' own precision.
+    Highest,
+}
+
+impl Precision {
+    /// `, precision_config = [...]` for both operands, or nothing for the default.
+    pub(crate) fn config_attr(self) -> String {
+        let p = match self {
+            Precision::Default => return String::new(),
+            Precision::High => "HIGH",
+            Precision::Highest => "HIGHEST",
+        };
+        format!(", precision_config = [#stablehlo<precision {p}>, #stablehlo<precision {p}>]")
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct DotGeneral {
     pub lhs_batch: Axes,
     pub rhs_batch: Axes,
     pub lhs_contract: Axes,
     pub rhs_contract: Axes,
+    /// Part of the program's structure: a product at another precision is another program.
+    pub precision: Precision,
 }
 
 impl DotGeneral {
-    /// Batch dimensions paired in order, then contracting dimensions paired in order.
+    /// Batch dimensions paired in order, then contracting dimensions paired in order; the backend's default
+    /// precision.
     pub fn new(lhs_batch: &[usize], rhs_batch: &[usize], lhs_contract: &[usize], rhs_contract: &[usize]) -> Self {
         DotGeneral {
             lhs_batch: Axes::from_slice(lhs_batch),
             rhs_batch: Axes::from_slice(rhs_batch),
             lhs_contract: Axes::from_slice(lhs_contract),
             rhs_contract: Axes::from_slice(rhs_contract),
+            precision: Precision::Default,
         }
+    }
+
+    /// The same product at `precision`.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        DotGeneral { precision, ..self }
     }
 
     /// Dimensions of `rank` that are neither batch nor contracting, in order.
@@ -51,6 +86,7 @@ impl DotGeneral {
     /// `(other, g)`, whichever leaves this side's dimensions in order, so the usual `x·W` records no transpose
     /// for either gradient (one node each, where a transpose made the weight's two).
     fn side_vjp<B: Builder>(
+        &self,
         b: &mut B,
         g: &B::V,
         other: &B::V,
@@ -90,6 +126,7 @@ impl DotGeneral {
                 rhs_batch: other_batch.into(),
                 lhs_contract: g_other_free.collect(),
                 rhs_contract: other_free,
+                precision: self.precision,
             };
             (dot, [g, other], pos_g)
         } else {
@@ -98,6 +135,7 @@ impl DotGeneral {
                 rhs_batch: g_dims,
                 lhs_contract: other_free,
                 rhs_contract: g_other_free.collect(),
+                precision: self.precision,
             };
             (dot, [other, g], pos_other)
         };
@@ -152,10 +190,9 @@ impl OpRules for DotGeneral {
         .into_iter()
         .flatten()
         .collect();
-        cx.op_on_args(
-            "stablehlo.dot_general",
-            &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")),
-        )
+        let attrs =
+            format!("dot_dimension_numbers = #stablehlo.dot<{}>{}", fields.join(", "), self.precision.config_attr());
+        cx.op_on_args("stablehlo.dot_general", &attrs)
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let (l, r) = (x[0], x[1]);
@@ -198,8 +235,8 @@ impl OpRules for DotGeneral {
         let lhs = (&self.lhs_batch[..], &self.lhs_contract[..], lr);
         let rhs = (&self.rhs_batch[..], &self.rhs_contract[..], rr);
         // Only the wanted sides: a first layer's input (the batch) needs no cotangent.
-        let dl = b.needs_grad(l).then(|| Self::side_vjp(b, g, r, nb + nlf..nb + nlf + nrf, lhs, rhs));
-        let dr = b.needs_grad(r).then(|| Self::side_vjp(b, g, l, nb..nb + nlf, rhs, lhs));
+        let dl = b.needs_grad(l).then(|| self.side_vjp(b, g, r, nb + nlf..nb + nlf + nrf, lhs, rhs));
+        let dr = b.needs_grad(r).then(|| self.side_vjp(b, g, l, nb..nb + nlf, rhs, lhs));
         vec![dl, dr]
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
@@ -239,6 +276,50 @@ mod tests {
         check_vjp(&dot(&[], &[], &[0], &[0]), &[data(&[4, 3], 5), data(&[4, 5], 6)]);
         check_vjp(&dot(&[0], &[0], &[2], &[1]), &[data(&[2, 3, 4], 7), data(&[2, 4, 5], 8)]);
         check_vjp(&dot(&[], &[], &[1, 2], &[2, 0]), &[data(&[3, 4, 2], 9), data(&[2, 5, 4], 10)]);
+    }
+
+    /// A precision other than the default is written for both operands, and the gradient's products keep it.
+    #[test]
+    fn precision_is_lowered_and_kept_by_the_gradient() {
+        use crate::{emit, EmitOptions, Graph, Loc};
+        let at = Loc { file: "m.rs", line: 1, col: 1 };
+        for (p, attr) in
+            [(Precision::Default, None), (Precision::High, Some("HIGH")), (Precision::Highest, Some("HIGHEST"))]
+        {
+            let mut g = Graph::new();
+            let x = g.parameter(TensorType::new(DType::F32, [2, 3]), at);
+            let w = g.parameter(TensorType::new(DType::F32, [3, 4]), at);
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(p);
+            let y = g.push(Op::DotGeneral(dot), vec![x, w], at).unwrap();
+            g.outputs = vec![y];
+            let text = emit(&g, &EmitOptions::default());
+            match attr {
+                None => assert!(!text.contains("precision_config"), "{text}"),
+                Some(a) => {
+                    let want = format!("precision_config = [#stablehlo<precision {a}>, #stablehlo<precision {a}>]");
+                    assert!(text.contains(&want), "{text}")
+                }
+            }
+        }
+        struct Precisions(Vec<Precision>);
+        impl Builder for Precisions {
+            type V = TensorType;
+            fn ty<'a>(&'a self, v: &'a TensorType) -> &'a TensorType {
+                v
+            }
+            fn op(&mut self, op: Op, operands: &[&TensorType]) -> TensorType {
+                if let Op::DotGeneral(d) = &op {
+                    self.0.push(d.precision);
+                }
+                op.infer(operands).expect("well-typed")
+            }
+        }
+        let (x, w) = (TensorType::new(DType::F32, vec![2, 5, 3]), TensorType::new(DType::F32, vec![2, 3, 4]));
+        let g = TensorType::new(DType::F32, vec![2, 5, 4]);
+        let mut b = Precisions(Vec::new());
+        let dot = Op::DotGeneral(DotGeneral::new(&[0], &[0], &[2], &[1]).with_precision(Precision::Highest));
+        dot.vjp(&mut b, &[x, w], &g, &g);
+        assert_eq!(b.0, [Precision::Highest, Precision::Highest]);
     }
 
     /// The gradients of `x·W` are one product each, with no transpose after them.
