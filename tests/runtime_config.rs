@@ -92,3 +92,29 @@ fn xla_options_from_the_environment() {
     in_child(name, &[(CHILD, "unknown"), ("LAZULI_XLA_OPTIONS", "xla_no_such_option=1")]);
     in_child(name, &[(CHILD, "malformed"), ("LAZULI_XLA_OPTIONS", "fast_math")]);
 }
+
+/// `LAZULI_MATMUL_PRECISION` sets the process's level until `set_matmul_precision`; a bad value panics at the
+/// first product, naming the variable and the user's line.
+#[test]
+fn matmul_precision_from_the_environment() {
+    const CHILD: &str = "LAZULI_TEST_PRECISION_CHILD";
+    let a = || Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+    match std::env::var(CHILD).as_deref() {
+        Ok("highest") => {
+            assert_eq!(lazuli::matmul_precision(), lazuli::Precision::Highest);
+            assert_eq!(a().matmul(&a()).to_vec::<f32>().unwrap(), vec![7.0, 10.0, 15.0, 22.0]);
+            lazuli::set_matmul_precision(lazuli::Precision::High);
+            return assert_eq!(lazuli::matmul_precision(), lazuli::Precision::High, "the call wins");
+        }
+        Ok("bad") => {
+            let err = std::panic::catch_unwind(|| a().matmul(&a())).unwrap_err();
+            let line = format!("runtime_config.rs:{}", line!() - 1);
+            let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+            return assert!(msg.contains("LAZULI_MATMUL_PRECISION=\"fastest\"") && msg.contains(&line), "{msg}");
+        }
+        _ => {}
+    }
+    let name = "matmul_precision_from_the_environment";
+    in_child(name, &[(CHILD, "highest"), ("LAZULI_MATMUL_PRECISION", "HIGHEST")]);
+    in_child(name, &[(CHILD, "bad"), ("LAZULI_MATMUL_PRECISION", "fastest")]);
+}

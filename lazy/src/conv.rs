@@ -51,7 +51,7 @@ impl Tensor {
         }
         let padding = padding.iter().map(|&p| (p as i64, p as i64)).collect();
         let conv = Convolution {
-            precision: crate::precision::matmul_precision(),
+            precision: crate::precision::precision_at(loc),
             ..Convolution::channels_first(stride.to_vec(), padding, dilation.to_vec())
         };
         apply(Op::Convolution(Box::new(conv)), &[self, weight], loc)

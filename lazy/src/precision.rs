@@ -9,7 +9,9 @@ pub use lazuli_hlo::Precision;
 
 const LEVELS: [Precision; 3] = [Precision::Default, Precision::High, Precision::Highest];
 
-static PROCESS: AtomicU8 = AtomicU8::new(0);
+/// An index into `LEVELS`, or `UNSET` until `LAZULI_MATMUL_PRECISION` is read or a level is set.
+static PROCESS: AtomicU8 = AtomicU8::new(UNSET);
+const UNSET: u8 = u8::MAX;
 
 thread_local! {
     static SCOPED: Cell<Option<Precision>> = const { Cell::new(None) };
@@ -20,9 +22,10 @@ fn index(p: Precision) -> u8 {
 }
 
 /// Record products at `precision` from now on, on every thread without a [`with_matmul_precision`] scope (as
-/// JAX's `jax_default_matmul_precision` and PyTorch's `torch.set_float32_matmul_precision`). The default is
-/// [`Precision::Default`]: on NVIDIA GPUs XLA then computes f32 products with TF32 inputs, as JAX does;
-/// `Precision::Highest` keeps f32, as PyTorch does by default. A different precision makes a different program.
+/// JAX's `jax_default_matmul_precision` and PyTorch's `torch.set_float32_matmul_precision`). Until it is
+/// called, the level is `LAZULI_MATMUL_PRECISION` (`default`, `high` or `highest`), else [`Precision::Default`]:
+/// on NVIDIA GPUs XLA then computes f32 products with TF32 inputs, as JAX does; `Precision::Highest` keeps f32,
+/// as PyTorch does by default. A different precision makes a different program.
 pub fn set_matmul_precision(precision: Precision) {
     PROCESS.store(index(precision), Ordering::Relaxed);
 }
@@ -39,7 +42,33 @@ pub fn with_matmul_precision<R>(precision: Precision, f: impl FnOnce() -> R) -> 
     f()
 }
 
-/// The precision a product recorded now on this thread gets.
+/// The precision a product recorded now on this thread gets. Panics, naming the caller's line, if
+/// `LAZULI_MATMUL_PRECISION` holds something else than `default`, `high` or `highest`.
+#[track_caller]
 pub fn matmul_precision() -> Precision {
-    SCOPED.with(|s| s.get()).unwrap_or_else(|| LEVELS[PROCESS.load(Ordering::Relaxed) as usize % LEVELS.len()])
+    precision_at(crate::Loc::caller())
+}
+
+/// [`matmul_precision`] for an op recorded at `loc`.
+pub(crate) fn precision_at(loc: crate::Loc) -> Precision {
+    if let Some(p) = SCOPED.with(|s| s.get()) {
+        return p;
+    }
+    let mut level = PROCESS.load(Ordering::Relaxed);
+    if level == UNSET {
+        let from_env = match std::env::var("LAZULI_MATMUL_PRECISION").unwrap_or_default().to_ascii_lowercase().as_str()
+        {
+            "" | "default" => Precision::Default,
+            "high" => Precision::High,
+            "highest" => Precision::Highest,
+            other => crate::record::fail(
+                loc,
+                format!("LAZULI_MATMUL_PRECISION={other:?}: expected default, high or highest"),
+            ),
+        };
+        // A level set meanwhile wins over the environment.
+        let _ = PROCESS.compare_exchange(UNSET, index(from_env), Ordering::Relaxed, Ordering::Relaxed);
+        level = PROCESS.load(Ordering::Relaxed);
+    }
+    LEVELS[level as usize]
 }

@@ -440,7 +440,7 @@ impl Tensor {
         if ra > 2 && rb == 2 {
             // [..., m, k] @ [k, n]: one 2-D product over the flattened rows, not a broadcast of the matrix per batch.
             let rows = a2.elements() / k1;
-            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::precision::matmul_precision());
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::precision::precision_at(loc));
             let r = apply(Op::DotGeneral(dot), &[&a2.reshape(&[rows as isize, k1 as isize]), &b2], loc);
             let mut out: Vec<isize> = a2.dims()[..ra - 1].iter().map(|&d| d as isize).collect();
             out.push(n as isize);
@@ -457,7 +457,7 @@ impl Tensor {
         let (a3, b3) = (a2.broadcast_at(&da, loc), b2.broadcast_at(&db, loc));
         let batch_dims: Vec<usize> = (0..nb).collect();
         let dot = DotGeneral::new(&batch_dims, &batch_dims, &[nb + 1], &[nb])
-            .with_precision(crate::precision::matmul_precision());
+            .with_precision(crate::precision::precision_at(loc));
         let r = apply(Op::DotGeneral(dot), &[&a3, &b3], loc);
         // Drop the unit dimensions that stood for vectors.
         let mut out: Vec<isize> = batch.iter().map(|&d| d as isize).collect();
