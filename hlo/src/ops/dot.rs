@@ -14,7 +14,7 @@ pub type Axes = smallvec::SmallVec<[usize; 2]>;
 
 /// How exactly a product of floats is computed (StableHLO's `precision_config`, for both operands). Backends read
 /// it per element type: on NVIDIA GPUs since Ampere, XLA computes `Default` f32 products with TF32 inputs (10
-/// mantissa bits, about 1e-3 relative error); `Highest` keeps f32. CPUs compute every level in full precision.
+/// mantissa bits: 1e-4 to 1e-3 relative error); `Highest` keeps f32. CPUs compute every level in full precision.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
     /// The backend's fastest (JAX's default too).
