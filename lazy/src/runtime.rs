@@ -157,9 +157,7 @@ impl Runtime {
             unknown_options: Mutex::new(Vec::new()),
         })
     }
-}
 
-impl Runtime {
     /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
     pub(crate) fn xla_options(&self) -> Vec<(String, XlaOption)> {
         let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
@@ -169,8 +167,9 @@ impl Runtime {
         all
     }
 
-    /// Whether `error` is the plugin refusing one of the backend's own defaults as unknown (an older XLA); if so,
-    /// later compiles leave it out. Options the user configured are never dropped: their error is reported.
+    /// Whether `error` is the plugin refusing one of the backend's own defaults (an older XLA, which lacks the
+    /// option or the value); if so, later compiles leave it out. Options the user configured are never dropped:
+    /// their error is reported.
     pub(crate) fn drop_unknown_default(&self, error: &lazuli_pjrt::Error) -> bool {
         let lazuli_pjrt::Error::Pjrt { message, .. } = error else { return false };
         let Some(name) = unknown_default(&self.config, message) else { return false };
@@ -183,15 +182,16 @@ impl Runtime {
     }
 }
 
-/// The backend default that a compile error says the plugin does not know, unless the user configured it too.
-/// XLA words it `No such compile option: 'NAME'` (`tests/runtime_config.rs` checks that on the real plugin).
+/// The backend default that a compile error says the plugin cannot apply, unless the user configured it too.
+/// XLA words it `No such compile option: 'NAME'`, or `While setting option NAME, …` for a value it does not know
+/// (both seen on the real plugin; `tests/runtime_config.rs` checks the first).
 fn unknown_default(config: &Config, message: &str) -> Option<String> {
     let configured = |name: &str| config.xla_options.iter().any(|(n, _)| n == name);
-    config
-        .backend_xla_options()
-        .into_iter()
-        .map(|(name, _)| name)
-        .find(|name| message.contains(&format!("No such compile option: '{name}'")) && !configured(name))
+    let refused = |name: &str| {
+        message.contains(&format!("No such compile option: '{name}'"))
+            || message.contains(&format!("While setting option {name},"))
+    };
+    config.backend_xla_options().into_iter().map(|(name, _)| name).find(|name| refused(name) && !configured(name))
 }
 
 #[cfg(test)]
@@ -204,7 +204,9 @@ mod tests {
         let refused = "No such compile option: 'xla_cpu_experimental_ynn_fusion_type'";
         assert_eq!(unknown_default(&cpu, refused).as_deref(), Some("xla_cpu_experimental_ynn_fusion_type"));
         assert_eq!(unknown_default(&cpu, "No such compile option: 'xla_other'"), None);
-        assert_eq!(unknown_default(&cpu, "While setting option xla_cpu_experimental_ynn_fusion_type, …"), None);
+        let bad_value = "While setting option xla_cpu_experimental_ynn_fusion_type, 'X' is not a valid enum value.";
+        assert_eq!(unknown_default(&cpu, bad_value).as_deref(), Some("xla_cpu_experimental_ynn_fusion_type"));
+        assert_eq!(unknown_default(&cpu, "While setting option xla_other, 'X' is not a valid enum value."), None);
         // Set by the user as well: their compile error stands.
         let user = Config {
             xla_options: vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(String::new()))],
