@@ -35,7 +35,7 @@ fn tensor(a: &Array3<f64>, dtype: DType) -> Tensor {
 }
 
 fn read(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).to_vec::<f64>().unwrap()
+    t.to_f64_vec().unwrap()
 }
 
 /// sum((E · full(c)) * E, last axis) for `b` matrices, or one matrix without a batch dimension.
@@ -50,8 +50,7 @@ fn broadcast_product_then_multiply_and_reduce(b: Option<usize>) {
         };
         let got = read(&(et.matmul(&Tensor::full(et.dims(), c, dtype)) * &et).sum(&[-1]));
         // f32 sums 60 products of entries up to ~5 twice over: relative error ~1e-6 of the largest value.
-        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-        let worst = got.iter().zip(want.iter()).fold(0f64, |m, (g, w)| m.max((g - w).abs())) / scale;
+        let worst = common::rel_err(&got, want.as_slice().unwrap(), 0.0);
         let tol = if dtype == DType::F64 { 1e-13 } else { 1e-5 };
         assert!(worst <= tol, "{dtype}, batch {b:?}: largest error {worst:e} of the largest value (tolerance {tol:e})");
     }

@@ -16,19 +16,17 @@ fn compiles_of(f: impl FnOnce()) -> u64 {
     (lazuli::metrics() - m0).compiles
 }
 
-/// The largest difference, relative to the largest reference value.
+/// Relative to the largest reference value (these products have no values near zero that matter).
 fn rel_err(got: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
-    got.iter().zip(want).fold(0f64, |m, (g, w)| m.max((g - w).abs())) / scale
+    common::rel_err(got, want, 1e-30)
 }
 
 fn f32_tensor(v: &[f64], dims: &[usize]) -> Tensor {
-    Tensor::from_slice(&v.iter().map(|&x| x as f32).collect::<Vec<_>>(), dims)
+    common::tensor_of(DType::F32, v, dims)
 }
 
 fn read(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).to_vec::<f64>().unwrap()
+    t.to_f64_vec().unwrap()
 }
 
 #[test]

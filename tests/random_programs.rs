@@ -137,11 +137,10 @@ impl Program {
     }
 }
 
-/// The largest difference relative to the largest reference value, or absolute below 1 (a gradient that is
-/// nearly zero everywhere is nearly all rounding).
+/// Relative to the largest reference value, or absolute below 1: a gradient that is nearly zero everywhere is
+/// nearly all rounding.
 fn rel_err(got: &[f64], want: &[f64]) -> f64 {
-    let scale = want.iter().fold(1f64, |m, v| m.max(v.abs()));
-    got.iter().zip(want).fold(0f64, |m, (g, w)| m.max(if g == w { 0.0 } else { (g - w).abs() })) / scale
+    common::rel_err(got, want, 1.0)
 }
 
 fn check(seed: u64, f64s: bool, steps: usize) {

@@ -85,3 +85,11 @@ pub fn assert_close(what: &str, dtype: DType, got: &[f64], want: &[f64]) {
 pub fn array(v: Vec<f64>, dims: &[usize]) -> ArrayD<f64> {
     ArrayD::from_shape_vec(IxDyn(dims), v).unwrap()
 }
+
+/// The largest difference between `got` and `want`, relative to the largest reference value or to `floor`,
+/// whichever is larger (a floor of 1 compares values below 1 absolutely). Equal values count 0, ±inf included.
+pub fn rel_err(got: &[f64], want: &[f64], floor: f64) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths");
+    let scale = want.iter().fold(floor, |m, v| m.max(v.abs()));
+    got.iter().zip(want).fold(0f64, |m, (g, w)| m.max(if g == w { 0.0 } else { (g - w).abs() })) / scale
+}
