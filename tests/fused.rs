@@ -86,15 +86,18 @@ fn fused_operands_that_do_not_fit_panic_at_the_callers_line() {
     let (a, b) = (Tensor::from_slice(&[1.0f32; 6], &[2, 3]), Tensor::from_slice(&[1.0f32; 3], &[3]));
     let s = Tensor::scalar(1.0f32);
     let line = line!() + 1;
-    let err = std::panic::catch_unwind(|| Tensor::fused(&expr, &[&a, &b, &a, &s, &s, &s])).unwrap_err();
+    let bad = || Tensor::fused(&expr, &[&a, &b, &a, &s, &s, &s]);
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(bad)).unwrap_err();
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("operand shapes differ"), "{msg}");
     assert!(msg.contains(&format!("tests/fused.rs:{line}")), "{msg}");
     let f64s = Tensor::scalar(1.0f64);
-    let err = std::panic::catch_unwind(|| Tensor::fused(&expr, &[&a, &a, &a, &f64s, &s, &s])).unwrap_err();
+    let err =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Tensor::fused(&expr, &[&a, &a, &a, &f64s, &s, &s])))
+            .unwrap_err();
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("test_update") && msg.contains("differ"), "{msg}");
-    let err = std::panic::catch_unwind(|| Tensor::fused(&expr, &[&a, &a])).unwrap_err();
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Tensor::fused(&expr, &[&a, &a]))).unwrap_err();
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("takes 6 operand(s), got 2"), "{msg}");
 }

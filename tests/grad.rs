@@ -152,6 +152,6 @@ fn no_grad_and_api_errors() {
     assert_eq!(g[0].to_vec::<f64>().unwrap(), vec![3.0, 3.0], "ops under no_grad carry no gradient");
     let err = std::panic::catch_unwind(|| Tensor::from_slice(&[1i32], &[1]).requires_grad()).unwrap_err();
     assert!(err.downcast_ref::<String>().unwrap().contains("floating-point"));
-    let err = std::panic::catch_unwind(|| (&w * 1.0).backward()).unwrap_err();
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (&w * 1.0).backward())).unwrap_err();
     assert!(err.downcast_ref::<String>().unwrap().contains("scalar"));
 }

@@ -48,8 +48,9 @@ impl Program {
                 let c = 0.25 + self.pick(8) as f64 / 8.0;
                 (Tensor::full(dims, c, self.dtype), format!("full({dims:?}, {c})"))
             }
-            1 => {
-                let last = *dims.last().unwrap_or(&1);
+            // A rank-0 value (a full reduction) has no row to broadcast.
+            1 if !dims.is_empty() => {
+                let last = dims[dims.len() - 1];
                 let row = self.param(&[last]);
                 (row.broadcast_to(dims), format!("row[{last}] broadcast to {dims:?}"))
             }

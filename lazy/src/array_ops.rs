@@ -8,7 +8,7 @@ use lazuli_hlo::{
 };
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use crate::record::{apply, axis, fail, Operand};
 use crate::tensor::{Node, Tensor};
@@ -22,10 +22,10 @@ pub(crate) fn constant_like(value: f64, dtype: DType, dims: &[usize], loc: Loc) 
 }
 
 /// The node behind [`constant_like`] (autodiff's constants share it too).
-pub(crate) fn shared_constant(value: f64, dtype: DType, dims: &[usize], loc: Loc) -> Arc<Node> {
+pub(crate) fn shared_constant(value: f64, dtype: DType, dims: &[usize], loc: Loc) -> Rc<Node> {
     type Key = (u64, DType, lazuli_hlo::Dims);
     thread_local! {
-        static SHARED: std::cell::RefCell<HashMap<Key, Arc<Node>>> = std::cell::RefCell::new(HashMap::new());
+        static SHARED: std::cell::RefCell<HashMap<Key, Rc<Node>>> = std::cell::RefCell::new(HashMap::new());
     }
     let key = (value.to_bits(), dtype, lazuli_hlo::Dims::from_slice(dims));
     SHARED.with(|m| {

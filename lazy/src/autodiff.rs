@@ -3,8 +3,7 @@
 //! graph as the forward pass, at the forward op's source line.
 
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use lazuli_hlo::{Builder, Loc, Op, TensorType};
 
@@ -39,45 +38,45 @@ struct Recorder {
 
 /// Gradient nodes are handle-less (`Tensor::record_node`): only the leaves' gradients become tensors.
 impl Builder for Recorder {
-    type V = Arc<Node>;
-    fn ty<'a>(&'a self, v: &'a Arc<Node>) -> &'a TensorType {
+    type V = Rc<Node>;
+    fn ty<'a>(&'a self, v: &'a Rc<Node>) -> &'a TensorType {
         &v.ty
     }
-    fn needs_grad(&self, v: &Arc<Node>) -> bool {
+    fn needs_grad(&self, v: &Rc<Node>) -> bool {
         v.grad_path || v.requires_grad()
     }
-    fn op(&mut self, op: Op, operands: &[&Arc<Node>]) -> Arc<Node> {
+    fn op(&mut self, op: Op, operands: &[&Rc<Node>]) -> Rc<Node> {
         // Gradient rules' constants (zeros for masks, ones, scales) are structure: share them.
         if let Op::Constant(c) = &op {
             return crate::array_ops::shared_constant(c.value(), c.ty.dtype, &c.ty.dims, self.loc);
         }
         let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|n| &n.ty).collect();
         match op.infer(&tys) {
-            Ok(ty) => Tensor::record_node(op, operands.iter().map(|n| Arc::clone(n)).collect(), ty, self.loc),
+            Ok(ty) => Tensor::record_node(op, operands.iter().map(|n| Rc::clone(n)).collect(), ty, self.loc),
             Err(msg) => fail(self.loc, msg),
         }
     }
 }
 
 /// Nodes on the gradient path below `root`, operands before users. Gradient leaves end the walk.
-fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
+fn topo_order(root: &Rc<Node>) -> Vec<Rc<Node>> {
     let on_path = |o: &Node| o.grad_path || o.requires_grad();
     let mut order = Vec::new();
     let mut seen: NodeMap<()> = NodeMap::default();
     // (node, operands already pushed?)
-    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+    let mut stack: Vec<(Rc<Node>, bool)> = vec![(root.clone(), false)];
     while let Some((node, expanded)) = stack.pop() {
         if expanded {
             order.push(node);
             continue;
         }
-        if seen.insert(Arc::as_ptr(&node), ()).is_some() {
+        if seen.insert(Rc::as_ptr(&node), ()).is_some() {
             continue;
         }
         let below = stack.len();
         if node.grad_path && !node.requires_grad() {
             if let Some(r) = node.lock().recipe.as_ref() {
-                let unseen = |o: &&Arc<Node>| on_path(o) && !seen.contains_key(&Arc::as_ptr(o));
+                let unseen = |o: &&Rc<Node>| on_path(o) && !seen.contains_key(&Rc::as_ptr(o));
                 stack.extend(r.operands.iter().rev().filter(unseen).map(|o| (o.clone(), false)));
             }
         }
@@ -92,17 +91,17 @@ fn topo_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
 }
 
 /// Cotangents of every gradient leaf under `root`, seeded with `seed` (the cotangent of `root`).
-fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
+fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
     no_grad(|| {
         let order = topo_order(&root.node);
-        let mut cot: NodeMap<Arc<Node>> = NodeMap::with_capacity_and_hasher(order.len(), Default::default());
-        cot.insert(Arc::as_ptr(&root.node), seed.node.clone());
+        let mut cot: NodeMap<Rc<Node>> = NodeMap::with_capacity_and_hasher(order.len(), Default::default());
+        cot.insert(Rc::as_ptr(&root.node), seed.node.clone());
         let mut leaves = Vec::new();
         for node in order.iter().rev() {
             // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
             // computed, which frees the forward graph and lets the step donate its inputs.
-            node.backward_done.store(true, Ordering::Relaxed);
-            let Some(g) = cot.remove(&Arc::as_ptr(node)) else { continue };
+            node.backward_done.set(true);
+            let Some(g) = cot.remove(&Rc::as_ptr(node)) else { continue };
             if node.requires_grad() {
                 leaves.push((node.clone(), Tensor::from_node(g)));
                 continue;
@@ -118,7 +117,7 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Arc<Node>, Tensor)> {
                 if !(operand.grad_path || operand.requires_grad()) {
                     continue;
                 }
-                let key = Arc::as_ptr(operand);
+                let key = Rc::as_ptr(operand);
                 let sum = match cot.remove(&key) {
                     Some(prev) => b.add(&prev, &dx),
                     None => dx,
@@ -146,7 +145,7 @@ impl Tensor {
                 format!("requires_grad: only floating-point tensors have gradients, not {}", self.tensor_type()),
             );
         }
-        self.node.requires_grad.store(on, Ordering::Relaxed);
+        self.node.requires_grad.set(on);
     }
 
     pub fn is_requires_grad(&self) -> bool {
@@ -155,22 +154,22 @@ impl Tensor {
 
     /// The accumulated gradient (a lazy tensor), if `backward()` has reached this leaf.
     pub fn grad(&self) -> Option<Tensor> {
-        self.node.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.node.grad.borrow().clone()
     }
 
     /// Remove and return the accumulated gradient.
     pub(crate) fn take_grad(&self) -> Option<Tensor> {
-        self.node.grad.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.node.grad.borrow_mut().take()
     }
 
     /// Set the accumulated gradient (moving it between values of one parameter).
     pub(crate) fn put_grad(&self, g: Tensor) {
-        *self.node.grad.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+        *self.node.grad.borrow_mut() = Some(g);
     }
 
     /// Forget the accumulated gradient.
     pub fn zero_grad(&self) {
-        *self.node.grad.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.node.grad.borrow_mut() = None;
     }
 
     /// Record the gradient of this scalar with respect to every gradient leaf it depends on, accumulating into
@@ -184,7 +183,7 @@ impl Tensor {
         // The seed is structure (a shared constant node), not a candidate output of the step.
         let seed = Tensor::structural(crate::array_ops::shared_constant(1.0, self.dtype(), self.dims(), loc));
         for (leaf, g) in backprop(self, seed) {
-            let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = leaf.grad.borrow_mut();
             *slot = Some(match slot.take() {
                 Some(prev) => no_grad(|| prev.binary_at(&g, lazuli_hlo::BinaryKind::Add, loc)),
                 None => g,
@@ -213,9 +212,9 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Vec<Tensor> {
         }
     }
     let seed = no_grad(|| apply(Op::Constant(lazuli_hlo::Constant::new(1.0, loss.tensor_type().clone())), &[], loc));
-    let found: NodeMap<Tensor> = backprop(loss, seed).into_iter().map(|(n, g)| (Arc::as_ptr(&n), g)).collect();
+    let found: NodeMap<Tensor> = backprop(loss, seed).into_iter().map(|(n, g)| (Rc::as_ptr(&n), g)).collect();
     wrt.iter()
-        .map(|w| match found.get(&Arc::as_ptr(&w.node)) {
+        .map(|w| match found.get(&Rc::as_ptr(&w.node)) {
             Some(g) => g.clone(),
             None => no_grad(|| Tensor::zeros(w.dims(), w.dtype())),
         })

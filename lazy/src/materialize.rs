@@ -1,6 +1,7 @@
 //! Materialization: collect the pending graph under some target tensors, look its structure up in the executable
 //! cache (compiling on a miss), run it, and store the results on their nodes.
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -118,7 +119,7 @@ fn plan_donation(w: &mut Walk) -> Vec<usize> {
         let node = &w.nodes[id];
         // Handles held by this planning: `nodes` (+1), and `leaves` for parameters (+1).
         let ours = 1 + param_of[id].is_some() as usize;
-        let dies = node.user_handles() == 0 && Arc::strong_count(node) == dropped_refs[id] + ours;
+        let dies = node.user_handles() == 0 && Rc::strong_count(node) == dropped_refs[id] + ours;
         if let Some(i) = param_of[id] {
             // Scalars share cached device copies (`device_buffer`), and donating one would save nothing.
             if dies && node.ty.rank() > 0 {
@@ -173,9 +174,8 @@ fn plan_donation(w: &mut Walk) -> Vec<usize> {
 }
 
 /// Compute `targets` (those still pending) in one program.
-pub(crate) fn materialize(targets: &[Arc<Node>], cause: Cause, at: Loc) -> Result<()> {
-    // One materialization at a time: another thread tracing the same pending graph while this one donates its
-    // inputs would bind buffers that are about to be consumed.
+pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
+    // One materialization at a time (see `one_at_a_time`).
     let _one = one_at_a_time();
     let started = Instant::now();
     if !targets.iter().any(|t| t.is_pending()) {

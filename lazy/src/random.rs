@@ -4,9 +4,11 @@
 //! `rng_bit_generator` on the current state and replaces the state with the generator's next state, so the state
 //! is a program parameter that stays on the device: every training step draws new numbers from the same compiled
 //! program. [`manual_seed`] resets the generator; [`rng_state`] and [`set_rng_state`] save and restore it (for
-//! checkpoints). Draws from several threads share the one stream, in the order they take the generator's lock.
+//! checkpoints). Like the graph it records into, the generator is per thread: each thread has its own stream,
+//! seeded alike unless [`manual_seed`] is called on it.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
 
 use lazuli_hlo::{
     BinaryKind, BitcastConvert, Constant, DType, Loc, Op, RngAlgorithm, RngBitGenerator, RngOutput, TensorType,
@@ -26,7 +28,9 @@ struct Generator {
     last_bits: Option<Weak<Node>>,
 }
 
-static GENERATOR: Mutex<Option<Generator>> = Mutex::new(None);
+thread_local! {
+    static GENERATOR: RefCell<Option<Generator>> = const { RefCell::new(None) };
+}
 
 fn seeded(seed: u64, loc: Loc) -> Generator {
     let bytes = crate::element::to_bytes(&[seed, 0u64]);
@@ -34,16 +38,18 @@ fn seeded(seed: u64, loc: Loc) -> Generator {
 }
 
 fn with_generator<R>(loc: Loc, f: impl FnOnce(&mut Generator) -> R) -> R {
-    // A panic while holding the lock cannot leave the generator half-updated (each update is one assignment).
-    let mut g = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
-    f(g.get_or_insert_with(|| seeded(DEFAULT_SEED, loc)))
+    // Taken out while `f` runs: `f` records ops (and may materialize), which never draw numbers themselves.
+    let mut g = GENERATOR.take().unwrap_or_else(|| seeded(DEFAULT_SEED, loc));
+    let r = f(&mut g);
+    GENERATOR.set(Some(g));
+    r
 }
 
 /// Reset the generator: the same seed gives the same numbers, on every run and plugin.
 #[track_caller]
 pub fn manual_seed(seed: u64) {
     let loc = Loc::caller();
-    *GENERATOR.lock().unwrap_or_else(|e| e.into_inner()) = Some(seeded(seed, loc));
+    GENERATOR.set(Some(seeded(seed, loc)));
 }
 
 /// The generator's state, a u64[2] tensor (possibly pending); save it to resume the stream later.
@@ -84,7 +90,7 @@ fn draw_bits(dims: &[usize], loc: Loc) -> Tensor {
         };
         let bits = apply(rng(RngOutput::Bits), &[&g.state], loc);
         g.state = apply(rng(RngOutput::NextState), &[&g.state], loc);
-        g.last_bits = Some(Arc::downgrade(&bits.node));
+        g.last_bits = Some(Rc::downgrade(&bits.node));
         bits
     })
 }

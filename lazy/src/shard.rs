@@ -116,7 +116,7 @@ fn role(name: &str, rank: usize) -> Role {
 /// backward reads.
 struct StepGraph {
     graph: Graph,
-    leaves: Vec<Arc<crate::tensor::Node>>,
+    leaves: Vec<std::rc::Rc<crate::tensor::Node>>,
     forward: Vec<bool>,
     saved: Vec<bool>,
 }
@@ -227,8 +227,11 @@ pub fn plan(
     let step_graph = StepGraph::record(loss, &weights);
     let g = &step_graph.graph;
     // Which model parameter (index into `named`) each graph parameter is.
-    let leaf_param: Vec<Option<usize>> =
-        step_graph.leaves.iter().map(|leaf| named.iter().position(|(_, p)| Arc::ptr_eq(&p.get().node, leaf))).collect();
+    let leaf_param: Vec<Option<usize>> = step_graph
+        .leaves
+        .iter()
+        .map(|leaf| named.iter().position(|(_, p)| std::rc::Rc::ptr_eq(&p.get().node, leaf)))
+        .collect();
     let param_of = |id: usize| -> Option<usize> { leaf_param[g.params.iter().position(|&p| p == id)?] };
     let params: Vec<ParamInfo> = named
         .iter()

@@ -1,6 +1,7 @@
 //! Running a graph on a mesh: pick the mesh from the graph's sharded inputs, propagate shardings to the outputs
 //! with each op's `shard` rule, split host data into per-device shards, and put shards back together on reads.
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use lazuli_hlo::{DimShards, Graph, Op, ShardIn, TensorType};
@@ -13,7 +14,7 @@ use crate::runtime::Runtime;
 use crate::tensor::{Data, Node};
 
 /// The mesh a traced graph runs on: the one its sharded inputs and constraints share, or `None`.
-pub(crate) fn mesh_of(leaves: &[Arc<Node>], has_constraint: bool) -> Result<Option<Mesh>> {
+pub(crate) fn mesh_of(leaves: &[Rc<Node>], has_constraint: bool) -> Result<Option<Mesh>> {
     let mut mesh: Option<Mesh> = None;
     let mut see = |m: &Mesh| -> Result<()> {
         match &mesh {
@@ -40,7 +41,7 @@ pub(crate) fn mesh_of(leaves: &[Arc<Node>], has_constraint: bool) -> Result<Opti
 /// outputs get the sharding the ops' rules propagate. Returns the parameter and output shardings.
 pub(crate) fn annotate(
     graph: &mut Graph,
-    leaves: &[Arc<Node>],
+    leaves: &[Rc<Node>],
     mesh: &Mesh,
 ) -> (Vec<Arc<Sharding>>, Vec<Arc<Sharding>>) {
     let params: Vec<Arc<Sharding>> = leaves

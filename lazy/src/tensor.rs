@@ -1,8 +1,9 @@
 //! `Tensor`: a cheap-to-clone handle to a node of the lazy graph. Ops record nodes; reads materialize them.
 
+use std::cell::{Cell, OnceCell, RefCell, RefMut};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
 
 use lazuli_hlo::{DType, Loc, Op, TensorType};
 use lazuli_pjrt::Buffer;
@@ -49,7 +50,7 @@ pub(crate) struct Recipe {
 }
 
 /// A node's operands: inline up to two (most ops), so recording allocates no list for them.
-pub(crate) type Operands = smallvec::SmallVec<[Arc<Node>; 2]>;
+pub(crate) type Operands = smallvec::SmallVec<[Rc<Node>; 2]>;
 
 /// A node is pending until it has data. Its recipe is dropped when it is computed (freeing the graph above it),
 /// except on the gradient path, where `backward()` still needs it.
@@ -61,66 +62,67 @@ pub(crate) struct State {
 pub(crate) struct Node {
     pub ty: TensorType,
     pub loc: Loc,
-    pub state: Mutex<State>,
-    /// `state.data` is set: read without taking the lock (the step boundary asks this of every candidate).
-    has_data: AtomicBool,
+    pub state: RefCell<State>,
+    /// `state.data` is set: read without borrowing the state (the step boundary asks this of every candidate).
+    has_data: Cell<bool>,
     /// Number of `Tensor` handles the user holds; nodes only referenced by other nodes are not "live" for `sync()`.
-    handles: AtomicUsize,
+    handles: Cell<usize>,
     /// A gradient leaf: `backward()` accumulates into `grad` and does not look further up.
-    pub requires_grad: AtomicBool,
+    pub requires_grad: Cell<bool>,
     /// Some operand leads to a gradient leaf, and the node was recorded with gradients enabled.
     pub grad_path: bool,
     /// The accumulated gradient of a gradient leaf.
-    pub grad: Mutex<Option<Tensor>>,
+    pub grad: RefCell<Option<Tensor>>,
     /// `backward()` has run from this node: once computed, its recipe is no longer needed.
-    pub backward_done: AtomicBool,
+    pub backward_done: Cell<bool>,
     /// Where a leaf's data should live on a mesh (set by `Tensor::shard`).
     pub placement: Option<Arc<Sharding>>,
     /// The last graph walk that numbered this node, and its number there (see `walk.rs`).
-    pub visit: std::sync::atomic::AtomicU64,
+    pub visit: Cell<u64>,
     /// Hash of the recipe's op (0 without one) and of the type, taken once when the node is made: the step
     /// boundary's walk combines these instead of re-reading ops and shapes scattered in memory.
     pub op_hash: u64,
     pub ty_hash: u64,
     /// The value that replaces this one (a parameter's or an optimizer state's next value): donation gives this
     /// node's buffer to that output, so XLA can update it in place instead of copying around a mismatched pair.
-    pub successor: std::sync::OnceLock<Weak<Node>>,
+    pub successor: OnceCell<Weak<Node>>,
 }
 
 impl Node {
     /// A new node with `handles` user handles.
-    fn make(ty: TensorType, loc: Loc, state: State, grad_path: bool, handles: usize) -> Arc<Node> {
+    fn make(ty: TensorType, loc: Loc, state: State, grad_path: bool, handles: usize) -> Rc<Node> {
         let op_hash = state.recipe.as_ref().map_or(0, |r| structure_hash(&r.op));
         let ty_hash = structure_hash(&ty);
-        Arc::new(Node {
+        Rc::new(Node {
             op_hash,
             ty_hash,
             ty,
             loc,
-            has_data: AtomicBool::new(state.data.is_some()),
-            state: Mutex::new(state),
-            handles: AtomicUsize::new(handles),
-            requires_grad: AtomicBool::new(false),
+            has_data: Cell::new(state.data.is_some()),
+            state: RefCell::new(state),
+            handles: Cell::new(handles),
+            requires_grad: Cell::new(false),
             grad_path,
-            grad: Mutex::new(None),
-            backward_done: AtomicBool::new(false),
+            grad: RefCell::new(None),
+            backward_done: Cell::new(false),
             placement: None,
-            visit: std::sync::atomic::AtomicU64::new(0),
-            successor: std::sync::OnceLock::new(),
+            visit: Cell::new(0),
+            successor: OnceCell::new(),
         })
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave State half-written (every write is one assignment).
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The node's state, borrowed for reading or writing. No caller borrows a node's state twice (each borrow
+    /// ends before anything that could reach the same node runs).
+    pub fn lock(&self) -> RefMut<'_, State> {
+        self.state.borrow_mut()
     }
 
     pub fn is_pending(&self) -> bool {
-        !self.has_data.load(Ordering::Acquire)
+        !self.has_data.get()
     }
 
     pub fn requires_grad(&self) -> bool {
-        self.requires_grad.load(Ordering::Relaxed)
+        self.requires_grad.get()
     }
 
     /// How this node's data is (or is to be) split over a mesh, if at all.
@@ -135,18 +137,18 @@ impl Node {
     }
 
     /// Note that `next` replaces this value (see `successor`).
-    pub fn hand_over(&self, next: &Arc<Node>) {
-        let _ = self.successor.set(Arc::downgrade(next));
+    pub fn hand_over(&self, next: &Rc<Node>) {
+        let _ = self.successor.set(Rc::downgrade(next));
     }
 
     /// Tensor handles the user holds on this node.
     pub fn user_handles(&self) -> usize {
-        self.handles.load(Ordering::Relaxed)
+        self.handles.get()
     }
 
     /// Whether the recipe must outlive the computation: a later `backward()` may still walk through it.
     pub fn keeps_recipe(&self) -> bool {
-        self.grad_path && !self.requires_grad() && !self.backward_done.load(Ordering::Relaxed)
+        self.grad_path && !self.requires_grad() && !self.backward_done.get()
     }
 
     /// Store computed data; keep the recipe only where gradients will need it.
@@ -157,13 +159,13 @@ impl Node {
         if !keep {
             s.recipe = None;
         }
-        self.has_data.store(true, Ordering::Release);
+        self.has_data.set(true);
     }
 
     /// Drop the data (a donated input: its buffer now belongs to an output).
     pub fn take_data(&self) {
         self.lock().data = None;
-        self.has_data.store(false, Ordering::Release);
+        self.has_data.set(false);
     }
 }
 
@@ -206,34 +208,43 @@ impl std::hash::Hasher for NodeAddrHasher {
 /// A map keyed by node address.
 pub(crate) type NodeMap<V> = std::collections::HashMap<*const Node, V, std::hash::BuildHasherDefault<NodeAddrHasher>>;
 
-/// Pending nodes that may be live, for `sync()`. Weak, so the registry never keeps a graph alive.
-static PENDING: Mutex<Vec<Weak<Node>>> = Mutex::new(Vec::new());
+thread_local! {
+    /// Pending nodes of this thread that may be live, for `sync()`. Weak, so the registry never keeps a graph
+    /// alive.
+    static PENDING: RefCell<Vec<Weak<Node>>> = const { RefCell::new(Vec::new()) };
+}
 
-/// Note a pending node as a candidate output of the next `sync()`.
-fn register(node: &Arc<Node>) {
-    let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    if reg.len() >= 1024 && reg.len().is_power_of_two() {
-        reg.retain(|w| w.strong_count() > 0);
-    }
-    reg.push(Arc::downgrade(node));
+/// Note a pending node as a candidate output of this thread's next `sync()`.
+fn register(node: &Rc<Node>) {
+    PENDING.with_borrow_mut(|reg| {
+        if reg.len() >= 1024 && reg.len().is_power_of_two() {
+            reg.retain(|w| w.strong_count() > 0);
+        }
+        reg.push(Rc::downgrade(node));
+    })
 }
 
 /// A lazy tensor. Cloning is cheap (a reference count); ops record into the graph and return new tensors;
 /// nothing runs until a value is read (`item`, `to_vec`, `to_ndarray`, `Display`) or `sync()` is called.
+///
+/// A tensor belongs to the thread that recorded it (it is neither `Send` nor `Sync`): each thread records into a
+/// graph of its own, whose nodes are counted and updated with plain loads and stores instead of atomic
+/// operations, which made up most of the cost of recording and walking a small step. Values cross threads as
+/// host data (`to_vec`, `to_ndarray`, then `from_slice`, `from_ndarray` on the other thread).
 pub struct Tensor {
-    pub(crate) node: Arc<Node>,
+    pub(crate) node: Rc<Node>,
 }
 
 impl Clone for Tensor {
     fn clone(&self) -> Self {
-        self.node.handles.fetch_add(1, Ordering::Relaxed);
+        self.node.handles.set(self.node.handles.get() + 1);
         Tensor { node: self.node.clone() }
     }
 }
 
 impl Drop for Tensor {
     fn drop(&mut self) {
-        self.node.handles.fetch_sub(1, Ordering::Relaxed);
+        self.node.handles.set(self.node.handles.get() - 1);
     }
 }
 
@@ -257,7 +268,7 @@ impl Tensor {
 
     /// Record an intermediate node no `Tensor` holds (autodiff's): no user handle, so it is not registered as a
     /// candidate output of `sync()` unless a handle is made for it later (`from_node`).
-    pub(crate) fn record_node(op: Op, operands: Operands, ty: TensorType, loc: Loc) -> Arc<Node> {
+    pub(crate) fn record_node(op: Op, operands: Operands, ty: TensorType, loc: Loc) -> Rc<Node> {
         let grad_path = ty.dtype.is_float()
             && crate::autodiff::grad_enabled()
             && operands.iter().any(|o| o.grad_path || o.requires_grad());
@@ -274,16 +285,17 @@ impl Tensor {
         // Only this handle exists yet; the node is not shared.
         let mut node = t.node.clone();
         drop(t);
-        let n = Arc::get_mut(&mut node).expect("a fresh node");
+        let n = Rc::get_mut(&mut node).expect("a fresh node");
         n.placement = Some(placement);
-        n.handles.store(1, Ordering::Relaxed);
+        n.handles.set(1);
         Tensor { node }
     }
 
     /// A handle to an existing node (counts as a user handle while it lives).
-    pub(crate) fn from_node(node: Arc<Node>) -> Tensor {
+    pub(crate) fn from_node(node: Rc<Node>) -> Tensor {
         // A node that had no handle may never have been registered (see `record_node`).
-        if node.handles.fetch_add(1, Ordering::Relaxed) == 0 && node.is_pending() {
+        let before = node.handles.replace(node.handles.get() + 1);
+        if before == 0 && node.is_pending() {
             register(&node);
         }
         Tensor { node }
@@ -291,8 +303,8 @@ impl Tensor {
 
     /// A handle to a shared structural constant (`array_ops::constant_like`): counted like any handle, but never
     /// registered as a candidate output of `sync()`, since the node is shared by every graph that uses it.
-    pub(crate) fn structural(node: Arc<Node>) -> Tensor {
-        node.handles.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn structural(node: Rc<Node>) -> Tensor {
+        node.handles.set(node.handles.get() + 1);
         Tensor { node }
     }
 
@@ -436,23 +448,25 @@ impl Tensor {
     }
 }
 
-/// Live pending tensors: those the user still holds a handle to.
-pub(crate) fn live_pending() -> Vec<Arc<Node>> {
-    let mut reg = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    let mut live = Vec::new();
-    reg.retain(|w| match w.upgrade() {
-        // No handle: not an output now; kept until it dies (checking whether it is still pending needs its lock).
-        Some(n) if n.handles.load(Ordering::Relaxed) == 0 => true,
-        Some(n) if n.is_pending() => {
-            live.push(n);
-            true
-        }
-        _ => false,
-    });
-    live
+/// This thread's live pending tensors: those the user still holds a handle to.
+pub(crate) fn live_pending() -> Vec<Rc<Node>> {
+    PENDING.with_borrow_mut(|reg| {
+        let mut live = Vec::new();
+        reg.retain(|w| match w.upgrade() {
+            // No handle: not an output now; kept until it dies (a handle may be made for it later).
+            Some(n) if n.handles.get() == 0 => true,
+            Some(n) if n.is_pending() => {
+                live.push(n);
+                true
+            }
+            _ => false,
+        });
+        live
+    })
 }
 
-/// The step boundary: compute every live pending tensor in one program, keeping results on the device.
+/// The step boundary: compute every live pending tensor of this thread in one program, keeping results on the
+/// device.
 #[track_caller]
 pub fn sync() -> Result<()> {
     let at = Loc::caller();

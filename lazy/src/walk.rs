@@ -4,9 +4,9 @@
 //! program must be compiled, explained or partitioned. A step whose structure repeats therefore costs one pass
 //! over its nodes: no map lookups (a per-node visit stamp says where a node was put) and no IR allocation.
 
+use std::cell::Cell;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::rc::Rc;
 
 use lazuli_hlo::{Graph, Op};
 
@@ -15,18 +15,18 @@ use crate::tensor::{structure_hasher, Node};
 /// One walk of the pending graph below a set of targets.
 pub(crate) struct Walk {
     /// The lazy node of every graph node, by node id (topological: operands first).
-    pub nodes: Vec<Arc<Node>>,
+    pub nodes: Vec<Rc<Node>>,
     /// Operand ids of node `i`: `operands[starts[i]..starts[i + 1]]`. Leaves have none.
     operands: Vec<u32>,
     starts: Vec<u32>,
     /// Node id of parameter `i`.
     pub params: Vec<usize>,
     /// Ready nodes (host or device data) bound to the parameters, in parameter order.
-    pub leaves: Vec<Arc<Node>>,
+    pub leaves: Vec<Rc<Node>>,
     /// Node id of output `j`.
     pub outputs: Vec<usize>,
     /// Pending nodes to receive the outputs, in output order.
-    pub targets: Vec<Arc<Node>>,
+    pub targets: Vec<Rc<Node>>,
     /// Some node is a sharding constraint (the graph runs on a mesh even without sharded inputs).
     pub has_constraint: bool,
     /// Hash of ops, wiring, types and outputs.
@@ -39,12 +39,15 @@ pub(crate) struct Walk {
     epoch: u64,
 }
 
-/// Each walk stamps the nodes it numbers with `(walk << 32) | id`; a stamp from an older walk means "not yet".
-static WALKS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// Each walk stamps the nodes it numbers with `(walk << 32) | id`; a stamp from an older walk means "not
+    /// yet". Per thread, like the graphs walked.
+    static WALKS: Cell<u64> = const { Cell::new(0) };
+}
 
 /// The number the walk `epoch` gave `node`, if it numbered it.
 fn stamped(node: &Node, epoch: u64) -> Option<u32> {
-    let s = node.visit.load(Relaxed);
+    let s = node.visit.get();
     (s & !0xffff_ffff == epoch).then_some(s as u32)
 }
 
@@ -110,8 +113,10 @@ impl Walk {
 
 /// Walk the pending graph below `targets` (iteratively: graphs can be deep) in post-order. Callers hold the
 /// materialization lock, so no recipe is dropped and no stamp is rewritten while this runs.
-pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
-    let epoch = (WALKS.fetch_add(1, Relaxed) + 1) << 32;
+pub(crate) fn walk(targets: &[Rc<Node>]) -> Walk {
+    let walk_no = WALKS.get() + 1;
+    WALKS.set(walk_no);
+    let epoch = walk_no << 32;
     let id_of = |n: &Node| stamped(n, epoch);
     let mut w = Walk {
         nodes: Vec::new(),
@@ -130,7 +135,7 @@ pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
     let mut h = structure_hasher();
     let mut is_output = Vec::new();
     // (node, operands already pushed?)
-    let mut stack: Vec<(Arc<Node>, bool)> = Vec::new();
+    let mut stack: Vec<(Rc<Node>, bool)> = Vec::new();
     for target in targets {
         if let Some(id) = id_of(target) {
             if is_output[id as usize] {
@@ -177,7 +182,7 @@ pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
             }
             drop(state);
             h.write_u64(node.ty_hash);
-            node.visit.store(epoch | id as u64, Relaxed);
+            node.visit.set(epoch | id as u64);
             w.starts.push(w.operands.len() as u32);
             w.nodes.push(node);
             is_output.push(false);
@@ -195,8 +200,9 @@ pub(crate) fn walk(targets: &[Arc<Node>]) -> Walk {
     w
 }
 
-/// One materialization (or walk) at a time: another thread walking the same pending graph while this one
-/// donates its inputs would bind buffers that are about to be consumed, and walks share the nodes' stamps.
+/// One materialization (or walk) at a time in the process. Graphs are per thread, but uploads may overwrite the
+/// buffer of an earlier, dropped upload only while no program runs (`Client::buffer_from_host_reusing`), which
+/// another thread's launch between the check and the copy would break.
 pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
@@ -206,11 +212,11 @@ pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 pub(crate) struct Traced {
     pub graph: Graph,
     /// Ready nodes bound to the parameters, in parameter order.
-    pub leaves: Vec<Arc<Node>>,
+    pub leaves: Vec<Rc<Node>>,
 }
 
 /// Walk below `targets` and build the IR (outside a materialization).
-pub(crate) fn trace(targets: &[Arc<Node>]) -> Traced {
+pub(crate) fn trace(targets: &[Rc<Node>]) -> Traced {
     let _one = one_at_a_time();
     let mut w = walk(targets);
     w.graph();

@@ -1,7 +1,8 @@
 //! `Param`: a named, trainable tensor slot. Modules hold params; optimizers replace their values each step
 //! (functionally: a new lazy tensor), and the step boundary computes the new values in place (donation).
 
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use crate::tensor::Tensor;
 
@@ -9,25 +10,25 @@ use crate::tensor::Tensor;
 /// the same value.
 #[derive(Clone)]
 pub struct Param {
-    slot: Arc<Mutex<Tensor>>,
+    slot: Rc<RefCell<Tensor>>,
 }
 
 impl Param {
     /// A parameter holding `value`, marked as a gradient leaf.
     pub fn new(value: Tensor) -> Param {
         value.set_requires_grad(true);
-        Param { slot: Arc::new(Mutex::new(value)) }
+        Param { slot: Rc::new(RefCell::new(value)) }
     }
 
     /// The current value.
     pub fn get(&self) -> Tensor {
-        self.slot.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.slot.borrow().clone()
     }
 
     /// Replace the value (an optimizer update, a checkpoint load). The new value becomes the gradient leaf.
     #[track_caller]
     pub fn set(&self, value: Tensor) {
-        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.slot.borrow_mut();
         if value.tensor_type() != slot.tensor_type() {
             crate::record::fail(
                 crate::Loc::caller(),
@@ -57,16 +58,16 @@ impl Param {
 
     /// The gradient accumulated by `backward()`, if any.
     pub fn grad(&self) -> Option<Tensor> {
-        self.slot.lock().unwrap_or_else(|e| e.into_inner()).grad()
+        self.slot.borrow().grad()
     }
 
     pub fn zero_grad(&self) {
-        self.slot.lock().unwrap_or_else(|e| e.into_inner()).zero_grad()
+        self.slot.borrow().zero_grad()
     }
 
     /// Two handles to the same slot?
     pub fn same(&self, other: &Param) -> bool {
-        Arc::ptr_eq(&self.slot, &other.slot)
+        Rc::ptr_eq(&self.slot, &other.slot)
     }
 }
 
