@@ -58,50 +58,70 @@ impl Builder for Recorder {
     }
 }
 
-/// Nodes on the gradient path below `root`, operands before users. Gradient leaves end the walk.
-fn topo_order(root: &Rc<Node>) -> Vec<Rc<Node>> {
+thread_local! {
+    /// Each backward pass stamps the nodes it visits with `(pass << 32) | position` (see `Node::grad_visit`).
+    static PASSES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A visited node's stamp before it has a position in the order.
+const UNORDERED: u64 = 0xffff_ffff;
+
+/// Nodes on the gradient path below `root`, operands before users, each stamped with its position under the
+/// returned pass; gradient leaves end the walk. Stamps instead of a map of seen nodes: a training step's
+/// backward pass visits every node of its forward pass.
+fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64) {
+    let pass = (PASSES.get() + 1) << 32;
+    PASSES.set(pass >> 32);
+    let seen = |o: &Node| o.grad_visit.get() & !UNORDERED == pass;
     let on_path = |o: &Node| o.grad_path || o.requires_grad();
     let mut order = Vec::new();
-    let mut seen: NodeMap<()> = NodeMap::default();
+    let finish = |node: Rc<Node>, order: &mut Vec<Rc<Node>>| {
+        node.grad_visit.set(pass | order.len() as u64);
+        order.push(node);
+    };
     // (node, operands already pushed?)
     let mut stack: Vec<(Rc<Node>, bool)> = vec![(root.clone(), false)];
     while let Some((node, expanded)) = stack.pop() {
         if expanded {
-            order.push(node);
+            finish(node, &mut order);
             continue;
         }
-        if seen.insert(Rc::as_ptr(&node), ()).is_some() {
+        if seen(&node) {
             continue;
         }
+        node.grad_visit.set(pass | UNORDERED);
         let below = stack.len();
         if node.grad_path && !node.requires_grad() {
             if let Some(r) = node.lock().recipe.as_ref() {
-                let unseen = |o: &&Rc<Node>| on_path(o) && !seen.contains_key(&Rc::as_ptr(o));
+                let unseen = |o: &&Rc<Node>| on_path(o) && !seen(o);
                 stack.extend(r.operands.iter().rev().filter(unseen).map(|o| (o.clone(), false)));
             }
         }
         if stack.len() == below {
             // Nothing new below: done at once, without a second visit.
-            order.push(node);
+            finish(node, &mut order);
         } else {
             stack.insert(below, (node, true));
         }
     }
-    order
+    (order, pass)
 }
 
 /// Cotangents of every gradient leaf under `root`, seeded with `seed` (the cotangent of `root`).
 fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
     no_grad(|| {
-        let order = topo_order(&root.node);
-        let mut cot: NodeMap<Rc<Node>> = NodeMap::with_capacity_and_hasher(order.len(), Default::default());
-        cot.insert(Rc::as_ptr(&root.node), seed.node.clone());
+        let (order, pass) = topo_order(&root.node);
+        // The cotangent of each node, by its position in `order` (the root is last).
+        let mut cot: Vec<Option<Rc<Node>>> = vec![None; order.len()];
+        if let Some(last) = cot.last_mut() {
+            *last = Some(seed.node.clone());
+        }
         let mut leaves = Vec::new();
-        for node in order.iter().rev() {
+        for (position, node) in order.iter().enumerate().rev() {
             // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
             // computed, which frees the forward graph and lets the step donate its inputs.
             node.backward_done.set(true);
-            let Some(g) = cot.remove(&Rc::as_ptr(node)) else { continue };
+            let Some(g) = cot[position].take() else { continue };
             if node.requires_grad() {
                 leaves.push((node.clone(), Tensor::from_node(g)));
                 continue;
@@ -117,12 +137,16 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
                 if !(operand.grad_path || operand.requires_grad()) {
                     continue;
                 }
-                let key = Rc::as_ptr(operand);
-                let sum = match cot.remove(&key) {
+                // Every operand on the gradient path was ordered by this pass, before its user.
+                let stamp = operand.grad_visit.get();
+                if stamp & !UNORDERED != pass || stamp & UNORDERED == UNORDERED {
+                    continue;
+                }
+                let slot = &mut cot[(stamp & UNORDERED) as usize];
+                *slot = Some(match slot.take() {
                     Some(prev) => b.add(&prev, &dx),
                     None => dx,
-                };
-                cot.insert(key, sum);
+                });
             }
         }
         leaves

@@ -79,6 +79,8 @@ pub(crate) struct Node {
     pub placement: Option<Arc<Sharding>>,
     /// The last graph walk that numbered this node, and its number there (see `walk.rs`).
     pub visit: Cell<u64>,
+    /// The same for the last backward pass that reached it (see `autodiff.rs`).
+    pub grad_visit: Cell<u64>,
     /// Hash of the recipe's op (0 without one) and of the type, taken once when the node is made: the step
     /// boundary's walk combines these instead of re-reading ops and shapes scattered in memory.
     pub op_hash: u64,
@@ -107,6 +109,7 @@ impl Node {
             backward_done: Cell::new(false),
             placement: None,
             visit: Cell::new(0),
+            grad_visit: Cell::new(0),
             successor: OnceCell::new(),
         })
     }
