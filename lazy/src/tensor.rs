@@ -42,11 +42,12 @@ impl Data {
     }
 }
 
-/// How a node is computed from other nodes.
+/// How a node is computed from other nodes. The operands first (`repr(C)`): walks read them, not the op.
 #[derive(Clone)]
+#[repr(C)]
 pub(crate) struct Recipe {
-    pub op: Op,
     pub operands: Operands,
+    pub op: Op,
 }
 
 /// A node's operands: inline up to two (most ops), so recording allocates no list for them.
@@ -54,37 +55,41 @@ pub(crate) type Operands = smallvec::SmallVec<[Rc<Node>; 2]>;
 
 /// A node is pending until it has data. Its recipe is dropped when it is computed (freeing the graph above it),
 /// except on the gradient path, where `backward()` still needs it.
+#[repr(C)]
 pub(crate) struct State {
     pub data: Option<Data>,
     pub recipe: Option<Recipe>,
 }
 
+/// Fields in declaration order (`repr(C)`): what the step boundary's walk and the backward pass read of every
+/// node comes first, so that a walk touches one or two cache lines per node instead of a handful.
+#[repr(C)]
 pub(crate) struct Node {
-    pub ty: TensorType,
-    pub loc: Loc,
-    pub state: RefCell<State>,
-    /// `state.data` is set: read without borrowing the state (the step boundary asks this of every candidate).
-    has_data: Cell<bool>,
-    /// Number of `Tensor` handles the user holds; nodes only referenced by other nodes are not "live" for `sync()`.
-    handles: Cell<usize>,
-    /// A gradient leaf: `backward()` accumulates into `grad` and does not look further up.
-    pub requires_grad: Cell<bool>,
-    /// Some operand leads to a gradient leaf, and the node was recorded with gradients enabled.
-    pub grad_path: bool,
-    /// The accumulated gradient of a gradient leaf.
-    pub grad: RefCell<Option<Tensor>>,
-    /// `backward()` has run from this node: once computed, its recipe is no longer needed.
-    pub backward_done: Cell<bool>,
-    /// Where a leaf's data should live on a mesh (set by `Tensor::shard`).
-    pub placement: Option<Arc<Sharding>>,
     /// The last graph walk that numbered this node, and its number there (see `walk.rs`).
     pub visit: Cell<u64>,
-    /// The same for the last backward pass that reached it (see `autodiff.rs`).
-    pub grad_visit: Cell<u64>,
     /// Hash of the recipe's op (0 without one) and of the type, taken once when the node is made: the step
     /// boundary's walk combines these instead of re-reading ops and shapes scattered in memory.
     pub op_hash: u64,
     pub ty_hash: u64,
+    /// The same as `visit` for the last backward pass that reached it (see `autodiff.rs`).
+    pub grad_visit: Cell<u64>,
+    /// Number of `Tensor` handles the user holds; nodes only referenced by other nodes are not "live" for `sync()`.
+    handles: Cell<usize>,
+    /// `state.data` is set: read without borrowing the state (the step boundary asks this of every candidate).
+    has_data: Cell<bool>,
+    /// A gradient leaf: `backward()` accumulates into `grad` and does not look further up.
+    pub requires_grad: Cell<bool>,
+    /// Some operand leads to a gradient leaf, and the node was recorded with gradients enabled.
+    pub grad_path: bool,
+    /// `backward()` has run from this node: once computed, its recipe is no longer needed.
+    pub backward_done: Cell<bool>,
+    pub state: RefCell<State>,
+    pub ty: TensorType,
+    pub loc: Loc,
+    /// The accumulated gradient of a gradient leaf.
+    pub grad: RefCell<Option<Tensor>>,
+    /// Where a leaf's data should live on a mesh (set by `Tensor::shard`).
+    pub placement: Option<Arc<Sharding>>,
     /// The value that replaces this one (a parameter's or an optimizer state's next value): donation gives this
     /// node's buffer to that output, so XLA can update it in place instead of copying around a mismatched pair.
     pub successor: OnceCell<Weak<Node>>,
