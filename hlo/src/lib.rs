@@ -4,7 +4,7 @@
 //! - [`dtype`]: element types and tensor types.
 //! - [`graph`]: nodes with op, operands, type and the user's source location; a reference interpreter.
 //! - [`op`] and [`ops`]: the op set; each family's shape rule, lowering and reference stand in one file.
-//! - [`emit`]: the StableHLO text emitter.
+//! - [`emit`](mod@emit): the StableHLO text emitter.
 #![forbid(unsafe_code)]
 
 pub mod builder;

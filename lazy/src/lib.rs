@@ -5,7 +5,7 @@
 //!   `Display`) and `sync()`, the step boundary.
 //! - [`record`]: the user-facing ops (shape-checked at the user's line, numpy broadcasting).
 //! - [`materialize`]: graph collection, structure hash, executable cache, execution.
-//! - [`runtime`]: plugin and client set-up; [`metrics`]: counters.
+//! - [`runtime`]: plugin and client set-up; [`metrics`](mod@metrics): counters.
 #![forbid(unsafe_code)]
 
 mod array_ops;

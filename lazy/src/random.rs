@@ -1,6 +1,6 @@
 //! Random numbers drawn on the device, and the bit ops they are built from.
 //!
-//! One process-wide generator holds its state as a u64[2] tensor (Threefry key and counter). Each draw records
+//! Each thread's generator holds its state as a `u64[2]` tensor (Threefry key and counter). Each draw records
 //! `rng_bit_generator` on the current state and replaces the state with the generator's next state, so the state
 //! is a program parameter that stays on the device: every training step draws new numbers from the same compiled
 //! program. [`manual_seed`] resets the generator; [`rng_state`] and [`set_rng_state`] save and restore it (for
@@ -22,7 +22,7 @@ use crate::tensor::{Node, Tensor};
 const DEFAULT_SEED: u64 = 67_280_421_310_721;
 
 struct Generator {
-    /// u64[2]: key, counter.
+    /// `u64[2]`: key, counter.
     state: Tensor,
     /// The bits of the latest draw, to tell whether the state was left behind by a materialization.
     last_bits: Option<Weak<Node>>,
@@ -52,7 +52,7 @@ pub fn manual_seed(seed: u64) {
     GENERATOR.set(Some(seeded(seed, loc)));
 }
 
-/// The generator's state, a u64[2] tensor (possibly pending); save it to resume the stream later.
+/// The generator's state, a `u64[2]` tensor (possibly pending); save it to resume the stream later.
 #[track_caller]
 pub fn rng_state() -> Tensor {
     with_generator(Loc::caller(), |g| g.state.clone())

@@ -56,9 +56,9 @@ pub struct DeviceModel {
 impl DeviceModel {
     /// Virtual CPU devices sharing the 2 cores of the machine the numbers were measured on (2026-11-29, medians of
     /// four runs of `cargo run --release --example planner_calibration -- --devices 8`; BENCHMARKS.md has them):
-    /// - flops_per_s: chained [256,128]x[128,512] and [256,512]x[512,128] matmuls on each of 8 devices at once,
+    /// - flops_per_s: chained `[256,128]x[128,512]` and `[256,512]x[512,128]` matmuls on each of 8 devices at once,
     ///   total FLOPs / wall time / 2 cores (1.06e11..1.09e11).
-    /// - bytes_per_s: layer norm, GELU, softmax and residual adds on [256,512] rows per device, forward and
+    /// - bytes_per_s: layer norm, GELU, softmax and residual adds on `[256,512]` rows per device, forward and
     ///   backward; 3x the forward's recorded result bytes (the planner's count) / wall time / 2 cores
     ///   (1.06e10..1.33e10). Counted before fusion, so it is not a memory bandwidth.
     /// - link_bytes_per_s, collective_latency_s: chains of all-reduces over 8 devices at 4 KiB and 1 MiB, minus the

@@ -28,11 +28,11 @@ pub enum RngAlgorithm {
 pub enum RngOutput {
     /// u32 bits of shape `dims`.
     Bits,
-    /// The state after drawing `dims` bits (u64[2]).
+    /// The state after drawing `dims` bits (`u64[2]`).
     NextState,
 }
 
-/// `stablehlo.rng_bit_generator` on a u64[2] state, drawing u32 bits of shape `dims`.
+/// `stablehlo.rng_bit_generator` on a `u64[2]` state, drawing u32 bits of shape `dims`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RngBitGenerator {
     pub algorithm: RngAlgorithm,
