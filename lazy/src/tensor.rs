@@ -95,6 +95,37 @@ pub(crate) struct Node {
     pub successor: OnceCell<Weak<Node>>,
 }
 
+thread_local! {
+    /// How many node drops are nested on this thread's stack (see `Drop for Node`).
+    static DROP_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Recipes whose drop was put off to keep the stack shallow, dropped by the outermost node drop.
+    static DEFERRED_DROPS: RefCell<Vec<Recipe>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Dropping a node drops its recipe, whose operands may be last references to their nodes, and so on: a chain of
+/// 100,000 unmaterialized ops (`x = &x * 1.0` in a loop) would recurse that deep and overflow the stack. Below a
+/// fixed nesting depth drops recurse as usual; deeper recipes are queued and dropped by the outermost drop.
+impl Drop for Node {
+    fn drop(&mut self) {
+        const MAX_DEPTH: u32 = 512;
+        let Some(recipe) = self.state.get_mut().recipe.take() else { return };
+        let depth = DROP_DEPTH.get();
+        if depth >= MAX_DEPTH {
+            // During thread teardown the queue may be gone; the recipe is then dropped here.
+            let _ = DEFERRED_DROPS.try_with(|q| q.borrow_mut().push(recipe));
+            return;
+        }
+        DROP_DEPTH.set(depth + 1);
+        drop(recipe);
+        if depth == 0 {
+            while let Some(next) = DEFERRED_DROPS.try_with(|q| q.borrow_mut().pop()).ok().flatten() {
+                drop(next);
+            }
+        }
+        DROP_DEPTH.set(depth);
+    }
+}
+
 impl Node {
     /// A new node with `handles` user handles.
     fn make(ty: TensorType, loc: Loc, state: State, grad_path: bool, handles: usize) -> Rc<Node> {
