@@ -429,6 +429,14 @@ impl Tensor {
         if a.rank() == 0 || b.rank() == 0 {
             fail(loc, format!("matmul: operands must have rank ≥ 1, got {} and {}", a.tensor_type(), b.tensor_type()));
         }
+        if a.rank() == 2 && b.rank() == 2 {
+            // The common case (a layer's product, and most of their gradients) without the general path's lists.
+            if a.dims()[1] != b.dims()[0] {
+                fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
+            }
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::precision::precision_at(loc));
+            return apply(Op::DotGeneral(dot), &[a, b], loc);
+        }
         let a2 = if a.rank() == 1 { a.reshape(&[1, a.dims()[0] as isize]) } else { a.clone() };
         let b2 = if b.rank() == 1 { b.reshape(&[b.dims()[0] as isize, 1]) } else { b.clone() };
         let (ra, rb) = (a2.rank(), b2.rank());

@@ -154,10 +154,15 @@ impl OpRules for DotGeneral {
         if l.dtype != r.dtype || l.dtype == DType::Bool {
             return Err(format!("dot_general: operands must share a numeric type, got {l} and {r}"));
         }
-        // Each side's batch and contracting dimensions: in range, none named twice.
+        // Each side's batch and contracting dimensions: in range, none named twice (a bit per dimension: this
+        // runs for every product and gradient product recorded).
         let valid = |batch: &[usize], contract: &[usize], rank: usize| {
-            let mut seen: smallvec::SmallVec<[bool; 8]> = smallvec::smallvec![false; rank];
-            batch.iter().chain(contract).all(|&d| d < rank && !std::mem::replace(&mut seen[d], true))
+            let mut seen = 0u128;
+            batch.iter().chain(contract).all(|&d| {
+                let fresh = d < rank.min(128) && seen & (1 << d) == 0;
+                seen |= 1u128.checked_shl(d as u32).unwrap_or(0);
+                fresh
+            })
         };
         if self.lhs_batch.len() != self.rhs_batch.len()
             || self.lhs_contract.len() != self.rhs_contract.len()
@@ -175,9 +180,13 @@ impl OpRules for DotGeneral {
                 ));
             }
         }
+        // Batch dimensions, then each side's free ones in order.
         let mut dims: crate::Dims = self.lhs_batch.iter().map(|&d| l.dims[d]).collect();
-        dims.extend(Self::free(l.rank(), &self.lhs_batch, &self.lhs_contract).iter().map(|&d| l.dims[d]));
-        dims.extend(Self::free(r.rank(), &self.rhs_batch, &self.rhs_contract).iter().map(|&d| r.dims[d]));
+        for (ty, batch, contract) in
+            [(l, &self.lhs_batch, &self.lhs_contract), (r, &self.rhs_batch, &self.rhs_contract)]
+        {
+            dims.extend((0..ty.rank()).filter(|d| !batch.contains(d) && !contract.contains(d)).map(|d| ty.dims[d]));
+        }
         Ok(TensorType::new(l.dtype, dims))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
