@@ -40,7 +40,7 @@ pub(crate) struct Walk {
 }
 
 /// The sizes of a walk's lists (see `LAST_SIZES`).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Sizes {
     nodes: usize,
     operands: usize,
@@ -51,7 +51,8 @@ struct Sizes {
 
 thread_local! {
     /// The sizes of this thread's last walk: the next one allocates its lists at that size.
-    static LAST_SIZES: Cell<Sizes> = const { Cell::new(Sizes { nodes: 0, operands: 0, params: 0, outputs: 0, stack: 0 }) };
+    static LAST_SIZES: Cell<Sizes> =
+        const { Cell::new(Sizes { nodes: 0, operands: 0, params: 0, outputs: 0, stack: 0 }) };
     /// Each walk stamps the nodes it numbers with `(walk << 32) | id`; a stamp from an older walk means "not
     /// yet". Per thread, like the graphs walked.
     static WALKS: Cell<u64> = const { Cell::new(0) };
