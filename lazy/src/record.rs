@@ -429,14 +429,6 @@ impl Tensor {
         if a.rank() == 0 || b.rank() == 0 {
             fail(loc, format!("matmul: operands must have rank ≥ 1, got {} and {}", a.tensor_type(), b.tensor_type()));
         }
-        if a.rank() == 2 && b.rank() == 2 {
-            // The common case (a layer's product, and most of their gradients) without the general path's lists.
-            if a.dims()[1] != b.dims()[0] {
-                fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
-            }
-            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::precision::precision_at(loc));
-            return apply(Op::DotGeneral(dot), &[a, b], loc);
-        }
         let a2 = if a.rank() == 1 { a.reshape(&[1, a.dims()[0] as isize]) } else { a.clone() };
         let b2 = if b.rank() == 1 { b.reshape(&[b.dims()[0] as isize, 1]) } else { b.clone() };
         let (ra, rb) = (a2.rank(), b2.rank());
@@ -444,6 +436,11 @@ impl Tensor {
         let (k2, n) = (b2.dims()[rb - 2], b2.dims()[rb - 1]);
         if k1 != k2 {
             fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
+        }
+        if a.rank() == 2 && b.rank() == 2 {
+            // The common case (a layer's product, and most of their gradients) without the batch path's lists.
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::precision::precision_at(loc));
+            return apply(Op::DotGeneral(dot), &[&a2, &b2], loc);
         }
         if ra > 2 && rb == 2 {
             // [..., m, k] @ [k, n]: one 2-D product over the flattened rows, not a broadcast of the matrix per batch.

@@ -67,8 +67,8 @@ impl DotGeneral {
     }
 
     /// Dimensions of `rank` that are neither batch nor contracting, in order.
-    fn free(rank: usize, batch: &[usize], contract: &[usize]) -> Axes {
-        (0..rank).filter(|d| !batch.contains(d) && !contract.contains(d)).collect()
+    fn free<'a>(rank: usize, batch: &'a [usize], contract: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
+        (0..rank).filter(move |d| !batch.contains(d) && !contract.contains(d))
     }
 }
 
@@ -95,8 +95,8 @@ impl DotGeneral {
         (other_batch, other_contract, other_rank): (&[usize], &[usize], usize),
     ) -> B::V {
         let nb = this_batch.len();
-        let this_free = Self::free(this_rank, this_batch, this_contract);
-        let other_free = Self::free(other_rank, other_batch, other_contract);
+        let this_free: Axes = Self::free(this_rank, this_batch, this_contract).collect();
+        let other_free: Axes = Self::free(other_rank, other_batch, other_contract).collect();
         // The product's dimensions: batch, then the first operand's remaining ones, then the second's. `g`'s
         // remaining ones are this side's free dims; the other side's are its contracting dims in index order,
         // each standing for the dimension of this side it contracted with.
@@ -180,13 +180,9 @@ impl OpRules for DotGeneral {
                 ));
             }
         }
-        // Batch dimensions, then each side's free ones in order.
         let mut dims: crate::Dims = self.lhs_batch.iter().map(|&d| l.dims[d]).collect();
-        for (ty, batch, contract) in
-            [(l, &self.lhs_batch, &self.lhs_contract), (r, &self.rhs_batch, &self.rhs_contract)]
-        {
-            dims.extend((0..ty.rank()).filter(|d| !batch.contains(d) && !contract.contains(d)).map(|d| ty.dims[d]));
-        }
+        dims.extend(Self::free(l.rank(), &self.lhs_batch, &self.lhs_contract).map(|d| l.dims[d]));
+        dims.extend(Self::free(r.rank(), &self.rhs_batch, &self.rhs_contract).map(|d| r.dims[d]));
         Ok(TensorType::new(l.dtype, dims))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
@@ -205,8 +201,8 @@ impl OpRules for DotGeneral {
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let (l, r) = (x[0], x[1]);
-        let lfree = Self::free(l.ndim(), &self.lhs_batch, &self.lhs_contract);
-        let rfree = Self::free(r.ndim(), &self.rhs_batch, &self.rhs_contract);
+        let lfree: Axes = Self::free(l.ndim(), &self.lhs_batch, &self.lhs_contract).collect();
+        let rfree: Axes = Self::free(r.ndim(), &self.rhs_batch, &self.rhs_contract).collect();
         let csizes: Vec<usize> = self.lhs_contract.iter().map(|&d| l.shape()[d]).collect();
         let ccount: usize = csizes.iter().product();
         let nb = self.lhs_batch.len();
@@ -259,8 +255,8 @@ impl OpRules for DotGeneral {
             .zip(&self.rhs_batch)
             .map(|(&a, &b)| if ld[a].is_empty() { rd[b].clone() } else { ld[a].clone() })
             .collect();
-        out_d.extend(Self::free(l.ty.rank(), &self.lhs_batch, &self.lhs_contract).iter().map(|&d| ld[d].clone()));
-        out_d.extend(Self::free(r.ty.rank(), &self.rhs_batch, &self.rhs_contract).iter().map(|&d| rd[d].clone()));
+        out_d.extend(Self::free(l.ty.rank(), &self.lhs_batch, &self.lhs_contract).map(|d| ld[d].clone()));
+        out_d.extend(Self::free(r.ty.rank(), &self.rhs_batch, &self.rhs_contract).map(|d| rd[d].clone()));
         if out_d.len() != out.rank() {
             return None;
         }
