@@ -38,11 +38,9 @@ fn seeded(seed: u64, loc: Loc) -> Generator {
 }
 
 fn with_generator<R>(loc: Loc, f: impl FnOnce(&mut Generator) -> R) -> R {
-    // Taken out while `f` runs: `f` records ops (and may materialize), which never draw numbers themselves.
-    let mut g = GENERATOR.take().unwrap_or_else(|| seeded(DEFAULT_SEED, loc));
-    let r = f(&mut g);
-    GENERATOR.set(Some(g));
-    r
+    // Borrowed while `f` runs: `f` records ops (and may materialize), which never draw numbers themselves. A
+    // panic in `f` leaves the generator where it was (each update is one assignment).
+    GENERATOR.with_borrow_mut(|g| f(g.get_or_insert_with(|| seeded(DEFAULT_SEED, loc))))
 }
 
 /// Reset the generator: the same seed gives the same numbers, on every run and plugin.
