@@ -1,6 +1,8 @@
 //! `sync()` only launches the step's program. A process that ends right after it (returning from `main`) must
 //! still exit cleanly. It crashed in the CPU plugin's teardown when the process ended during the first run of a
-//! new program; lazuli now waits for a new program's first run and, at exit, for programs still in flight.
+//! new program; lazuli now waits for a new program's first run and, at exit, for programs still in flight, and
+//! keeps its launcher thread out of the plugin from then on. Both ways programs run on the CPU are checked: on
+//! the plugin's own threads (`LAZULI_CPU_ASYNC=1`) and queued on lazuli's launcher (the default).
 
 use std::process::Command;
 
@@ -23,6 +25,9 @@ fn exiting_right_after_sync_is_clean() {
             }
             lazuli::sync().expect("launch");
             assert_eq!(lazuli::metrics().executions, step + 1);
+            if std::env::var("LAZULI_CPU_LAUNCHER").as_deref() == Ok("always") {
+                assert_eq!(lazuli::metrics().queued, step + 1, "the program went to the launcher");
+            }
             kept.push((x, y));
         }
         let (x, y) = kept.pop().expect("two steps");
@@ -31,17 +36,21 @@ fn exiting_right_after_sync_is_clean() {
         drop((x, y));
         return;
     }
-    for _ in 0..3 {
+    // The CPU client runs programs on its own threads only when asked to; the launcher queues them by default.
+    for mode in [("LAZULI_CPU_ASYNC", "1"), ("LAZULI_CPU_LAUNCHER", "always")].iter().flat_map(|m| [m; 3]) {
         let out = Command::new(std::env::current_exe().expect("test binary"))
             .args(["--exact", "exiting_right_after_sync_is_clean", "--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
-            // The CPU client runs programs on its own threads only when asked to; ask, so programs are in flight.
-            .env("LAZULI_CPU_ASYNC", "1")
+            .env_remove("LAZULI_CPU_ASYNC")
+            .env_remove("LAZULI_CPU_LAUNCHER")
+            .env(mode.0, mode.1)
             .output()
             .expect("run the child");
         assert!(
             out.status.success(),
-            "the child exited with {:?}\n{}",
+            "the child ({}={}) exited with {:?}\n{}",
+            mode.0,
+            mode.1,
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );

@@ -64,6 +64,18 @@ fn a_bad_cpu_async_setting_is_a_clear_error() {
     in_child("a_bad_cpu_async_setting_is_a_clear_error", &[(CHILD, "1"), ("LAZULI_CPU_ASYNC", "maybe")]);
 }
 
+/// `LAZULI_CPU_LAUNCHER` takes 1, 0 or always; anything else is an error that names the variable and the value.
+#[test]
+fn a_bad_cpu_launcher_setting_is_a_clear_error() {
+    const CHILD: &str = "LAZULI_TEST_BAD_LAUNCHER_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let err = (&Tensor::from_slice(&[1.0f32], &[1]) * 2.0).to_vec::<f32>().unwrap_err().to_string();
+        assert!(err.contains("LAZULI_CPU_LAUNCHER") && err.contains("sometimes"), "{err}");
+        return;
+    }
+    in_child("a_bad_cpu_launcher_setting_is_a_clear_error", &[(CHILD, "1"), ("LAZULI_CPU_LAUNCHER", "sometimes")]);
+}
+
 /// `LAZULI_XLA_OPTIONS` reaches XLA's compiler: known options (a bool, and the empty list the GPU default uses)
 /// compile and compute; an unknown name is XLA's error, reported at the line that needed the value, without
 /// aborting; an item that is not `name=value` names the variable.

@@ -11,6 +11,7 @@ use lazuli_pjrt::{Buffer, CompileOptions, ElementType};
 use crate::compile_cache;
 use crate::diagnostics::{self, cause_name, EventKind};
 use crate::error::{Error, Result};
+use crate::launcher::{self, Arg, DeviceValue, Job, Ticket};
 use crate::metrics::{Counters, COUNTERS};
 use crate::runtime::{runtime, Runtime};
 use crate::tensor::{Data, Node};
@@ -45,19 +46,28 @@ pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
     }
 }
 
-/// Copy a host leaf to the device once; later materializations reuse the buffer. Host scalars (learning rates,
-/// Adam's betas, recorded anew every step) share one device copy per dtype and value; they are never donated
-/// (`plan_donation`), so sharing is safe.
+/// Where a leaf's host data goes: uploaded right away (`reuse`: a CPU device with no program running may
+/// overwrite an earlier, dropped upload), or by the launcher right before the program runs.
+#[derive(Clone, Copy)]
+enum Upload {
+    Now { reuse: bool },
+    OnLauncher,
+}
+
+/// A leaf's device value. A host leaf is copied to the device once; later materializations reuse the copy. Host
+/// scalars (learning rates, Adam's betas, recorded anew every step) share one device copy per dtype and value;
+/// they are never donated (`plan_donation`), so sharing is safe.
 ///
-/// With `reuse` (a CPU device and no program running), an array of a batch's size overwrites the buffer of an
-/// earlier upload of its type and shape that is no longer used (`Client::buffer_from_host_reusing`).
-fn device_buffer(rt: &Runtime, node: &Node, reuse: bool) -> Result<(Arc<Buffer>, u64)> {
+/// An array of a batch's size may overwrite the buffer of an earlier upload of its type and shape that is no
+/// longer used (`Client::buffer_from_host_reusing`): on the launcher always (nothing else runs there), here
+/// with `Upload::Now { reuse: true }`.
+fn device_value(rt: &Runtime, node: &Node, upload: Upload) -> Result<(Arg, u64)> {
     type ScalarKey = (lazuli_hlo::DType, Vec<u8>);
-    static SCALARS: std::sync::Mutex<Option<std::collections::HashMap<ScalarKey, Arc<Buffer>>>> =
+    static SCALARS: std::sync::Mutex<Option<std::collections::HashMap<ScalarKey, Arc<DeviceValue>>>> =
         std::sync::Mutex::new(None);
     let mut state = node.lock();
     let bytes = match &state.data {
-        Some(Data::Device(b)) => return Ok((b.clone(), 0)),
+        Some(Data::Device(v)) => return Ok((Arg::Value(v.clone()), 0)),
         Some(Data::Host(bytes)) => bytes.clone(),
         // A sharded value used by a single-device program: gathered once, then kept on the device.
         Some(d @ Data::Sharded { .. }) => d.to_host(&node.ty)?,
@@ -67,20 +77,31 @@ fn device_buffer(rt: &Runtime, node: &Node, reuse: bool) -> Result<(Arc<Buffer>,
     let key = (node.ty.rank() == 0).then(|| (node.ty.dtype, bytes.to_vec()));
     if let Some(key) = &key {
         let cached = SCALARS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(key).cloned());
-        if let Some(buf) = cached {
-            state.data = Some(Data::Device(buf.clone()));
-            return Ok((buf, 0));
+        if let Some(value) = cached {
+            state.data = Some(Data::Device(value.clone()));
+            return Ok((Arg::Value(value), 0));
         }
     }
     let dims: Vec<i64> = node.ty.dims.iter().map(|&d| d as i64).collect();
     let ty = element_type(node.ty.dtype);
-    let buf = Arc::new(if reuse && key.is_none() {
-        rt.client.buffer_from_host_reusing(&bytes, ty, &dims, &rt.device)?
-    } else {
-        rt.client.buffer_from_host(&bytes, ty, &dims, &rt.device)?
-    });
-    Counters::add(&COUNTERS.bytes_to_device, bytes.len() as u64);
-    state.data = Some(Data::Device(buf.clone()));
+    let n = bytes.len() as u64;
+    let (arg, value) = match upload {
+        Upload::Now { reuse } => {
+            let buf = if reuse && key.is_none() {
+                rt.client.buffer_from_host_reusing(&bytes, ty, &dims, &rt.device)?
+            } else {
+                rt.client.buffer_from_host(&bytes, ty, &dims, &rt.device)?
+            };
+            let value = DeviceValue::ready(buf);
+            (Arg::Value(value.clone()), value)
+        }
+        Upload::OnLauncher => {
+            let into = DeviceValue::pending();
+            (Arg::Upload { bytes, ty, dims, reuse: key.is_none(), into: into.clone() }, into)
+        }
+    };
+    Counters::add(&COUNTERS.bytes_to_device, n);
+    state.data = Some(Data::Device(value.clone()));
     if let Some(key) = key {
         let mut cache = SCALARS.lock().unwrap_or_else(|e| e.into_inner());
         let map = cache.get_or_insert_with(Default::default);
@@ -88,9 +109,9 @@ fn device_buffer(rt: &Runtime, node: &Node, reuse: bool) -> Result<(Arc<Buffer>,
         if map.len() >= 256 {
             map.clear();
         }
-        map.insert(key, buf.clone());
+        map.insert(key, value);
     }
-    Ok((buf, bytes.len() as u64))
+    Ok((arg, n))
 }
 
 /// Donate the buffers of leaves that die with this step to outputs of the same type, so new weights and
@@ -205,18 +226,30 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     let t0 = Instant::now();
     Counters::add(&COUNTERS.boundary_ns, (t0 - started).as_nanos() as u64);
     let mut uploaded = 0u64;
-    // Per device (one for an ordinary program), the argument buffers in parameter order.
+    // Single-device CPU programs run on the launcher thread; the others from here.
+    let on_launcher = mesh.is_none() && rt.uses_launcher(launcher::take_demand());
+    let upload = if on_launcher {
+        Upload::OnLauncher
+    } else {
+        Upload::Now { reuse: rt.config.backend == crate::runtime::Backend::Cpu && nothing_running() }
+    };
+    // Per device (one for an ordinary program), the arguments in parameter order.
     let devices = mesh.as_ref().map_or(1, |m| m.size());
-    let mut args: Vec<Vec<Arc<Buffer>>> = vec![Vec::with_capacity(traced.leaves.len()); devices];
-    let reuse = rt.config.backend == crate::runtime::Backend::Cpu && nothing_running();
+    let mut args: Vec<Vec<Arg>> = vec![Vec::with_capacity(traced.leaves.len()); devices];
     for (i, leaf) in traced.leaves.iter().enumerate() {
-        let (bufs, bytes) = match &placement {
-            Some((params, _)) => crate::spmd::leaf_shards(rt, leaf, &params[i])?,
-            None => device_buffer(rt, leaf, reuse).map(|(b, n)| (vec![b], n))?,
-        };
-        uploaded += bytes;
-        for (k, b) in bufs.into_iter().enumerate() {
-            args[k].push(b);
+        match &placement {
+            Some((params, _)) => {
+                let (bufs, bytes) = crate::spmd::leaf_shards(rt, leaf, &params[i])?;
+                uploaded += bytes;
+                for (k, b) in bufs.into_iter().enumerate() {
+                    args[k].push(Arg::Shard(b));
+                }
+            }
+            None => {
+                let (arg, bytes) = device_value(rt, leaf, upload)?;
+                uploaded += bytes;
+                args[0].push(arg);
+            }
         }
     }
     // One clock read ends a phase and starts the next (each read is a few dozen ns; a small step has several).
@@ -254,29 +287,60 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         }
     };
     let compile = t0.elapsed();
+    let n_out = exe.num_outputs().map_err(|source| Error::Execute { at, source })?;
+    if n_out != traced.targets.len() {
+        let expected = traced.targets.len();
+        return Err(Error::Internal(format!("the program has {n_out} outputs, {expected} expected")));
+    }
     // Keep at most a few programs queued: older ones are waited for (and their errors reported) first.
     throttle(MAX_IN_FLIGHT - 1)?;
     let t0 = Instant::now();
-    let arg_refs: Vec<Vec<&Buffer>> = args.iter().map(|list| list.iter().map(|b| b.as_ref()).collect()).collect();
-    let (mut per_device, done) = exe.launch_sharded(&arg_refs).map_err(|source| Error::Execute { at, source })?;
+    // Output j: its value (one buffer, or one per device).
+    let outputs: Vec<Data> = if on_launcher {
+        let outputs: Vec<Arc<DeviceValue>> = (0..n_out).map(|_| DeviceValue::pending()).collect();
+        let ticket = Ticket::new(at);
+        let args = args.pop().unwrap_or_default();
+        let from_core = launcher::cores::current();
+        let job = Job { exe: exe.clone(), args, outputs: outputs.clone(), ticket: ticket.clone(), from_core };
+        launcher::submit(rt, job);
+        in_flight().push_back(Launched::Queued(ticket));
+        Counters::add(&COUNTERS.executions, 1);
+        Counters::add(&COUNTERS.queued, 1);
+        outputs.into_iter().map(Data::Device).collect()
+    } else {
+        let mut inputs: Vec<Vec<&Buffer>> = Vec::with_capacity(devices);
+        for list in &args {
+            inputs.push(list.iter().map(Arg::buffer).collect::<Result<_>>()?);
+        }
+        let (mut per_device, done) = exe.launch_sharded(&inputs).map_err(|source| Error::Execute { at, source })?;
+        // Output j's buffer on each device.
+        let mut outs: Vec<Vec<Buffer>> = (0..n_out).map(|_| Vec::with_capacity(devices)).collect();
+        for list in per_device.iter_mut() {
+            for (j, b) in list.drain(..).enumerate() {
+                outs[j].push(b);
+            }
+        }
+        if outs.iter().any(|bufs| bufs.len() != devices) {
+            return Err(Error::Internal("the program returned fewer outputs than it has".into()));
+        }
+        // Buffers dropped while the program runs are freed by the plugin once it no longer uses them (PJRT's
+        // contract for destroying a buffer), so only the completion is kept.
+        in_flight().push_back(Launched::Here { done, at });
+        Counters::add(&COUNTERS.executions, 1);
+        outs.into_iter()
+            .enumerate()
+            .map(|(j, mut bufs)| match &placement {
+                Some((_, shardings)) => {
+                    Data::Sharded { shards: bufs.into_iter().map(Arc::new).collect(), sharding: shardings[j].clone() }
+                }
+                None => Data::Device(DeviceValue::ready(bufs.remove(0))),
+            })
+            .collect()
+    };
     let finishing = Instant::now();
     let execute = finishing - t0;
-    // Output j: its buffer on each device.
-    let n_out = per_device.first().map_or(0, Vec::len);
-    let mut outs: Vec<Vec<Buffer>> = (0..n_out).map(|_| Vec::with_capacity(devices)).collect();
-    for list in per_device.iter_mut() {
-        for (j, b) in list.drain(..).enumerate() {
-            outs[j].push(b);
-        }
-    }
-    Counters::add(&COUNTERS.execute_ns, execute.as_nanos() as u64);
-    Counters::add(&COUNTERS.executions, 1);
-    if outs.len() != traced.targets.len() {
-        return Err(Error::Internal(format!(
-            "the program returned {} outputs, {} expected",
-            outs.len(),
-            traced.targets.len()
-        )));
+    if !on_launcher {
+        Counters::add(&COUNTERS.execute_ns, execute.as_nanos() as u64);
     }
     for &i in &donated {
         // The buffer now belongs to an output; nothing may read this node again.
@@ -284,19 +348,10 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         Counters::add(&COUNTERS.bytes_donated, leaf.ty.byte_size() as u64);
         leaf.take_data();
     }
-    for (j, (node, mut bufs)) in traced.targets.iter().zip(outs).enumerate() {
-        // Dropping the op and operands here releases the graph above computed values.
-        let data = match &placement {
-            Some((_, outputs)) => {
-                Data::Sharded { shards: bufs.into_iter().map(Arc::new).collect(), sharding: outputs[j].clone() }
-            }
-            None => Data::Device(Arc::new(bufs.remove(0))),
-        };
+    // Dropping the op and operands here releases the graph above computed values.
+    for (node, data) in traced.targets.iter().zip(outputs) {
         node.set_data(data);
     }
-    // Buffers dropped while the program runs are freed by the plugin once it no longer uses them (PJRT's
-    // contract for destroying a buffer), so only the completion is kept.
-    in_flight().push_back(Launched { done, at });
     // The first run of a new program is waited for: the plugin sets up runtime state on it whose teardown is
     // registered then, and the exit hook below must be registered after that to run before it.
     if !hit {
@@ -323,7 +378,6 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         diagnostics::events::emit(e);
     }
     // Releasing the graph above the outputs is part of finishing.
-    drop(arg_refs);
     drop((traced, args));
     Counters::add(&COUNTERS.finish_ns, finishing.elapsed().as_nanos() as u64);
     Ok(())
@@ -339,9 +393,27 @@ static IN_FLIGHT: std::sync::Mutex<std::collections::VecDeque<Launched>> =
 const MAX_IN_FLIGHT: usize = 2;
 
 /// A launched program: its completion and the line that launched it.
-struct Launched {
-    done: lazuli_pjrt::Completion,
-    at: Loc,
+enum Launched {
+    /// Launched from the materializing thread.
+    Here { done: lazuli_pjrt::Completion, at: Loc },
+    /// Queued on the launcher (`launcher.rs`); the ticket knows the line.
+    Queued(Arc<Ticket>),
+}
+
+impl Launched {
+    fn is_done(&self) -> bool {
+        match self {
+            Launched::Here { done, .. } => done.is_done(),
+            Launched::Queued(ticket) => ticket.is_done(),
+        }
+    }
+
+    fn wait(self) -> Result<()> {
+        match self {
+            Launched::Here { done, at } => done.wait().map_err(|source| Error::Execute { at, source }),
+            Launched::Queued(ticket) => ticket.wait(),
+        }
+    }
 }
 
 fn in_flight() -> std::sync::MutexGuard<'static, std::collections::VecDeque<Launched>> {
@@ -350,7 +422,7 @@ fn in_flight() -> std::sync::MutexGuard<'static, std::collections::VecDeque<Laun
 
 /// No launched program is still running (their completions stay queued, with any error, for `wait()`).
 fn nothing_running() -> bool {
-    in_flight().iter().all(|l| l.done.is_done())
+    in_flight().iter().all(Launched::is_done)
 }
 
 /// Wait for the oldest launched programs until at most `keep` remain; an error names the line that launched it.
@@ -361,7 +433,7 @@ fn throttle(keep: usize) -> Result<()> {
     let t0 = Instant::now();
     let mut status = Ok(());
     loop {
-        let Some(Launched { done, at }) = ({
+        let Some(launched) = ({
             let mut q = in_flight();
             if q.len() > keep {
                 q.pop_front()
@@ -371,29 +443,33 @@ fn throttle(keep: usize) -> Result<()> {
         }) else {
             break;
         };
-        if let (Err(source), true) = (done.wait(), status.is_ok()) {
-            status = Err(Error::Execute { at, source });
+        if let (Err(e), true) = (launched.wait(), status.is_ok()) {
+            status = Err(e);
         }
     }
     Counters::add(&COUNTERS.wait_ns, t0.elapsed().as_nanos() as u64);
     status
 }
 
-/// At process exit: wait for launched programs, unless another thread holds the queue (it is then mid-launch).
+/// At process exit: wait for launched programs, unless another thread holds the queue (it is then mid-launch);
+/// then keep the launcher out of the plugin, which is torn down next.
 fn wait_at_exit() {
     let pending: Vec<_> = match IN_FLIGHT.try_lock() {
         Ok(mut q) => q.drain(..).collect(),
-        Err(_) => return,
+        Err(_) => Vec::new(),
     };
-    for Launched { done, .. } in pending {
-        let _ = done.wait();
+    for launched in pending {
+        let _ = launched.wait();
     }
+    launcher::shutdown();
 }
 
 /// Wait until every launched program has finished on its devices. `sync()` only enqueues the step; reads
 /// (`item`, `to_vec`, checkpoints) wait for what they read. Use this to time steps or to surface a runtime error
 /// at a known point. An error names the line whose materialization launched the failing program.
 pub fn wait() -> Result<()> {
+    launcher::note_demand();
+    launcher::flush_graves();
     throttle(0)
 }
 

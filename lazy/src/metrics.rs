@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub upload_ns: AtomicU64,
     pub finish_ns: AtomicU64,
     pub wait_ns: AtomicU64,
+    pub queued: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -35,6 +36,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     upload_ns: AtomicU64::new(0),
     finish_ns: AtomicU64::new(0),
     wait_ns: AtomicU64::new(0),
+    queued: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -50,10 +52,13 @@ pub struct Metrics {
     pub compiles: u64,
     /// Materializations whose program was already compiled.
     pub cache_hits: u64,
-    /// Programs executed.
+    /// Programs executed (counted when launched).
     pub executions: u64,
+    /// Of `executions`, programs queued on the CPU launcher thread (see `Config::cpu_launcher`).
+    pub queued: u64,
     pub compile_ms: f64,
-    /// Time inside the plugin's execute call: launching programs (they run asynchronously; see `wait_ms`).
+    /// Time inside the plugin's execute call: launching programs (they run asynchronously; see `wait_ms`), on
+    /// the launcher thread for queued programs.
     pub execute_ms: f64,
     /// Bytes copied host → device (tensor data and host scalars).
     pub bytes_to_device: u64,
@@ -73,6 +78,7 @@ pub struct Metrics {
     /// After the program ran: storing outputs on their nodes, releasing donated inputs and the graph above them.
     pub finish_ms: f64,
     /// Waiting for launched programs to finish (`wait()`, and a full launch queue); reads' waits not included.
+    /// Queued programs: uploads on the launcher count under `upload_ms` too.
     pub wait_ms: f64,
 }
 
@@ -83,6 +89,7 @@ pub fn metrics() -> Metrics {
         compiles: c.compiles.load(Relaxed),
         cache_hits: c.cache_hits.load(Relaxed),
         executions: c.executions.load(Relaxed),
+        queued: c.queued.load(Relaxed),
         compile_ms: c.compile_ns.load(Relaxed) as f64 / 1e6,
         execute_ms: c.execute_ns.load(Relaxed) as f64 / 1e6,
         bytes_to_device: c.bytes_to_device.load(Relaxed),
@@ -104,6 +111,7 @@ impl std::ops::Sub for Metrics {
             compiles: self.compiles - b.compiles,
             cache_hits: self.cache_hits - b.cache_hits,
             executions: self.executions - b.executions,
+            queued: self.queued - b.queued,
             compile_ms: self.compile_ms - b.compile_ms,
             execute_ms: self.execute_ms - b.execute_ms,
             bytes_to_device: self.bytes_to_device - b.bytes_to_device,

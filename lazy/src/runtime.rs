@@ -34,6 +34,8 @@ pub struct Config {
     /// program runs. Turn it on when steps are long and cores are spare (the host records the next step while
     /// the program runs). Other backends always run asynchronously.
     pub cpu_async: bool,
+    /// Where single-device CPU programs run: see [`CpuLauncher`]. Ignored with `cpu_async`.
+    pub cpu_launcher: CpuLauncher,
     /// XLA debug options for every compile, by name, applied after the backend's defaults (see
     /// [`Config::backend_xla_options`]); later entries win. They are part of the persistent cache's key.
     pub xla_options: Vec<(String, XlaOption)>,
@@ -47,6 +49,7 @@ impl Default for Config {
             plugin_path: None,
             cpu_device_count: 1,
             cpu_async: false,
+            cpu_launcher: CpuLauncher::default(),
             xla_options: Vec::new(),
         }
     }
@@ -54,7 +57,8 @@ impl Default for Config {
 
 impl Config {
     /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1);
-    /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0); `LAZULI_XLA_OPTIONS` = `name=value …` (whitespace-separated;
+    /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0); `LAZULI_CPU_LAUNCHER` = `1` | `0` | `always` (default 1 on two
+    /// or more cores); `LAZULI_XLA_OPTIONS` = `name=value …` (whitespace-separated;
     /// `true`/`false` and integers are typed, anything else is a string, list options comma-separated).
     pub fn from_env() -> Result<Config> {
         let backend = match std::env::var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
@@ -76,6 +80,15 @@ impl Config {
             "1" | "true" => true,
             other => return Err(Error::Config(format!("LAZULI_CPU_ASYNC={other:?}: expected 1 or 0"))),
         };
+        let cpu_launcher = match std::env::var("LAZULI_CPU_LAUNCHER").unwrap_or_default().as_str() {
+            "" => CpuLauncher::default(),
+            "0" | "off" => CpuLauncher::Off,
+            "1" | "on" => CpuLauncher::Adaptive,
+            "always" => CpuLauncher::Always,
+            other => {
+                return Err(Error::Config(format!("LAZULI_CPU_LAUNCHER={other:?}: expected 1, 0 or always")));
+            }
+        };
         let xla_options = std::env::var("LAZULI_XLA_OPTIONS")
             .unwrap_or_default()
             .split_whitespace()
@@ -84,7 +97,7 @@ impl Config {
                 _ => Err(Error::Config(format!("LAZULI_XLA_OPTIONS: {item:?} is not name=value"))),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, xla_options })
+        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, cpu_launcher, xla_options })
     }
 
     /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.
@@ -107,6 +120,33 @@ impl Config {
                 vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into()))]
             }
             Backend::Tpu => Vec::new(),
+        }
+    }
+}
+
+/// Where single-device CPU programs run. On the CPU the "device" is the host's own cores: a program launched from
+/// the thread that recorded it runs there before `sync()` returns. lazuli's launcher thread runs it instead, so
+/// the host records the next step meanwhile (`launcher.rs`); the launcher and a thread that waits for it spin for a
+/// short while before sleeping, so a tight training loop keeps a second core busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuLauncher {
+    /// Every program runs on the thread that materializes it.
+    Off,
+    /// A step's program goes to the launcher unless the thread read results (or called `wait()`) since its last
+    /// one: a loop that reads every step's loss would wait for the program anyway, and the hand-over costs a few
+    /// µs. The default where the machine has two cores or more (`LAZULI_CPU_LAUNCHER=1`).
+    Adaptive,
+    /// Every single-device program goes to the launcher (`LAZULI_CPU_LAUNCHER=always`; for testing it).
+    Always,
+}
+
+impl Default for CpuLauncher {
+    /// `Adaptive` with two cores or more; a spinning launcher would take the only core from the host.
+    fn default() -> CpuLauncher {
+        if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) {
+            CpuLauncher::Adaptive
+        } else {
+            CpuLauncher::Off
         }
     }
 }
@@ -159,6 +199,17 @@ impl Runtime {
     }
 
     /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
+    /// A single-device program goes to the launcher thread (`Config::cpu_launcher`); `demanded`: the thread read
+    /// results since its last program.
+    pub(crate) fn uses_launcher(&self, demanded: bool) -> bool {
+        let on = match self.config.cpu_launcher {
+            CpuLauncher::Off => false,
+            CpuLauncher::Adaptive => !demanded,
+            CpuLauncher::Always => true,
+        };
+        on && self.config.backend == Backend::Cpu && !self.config.cpu_async
+    }
+
     pub(crate) fn xla_options(&self) -> Vec<(String, XlaOption)> {
         let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
         let mut all: Vec<_> =

@@ -13,6 +13,7 @@ use ndarray::{ArrayD, IxDyn};
 use crate::diagnostics::{cause_name, EventKind};
 use crate::element::{bytes_to_f64, from_bytes, scalar_bytes, to_bytes, Element};
 use crate::error::{Error, Result};
+use crate::launcher::DeviceValue;
 use crate::materialize::{materialize, Cause};
 use crate::metrics::{Counters, COUNTERS};
 
@@ -21,8 +22,8 @@ use crate::metrics::{Counters, COUNTERS};
 pub(crate) enum Data {
     /// Host data not yet copied to the device; the first materialization that uses it uploads it.
     Host(Arc<Vec<u8>>),
-    /// A device buffer (computed, or uploaded).
-    Device(Arc<Buffer>),
+    /// A device buffer (computed, or uploaded), which the CPU launcher may still be making (`launcher.rs`).
+    Device(Arc<DeviceValue>),
     /// One buffer per mesh position, laid out by `sharding`.
     Sharded { shards: Vec<Arc<Buffer>>, sharding: Arc<Sharding> },
 }
@@ -32,8 +33,9 @@ impl Data {
     pub fn to_host(&self, ty: &TensorType) -> Result<Arc<Vec<u8>>> {
         match self {
             Data::Host(b) => Ok(b.clone()),
-            Data::Device(buf) => {
-                let bytes = buf.to_host()?;
+            Data::Device(value) => {
+                crate::launcher::note_demand();
+                let bytes = value.buffer()?.to_host()?;
                 Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
                 Ok(Arc::new(bytes))
             }
