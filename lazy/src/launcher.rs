@@ -90,6 +90,11 @@ impl DeviceValue {
         }
     }
 
+    /// The program (or upload) that was to make it failed.
+    pub fn failed(&self) -> bool {
+        matches!(self.cell.get(), Some(Err(_)))
+    }
+
     /// Called on the launcher only.
     fn fill(&self, value: std::result::Result<Buffer, Failure>) {
         self.by_launcher.store(true, Ordering::Relaxed);

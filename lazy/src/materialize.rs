@@ -77,7 +77,8 @@ fn device_value(rt: &Runtime, node: &Node, upload: Upload) -> Result<(Arg, u64)>
     let key = (node.ty.rank() == 0).then(|| (node.ty.dtype, bytes.to_vec()));
     if let Some(key) = &key {
         let cached = SCALARS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(key).cloned());
-        if let Some(value) = cached {
+        // A copy whose upload failed (with the program it was queued with) is made again, not shared on.
+        if let Some(value) = cached.filter(|v| !v.failed()) {
             state.data = Some(Data::Device(value.clone()));
             return Ok((Arg::Value(value), 0));
         }
