@@ -176,6 +176,53 @@ impl Op {
     }
 }
 
+impl Op {
+    /// How much this op adds to a chain that XLA fuses into one elementwise loop (`emit` cuts long chains):
+    /// `Some(weight)` for ops fused with their operands into their consumers' loop, `None` for ops whose result
+    /// a consumer cannot fuse into its own loop (products, reductions, gathers, …: the chain starts over after
+    /// them). Exhaustive, so a new op must say which it is.
+    pub fn loop_weight(&self) -> Option<usize> {
+        match self {
+            Op::Parameter(_) | Op::Constant(_) | Op::Iota(_) | Op::ShardingConstraint(_) => Some(0),
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select(_)
+            | Op::Convert(_)
+            | Op::BitcastConvert(_)
+            | Op::Erf(_)
+            | Op::Relu(_)
+            | Op::ReluGrad(_)
+            | Op::Gelu(_)
+            | Op::GeluGrad(_)
+            | Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::BroadcastInDim(_)
+            | Op::Slice(_)
+            | Op::Concatenate(_)
+            | Op::Pad(_)
+            | Op::Reverse(_) => Some(1),
+            Op::Fused(f) => Some(f.steps.len()),
+            Op::Reduce(_)
+            | Op::DotGeneral(_)
+            | Op::Take(_)
+            | Op::ScatterAdd(_)
+            | Op::CumSum(_)
+            | Op::ArgReduce(_)
+            | Op::RngBitGenerator(_)
+            | Op::Convolution(_)
+            | Op::ReduceWindow(_)
+            | Op::SelectAndScatter(_)
+            | Op::Normalize(_)
+            | Op::NormalizeGrad(_)
+            | Op::Softmax(_)
+            | Op::SoftmaxGrad(_)
+            | Op::CrossEntropy(_)
+            | Op::CrossEntropyGrad(_) => None,
+        }
+    }
+}
+
 /// Check an operand count; every family's `infer` starts with this.
 pub(crate) fn arity(name: &str, operands: &[&TensorType], n: usize) -> Result<(), String> {
     if operands.len() == n {

@@ -69,3 +69,41 @@ fn literals_are_exact_bit_patterns() {
     assert_eq!(TensorType::new(DType::U8, [4, 1]).mlir(), "tensor<4x1xui8>");
     assert_eq!(TensorType::scalar(DType::Bool).mlir(), "tensor<i1>");
 }
+
+/// A chain of `n` elementwise ops on one value, with a sum in the middle after `before` of them.
+fn chain_graph(n: usize, sum_after: Option<usize>) -> String {
+    use lazuli_hlo::{Unary, UnaryKind};
+    let at = Loc { file: "src/loop.rs", line: 3, col: 9 };
+    let mut g = Graph::new();
+    let mut x = g.parameter(TensorType::new(DType::F32, [4]), at);
+    for i in 0..n {
+        if sum_after == Some(i) {
+            let reduce = Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: true });
+            x = g.push(reduce, vec![x], at).unwrap();
+        }
+        x = g.push(Op::Unary(Unary { kind: UnaryKind::Sin }), vec![x], at).unwrap();
+    }
+    g.outputs = vec![x];
+    emit(&g, &EmitOptions::default())
+}
+
+/// XLA would fuse an elementwise chain into one loop however long, and its compile time grows faster than the
+/// chain; the emitter cuts it every `FUSION_CUT` ops with an optimization barrier that keeps the user's line.
+/// Short chains, and chains broken by an op whose result starts a new loop (a reduction), are not cut.
+#[test]
+fn long_elementwise_chains_are_cut_for_the_compiler() {
+    let cut = lazuli_hlo::emit::FUSION_CUT;
+    let barriers = |text: &str| text.matches("stablehlo.optimization_barrier").count();
+    assert_eq!(barriers(&chain_graph(cut - 1, None)), 0);
+    let text = chain_graph(3 * cut + 5, None);
+    assert_eq!(barriers(&text), 3, "{}", &text[..2000.min(text.len())]);
+    for l in text.lines().filter(|l| l.contains("optimization_barrier")) {
+        assert!(l.ends_with("loc(\"src/loop.rs\":3:9)"), "{l}");
+    }
+    // The value after the barrier is what the chain continues with.
+    let first = text.lines().find(|l| l.contains("optimization_barrier")).unwrap();
+    let name = first.trim_start().split(' ').next().unwrap();
+    assert!(text.contains(&format!("\"stablehlo.sine\"({name})")), "the chain reads the barrier's result");
+    // A reduction in the middle: two chains shorter than the cut.
+    assert_eq!(barriers(&chain_graph(2 * cut - 10, Some(cut - 5))), 0);
+}

@@ -242,11 +242,7 @@ pub(crate) fn submit(rt: &'static Runtime, job: Job) {
             .spawn(move || run(rt))
             .map(|_| ())
             .unwrap_or_else(|e| panic!("lazuli cannot start its launcher thread: {e}"));
-        Launcher {
-            queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
-            queued: AtomicUsize::new(0),
-        }
+        Launcher { queue: Mutex::new(Queue::default()), wake: Condvar::new(), queued: AtomicUsize::new(0) }
     });
     let graves = GRAVES.try_with(|g| std::mem::take(&mut *g.borrow_mut())).unwrap_or_default();
     launcher.push(|q| {
