@@ -1,6 +1,6 @@
 //! lazuli's CPU launcher (`Config::cpu_launcher`): a step's program runs on a thread of its own while the host
-//! records the next step, unless the host read results since its last program (it would wait anyway), in which
-//! case the program runs on the calling thread. Both paths must compute what ndarray computes, including the
+//! records the next step, unless the host read results of its latest program (it would wait anyway), in which
+//! case the next program runs on the calling thread. Both paths must compute what ndarray computes, including the
 //! uploads of fresh host data, donated weights, values read right after they were queued, and large buffers
 //! dropped while programs are queued.
 //!
@@ -13,14 +13,25 @@ use common::{values, Rng};
 use lazuli::Tensor;
 use ndarray::Array2;
 
+/// How a training loop reads its losses.
+#[derive(Clone, Copy)]
+enum Reads {
+    Never,
+    /// Every that many steps, the step's own loss.
+    Every(usize),
+    /// Every step, the previous step's loss (a loop that logs without waiting for the step it just launched).
+    Previous,
+}
+
 /// `steps` steps of gradient descent on `sum(tanh(x·w)²)` with a fresh host batch every step (data seeded by
-/// `seed`); `read_every`: read the loss every that many steps (0: never). Returns the final weights and how many
-/// of the steps after the first were queued on the launcher.
-fn train(seed: u64, steps: usize, read_every: usize) -> (Vec<f64>, u64) {
+/// `seed`), reading losses as `reads` says. Returns the final weights and how many of the steps after the first
+/// were queued on the launcher.
+fn train(seed: u64, steps: usize, reads: Reads) -> (Vec<f64>, u64) {
     let mut rng = Rng::new(seed);
     let xs: Vec<Vec<f64>> = (0..steps).map(|_| values(&mut rng, lazuli::DType::F64, 12, -1.0, 1.0)).collect();
     let mut w = Tensor::from_slice(&values(&mut rng, lazuli::DType::F64, 6, -1.0, 1.0), &[3, 2]).requires_grad();
     let mut queued = 0;
+    let mut previous: Option<Tensor> = None;
     for (step, x) in xs.iter().enumerate() {
         let before = lazuli::metrics();
         let x = Tensor::from_slice(x, &[4, 3]);
@@ -32,7 +43,12 @@ fn train(seed: u64, steps: usize, read_every: usize) -> (Vec<f64>, u64) {
         if step > 0 {
             queued += (lazuli::metrics() - before).queued;
         }
-        if read_every > 0 && step % read_every == 0 {
+        let read = match reads {
+            Reads::Never => None,
+            Reads::Every(n) => (step % n == 0).then(|| loss.clone()),
+            Reads::Previous => previous.replace(loss),
+        };
+        if let Some(loss) = read {
             let got = loss.item::<f64>().unwrap();
             assert!(got.is_finite() && got >= 0.0, "step {step}: loss {got}");
         }
@@ -74,18 +90,18 @@ fn the_launcher_and_the_calling_thread_compute_the_same_steps() {
     let steps = 12;
 
     // A loop that never reads: every step after the first is queued.
-    let (got, queued) = train(1, steps, 0);
+    let (got, queued) = train(1, steps, Reads::Never);
     check("queued steps", &got, &train_reference(1, steps));
     assert_eq!(queued, if queues { steps as u64 - 1 } else { 0 }, "steps queued on the launcher (mode {mode:?})");
 
     // A loop that reads every step's loss: the steps run on the calling thread (unless the mode says always).
-    let (got, queued) = train(2, steps, 1);
+    let (got, queued) = train(2, steps, Reads::Every(1));
     check("steps read every time", &got, &train_reference(2, steps));
     let want = if queues && mode == "always" { steps as u64 - 1 } else { 0 };
     assert_eq!(queued, want, "steps queued while every loss is read (mode {mode:?})");
 
     // Reading every fourth loss: the step after each read runs here, the others are queued.
-    let (got, queued) = train(3, steps, 4);
+    let (got, queued) = train(3, steps, Reads::Every(4));
     check("steps read now and then", &got, &train_reference(3, steps));
     let want = match (queues, mode.as_str()) {
         (false, _) => 0,
@@ -94,6 +110,13 @@ fn the_launcher_and_the_calling_thread_compute_the_same_steps() {
         (true, _) => steps as u64 - 1 - 3,
     };
     assert_eq!(queued, want, "steps queued while every fourth loss is read (mode {mode:?})");
+
+    // Reading the previous step's loss every step: that program is done or nearly, and the loop records the
+    // next step meanwhile; every step after the first is queued.
+    let (got, queued) = train(4, steps, Reads::Previous);
+    check("steps reading the previous loss", &got, &train_reference(4, steps));
+    let want = if queues { steps as u64 - 1 } else { 0 };
+    assert_eq!(queued, want, "steps queued while the previous loss is read (mode {mode:?})");
 
     // Large values (2 MiB each, handed back to the launcher one by one when dropped) made, used and dropped
     // while programs are queued; each step's result depends on the previous one's.

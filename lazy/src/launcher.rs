@@ -11,7 +11,7 @@
 //! hand-off saves (a prototype: 16.5 → 20.7 µs per mlp-tiny launch), so a dropped [`DeviceValue`] goes back.
 //!
 //! Which programs come here is `materialize`'s choice (`Config::cpu_launcher`): single-device CPU programs of a
-//! thread that has not read results since its last program.
+//! thread that has not read a result of its latest program since launching it.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -41,6 +41,9 @@ pub(crate) struct DeviceValue {
     cell: OnceLock<std::result::Result<Buffer, Failure>>,
     /// Made on the launcher: destroyed there too.
     by_launcher: AtomicBool,
+    /// The number of the program that computes it on the thread that launched it (`next_program`); 0 for an
+    /// upload.
+    program: u64,
 }
 
 /// Why a value was never computed: the program that was to compute it failed.
@@ -68,14 +71,16 @@ impl Failure {
 }
 
 impl DeviceValue {
-    pub fn ready(buffer: Buffer) -> Arc<DeviceValue> {
+    /// A buffer made here: an upload (`program` 0) or an output of program number `program`.
+    pub fn ready(buffer: Buffer, program: u64) -> Arc<DeviceValue> {
         let cell = OnceLock::new();
         let _ = cell.set(Ok(buffer));
-        Arc::new(DeviceValue { cell, by_launcher: AtomicBool::new(false) })
+        Arc::new(DeviceValue { cell, by_launcher: AtomicBool::new(false), program })
     }
 
-    pub fn pending() -> Arc<DeviceValue> {
-        Arc::new(DeviceValue { cell: OnceLock::new(), by_launcher: AtomicBool::new(false) })
+    /// A value the launcher fills: an upload (`program` 0) or an output of program number `program`.
+    pub fn pending(program: u64) -> Arc<DeviceValue> {
+        Arc::new(DeviceValue { cell: OnceLock::new(), by_launcher: AtomicBool::new(false), program })
     }
 
     /// The buffer, once the launcher has made it.
@@ -188,19 +193,36 @@ thread_local! {
     static ON_LAUNCHER: Cell<bool> = const { Cell::new(false) };
     /// Launcher-made buffers this thread dropped, not yet handed back (see `bury`).
     static GRAVES: std::cell::RefCell<Vec<Buffer>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// This thread read a device value or waited for its programs since its last launch (see `take_demand`).
+    /// This thread read a result of its latest program, or waited for its programs, since it launched that
+    /// program (see `take_demand`).
     static DEMANDED: Cell<bool> = const { Cell::new(false) };
+    /// The number of this thread's latest program (see `next_program`).
+    static PROGRAMS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Note that this thread needs results now: a read of a device value, or `wait()`.
-pub(crate) fn note_demand() {
+/// Number this thread's next program (from 1).
+pub(crate) fn next_program() -> u64 {
+    PROGRAMS.set(PROGRAMS.get() + 1);
+    PROGRAMS.get()
+}
+
+/// Note that this thread waited for all its programs (`wait()`).
+pub(crate) fn note_wait() {
     DEMANDED.set(true);
 }
 
-/// Whether this thread read results (or waited) since its last launch, and start over. A training loop that reads
-/// every step's loss gains nothing from the launcher (the read waits for the program anyway) and would pay the
-/// hand-over both ways, so such a step runs on the calling thread; a loop that records the next step instead of
-/// reading is queued.
+/// Note a read of `value`: a result of the thread's latest program means the thread needs results as soon as
+/// they exist. A result of an earlier one (a loop that logs the previous step's loss) does not.
+pub(crate) fn note_read(value: &DeviceValue) {
+    if value.program != 0 && value.program == PROGRAMS.get() {
+        DEMANDED.set(true);
+    }
+}
+
+/// Whether this thread read a result of its latest program (or waited) since launching it, and start over. A
+/// loop that reads every step's loss gains nothing from the launcher (the read waits for the program anyway) and
+/// would pay the hand-over both ways, so such a step runs on the calling thread; a loop that records the next
+/// step instead, or reads an older step's results, is queued.
 pub(crate) fn take_demand() -> bool {
     DEMANDED.replace(false)
 }

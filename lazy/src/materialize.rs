@@ -93,11 +93,11 @@ fn device_value(rt: &Runtime, node: &Node, upload: Upload) -> Result<(Arg, u64)>
             } else {
                 rt.client.buffer_from_host(&bytes, ty, &dims, &rt.device)?
             };
-            let value = DeviceValue::ready(buf);
+            let value = DeviceValue::ready(buf, 0);
             (Arg::Value(value.clone()), value)
         }
         Upload::OnLauncher => {
-            let into = DeviceValue::pending();
+            let into = DeviceValue::pending(0);
             (Arg::Upload { bytes, ty, dims, reuse: key.is_none(), into: into.clone() }, into)
         }
     };
@@ -296,9 +296,10 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     // Keep at most a few programs queued: older ones are waited for (and their errors reported) first.
     throttle(MAX_IN_FLIGHT - 1)?;
     let t0 = Instant::now();
+    let program = launcher::next_program();
     // Output j: its value (one buffer, or one per device).
     let outputs: Vec<Data> = if on_launcher {
-        let outputs: Vec<Arc<DeviceValue>> = (0..n_out).map(|_| DeviceValue::pending()).collect();
+        let outputs: Vec<Arc<DeviceValue>> = (0..n_out).map(|_| DeviceValue::pending(program)).collect();
         let ticket = Ticket::new(at);
         let args = args.pop().unwrap_or_default();
         let from_core = launcher::cores::current();
@@ -334,7 +335,7 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
                 Some((_, shardings)) => {
                     Data::Sharded { shards: bufs.into_iter().map(Arc::new).collect(), sharding: shardings[j].clone() }
                 }
-                None => Data::Device(DeviceValue::ready(bufs.remove(0))),
+                None => Data::Device(DeviceValue::ready(bufs.remove(0), program)),
             })
             .collect()
     };
@@ -469,7 +470,7 @@ fn wait_at_exit() {
 /// (`item`, `to_vec`, checkpoints) wait for what they read. Use this to time steps or to surface a runtime error
 /// at a known point. An error names the line whose materialization launched the failing program.
 pub fn wait() -> Result<()> {
-    launcher::note_demand();
+    launcher::note_wait();
     launcher::flush_graves();
     throttle(0)
 }

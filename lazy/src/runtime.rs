@@ -132,9 +132,10 @@ impl Config {
 pub enum CpuLauncher {
     /// Every program runs on the thread that materializes it.
     Off,
-    /// A step's program goes to the launcher unless the thread read results (or called `wait()`) since its last
-    /// one: a loop that reads every step's loss would wait for the program anyway, and the hand-over costs a few
-    /// µs. The default where the machine has two cores or more (`LAZULI_CPU_LAUNCHER=1`).
+    /// A step's program goes to the launcher unless the thread read a result of its latest program (or called
+    /// `wait()`) since launching it: a loop that reads every step's loss would wait for the program anyway, and
+    /// the hand-over costs a few µs. Reading an older program's results (the previous step's loss) does not
+    /// count. The default where the machine has two cores or more (`LAZULI_CPU_LAUNCHER=1`).
     Adaptive,
     /// Every single-device program goes to the launcher (`LAZULI_CPU_LAUNCHER=always`; for testing it).
     Always,
@@ -198,9 +199,8 @@ impl Runtime {
         })
     }
 
-    /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
     /// A single-device program goes to the launcher thread (`Config::cpu_launcher`); `demanded`: the thread read
-    /// results since its last program.
+    /// a result of its latest program, or waited, since launching it.
     pub(crate) fn uses_launcher(&self, demanded: bool) -> bool {
         let on = match self.config.cpu_launcher {
             CpuLauncher::Off => false,
@@ -210,6 +210,7 @@ impl Runtime {
         on && self.config.backend == Backend::Cpu && !self.config.cpu_async
     }
 
+    /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
     pub(crate) fn xla_options(&self) -> Vec<(String, XlaOption)> {
         let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
         let mut all: Vec<_> =

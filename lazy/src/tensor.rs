@@ -34,7 +34,7 @@ impl Data {
         match self {
             Data::Host(b) => Ok(b.clone()),
             Data::Device(value) => {
-                crate::launcher::note_demand();
+                crate::launcher::note_read(value);
                 let bytes = value.buffer()?.to_host()?;
                 Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
                 Ok(Arc::new(bytes))
