@@ -51,29 +51,28 @@ fn in_child(name: &str, env: &[(&str, &str)]) {
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the check");
 }
 
-/// `LAZULI_CPU_ASYNC` takes 1 or 0; anything else is an error that names the variable and the value, at the
-/// first read.
-#[test]
-fn a_bad_cpu_async_setting_is_a_clear_error() {
-    const CHILD: &str = "LAZULI_TEST_BAD_ASYNC_CHILD";
-    if std::env::var_os(CHILD).is_some() {
+/// A setting given a value it does not take is an error that names the variable and the value, at the first
+/// read (checked in a child process started by `test`, whose runtime starts from that environment).
+fn a_bad_setting_is_a_clear_error(test: &str, var: &str, value: &str) {
+    let child = format!("LAZULI_TEST_BAD_SETTING_{var}");
+    if std::env::var_os(&child).is_some() {
         let err = (&Tensor::from_slice(&[1.0f32], &[1]) * 2.0).to_vec::<f32>().unwrap_err().to_string();
-        assert!(err.contains("LAZULI_CPU_ASYNC") && err.contains("maybe"), "{err}");
+        assert!(err.contains(var) && err.contains(value), "{err}");
         return;
     }
-    in_child("a_bad_cpu_async_setting_is_a_clear_error", &[(CHILD, "1"), ("LAZULI_CPU_ASYNC", "maybe")]);
+    in_child(test, &[(child.as_str(), "1"), (var, value)]);
 }
 
-/// `LAZULI_CPU_LAUNCHER` takes 1, 0 or always; anything else is an error that names the variable and the value.
+/// `LAZULI_CPU_ASYNC` takes 1 or 0.
+#[test]
+fn a_bad_cpu_async_setting_is_a_clear_error() {
+    a_bad_setting_is_a_clear_error("a_bad_cpu_async_setting_is_a_clear_error", "LAZULI_CPU_ASYNC", "maybe");
+}
+
+/// `LAZULI_CPU_LAUNCHER` takes 1, 0 or always.
 #[test]
 fn a_bad_cpu_launcher_setting_is_a_clear_error() {
-    const CHILD: &str = "LAZULI_TEST_BAD_LAUNCHER_CHILD";
-    if std::env::var_os(CHILD).is_some() {
-        let err = (&Tensor::from_slice(&[1.0f32], &[1]) * 2.0).to_vec::<f32>().unwrap_err().to_string();
-        assert!(err.contains("LAZULI_CPU_LAUNCHER") && err.contains("sometimes"), "{err}");
-        return;
-    }
-    in_child("a_bad_cpu_launcher_setting_is_a_clear_error", &[(CHILD, "1"), ("LAZULI_CPU_LAUNCHER", "sometimes")]);
+    a_bad_setting_is_a_clear_error("a_bad_cpu_launcher_setting_is_a_clear_error", "LAZULI_CPU_LAUNCHER", "sometimes");
 }
 
 /// `LAZULI_XLA_OPTIONS` reaches XLA's compiler: known options (a bool, and the empty list the GPU default uses)

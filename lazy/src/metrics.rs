@@ -73,12 +73,12 @@ pub struct Metrics {
     /// Host work of materializations before their arguments are bound: collecting and walking the graph,
     /// sharding annotation, donation planning, hashing, cache lookup (compiles excluded).
     pub boundary_ms: f64,
-    /// Binding arguments: host-to-device copies of new data (batches, host scalars) and shards.
+    /// Binding arguments: host-to-device copies of new data (batches, host scalars) and shards. For a program
+    /// queued on the CPU launcher, preparing its inputs here plus the launcher's copies.
     pub upload_ms: f64,
     /// After the program ran: storing outputs on their nodes, releasing donated inputs and the graph above them.
     pub finish_ms: f64,
     /// Waiting for launched programs to finish (`wait()`, and a full launch queue); reads' waits not included.
-    /// Queued programs: uploads on the launcher count under `upload_ms` too.
     pub wait_ms: f64,
 }
 
