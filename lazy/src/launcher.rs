@@ -39,8 +39,8 @@ const IDLE_SPIN: Duration = Duration::from_millis(1);
 /// A device buffer that the launcher may still be computing (or uploading). Reads wait for it.
 pub(crate) struct DeviceValue {
     cell: OnceLock<std::result::Result<Buffer, Failure>>,
-    /// Made on the launcher: destroyed there too.
-    by_launcher: AtomicBool,
+    /// Filled by the launcher (every pending value is): its buffer is destroyed there too.
+    by_launcher: bool,
     /// The number of the program that computes it on the thread that launched it (`next_program`); 0 for an
     /// upload.
     program: u64,
@@ -75,12 +75,12 @@ impl DeviceValue {
     pub fn ready(buffer: Buffer, program: u64) -> Arc<DeviceValue> {
         let cell = OnceLock::new();
         let _ = cell.set(Ok(buffer));
-        Arc::new(DeviceValue { cell, by_launcher: AtomicBool::new(false), program })
+        Arc::new(DeviceValue { cell, by_launcher: false, program })
     }
 
     /// A value the launcher fills: an upload (`program` 0) or an output of program number `program`.
     pub fn pending(program: u64) -> Arc<DeviceValue> {
-        Arc::new(DeviceValue { cell: OnceLock::new(), by_launcher: AtomicBool::new(false), program })
+        Arc::new(DeviceValue { cell: OnceLock::new(), by_launcher: true, program })
     }
 
     /// The buffer, once the launcher has made it.
@@ -102,7 +102,6 @@ impl DeviceValue {
 
     /// Called on the launcher only.
     fn fill(&self, value: std::result::Result<Buffer, Failure>) {
-        self.by_launcher.store(true, Ordering::Relaxed);
         let _ = self.cell.set(value);
     }
 }
@@ -110,7 +109,7 @@ impl DeviceValue {
 impl Drop for DeviceValue {
     fn drop(&mut self) {
         if let Some(Ok(buffer)) = self.cell.take() {
-            if *self.by_launcher.get_mut() {
+            if self.by_launcher {
                 bury(buffer);
             }
         }
@@ -266,7 +265,7 @@ pub(crate) fn submit(rt: &'static Runtime, job: Job) {
             .unwrap_or_else(|e| panic!("lazuli cannot start its launcher thread: {e}"));
         Launcher { queue: Mutex::new(Queue::default()), wake: Condvar::new(), queued: AtomicUsize::new(0) }
     });
-    let graves = GRAVES.try_with(|g| std::mem::take(&mut *g.borrow_mut())).unwrap_or_default();
+    let graves = take_graves();
     launcher.push(|q| {
         q.jobs.push_back(job);
         q.graves.extend(graves);
@@ -305,9 +304,14 @@ fn bury(buffer: Buffer) {
     }
 }
 
+/// This thread's buried buffers (none during thread teardown: the list is dropped with the thread).
+fn take_graves() -> Vec<Buffer> {
+    GRAVES.try_with(|g| std::mem::take(&mut *g.borrow_mut())).unwrap_or_default()
+}
+
 /// This thread's buried buffers, to the launcher.
 fn hand_over_graves(l: &Launcher) {
-    let graves = GRAVES.try_with(|g| std::mem::take(&mut *g.borrow_mut())).unwrap_or_default();
+    let graves = take_graves();
     if !graves.is_empty() {
         l.push(|q| q.graves.extend(graves));
     }
