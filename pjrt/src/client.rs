@@ -255,6 +255,11 @@ impl Device {
 
     /// What the device's allocator holds now and at most so far. An error where the plugin keeps no such
     /// statistics (the CPU plugins allocate from the host heap).
+    /// The plugin's attributes of this device, e.g. the CUDA plugin's `compute_capability` (`"9.0"`).
+    pub fn attributes(&self) -> Result<Vec<(String, crate::AttrValue)>> {
+        self.client.api().device_attributes(self.handle())
+    }
+
     pub fn memory_stats(&self) -> Result<MemoryStats> {
         let (bytes_in_use, peak_bytes_in_use, bytes_limit) = self.client.api().device_memory_stats(self.handle())?;
         Ok(MemoryStats { bytes_in_use, peak_bytes_in_use, bytes_limit })

@@ -323,6 +323,17 @@ impl Api {
         Ok((id.id, copy_str(kind.device_kind, kind.device_kind_size), hw.local_hardware_id))
     }
 
+    /// The device description's attributes (the CUDA plugin's `compute_capability`, `core_count`, …).
+    pub(crate) fn device_attributes(self, device: DeviceHandle) -> Result<Vec<(String, AttrValue)>> {
+        let mut desc = c::PJRT_Device_GetDescription_Args::new();
+        desc.device = device.raw();
+        call!(self, PJRT_Device_GetDescription, &mut desc)?;
+        let mut args = c::PJRT_DeviceDescription_Attributes_Args::new();
+        args.device_description = desc.device_description;
+        call!(self, PJRT_DeviceDescription_Attributes, &mut args)?;
+        Ok(read_named_values(args.attributes, args.num_attributes))
+    }
+
     /// The device allocator's statistics: (bytes in use, peak bytes in use, bytes limit); the last two only
     /// where the plugin reports them.
     pub(crate) fn device_memory_stats(self, device: DeviceHandle) -> Result<(i64, Option<i64>, Option<i64>)> {

@@ -152,6 +152,11 @@ pjrt_args!(PJRT_Client_BufferFromHostBuffer_Args {
 });
 
 pjrt_args!(PJRT_DeviceDescription_Id_Args { device_description: *mut PJRT_DeviceDescription, id: i32 });
+pjrt_args!(PJRT_DeviceDescription_Attributes_Args {
+    device_description: *mut PJRT_DeviceDescription,
+    num_attributes: usize,
+    attributes: *const PJRT_NamedValue,
+});
 pjrt_args!(PJRT_DeviceDescription_Kind_Args {
     device_description: *mut PJRT_DeviceDescription,
     device_kind: *const c_char,
@@ -313,7 +318,7 @@ pub(crate) struct PJRT_Api {
 
     pub PJRT_DeviceDescription_Id: Entry<PJRT_DeviceDescription_Id_Args>,
     _PJRT_DeviceDescription_ProcessIndex: Unused,
-    _PJRT_DeviceDescription_Attributes: Unused,
+    pub PJRT_DeviceDescription_Attributes: Entry<PJRT_DeviceDescription_Attributes_Args>,
     pub PJRT_DeviceDescription_Kind: Entry<PJRT_DeviceDescription_Kind_Args>,
     _PJRT_DeviceDescription_DebugString: Unused,
     _PJRT_DeviceDescription_ToString: Unused,
