@@ -1,7 +1,8 @@
 //! Graph → StableHLO text. Every op is written in MLIR's generic form (`"stablehlo.add"(%a, %b) : (…) -> …`), which
 //! every StableHLO parser accepts regardless of pretty-printing changes, followed by the node's `loc(…)`.
 
-use std::fmt::Write;
+use std::collections::HashMap;
+use std::fmt::{self, Write};
 
 use crate::dtype::TensorType;
 use crate::graph::{Graph, Loc};
@@ -28,6 +29,8 @@ pub struct LowerCx<'a> {
     args: Vec<(String, &'a TensorType)>,
     out: &'a TensorType,
     loc: Loc,
+    /// Results of lowerings several nodes share (a kernel's results, one node each), by key and operand names.
+    shared: &'a mut HashMap<String, Vec<String>>,
 }
 
 impl<'a> LowerCx<'a> {
@@ -50,8 +53,32 @@ impl<'a> LowerCx<'a> {
     /// Lower `op` on explicit operands (SSA names and types) as part of this node: a compound op reuses the
     /// lowerings of the ops it is made of.
     pub fn lower_op<'b>(&'b mut self, op: &Op, args: Vec<(String, &'b TensorType)>, out: &'b TensorType) -> String {
-        let mut cx = LowerCx { text: &mut *self.text, counter: &mut *self.counter, args, out, loc: self.loc };
+        let mut cx = LowerCx {
+            text: &mut *self.text,
+            counter: &mut *self.counter,
+            args,
+            out,
+            loc: self.loc,
+            shared: &mut *self.shared,
+        };
         op.lower(&mut cx)
+    }
+
+    /// The results of `lower` on this node's operands, lowered once per `key` and operand list: the first node
+    /// to ask writes the lines, later ones (other results of the same call) reuse its SSA names. Nodes come in
+    /// topological order in one block, so the first definition dominates every later use.
+    pub fn shared(&mut self, key: &str, lower: impl FnOnce(&mut Self) -> Vec<String>) -> Vec<String> {
+        let mut full = String::from(key);
+        for (name, _) in &self.args {
+            full.push(' ');
+            full.push_str(name);
+        }
+        if let Some(names) = self.shared.get(&full) {
+            return names.clone();
+        }
+        let names = lower(self);
+        self.shared.insert(full, names.clone());
+        names
     }
 
     /// A fresh SSA name.
@@ -126,6 +153,23 @@ impl<'a> LowerCx<'a> {
     }
 }
 
+/// A string as an MLIR string literal: printable ASCII verbatim except `"` and `\`, every other byte as `\XX`.
+pub struct MlirString<'a>(pub &'a str);
+
+impl fmt::Display for MlirString<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_char('"')?;
+        for &b in self.0.as_bytes() {
+            match b {
+                b'"' | b'\\' => write!(f, "\\{b:02X}")?,
+                0x20..=0x7e => f.write_char(b as char)?,
+                _ => write!(f, "\\{b:02X}")?,
+            }
+        }
+        f.write_char('"')
+    }
+}
+
 /// `array<i64: 1, 0>`
 pub fn i64_array(v: &[usize]) -> String {
     if v.is_empty() {
@@ -184,6 +228,7 @@ pub fn emit(graph: &Graph, opts: &EmitOptions) -> String {
     text.push_str(&results.join(", "));
     text.push_str(") {\n");
     let mut counter = 0usize;
+    let mut shared = HashMap::new();
     // Per node, the weight of the longest elementwise chain XLA would fuse into the loop that computes it.
     let mut chain = vec![0usize; graph.nodes.len()];
     for (id, node) in graph.nodes.iter().enumerate() {
@@ -191,7 +236,8 @@ pub fn emit(graph: &Graph, opts: &EmitOptions) -> String {
             continue; // parameters are block arguments
         }
         let args = node.operands.iter().map(|&o| (names[o].clone(), &graph.nodes[o].ty)).collect();
-        let mut cx = LowerCx { text: &mut text, counter: &mut counter, args, out: &node.ty, loc: node.loc };
+        let mut cx =
+            LowerCx { text: &mut text, counter: &mut counter, args, out: &node.ty, loc: node.loc, shared: &mut shared };
         names[id] = node.op.lower(&mut cx);
         chain[id] = node.op.loop_weight().map_or(0, |w| w + node.operands.iter().map(|&o| chain[o]).max().unwrap_or(0));
         if chain[id] >= FUSION_CUT {

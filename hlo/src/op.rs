@@ -14,6 +14,7 @@ use crate::ops::{
     elementwise::{Binary, Compare, Convert, Select, Unary},
     fused::Fused,
     gather::{ScatterAdd, Take},
+    kernel::KernelOp,
     layout::{BroadcastInDim, Reshape, Transpose},
     leaf::{Constant, Iota, Parameter},
     loss::{CrossEntropy, CrossEntropyGrad},
@@ -90,6 +91,8 @@ pub enum Op {
     ReluGrad(ReluGrad),
     CrossEntropy(CrossEntropy),
     CrossEntropyGrad(CrossEntropyGrad),
+    /// A custom kernel's result (`ops/kernel.rs`): its rules come from the kernel's programs.
+    Kernel(KernelOp),
 }
 
 macro_rules! dispatch {
@@ -134,6 +137,7 @@ macro_rules! dispatch {
             Op::ReluGrad($o) => $e,
             Op::CrossEntropy($o) => $e,
             Op::CrossEntropyGrad($o) => $e,
+            Op::Kernel($o) => $e,
         }
     };
 }
@@ -218,7 +222,8 @@ impl Op {
             | Op::Softmax(_)
             | Op::SoftmaxGrad(_)
             | Op::CrossEntropy(_)
-            | Op::CrossEntropyGrad(_) => None,
+            | Op::CrossEntropyGrad(_)
+            | Op::Kernel(_) => None,
         }
     }
 }

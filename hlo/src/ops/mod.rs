@@ -6,6 +6,7 @@ pub mod dot;
 pub mod elementwise;
 pub mod fused;
 pub mod gather;
+pub mod kernel;
 pub mod layout;
 pub mod leaf;
 pub mod loss;

@@ -1,0 +1,238 @@
+//! Custom kernels as one op family. A kernel is data ([`KernelDef`]): the operand and result types it was built
+//! for, its composite (what it computes, as a [`Program`] of lazuli's ops), the device implementation chosen
+//! when it was recorded (a program around cuDNN or Triton custom calls, or none: the composite), one gradient
+//! rule per result, and why that implementation was chosen. The kernels themselves are made in `lazuli-kernels`;
+//! here they get the five rules every op has, derived from those programs:
+//!
+//! - shape: the types the kernel was built for;
+//! - lowering: the device program if there is one, else the composite's ops (each op's own lowering);
+//! - reference: the composite, evaluated op by op;
+//! - gradient: the result's gradient program (which may call backward kernels), or autodiff through the
+//!   composite;
+//! - sharding: through the composite's ops; a custom call runs on whole operands.
+//!
+//! A kernel with several results is recorded as one node per result ([`KernelOp::result`]); the emitter lowers
+//! the kernel once per operand list and each node picks its result, so a forward call's second result (say,
+//! attention's softmax statistics, which its backward reads) costs no second call.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use ndarray::ArrayD;
+
+use crate::builder::Builder;
+use crate::dtype::TensorType;
+use crate::emit::LowerCx;
+use crate::op::OpRules;
+use crate::program::Program;
+use crate::shard::{DimShards, ShardIn};
+
+/// How the gradient of one of a kernel's results is computed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Gradient {
+    /// The result carries no gradient (integer results, statistics only a backward reads).
+    None,
+    /// Autodiff through the composite's ops.
+    Composite,
+    /// A program on (operands…, result, result's cotangent) returning one cotangent per operand (or none).
+    Program(Program),
+}
+
+/// Which implementation a kernel runs with and why, for events and reports:
+/// `attention at src/model.rs:42: composite (head dim 80 is not supported by cuDNN)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Choice {
+    /// `cudnn`, `triton` or `composite`.
+    pub implementation: &'static str,
+    /// Why this one (and why not the others).
+    pub reason: String,
+}
+
+/// A kernel built for one signature. Made by `lazuli-kernels` (or a user's custom kernel) and shared by every node
+/// that calls it; compared and hashed by content, with the hash taken once.
+#[derive(Debug)]
+pub struct KernelDef {
+    /// Its op name in diagnostics (`attention`, a user kernel's name).
+    pub name: &'static str,
+    pub operands: Vec<TensorType>,
+    pub results: Vec<TensorType>,
+    /// The device implementation (custom calls and the ops around them), or `None` for the composite.
+    pub device: Option<Program>,
+    /// What the kernel computes, with lazuli's ops: the fallback, the reference and the default gradient.
+    pub composite: Program,
+    /// One rule per result.
+    pub gradients: Vec<Gradient>,
+    pub choice: Choice,
+    hash: u64,
+}
+
+impl KernelDef {
+    /// Check that the programs fit the signature and make the kernel.
+    pub fn new(
+        name: &'static str,
+        operands: Vec<TensorType>,
+        results: Vec<TensorType>,
+        device: Option<Program>,
+        composite: Program,
+        gradients: Vec<Gradient>,
+        choice: Choice,
+    ) -> Result<Arc<KernelDef>, String> {
+        let want_results: Vec<Option<&TensorType>> = results.iter().map(Some).collect();
+        let fits = |what: &str, p: &Program| -> Result<(), String> {
+            if p.inputs != operands {
+                return Err(format!("{name}: the {what} takes {:?}, the kernel's operands are {operands:?}", p.inputs));
+            }
+            if p.output_types() != want_results {
+                let got: Vec<String> =
+                    p.output_types().iter().map(|t| t.map_or("none".into(), |t| t.to_string())).collect();
+                let want: Vec<String> = results.iter().map(|t| t.to_string()).collect();
+                return Err(format!(
+                    "{name}: the {what} returns ({}), the kernel's results are ({})",
+                    got.join(", "),
+                    want.join(", ")
+                ));
+            }
+            Ok(())
+        };
+        fits("composite", &composite)?;
+        if composite.has_calls() {
+            return Err(format!("{name}: the composite may not contain custom calls"));
+        }
+        if let Some(d) = &device {
+            fits("device program", d)?;
+        }
+        if gradients.len() != results.len() {
+            return Err(format!("{name}: {} gradient rules for {} results", gradients.len(), results.len()));
+        }
+        for (r, g) in gradients.iter().enumerate() {
+            if let Gradient::Program(p) = g {
+                let mut inputs = operands.clone();
+                inputs.extend([results[r].clone(), results[r].clone()]);
+                if p.inputs != inputs || p.outputs.len() != operands.len() {
+                    return Err(format!(
+                        "{name}: result {r}'s gradient must take (operands, result, cotangent) and return one \
+                         cotangent per operand"
+                    ));
+                }
+                for (i, t) in p.output_types().into_iter().enumerate() {
+                    if t.is_some_and(|t| *t != operands[i]) {
+                        return Err(format!("{name}: result {r}'s gradient for operand {i} is {t:?}"));
+                    }
+                }
+            }
+        }
+        let mut h = std::hash::DefaultHasher::new();
+        (name, &operands, &results, &device, &composite, &gradients, &choice).hash(&mut h);
+        let hash = h.finish();
+        Ok(Arc::new(KernelDef { name, operands, results, device, composite, gradients, choice, hash }))
+    }
+
+    /// Lower the kernel on the node's operands: its device program if it has one, else its composite.
+    fn lower_all(&self, cx: &mut LowerCx<'_>) -> Vec<String> {
+        let inputs: Vec<String> = (0..cx.num_args()).map(|i| cx.arg(i).to_string()).collect();
+        let program = self.device.as_ref().unwrap_or(&self.composite);
+        program.lower(cx, inputs).into_iter().map(|o| o.expect("a kernel's programs return every result")).collect()
+    }
+}
+
+impl PartialEq for KernelDef {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && self.name == other.name
+            && self.operands == other.operands
+            && self.results == other.results
+            && self.device == other.device
+            && self.composite == other.composite
+            && self.gradients == other.gradients
+            && self.choice == other.choice
+    }
+}
+
+impl Eq for KernelDef {}
+
+/// One result of a kernel call: the op of a node.
+#[derive(Clone, Debug)]
+pub struct KernelOp {
+    pub def: Arc<KernelDef>,
+    pub result: usize,
+}
+
+impl KernelOp {
+    pub fn new(def: Arc<KernelDef>, result: usize) -> KernelOp {
+        assert!(result < def.results.len(), "{} has {} results", def.name, def.results.len());
+        KernelOp { def, result }
+    }
+}
+
+impl PartialEq for KernelOp {
+    fn eq(&self, other: &Self) -> bool {
+        self.result == other.result && (Arc::ptr_eq(&self.def, &other.def) || self.def == other.def)
+    }
+}
+
+impl Eq for KernelOp {}
+
+impl Hash for KernelOp {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.def.hash.hash(state);
+        self.result.hash(state);
+    }
+}
+
+impl OpRules for KernelOp {
+    fn name(&self) -> &'static str {
+        self.def.name
+    }
+
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+        let want = &self.def.operands;
+        if operands.len() != want.len() || operands.iter().zip(want).any(|(a, b)| *a != b) {
+            let got: Vec<String> = operands.iter().map(|t| t.to_string()).collect();
+            let want: Vec<String> = want.iter().map(|t| t.to_string()).collect();
+            return Err(format!("{} was built for ({}), got ({})", self.def.name, want.join(", "), got.join(", ")));
+        }
+        Ok(self.def.results[self.result].clone())
+    }
+
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        let key = format!("{:p}", Arc::as_ptr(&self.def));
+        let def = &self.def;
+        cx.shared(&key, |cx| def.lower_all(cx))[self.result].clone()
+    }
+
+    fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        let mut outs = self.def.composite.evaluate(x);
+        outs.swap_remove(self.result).expect("a composite returns every result")
+    }
+
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        match &self.def.gradients[self.result] {
+            Gradient::None => vec![None; x.len()],
+            Gradient::Composite => crate::ops::composite::vjp(b, x, g, |tape, args| {
+                let mut outs = self.def.composite.replay(tape, args, None);
+                outs.swap_remove(self.result).expect("a composite returns every result")
+            }),
+            Gradient::Program(p) => {
+                let mut inputs = x.to_vec();
+                inputs.extend([out.clone(), g.clone()]);
+                p.replay(b, &inputs, Some((&self.def, x)))
+            }
+        }
+    }
+
+    fn shard(&self, x: &[ShardIn<'_>], _out: &TensorType) -> Option<DimShards> {
+        if self.def.device.is_some() {
+            return None;
+        }
+        let p = &self.def.composite;
+        let mut dims: Vec<Option<DimShards>> = x.iter().map(|s| s.dims.cloned()).collect();
+        for (step, args) in &p.steps {
+            let crate::program::Step::Op(op) = step else { return None };
+            let ins: Vec<ShardIn<'_>> =
+                args.iter().map(|&a| ShardIn { ty: &p.types[a], dims: dims[a].as_ref() }).collect();
+            let split = op.shard(&ins, &p.types[dims.len()]);
+            dims.push(split);
+        }
+        p.outputs[self.result].and_then(|v| dims[v].clone())
+    }
+}
