@@ -1,0 +1,288 @@
+//! Scaled dot-product attention: `softmax(scale · q kᵀ + bias, masked) v`, one kernel with three
+//! implementations. On NVIDIA GPUs (compute capability 8.0+): cuDNN's flash attention for bf16/f16 (`cudnn.rs`),
+//! lazuli's Triton flash kernel for what cuDNN does not take (f32, sliding windows, …; `triton.rs`); everywhere
+//! else, and for what neither takes (an additive bias), the composite (`composite.rs`), which is also the
+//! reference the others are tested against.
+//!
+//! Shapes: `q: [B, H, Tq, D]`, `k: [B, H, Tk, D]`, `v: [B, H, Tk, Dv]` → `[B, H, Tq, Dv]` in [`Layout::Bhtd`]
+//! (PyTorch's order), or with the sequence before the heads in [`Layout::Bthd`] (`[B, T, H, D]`: a transformer's
+//! projection reshaped, with no transposes). The kernel has two results: the output and the softmax statistics
+//! (`f32[B, H, Tq]`, the log-sum-exp of each row), which only the backward reads.
+
+mod composite;
+mod cudnn;
+mod triton;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use lazuli_hlo::{Builder, Choice, DType, Gradient, KernelDef, KernelOp, Op, OpRules, Precision, Program, TensorType};
+
+use crate::{Implementation, Target};
+
+/// The order of the dimensions of `q`, `k`, `v` and the output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// `[batch, heads, seq, head_dim]` (PyTorch's `scaled_dot_product_attention`).
+    #[default]
+    Bhtd,
+    /// `[batch, seq, heads, head_dim]` (JAX's `dot_product_attention`; a projection reshaped, untransposed).
+    Bthd,
+}
+
+impl Layout {
+    /// The axes of (heads, seq) in a tensor of this layout.
+    pub fn heads_seq(self) -> (usize, usize) {
+        match self {
+            Layout::Bhtd => (1, 2),
+            Layout::Bthd => (2, 1),
+        }
+    }
+}
+
+/// One attention call's signature: everything its kernel depends on.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionSpec {
+    pub q: TensorType,
+    pub k: TensorType,
+    pub v: TensorType,
+    /// An additive bias broadcastable to `[B, H, Tq, Tk]` (size-1 dimensions broadcast), any float type.
+    pub bias: Option<TensorType>,
+    /// Key `j` is visible to query `i` only if `j ≤ i` (top-left aligned, as PyTorch's `is_causal`).
+    pub causal: bool,
+    /// With `causal`: also only if `i - j < window` (a sliding window of `window` keys ending at the query).
+    pub window: Option<usize>,
+    /// The softmax scale's bits (`f64::to_bits`); `None` is `1/√D`.
+    pub scale_bits: Option<u64>,
+    pub layout: Layout,
+    /// The precision of f32 products (TF32 on NVIDIA GPUs by default, as for any product).
+    pub precision: Precision,
+}
+
+/// The sizes of an attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub heads: usize,
+    pub seq_q: usize,
+    pub seq_kv: usize,
+    pub head_dim: usize,
+    pub value_dim: usize,
+}
+
+impl AttentionSpec {
+    /// The attention spec of `q`, `k`, `v` with everything else at its default (no mask, `1/√D`, `Bhtd`).
+    pub fn new(q: TensorType, k: TensorType, v: TensorType) -> AttentionSpec {
+        AttentionSpec {
+            q,
+            k,
+            v,
+            bias: None,
+            causal: false,
+            window: None,
+            scale_bits: None,
+            layout: Layout::Bhtd,
+            precision: Precision::Default,
+        }
+    }
+
+    /// The shape and dtype rule: sizes of a well-formed call, or what does not fit.
+    pub fn dims(&self) -> Result<Dims, String> {
+        let (q, k, v) = (&self.q, &self.k, &self.v);
+        if !q.dtype.is_float() || k.dtype != q.dtype || v.dtype != q.dtype {
+            return Err(format!("attention: q, k and v must share one float dtype, got {q}, {k}, {v}"));
+        }
+        if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+            let order = match self.layout {
+                Layout::Bhtd => "[batch, heads, seq, head_dim]",
+                Layout::Bthd => "[batch, seq, heads, head_dim]",
+            };
+            return Err(format!("attention: q, k and v must be {order}, got {q}, {k}, {v}"));
+        }
+        let (h, t) = self.layout.heads_seq();
+        let d = Dims {
+            batch: q.dims[0],
+            heads: q.dims[h],
+            seq_q: q.dims[t],
+            seq_kv: k.dims[t],
+            head_dim: q.dims[3],
+            value_dim: v.dims[3],
+        };
+        if k.dims[0] != d.batch || v.dims[0] != d.batch || k.dims[h] != d.heads || v.dims[h] != d.heads {
+            return Err(format!("attention: q, k and v must have the same batch and heads, got {q}, {k}, {v}"));
+        }
+        if k.dims[3] != d.head_dim {
+            return Err(format!("attention: q and k must have the same head dim, got {q} and {k}"));
+        }
+        if v.dims[t] != d.seq_kv {
+            return Err(format!("attention: k and v must have the same sequence length, got {k} and {v}"));
+        }
+        if d.batch * d.heads * d.seq_q * d.seq_kv * d.head_dim == 0 {
+            return Err(format!("attention: empty operands {q}, {k}, {v}"));
+        }
+        if let Some(b) = &self.bias {
+            let full = [d.batch, d.heads, d.seq_q, d.seq_kv];
+            let fits = b.rank() == 4 && b.dims.iter().zip(full).all(|(&x, f)| x == f || x == 1);
+            if !fits || !b.dtype.is_float() {
+                return Err(format!("attention: the bias must be a float tensor broadcastable to {full:?}, got {b}"));
+            }
+        }
+        match self.window {
+            Some(0) => return Err("attention: a window of 0 keys sees nothing".into()),
+            Some(_) if !self.causal => return Err("attention: a sliding window needs causal attention".into()),
+            _ => {}
+        }
+        Ok(d)
+    }
+
+    pub fn scale(&self) -> f64 {
+        self.scale_bits.map(f64::from_bits).unwrap_or_else(|| 1.0 / (self.q.dims[3] as f64).sqrt())
+    }
+
+    /// `[B, H, Tq, Dv]` in this spec's layout.
+    fn output(&self, d: &Dims) -> TensorType {
+        let dims = match self.layout {
+            Layout::Bhtd => [d.batch, d.heads, d.seq_q, d.value_dim],
+            Layout::Bthd => [d.batch, d.seq_q, d.heads, d.value_dim],
+        };
+        TensorType::new(self.q.dtype, dims)
+    }
+
+    /// The softmax statistics' type, `f32[B, H, Tq]`.
+    fn stats(d: &Dims) -> TensorType {
+        TensorType::new(DType::F32, [d.batch, d.heads, d.seq_q])
+    }
+
+    /// The operands' types in the kernel's order: q, k, v, then the bias if any.
+    fn operands(&self) -> Vec<TensorType> {
+        let mut ops = vec![self.q.clone(), self.k.clone(), self.v.clone()];
+        ops.extend(self.bias.clone());
+        ops
+    }
+
+    /// A short description for the choice's reason: `bf16, head dim 64, causal`.
+    fn describe(&self, d: &Dims) -> String {
+        let mut s = format!("{}, head dim {}", self.q.dtype, d.head_dim);
+        if self.causal {
+            s.push_str(", causal");
+        }
+        if let Some(w) = self.window {
+            s.push_str(&format!(", window {w}"));
+        }
+        s
+    }
+}
+
+/// A device implementation: the forward program (q, k, v → output, stats) and the backward program
+/// (q, k, v, output, cotangent, stats → dq, dk, dv), each around custom calls.
+struct Device {
+    forward: Program,
+    backward: Program,
+}
+
+/// The attention kernel for `spec` on `target`, with the implementation `want` asks for. Kernels are made once
+/// per (spec, target, setting) and shared. `Err` says why the spec is ill-formed, or why a forced
+/// implementation does not apply.
+pub fn attention(spec: &AttentionSpec, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
+    type Key = (AttentionSpec, Target, Implementation);
+    static MADE: Mutex<Option<HashMap<Key, Arc<KernelDef>>>> = Mutex::new(None);
+    let key = (spec.clone(), target.clone(), want);
+    if let Some(def) = MADE.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key)) {
+        return Ok(def.clone());
+    }
+    let def = make(spec, target, want)?;
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    made.get_or_insert_with(HashMap::new).insert(key, def.clone());
+    Ok(def)
+}
+
+fn make(spec: &AttentionSpec, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
+    let d = spec.dims()?;
+    let (device, choice) = choose(spec, &d, target, want)?;
+    let operands = spec.operands();
+    let results = vec![spec.output(&d), AttentionSpec::stats(&d)];
+    let composite = Program::record(&operands, |b, x| {
+        let (o, stats) = composite::attention(b, spec, &d, x);
+        vec![Some(o), Some(stats)]
+    })?;
+    let (device, gradient) = match device {
+        Some(Device { forward, backward }) => {
+            let composite_def = attention(spec, target, Implementation::Composite)?;
+            let backward = backward_kernel(spec, &d, backward, &composite_def, choice.clone())?;
+            (Some(forward), Gradient::Program(gradient(spec, &d, &backward)?))
+        }
+        None => (None, Gradient::Composite),
+    };
+    KernelDef::new("attention", operands, results, device, composite, vec![gradient, Gradient::None], choice)
+}
+
+/// The backward as a kernel of its own: operands (q, k, v, output, cotangent, stats), results (dq, dk, dv); its
+/// device program the fused backward, its composite the composite forward's gradient.
+fn backward_kernel(
+    spec: &AttentionSpec,
+    d: &Dims,
+    device: Program,
+    composite_def: &Arc<KernelDef>,
+    choice: Choice,
+) -> Result<Arc<KernelDef>, String> {
+    let out = spec.output(d);
+    let operands = vec![spec.q.clone(), spec.k.clone(), spec.v.clone(), out.clone(), out, AttentionSpec::stats(d)];
+    let composite =
+        Program::record(&operands, |b, x| KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..3], &x[3], &x[4]))?;
+    let results = vec![spec.q.clone(), spec.k.clone(), spec.v.clone()];
+    let gradients = vec![Gradient::Composite; 3];
+    KernelDef::new("attention_grad", operands, results, Some(device), composite, gradients, choice)
+}
+
+/// The forward output's gradient: the backward kernel on the operands, the output, its cotangent and the
+/// forward's statistics (its second result).
+fn gradient(spec: &AttentionSpec, d: &Dims, backward: &Arc<KernelDef>) -> Result<Program, String> {
+    let out = spec.output(d);
+    Program::record(&[spec.q.clone(), spec.k.clone(), spec.v.clone(), out.clone(), out], |b, x| {
+        let stats = b.sibling(1, AttentionSpec::stats(d));
+        let args = [&x[0], &x[1], &x[2], &x[3], &x[4], &stats];
+        (0..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect()
+    })
+}
+
+/// Pick the implementation: the one `want` forces (or an error saying why it does not apply), or for `Auto`
+/// cuDNN, then Triton, then the composite, with the reasons the faster ones were passed over.
+fn choose(
+    spec: &AttentionSpec,
+    d: &Dims,
+    target: &Target,
+    want: Implementation,
+) -> Result<(Option<Device>, Choice), String> {
+    let what = spec.describe(d);
+    let cudnn_no = || target.no_gpu_kernels().or_else(|| cudnn::unsupported(spec, d, target));
+    let triton_no = || target.no_gpu_kernels().or_else(|| triton::unsupported(spec, d));
+    let chose = |implementation: &'static str, reason: String| Choice { implementation, reason };
+    match want {
+        Implementation::Composite => Ok((None, chose("composite", "asked for".into()))),
+        Implementation::Cudnn => match cudnn_no() {
+            Some(why) => Err(format!("attention: cuDNN was asked for but {why}")),
+            None => Ok((Some(cudnn::device(spec, d)?), chose("cudnn", what))),
+        },
+        Implementation::Triton => match triton_no() {
+            Some(why) => Err(format!("attention: Triton was asked for but {why}")),
+            None => Ok((Some(triton::device(spec, d)?), chose("triton", what))),
+        },
+        Implementation::Auto => {
+            let Some(not_cudnn) = cudnn_no() else {
+                return Ok((Some(cudnn::device(spec, d)?), chose("cudnn", what)));
+            };
+            let Some(not_triton) = triton_no() else {
+                return Ok((
+                    Some(triton::device(spec, d)?),
+                    chose("triton", format!("{what}; not cuDNN: {not_cudnn}")),
+                ));
+            };
+            let reason = if not_cudnn == not_triton {
+                format!("{what}; {not_cudnn}")
+            } else {
+                format!("{what}; not cuDNN: {not_cudnn}; not Triton: {not_triton}")
+            };
+            Ok((None, chose("composite", reason)))
+        }
+    }
+}

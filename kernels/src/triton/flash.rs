@@ -1,0 +1,318 @@
+//! lazuli's own flash attention as Triton IR: a forward kernel and the two backward kernels (dq; dk and dv),
+//! generated per shape signature as TTIR text for XLA's Triton custom call.
+//!
+//! Attention here is `o = softmax(scale * q kᵀ + mask) v` per (batch, head), with an optional causal mask
+//! (key `j` visible to query `i` iff `j <= i`, top-left aligned like PyTorch's `is_causal`) narrowed by an
+//! optional window (`i - j < window`). The kernels follow FlashAttention-2:
+//! - the forward walks one block of queries over blocks of keys with an online softmax (running max `m`, running
+//!   sum `l`, f32 accumulator), in base 2 (`exp2` of scores prescaled by `scale * log2(e)`), and writes `o` and
+//!   the natural-log `lse = m + ln(l)` of each row;
+//! - the backward recomputes `p = exp(s - lse)` blockwise: one kernel walks a block of queries over keys for
+//!   `dq = scale * Σ ds k`, the other a block of keys over queries for `dv = Σ pᵀ do` and `dk = scale * Σ dsᵀ q`,
+//!   with `ds = p (dp - delta)`, `dp = do vᵀ` and the caller's `delta = rowsum(do * o)`.
+//!
+//! Every loop over blocks is split by its bounds into blocks that no pair sees (skipped), blocks that every pair
+//! sees (no elementwise mask) and the rest (the diagonal, the window's edge, ragged tails: masked). Shapes,
+//! strides, block sizes and the scale are constants of the IR; the kernel arguments are pointers only.
+//! `kernels/python/flash_twin.py` is the same algorithm in Triton-Python, checked against numpy on the CPU.
+
+mod backward;
+mod common;
+mod forward;
+
+use super::TritonCall;
+
+/// Element type of q, k, v, o and the gradients (lse and delta are always f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlashDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl FlashDtype {
+    fn tag(self) -> &'static str {
+        match self {
+            FlashDtype::F32 => "f32",
+            FlashDtype::F16 => "f16",
+            FlashDtype::BF16 => "bf16",
+        }
+    }
+}
+
+/// Order of dims of q, k, v, o (each contiguous, row-major): Bhtd = [batch, heads, seq, head_dim];
+/// Bthd = [batch, seq, heads, head_dim].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlashLayout {
+    Bhtd,
+    Bthd,
+}
+
+/// One attention shape signature: what a generated kernel is specialized to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FlashSpec {
+    pub batch: usize,
+    pub heads: usize,
+    pub seq_q: usize,
+    pub seq_kv: usize,
+    pub head_dim: usize,
+    pub dtype: FlashDtype,
+    pub layout: FlashLayout,
+    /// Key j visible to query i iff j <= i (top-left aligned, like PyTorch is_causal).
+    pub causal: bool,
+    /// Only with causal: additionally i - j < window.
+    pub window: Option<usize>,
+    /// f64::to_bits of the softmax scale (scores = scale * q.k).
+    pub scale_bits: u64,
+    /// f32 only: tt.dot inputPrecision tf32 (true) or ieee (false).
+    pub tf32: bool,
+}
+
+impl FlashSpec {
+    /// A spec without mask, scale `1/sqrt(head_dim)`, tf32 products for f32.
+    pub fn new(
+        batch: usize,
+        heads: usize,
+        seq_q: usize,
+        seq_kv: usize,
+        head_dim: usize,
+        dtype: FlashDtype,
+        layout: FlashLayout,
+    ) -> FlashSpec {
+        let scale = 1.0 / (head_dim.max(1) as f64).sqrt();
+        FlashSpec {
+            batch,
+            heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            dtype,
+            layout,
+            causal: false,
+            window: None,
+            scale_bits: scale.to_bits(),
+            tf32: true,
+        }
+    }
+
+    /// The softmax scale.
+    pub fn scale(&self) -> f64 {
+        f64::from_bits(self.scale_bits)
+    }
+
+    pub fn with_causal(mut self, causal: bool) -> FlashSpec {
+        self.causal = causal;
+        self
+    }
+
+    /// A sliding window (needs `causal`).
+    pub fn with_window(mut self, window: Option<usize>) -> FlashSpec {
+        self.window = window;
+        self
+    }
+
+    pub fn with_scale(mut self, scale: f64) -> FlashSpec {
+        self.scale_bits = scale.to_bits();
+        self
+    }
+
+    pub fn with_tf32(mut self, tf32: bool) -> FlashSpec {
+        self.tf32 = tf32;
+        self
+    }
+
+    /// The head dim padded for the kernels' blocks: the next power of two, at least 16 (`tt.dot`'s minimum).
+    pub fn block_d(&self) -> usize {
+        self.head_dim.next_power_of_two().max(16)
+    }
+}
+
+/// Block sizes and launch parameters of one kernel. `block_m` counts query rows and `block_n` key rows, in
+/// every kernel; powers of two from 16 to 256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashTuning {
+    pub block_m: usize,
+    pub block_n: usize,
+    pub num_warps: u32,
+    pub num_stages: u32,
+}
+
+/// How a spec's products run, which decides how large blocks can be: 16-bit inputs on tensor cores, f32 as
+/// tf32 on tensor cores (twice the bytes), or f32 as exact f32 FMAs (no tensor cores: blocks held in registers).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arith {
+    Half,
+    Tf32,
+    Ieee,
+}
+
+fn arith(spec: &FlashSpec) -> Arith {
+    match (spec.dtype, spec.tf32) {
+        (FlashDtype::F32, true) => Arith::Tf32,
+        (FlashDtype::F32, false) => Arith::Ieee,
+        _ => Arith::Half,
+    }
+}
+
+impl FlashTuning {
+    /// The forward's blocks. Chosen on an H200 at B=8, H=12, T=1024, causal (`examples/dump_ttir.rs --tune`)
+    /// and by ptxas's spill counts for larger head dims: wider heads take fewer rows or more warps, so that the
+    /// f32 accumulator stays in registers.
+    pub fn forward(spec: &FlashSpec) -> FlashTuning {
+        match (arith(spec), spec.block_d()) {
+            (Arith::Half, d) if d <= 128 => tuning(64, 64, 4, 3),
+            (Arith::Half, _) => tuning(64, 32, 4, 2),
+            (Arith::Tf32, d) if d <= 64 => tuning(128, 64, 4, 3),
+            (Arith::Tf32, 128) => tuning(64, 32, 4, 2),
+            (Arith::Tf32, _) => tuning(64, 32, 8, 2),
+            (Arith::Ieee, d) if d <= 64 => tuning(64, 32, 8, 2),
+            (Arith::Ieee, _) => tuning(16, 16, 8, 2),
+        }
+    }
+
+    /// dq's blocks (queries per program, keys per step).
+    pub fn backward_dq(spec: &FlashSpec) -> FlashTuning {
+        match (arith(spec), spec.block_d()) {
+            (Arith::Half, d) if d <= 64 => tuning(64, 64, 4, 3),
+            (Arith::Half, 128) => tuning(64, 32, 4, 3),
+            (Arith::Half, _) => tuning(32, 32, 4, 2),
+            (Arith::Tf32, d) if d <= 64 => tuning(64, 64, 4, 3),
+            (Arith::Tf32, 128) => tuning(32, 32, 4, 2),
+            (Arith::Tf32, _) => tuning(16, 32, 8, 2),
+            (Arith::Ieee, d) if d <= 64 => tuning(32, 32, 8, 2),
+            (Arith::Ieee, _) => tuning(16, 16, 8, 2),
+        }
+    }
+
+    /// dk and dv's blocks (queries per step, keys per program).
+    pub fn backward_dkdv(spec: &FlashSpec) -> FlashTuning {
+        match (arith(spec), spec.block_d()) {
+            (Arith::Half, d) if d <= 64 => tuning(32, 64, 4, 3),
+            (Arith::Half, 128) => tuning(64, 64, 8, 2),
+            (Arith::Half, _) => tuning(32, 64, 8, 2),
+            (Arith::Tf32, d) if d <= 64 => tuning(64, 64, 4, 3),
+            (Arith::Tf32, 128) => tuning(32, 32, 8, 2),
+            (Arith::Tf32, _) => tuning(32, 16, 8, 2),
+            (Arith::Ieee, d) if d <= 64 => tuning(32, 32, 8, 2),
+            (Arith::Ieee, _) => tuning(16, 16, 8, 2),
+        }
+    }
+
+    /// Why these blocks cannot be generated (None if they can).
+    pub fn unsupported(&self) -> Option<String> {
+        let block = |b: usize| b.is_power_of_two() && (16..=256).contains(&b);
+        if !block(self.block_m) || !block(self.block_n) {
+            return Some(format!("blocks {}x{}: each must be a power of two in 16..=256", self.block_m, self.block_n));
+        }
+        if !self.num_warps.is_power_of_two() || self.num_warps > 16 || self.num_stages == 0 {
+            return Some(format!("num_warps {} / num_stages {}", self.num_warps, self.num_stages));
+        }
+        None
+    }
+}
+
+fn tuning(block_m: usize, block_n: usize, num_warps: u32, num_stages: u32) -> FlashTuning {
+    FlashTuning { block_m, block_n, num_warps, num_stages }
+}
+
+/// Forward. Operands (q, k, v); results (o: same dtype and layout as q, [.., seq_q, .., head_dim];
+/// lse: f32, [batch, heads, seq_q] contiguous: the natural-log logsumexp of each row's scaled, masked scores,
+/// -inf for a row that sees no key, whose o is 0).
+///
+/// The spec must pass [`unsupported`]; the text for one that does not is unspecified.
+pub fn forward(spec: &FlashSpec) -> TritonCall {
+    forward::generate(spec, &FlashTuning::forward(spec))
+}
+
+/// dQ. Operands (q, k, v, do, lse, delta) with delta: f32 [batch, heads, seq_q] = rowsum(do * o) computed by the
+/// caller in f32; result dq (dtype/layout of q).
+pub fn backward_dq(spec: &FlashSpec) -> TritonCall {
+    backward::generate_dq(spec, &FlashTuning::backward_dq(spec))
+}
+
+/// dK and dV. Operands (q, k, v, do, lse, delta); results (dk, dv) (dtype/layout of k, v).
+pub fn backward_dkdv(spec: &FlashSpec) -> TritonCall {
+    backward::generate_dkdv(spec, &FlashTuning::backward_dkdv(spec))
+}
+
+/// [`forward`] with other blocks (for tuning).
+pub fn forward_tuned(spec: &FlashSpec, tuning: &FlashTuning) -> Result<TritonCall, String> {
+    check(spec, tuning)?;
+    Ok(forward::generate(spec, tuning))
+}
+
+/// [`backward_dq`] with other blocks (for tuning).
+pub fn backward_dq_tuned(spec: &FlashSpec, tuning: &FlashTuning) -> Result<TritonCall, String> {
+    check(spec, tuning)?;
+    Ok(backward::generate_dq(spec, tuning))
+}
+
+/// [`backward_dkdv`] with other blocks (for tuning).
+pub fn backward_dkdv_tuned(spec: &FlashSpec, tuning: &FlashTuning) -> Result<TritonCall, String> {
+    check(spec, tuning)?;
+    Ok(backward::generate_dkdv(spec, tuning))
+}
+
+fn check(spec: &FlashSpec, tuning: &FlashTuning) -> Result<(), String> {
+    match unsupported(spec).or_else(|| tuning.unsupported()) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
+/// Largest grid y (batch * heads) CUDA launches.
+const MAX_GRID_Y: usize = 65_535;
+
+/// Why a spec cannot be generated (None if it can): e.g. head_dim > 256, zero sizes, window without causal.
+pub fn unsupported(spec: &FlashSpec) -> Option<String> {
+    let FlashSpec { batch, heads, seq_q, seq_kv, head_dim, .. } = *spec;
+    if [batch, heads, seq_q, seq_kv, head_dim].contains(&0) {
+        return Some(format!("zero size in batch {batch}, heads {heads}, seq {seq_q}/{seq_kv}, head_dim {head_dim}"));
+    }
+    if !head_dim.is_multiple_of(8) || head_dim > 256 {
+        return Some(format!("head_dim {head_dim}: must be a multiple of 8 up to 256"));
+    }
+    match spec.window {
+        Some(_) if !spec.causal => return Some("a window needs causal".to_string()),
+        Some(0) => return Some("window 0 hides every key".to_string()),
+        _ => {}
+    }
+    if !spec.scale().is_finite() {
+        return Some(format!("scale {} is not finite", spec.scale()));
+    }
+    if batch.saturating_mul(heads) > MAX_GRID_Y {
+        return Some(format!("batch * heads = {batch} * {heads} is over the grid's {MAX_GRID_Y}"));
+    }
+    // Offsets inside one batch element are i32 (the batch offset is i64), with room for a ragged last block.
+    let per_batch = |seq: usize| seq.checked_mul(heads).and_then(|n| n.checked_mul(head_dim));
+    let fits = |n: Option<usize>| n.is_some_and(|n| n < i32::MAX as usize / 2);
+    if !fits(per_batch(seq_q)) || !fits(per_batch(seq_kv)) {
+        return Some(format!("seq * heads * head_dim of {seq_q}/{seq_kv} x {heads} x {head_dim} overflows i32"));
+    }
+    None
+}
+
+/// The kernel's name: what it computes and for which dtype, layout, mask and head dim.
+fn kernel_name(kind: &str, spec: &FlashSpec) -> String {
+    let layout = match spec.layout {
+        FlashLayout::Bhtd => "bhtd",
+        FlashLayout::Bthd => "bthd",
+    };
+    let mask = match (spec.causal, spec.window) {
+        (false, _) => "full".to_string(),
+        (true, None) => "causal".to_string(),
+        (true, Some(w)) => format!("causal_w{w}"),
+    };
+    format!("lazuli_flash_{kind}_{}_{layout}_{mask}_d{}", spec.dtype.tag(), spec.head_dim)
+}
+
+fn blocks(n: usize, block: usize) -> u32 {
+    u32::try_from(n.div_ceil(block)).unwrap_or(u32::MAX)
+}
+
+fn grid_y(spec: &FlashSpec) -> u32 {
+    u32::try_from(spec.batch * spec.heads).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests;
