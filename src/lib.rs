@@ -38,6 +38,8 @@ pub use lazuli_lazy::random::{manual_seed, rng_state, set_rng_state};
 pub use lazuli_lazy::shard::{self as sharding, mesh, shard_params, Mesh, PartitionSpec, Sharding};
 pub use lazuli_lazy::{
     broadcast_shapes, grad, init, matmul_precision, memory_stats, metrics, no_grad, platform, runtime_info,
-    set_matmul_precision, sync, value_and_grad, wait, with_matmul_precision, Backend, Cause, Config, CpuLauncher,
-    DType, Element, Error, Loc, MemoryStats, Metrics, Operand, Precision, Result, RuntimeInfo, Tensor, XlaOption,
+    scaled_dot_product_attention, set_matmul_precision, sync, value_and_grad, wait, with_attention,
+    with_matmul_precision, AttentionLayout, AttentionOptions, Backend, Cause, Config, CpuLauncher, DType, Element,
+    Error, Implementation, Loc, MemoryStats, Metrics, Operand, Precision, Result, RuntimeInfo, Tensor, TritonKernel,
+    XlaOption,
 };

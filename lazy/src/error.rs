@@ -13,6 +13,10 @@ pub enum Error {
     /// XLA rejected the program. Its message names the Rust line of the failing op (every op carries a `loc`).
     #[error("XLA could not compile the graph materialized at {at}:\n{source}")]
     Compile { at: Loc, source: lazuli_pjrt::Error },
+    /// XLA rejected a program holding custom kernels (a user's Triton IR, say); the kernels are named with the
+    /// lines that recorded them.
+    #[error("XLA could not compile the graph materialized at {at}, which holds these custom kernels:\n  {kernels}\n{source}")]
+    KernelCompile { at: Loc, kernels: String, source: lazuli_pjrt::Error },
     /// Running the compiled program failed.
     #[error("running the graph materialized at {at} failed:\n{source}")]
     Execute { at: Loc, source: lazuli_pjrt::Error },

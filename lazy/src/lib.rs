@@ -9,11 +9,13 @@
 #![forbid(unsafe_code)]
 
 mod array_ops;
+pub mod attention;
 pub mod autodiff;
 pub mod bench_hooks;
 pub mod checkpoint;
 mod compile_cache;
 mod conv;
+pub mod custom_kernel;
 pub mod diagnostics;
 pub mod element;
 pub mod error;
@@ -34,10 +36,13 @@ mod spmd;
 pub mod tensor;
 mod walk;
 
+pub use attention::{scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions};
 pub use autodiff::{grad, grad_enabled, no_grad, value_and_grad};
+pub use custom_kernel::TritonKernel;
 pub use element::Element;
 pub use error::{Error, Result};
 pub use lazuli_hlo::{DType, Loc};
+pub use lazuli_kernels::{Implementation, Target};
 pub use lazuli_pjrt::MemoryStats;
 pub use lazuli_pjrt::XlaOption;
 pub use materialize::{wait, Cause};

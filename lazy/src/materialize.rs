@@ -277,7 +277,7 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
             let exe = loop {
                 match compile_cache::compile(rt, &text, &options(), key) {
                     Err(source) if rt.drop_unknown_default(&source) => continue,
-                    done => break done.map_err(|source| Error::Compile { at, source })?,
+                    done => break done.map_err(|source| compile_error(traced.graph(), at, source))?,
                 }
             };
             Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
@@ -369,6 +369,9 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         e.unchecked = check.unchecked;
         e.recompile = check.recompile;
         e.explanation = check.explanation;
+        if !hit {
+            e.kernels = kernel_choices(traced.graph());
+        }
         e.graph_hash = format!("{key:016x}");
         (e.nodes, e.inputs, e.outputs) = (traced.len(), traced.params.len(), traced.outputs.len());
         e.cache_hit = hit;
@@ -473,6 +476,31 @@ pub fn wait() -> Result<()> {
     launcher::note_wait();
     launcher::flush_graves();
     throttle(0)
+}
+
+/// Each custom kernel of `graph` once, with where it was recorded, the implementation it runs and why.
+fn kernel_choices(graph: &lazuli_hlo::Graph) -> Vec<String> {
+    let mut seen = Vec::new();
+    for node in &graph.nodes {
+        let lazuli_hlo::Op::Kernel(k) = &node.op else { continue };
+        let c = &k.def.choice;
+        let line = format!("{} at {}: {} ({})", k.def.name, node.loc, c.implementation, c.reason);
+        if !seen.contains(&line) {
+            seen.push(line);
+        }
+    }
+    seen
+}
+
+/// A compile error; where the program holds custom kernels with device code (Triton IR, cuDNN calls), it
+/// names them with their lines, since XLA's message names the kernel's IR, not the user's code.
+fn compile_error(graph: &lazuli_hlo::Graph, at: Loc, source: lazuli_pjrt::Error) -> Error {
+    let kernels: Vec<String> = kernel_choices(graph).into_iter().filter(|k| !k.contains(": composite (")).collect();
+    if kernels.is_empty() {
+        Error::Compile { at, source }
+    } else {
+        Error::KernelCompile { at, kernels: kernels.join("\n  "), source }
+    }
 }
 
 /// With `LAZULI_DUMP_DIR` set, write every compiled program there as `<hash>.mlir` (for bug reports and for

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use lazuli_pjrt::{provision, Client, ClientOptions, Device, LoadedExecutable, Plugin, XlaOption};
+use lazuli_kernels::{Implementation, Target};
+use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, Device, LoadedExecutable, Plugin, XlaOption};
 
 use crate::error::{Error, Result};
 
@@ -39,6 +40,9 @@ pub struct Config {
     /// XLA debug options for every compile, by name, applied after the backend's defaults (see
     /// [`Config::backend_xla_options`]); later entries win. They are part of the persistent cache's key.
     pub xla_options: Vec<(String, XlaOption)>,
+    /// Which attention implementation `scaled_dot_product_attention` records (`LAZULI_ATTENTION`): the fastest
+    /// that applies (default), or one forced; forcing one that cannot apply is an error at the recording line.
+    pub attention: Implementation,
 }
 
 impl Default for Config {
@@ -51,6 +55,7 @@ impl Default for Config {
             cpu_async: false,
             cpu_launcher: CpuLauncher::default(),
             xla_options: Vec::new(),
+            attention: Implementation::Auto,
         }
     }
 }
@@ -59,7 +64,8 @@ impl Config {
     /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1);
     /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0); `LAZULI_CPU_LAUNCHER` = `1` | `0` | `always` (default 1 on two
     /// or more cores); `LAZULI_XLA_OPTIONS` = `name=value …` (whitespace-separated;
-    /// `true`/`false` and integers are typed, anything else is a string, list options comma-separated).
+    /// `true`/`false` and integers are typed, anything else is a string, list options comma-separated);
+    /// `LAZULI_ATTENTION` = `auto` (default) | `cudnn` | `triton` | `composite`.
     pub fn from_env() -> Result<Config> {
         let backend = match std::env::var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
             "" | "cpu" => Backend::Cpu,
@@ -97,7 +103,11 @@ impl Config {
                 _ => Err(Error::Config(format!("LAZULI_XLA_OPTIONS: {item:?} is not name=value"))),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, cpu_launcher, xla_options })
+        let attention = std::env::var("LAZULI_ATTENTION").unwrap_or_default();
+        let attention = Implementation::parse(&attention).ok_or_else(|| {
+            Error::Config(format!("LAZULI_ATTENTION={attention:?}: expected auto, cudnn, triton or composite"))
+        })?;
+        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, cpu_launcher, xla_options, attention })
     }
 
     /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.
@@ -156,6 +166,8 @@ pub(crate) struct Runtime {
     pub client: Client,
     pub device: Device,
     pub config: Config,
+    /// What custom kernels may run on (the platform and, on NVIDIA GPUs, the compute capability).
+    pub target: Target,
     /// Compiled programs by graph structure hash.
     pub cache: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
     /// Backend defaults ([`Config::backend_xla_options`]) the plugin refused as unknown; compiles leave them out.
@@ -190,9 +202,11 @@ impl Runtime {
             .into_iter()
             .next()
             .ok_or_else(|| Error::Config(format!("the plugin {} reports no devices", path.display())))?;
+        let target = kernel_target(&client, &device)?;
         Ok(Runtime {
             client,
             device,
+            target,
             config,
             cache: Mutex::new(HashMap::new()),
             unknown_options: Mutex::new(Vec::new()),
@@ -232,6 +246,26 @@ impl Runtime {
         }
         new
     }
+}
+
+/// The kernels' view of the device: the plugin's platform, and a CUDA device's `compute_capability` attribute
+/// (`"9.0"`).
+fn kernel_target(client: &Client, device: &Device) -> Result<Target> {
+    Ok(match client.platform_name()?.as_str() {
+        "cpu" => Target::Cpu,
+        "cuda" => {
+            let attrs = device.attributes().unwrap_or_default();
+            let cc = attrs.iter().find(|(name, _)| name == "compute_capability").and_then(|(_, v)| match v {
+                AttrValue::String(s) => {
+                    let (major, minor) = s.split_once('.')?;
+                    Some((major.parse().ok()?, minor.parse().ok()?))
+                }
+                _ => None,
+            });
+            Target::Cuda { compute_capability: cc }
+        }
+        other => Target::Other(other.to_string()),
+    })
 }
 
 /// The backend default that a compile error says the plugin cannot apply, unless the user configured it too.

@@ -53,6 +53,10 @@ pub struct Event {
     pub start_us: f64,
     /// For a compile: how this graph differs from the closest one compiled before.
     pub explanation: Vec<String>,
+    /// For a compile: each custom kernel of the program with the implementation it runs and why
+    /// (`attention at src/model.rs:42:9: cudnn (bf16, head dim 64, causal)`).
+    #[serde(default)]
+    pub kernels: Vec<String>,
 }
 
 impl Event {
@@ -80,6 +84,7 @@ impl Event {
             bytes_to_host: 0,
             start_us: now_us(),
             explanation: Vec::new(),
+            kernels: Vec::new(),
         }
     }
 
@@ -156,6 +161,7 @@ pub fn emit(e: &Event) {
         bytes_to_device = e.bytes_to_device,
         bytes_to_host = e.bytes_to_host,
         explanation = ?e.explanation,
+        kernels = ?e.kernels,
         "materialization"
     );
     if CAPTURING.load(Relaxed) {

@@ -46,6 +46,8 @@ pub struct Report {
     pub unchecked_programs: usize,
     pub breaks: Vec<BreakSite>,
     pub recompile_sites: Vec<RecompileSite>,
+    /// Every custom kernel compiled, with the implementation it runs and why, once each.
+    pub kernels: Vec<String>,
 }
 
 /// Parse JSON lines; a malformed line is an error naming its number.
@@ -135,6 +137,12 @@ pub fn analyse(events: &[Event]) -> Report {
     breaks.sort_by(|a, b| b.ms_lost.total_cmp(&a.ms_lost));
     let mut recompile_sites: Vec<RecompileSite> = recompiles.into_values().collect();
     recompile_sites.sort_by(|a, b| b.compile_ms.total_cmp(&a.compile_ms));
+    let mut kernels: Vec<String> = Vec::new();
+    for k in programs.iter().flat_map(|e| &e.kernels) {
+        if !kernels.contains(k) {
+            kernels.push(k.clone());
+        }
+    }
     let last_step = events.iter().map(|e| e.step + u64::from(e.kind == EventKind::StepEnd)).max().unwrap_or(0);
     Report {
         steps: last_step,
@@ -149,6 +157,7 @@ pub fn analyse(events: &[Event]) -> Report {
         unchecked_programs: programs.len() - checked.len(),
         breaks,
         recompile_sites,
+        kernels,
     }
 }
 
@@ -172,6 +181,12 @@ pub fn render(r: &Report) -> String {
             String::new()
         }
     );
+    if !r.kernels.is_empty() {
+        let _ = writeln!(s, "\ncustom kernels:");
+        for k in &r.kernels {
+            let _ = writeln!(s, "  {k}");
+        }
+    }
     if r.breaks.is_empty() && r.recompile_sites.is_empty() {
         let _ = writeln!(s, "\nno graph breaks, no recompiles after warm-up");
         return s;

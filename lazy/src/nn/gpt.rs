@@ -7,6 +7,7 @@ use super::init::{normal, HostRng};
 use super::layers::{Dropout, Embedding, LayerNorm, Linear};
 use super::{join, Module, Param};
 use crate::array_ops::constant_like;
+use crate::attention::{scaled_dot_product_attention, AttentionLayout, AttentionOptions};
 use crate::tensor::Tensor;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -45,7 +46,8 @@ fn gpt_linear(rng: &mut HostRng, d_in: usize, d_out: usize, std: f64, dtype: DTy
     Linear::from_tensors(normal(rng, &[d_in, d_out], std, dtype), Some(zeros))
 }
 
-/// Multi-head causal self-attention with one fused q/k/v projection.
+/// Multi-head causal self-attention with one fused q/k/v projection; fused attention (`scaled_dot_product_attention`:
+/// cuDNN's flash attention on NVIDIA GPUs) unless attention-weight dropout is on.
 pub struct CausalSelfAttention {
     pub qkv: Linear,
     pub proj: Linear,
@@ -73,18 +75,33 @@ impl CausalSelfAttention {
         let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
         let h = self.n_head as isize;
         let hd = d / h;
-        // [B, T, 3d] → [3, B, H, T, hd]
-        let qkv = self.qkv.forward(x).reshape(&[b, t, 3, h, hd]).permute(&[2, 0, 3, 1, 4]);
-        let part = |i: usize| qkv.narrow(0, i, 1).reshape(&[b, h, t, hd]);
+        // [B, T, 3d] → [B, T, 3, H, hd]: q, k and v are [B, T, H, hd] slices, the layout fused attention takes.
+        let qkv = self.qkv.forward(x).reshape(&[b, t, 3, h, hd]);
+        let part = |i: usize| qkv.narrow(2, i, 1).reshape(&[b, t, h, hd]);
         let (q, k, v) = (part(0), part(1), part(2));
+        let y = if self.attn_drop.is_training() && self.attn_drop.p > 0.0 {
+            self.attention_with_dropout(&q, &k, &v)
+        } else {
+            let opts = AttentionOptions::causal().layout(AttentionLayout::Bthd);
+            scaled_dot_product_attention(&q, &k, &v, &opts)
+        };
+        self.resid_drop.forward(&self.proj.forward(&y.reshape(&[b, t, d])))
+    }
+
+    /// Attention written out, for dropout on the attention weights (which the fused kernel does not apply):
+    /// `[B, T, H, hd]` in and out.
+    #[track_caller]
+    fn attention_with_dropout(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+        let heads_first = |x: &Tensor| x.permute(&[0, 2, 1, 3]);
+        let (q, k, v) = (heads_first(q), heads_first(k), heads_first(v));
+        let (t, hd) = (q.dims()[2], q.dims()[3]);
         // The scale and the mask value are part of the model: constants, not per-step uploads.
         let (dt, at) = (q.dtype(), crate::Loc::caller());
         let scores = q.matmul(&k.t());
         let scores = &scores * &constant_like(1.0 / (hd as f64).sqrt(), dt, scores.dims(), at);
-        let causal = Tensor::tril_mask(t as usize, 0);
+        let causal = Tensor::tril_mask(t, 0);
         let scores = causal.select(&scores, constant_like(f64::NEG_INFINITY, dt, scores.dims(), at));
-        let y = self.attn_drop.forward(&scores.softmax(-1)).matmul(&v); // [B, H, T, hd]
-        self.resid_drop.forward(&self.proj.forward(&y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d])))
+        heads_first(&self.attn_drop.forward(&scores.softmax(-1)).matmul(&v))
     }
 }
 
