@@ -6,7 +6,8 @@ The harness (bench/src) starts this script once per framework and talks to it in
   {"cmd": "quit"}
 Weights and batches come from a safetensors file that lazuli wrote ("model.<name>", "extra.x", "extra.y"), so
 both sides start from the same values. Each step is timed from the call until its results are ready on the device.
-Everything is float32 except matmul operands where the workload asks for bf16 ("bf16_matmul").
+Everything is float32 except matmul operands where the workload asks for bf16 ("bf16_matmul"), and q, k, v
+where it asks for fused attention ("attention": "fused"; default "written": scores, mask, softmax, weighted sum).
 """
 
 import json
@@ -77,6 +78,9 @@ class JaxSide:
         self.jax, self.jnp = jax, jnp
         self.w = workload
         self.device = jax.devices()[0]
+        self.fused = workload.get("attention") == "fused"
+        # cuDNN's flash attention on a GPU; XLA's own lowering where there is none (dry runs).
+        self.attention_impl = "cudnn" if self.device.platform == "gpu" else "xla"
         names = sorted(k for k in tensors if k.startswith("model."))
         self.params = {k[len("model."):]: jax.device_put(tensors[k], self.device) for k in names}
         self.xs, self.ys = tensors["extra.x"], tensors["extra.y"]
@@ -171,12 +175,7 @@ class JaxSide:
             q = lambda n: p[f"blocks.{l}.{n}"]
             h = self.layer_norm(x, q("ln1.weight"), q("ln1.bias"))
             qkv = (self.mm(h, q("attn.qkv.weight")) + q("attn.qkv.bias")).reshape(B, T, 3, H, hd)
-            qkv = qkv.transpose(2, 0, 3, 1, 4)
-            qq, kk, vv = qkv[0], qkv[1], qkv[2]
-            scores = self.mm(qq, kk.swapaxes(-1, -2)) * (1.0 / math.sqrt(hd))
-            scores = jnp.where(causal, scores, -jnp.inf)
-            att = self.jax.nn.softmax(scores, axis=-1)
-            y = self.mm(att, vv).transpose(0, 2, 1, 3).reshape(B, T, d)
+            y = self.attend(qkv, causal).reshape(B, T, d)
             x = x + (self.mm(y, q("attn.proj.weight")) + q("attn.proj.bias"))
             h = self.layer_norm(x, q("ln2.weight"), q("ln2.bias"))
             h = self.mm(h, q("fc.weight")) + q("fc.bias")
@@ -185,6 +184,29 @@ class JaxSide:
         x = self.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
         logits = self.mm(x, p["wte.weight"].T)
         return self.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+
+    def attend(self, qkv, causal):
+        """Causal self-attention of qkv [B, T, 3, H, hd] -> [B, T, H, hd], f32."""
+        jnp = self.jnp
+        hd = qkv.shape[-1]
+        if self.fused:
+            # bf16 q, k, v in the projection's own [B, T, H, hd] layout (BTNH), no transposes.
+            qkv = qkv.astype(jnp.bfloat16)
+            y = self.jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True,
+                                                  implementation=self.attention_impl)
+            return y.astype(jnp.float32)
+        qkv = qkv.transpose(2, 0, 3, 1, 4)
+        qq, kk, vv = qkv[0], qkv[1], qkv[2]
+        scores = self.mm(qq, kk.swapaxes(-1, -2)) * (1.0 / math.sqrt(hd))
+        scores = jnp.where(causal, scores, -jnp.inf)
+        att = self.jax.nn.softmax(scores, axis=-1)
+        return self.mm(att, vv).transpose(0, 2, 1, 3)
+
+    def attention_info(self):
+        if self.fused:
+            return (f'jax.nn.dot_product_attention(is_causal=True, implementation="{self.attention_impl}"), '
+                    "bf16 q, k, v in [B, T, H, hd]")
+        return "written out (bf16 matmuls, f32 mask and softmax)"
 
     def run(self, steps, pipelined=False, empty=False):
         fn = self.empty_fn if empty else self.step_fn
@@ -215,7 +237,7 @@ class JaxSide:
         import jaxlib
 
         return {"framework": "jax " + self.jax.__version__ + " (jaxlib " + jaxlib.__version__ + ")",
-                "device": str(self.device.device_kind)}
+                "device": str(self.device.device_kind), "attention": self.attention_info()}
 
 
 # ----------------------------------------------------------------------------------------------------- PyTorch
@@ -226,6 +248,10 @@ class TorchSide:
         self.torch = torch
         self.w = workload
         self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.fused = workload.get("attention") == "fused"
+        if self.fused and self.dev.type != "cuda":
+            # No GPU (dry runs): SDPA's math backend. This switch is global; the CPU's flash kernel obeys it too.
+            torch.backends.cuda.enable_flash_sdp(False)
         names = sorted(k for k in tensors if k.startswith("model."))
         self.params = {
             k[len("model."):]: torch.tensor(tensors[k], device=self.dev).requires_grad_(True) for k in names
@@ -277,12 +303,7 @@ class TorchSide:
             q = lambda n: p[f"blocks.{l}.{n}"]
             h = self.layer_norm(x, q("ln1.weight"), q("ln1.bias"))
             qkv = (self.mm(h, q("attn.qkv.weight")) + q("attn.qkv.bias")).reshape(B, T, 3, H, hd)
-            qkv = qkv.permute(2, 0, 3, 1, 4)
-            qq, kk, vv = qkv[0], qkv[1], qkv[2]
-            scores = self.mm(qq, kk.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
-            scores = scores.masked_fill(~causal, float("-inf"))
-            att = torch.softmax(scores, dim=-1)
-            y = self.mm(att, vv).permute(0, 2, 1, 3).reshape(B, T, d)
+            y = self.attend(qkv.permute(2, 0, 3, 1, 4), causal).permute(0, 2, 1, 3).reshape(B, T, d)
             x = x + (self.mm(y, q("attn.proj.weight")) + q("attn.proj.bias"))
             h = self.layer_norm(x, q("ln2.weight"), q("ln2.bias"))
             h = self.mm(h, q("fc.weight")) + q("fc.bias")
@@ -291,6 +312,25 @@ class TorchSide:
         x = self.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
         logits = self.mm(x, p["wte.weight"].t())
         return torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+
+    def attend(self, qkv, causal):
+        """Causal self-attention of qkv [3, B, H, T, hd] -> [B, H, T, hd], f32."""
+        torch = self.torch
+        if self.fused:
+            qkv = qkv.bfloat16()
+            y = torch.nn.functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+            return y.float()
+        qq, kk, vv = qkv[0], qkv[1], qkv[2]
+        scores = self.mm(qq, kk.transpose(-1, -2)) * (1.0 / math.sqrt(qq.shape[-1]))
+        scores = scores.masked_fill(~causal, float("-inf"))
+        att = torch.softmax(scores, dim=-1)
+        return self.mm(att, vv)
+
+    def attention_info(self):
+        if not self.fused:
+            return "written out (bf16 matmuls, f32 mask and softmax)"
+        backend = "PyTorch's choice of kernel" if self.dev.type == "cuda" else "math backend"
+        return f"F.scaled_dot_product_attention(is_causal=True), bf16 q, k, v in [B, H, T, hd], {backend}"
 
     def sync(self):
         if self.dev.type == "cuda":
@@ -317,7 +357,8 @@ class TorchSide:
 
     def versions(self):
         dev = self.torch.cuda.get_device_name() if self.dev.type == "cuda" else "cpu"
-        return {"framework": "torch " + self.torch.__version__ + " (torch.compile)", "device": dev}
+        return {"framework": "torch " + self.torch.__version__ + " (torch.compile)", "device": dev,
+                "attention": self.attention_info()}
 
 
 def main():

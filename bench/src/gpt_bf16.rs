@@ -1,9 +1,13 @@
 //! `nn::Gpt`'s forward pass with bf16 matmuls: every matmul's operands are converted to bf16 and its result
 //! back to f32; weights, layer norms, softmax, residuals and the optimizer stay f32. Same layout and order of
 //! operations as `lazuli::nn::gpt` (and as the Python worker's model), so only the matmul precision differs.
+//! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]).
 
 use lazuli::nn::{Block, CausalSelfAttention, Gpt, LayerNorm, Linear};
 use lazuli::{DType, Tensor};
+
+use crate::workloads::Attention;
+use crate::BenchResult;
 
 /// `a @ b` on bf16 operands, result in f32.
 fn mm(a: &Tensor, b: &Tensor) -> Tensor {
@@ -35,21 +39,44 @@ fn attention(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     linear(&a.proj, &y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d]))
 }
 
-fn block(blk: &Block, x: &Tensor) -> Tensor {
-    let x = x + attention(&blk.attn, &layer_norm(&blk.ln1, x));
+/// [`attention`] as one fused op (cuDNN flash attention on a GPU): q, k, v in bf16, [B, T, H, hd] as the
+/// projection lays them out (no transposes), the result back to f32.
+fn attention_fused(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
+    let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
+    let h = a.n_head as isize;
+    let hd = d / h;
+    let qkv = linear(&a.qkv, x).to_dtype(DType::BF16).reshape(&[b, t, 3, h, hd]);
+    let part = |i: usize| qkv.narrow(2, i, 1).reshape(&[b, t, h, hd]);
+    let (q, k, v) = (part(0), part(1), part(2));
+    let y = lazuli::scaled_dot_product_attention(
+        &q,
+        &k,
+        &v,
+        &lazuli::AttentionOptions::causal().layout(lazuli::AttentionLayout::Bthd),
+    );
+    linear(&a.proj, &y.to_dtype(DType::F32).reshape(&[b, t, d]))
+}
+
+fn block(blk: &Block, x: &Tensor, attn: Attention) -> Tensor {
+    let h = layer_norm(&blk.ln1, x);
+    let a = match attn {
+        Attention::Written => attention(&blk.attn, &h),
+        Attention::Fused => attention_fused(&blk.attn, &h),
+    };
+    let x = x + a;
     let m = linear(&blk.fc_proj, &linear(&blk.fc, &layer_norm(&blk.ln2, &x)).gelu());
     x + m
 }
 
 /// Mean next-token cross-entropy of `ids: [B, T]` against `targets: [B, T]` (no dropout).
-pub fn loss(g: &Gpt, ids: &Tensor, targets: &Tensor) -> Tensor {
+pub fn loss(g: &Gpt, ids: &Tensor, targets: &Tensor, attn: Attention) -> BenchResult<Tensor> {
     let t = ids.dims()[1];
     let pos = Tensor::arange(t, DType::I32);
     let mut x = g.wte.forward(ids) + g.wpe.forward(&pos);
     for blk in &g.blocks {
-        x = block(blk, &x);
+        x = block(blk, &x, attn);
     }
     let logits = mm(&layer_norm(&g.ln_f, &x), &g.wte.weight.get().t());
     let v = g.config.vocab as isize;
-    logits.reshape(&[-1, v]).cross_entropy(&targets.reshape(&[-1]))
+    Ok(logits.reshape(&[-1, v]).cross_entropy(&targets.reshape(&[-1])))
 }

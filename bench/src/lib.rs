@@ -5,13 +5,17 @@
 //! - [`workloads`]: the models, their lazuli side and the shared safetensors file;
 //! - [`worker`]: the Python side (`python/worker.py`, embedded) as a child process;
 //! - [`pyenv`]: the comparison environment, made on first use;
-//! - [`compare`]: alternating runs and the table rows; [`trace`]: the host-side cost of a step, phase by phase;
-//!   [`compile`]: cold compile against a warm start from the persistent compile cache.
+//! - [`compare`]: alternating runs and the CPU table rows; [`gpu`]: the GPU rows, one process per framework and
+//!   attention variant; [`trace`]: the host-side cost of a step, phase by phase;
+//!   [`compile`]: cold compile against a warm start from the persistent compile cache; [`attention`]: attention
+//!   alone, lazuli's implementations beside JAX's cuDNN call and PyTorch's SDPA.
 #![forbid(unsafe_code)]
 
+pub mod attention;
 pub mod compare;
 pub mod compile;
 pub mod gpt_bf16;
+pub mod gpu;
 pub mod pyenv;
 pub mod stats;
 pub mod trace;

@@ -2,7 +2,8 @@
 //!
 //!   cargo run --release -p lazuli-bench -- cpu                 # the CPU table: every workload, with ratios
 //!   cargo run --release -p lazuli-bench -- trace               # the trace workload alone
-//!   lazuli-bench gpu --python python3                          # GPT-2 small on a GPU: lazuli, JAX, torch.compile
+//!   lazuli-bench gpu --python python3                          # GPT-2 small on a GPU: lazuli, JAX, torch.compile,
+//!                                                              # attention fused and written out
 //!
 //! The first `cpu` run makes the comparison environment (bench/.venv: jax[cpu], numpy, safetensors from PyPI).
 //! Modes: `LAZULI_BENCH_JAX_SYNC=1` (JAX's CPU client dispatches synchronously, as lazuli's does);
@@ -14,9 +15,10 @@ use std::process::{Command, Stdio};
 
 use clap::{Parser, Subcommand};
 use lazuli_bench::compare::{self, Options, Row};
+use lazuli_bench::gpu::{self, GpuJob};
 use lazuli_bench::stats::{duration, machine, rustc_version, today};
 use lazuli_bench::trace::{self, TraceRow};
-use lazuli_bench::workloads::Workload;
+use lazuli_bench::workloads::{Attention, Workload};
 use lazuli_bench::{pyenv, worker, BenchResult};
 
 #[derive(Parser)]
@@ -66,18 +68,36 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// GPT-2 small (124M, T=1024, B=8, bf16 matmuls, AdamW) on a GPU: lazuli, JAX jit and torch.compile.
+    /// GPT-2 small (124M, T=1024, B=8, bf16 matmuls, AdamW) on a GPU: lazuli, JAX jit and torch.compile, each
+    /// with fused attention (lazuli's scaled_dot_product_attention, JAX's cuDNN, PyTorch's SDPA) and written out.
     Gpu {
         #[command(flatten)]
         common: Common,
+        /// Comparison frameworks after lazuli (which always runs), in order: jax, torch.
         #[arg(long, value_delimiter = ',', default_values_t = ["jax".to_string(), "torch".to_string()])]
         frameworks: Vec<String>,
+        /// Attention variants for every framework, in order: fused (one attention op on bf16 q, k, v), written
+        /// (scores, mask, softmax, weighted sum).
+        #[arg(long, value_enum, value_delimiter = ',', default_values = ["fused", "written"])]
+        attention: Vec<Attention>,
         /// Smaller model for a dry run (2 layers, d=128, T=64): checks the scripts, not the speed.
         #[arg(long)]
         tiny: bool,
         /// lazuli's LAZULI_DEVICE for its side (`cpu` for a dry run without a GPU).
         #[arg(long, default_value = "gpu")]
         device: String,
+    },
+    /// Attention alone at GPT-2 small's shapes (bf16, causal), forward and forward+backward: lazuli's cuDNN,
+    /// Triton and composite implementations beside JAX's cuDNN call and PyTorch's SDPA.
+    Attention {
+        /// Calls per timed run.
+        #[arg(long, default_value_t = 50)]
+        iters: usize,
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// A Python with JAX (and PyTorch), instead of the harness's own environment.
+        #[arg(long)]
+        python: Option<PathBuf>,
     },
     /// Cold compile against warm start from the persistent compile cache (gpt-tiny's step), lazuli only.
     Compile {
@@ -90,6 +110,8 @@ enum Cmd {
     LazuliSide {
         #[arg(long)]
         workload: String,
+        #[arg(long, value_enum, default_value = "written")]
+        attention: Attention,
         #[arg(long)]
         weights: PathBuf,
         #[arg(long)]
@@ -135,14 +157,18 @@ fn main() {
             let started = std::time::Instant::now();
             lazuli_bench::compile::side(&Workload::gpt_tiny(), started).map(|v| println!("{v}"))
         }
-        Cmd::Gpu { common, frameworks, tiny, device } => gpu(&common, &frameworks, tiny, &device),
-        Cmd::LazuliSide { workload, weights, tiny, common } => {
-            let w = gpu_workload(tiny);
+        Cmd::Attention { iters, reps, python } => attention_cmd(iters, reps, python.as_deref()),
+        Cmd::Gpu { common, frameworks, attention, tiny, device } => gpu(&common, frameworks, attention, tiny, device),
+        Cmd::LazuliSide { workload, attention, weights, tiny, common } => {
+            let w = Workload { attention, ..gpu_workload(tiny) };
             if workload != w.name {
                 eprintln!("lazuli-bench: lazuli-side knows only {}", w.name);
                 std::process::exit(2);
             }
-            compare::lazuli_side(&w, &weights, &options(&common)).map(|v| println!("{v}"))
+            // The parent reads the last line: the result, or why there is none.
+            gpu::lazuli_side(&w, &weights, &options(&common))
+                .inspect_err(|e| println!("{}", serde_json::json!({"error": e.to_string()})))
+                .map(|v| println!("{v}"))
         }
     };
     if let Err(e) = result {
@@ -353,85 +379,58 @@ fn trace_cmd(layers: &[usize], iters: usize, json: bool) -> BenchResult<()> {
     Ok(())
 }
 
-fn gpu(common: &Common, frameworks: &[String], tiny: bool, device: &str) -> BenchResult<()> {
+fn gpu(
+    common: &Common,
+    frameworks: Vec<String>,
+    attentions: Vec<Attention>,
+    tiny: bool,
+    device: String,
+) -> BenchResult<()> {
     let python = pyenv::ensure(common.python.as_deref())?;
     let dir = scratch()?;
-    let script = worker::write_script(&dir)?;
-    let w = gpu_workload(tiny);
-    let opts = Options { steps: common.steps.or(Some(10)), ..options(common) };
-    let row =
-        compare::gpu_row(&w, &python, &script, &dir, frameworks, &opts, if tiny { &["--tiny"] } else { &[] }, device)?;
-    println!("## lazuli-bench gpu, {}", today());
-    println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
-    println!("- host: {}", machine());
-    println!("- lazuli: {}", row.lazuli.info.framework);
-    for o in &row.others {
-        println!("- {}: {} on {}, Python {}", o.name, o.info.framework, o.info.device, o.info.python);
-    }
-    let tokens = w.items_per_step() as f64;
-    let flops = gpt_flops_per_token(&w) * tokens;
-    println!(
-        "- model: {} ({:.1} GFLOP per step by 6N + 12·L·d·T per token; bf16 dense peak taken as 989 TFLOP/s)",
-        w.name,
-        flops / 1e9
-    );
-    println!(
-        "\n| framework | ms/step median (min–max) | tokens/s | MFU | vs JAX | first step incl. compile | peak memory | \
-         losses agree with lazuli |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    let jax = row.others.iter().find(|o| o.name == "JAX jit").map(|o| o.steps.median());
-    for side in std::iter::once(&row.lazuli).chain(&row.others) {
-        if let Some(e) = &side.error {
-            println!("| {} | failed: {e} | | | | | | |", side.name);
-            continue;
-        }
-        let m = side.steps.median();
-        let agree = if side.name == "lazuli" {
-            "–".to_string()
-        } else {
-            match lazuli_bench::losses_agree(
-                &row.lazuli.warmup_losses,
-                &side.warmup_losses,
-                compare::loss_tolerance(&w),
-            ) {
-                Ok(()) => "yes".into(),
-                Err(e) => format!("NO: {e}"),
-            }
-        };
-        println!(
-            "| {} | {} | {:.0} | {:.1}% | {} | {} | {} | {agree} |",
-            side.name,
-            side.steps.show(),
-            tokens / m,
-            100.0 * flops / m / 989e12,
-            jax.map(|j| format!("{:.2}", m / j)).unwrap_or_default(),
-            duration(side.first_s),
-            side.peak_bytes.map_or("–".to_string(), |b| format!("{:.2} GiB", b / (1u64 << 30) as f64))
-        );
-    }
-    if let Some(s) = row.lazuli.split {
-        let phases: Vec<String> = s.phases().iter().map(|(n, t)| format!("{n} {}", duration(*t))).collect();
-        println!(
-            "\nlazuli per step: {}, {:.0} program(s), {} compile(s) while timed",
-            phases.join(", "),
-            s.programs_per_step,
-            s.compiles
-        );
-    }
-    println!("losses (first steps): lazuli {:?}", row.lazuli.warmup_losses);
-    for o in &row.others {
-        println!("losses (first steps): {} {:?}", o.name, o.warmup_losses);
-    }
+    let workload = gpu_workload(tiny);
+    let job = GpuJob {
+        script: worker::write_script(&dir)?,
+        weights: dir.join(format!("{}.safetensors", workload.name)),
+        workload,
+        python,
+        frameworks,
+        attentions,
+        opts: Options { steps: common.steps.or(Some(10)), ..options(common) },
+        device,
+        tiny,
+    };
+    let run = job.run();
     let _ = std::fs::remove_dir_all(&dir);
+    run?.print(&std::env::args().collect::<Vec<_>>().join(" "));
     Ok(())
 }
 
-fn gpt_flops_per_token(w: &Workload) -> f64 {
-    match &w.model {
-        lazuli_bench::workloads::Model::Gpt { config, seq } => config.train_flops_per_token(*seq),
-        _ => 0.0,
+fn attention_cmd(iters: usize, reps: usize, python: Option<&std::path::Path>) -> BenchResult<()> {
+    let python = pyenv::ensure(python)?;
+    let dir = scratch()?;
+    let rows = lazuli_bench::attention::run(&python, &dir, iters, reps);
+    let _ = std::fs::remove_dir_all(&dir);
+    let rows = rows?;
+    println!("## lazuli-bench attention, {}", today());
+    println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
+    println!("- host: {}; lazuli on {}", machine(), lazuli::runtime_info()?);
+    println!("- B=8, T=1024, H=12, D=64, bf16, causal; backward: gradients of sum(out · w) for q, k, v\n");
+    let jax = rows.iter().find(|r| r.name.starts_with("JAX")).map(|r| (r.fwd_ms, r.fwd_bwd_ms));
+    println!("| implementation | forward ms | forward+backward ms | vs JAX forward | vs JAX forward+backward |");
+    println!("|---|---|---|---|---|");
+    for r in &rows {
+        let vs = |ms: f64, j: Option<f64>| j.map(|j| format!("{:.2}", ms / j)).unwrap_or_default();
+        println!(
+            "| {} | {:.3} | {:.3} | {} | {} |",
+            r.name,
+            r.fwd_ms,
+            r.fwd_bwd_ms,
+            vs(r.fwd_ms, jax.map(|j| j.0)),
+            vs(r.fwd_bwd_ms, jax.map(|j| j.1))
+        );
     }
+    Ok(())
 }
 
 fn compile_cmd(dir: &std::path::Path, reps: usize) -> BenchResult<()> {

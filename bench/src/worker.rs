@@ -27,6 +27,8 @@ pub struct SetupInfo {
     pub device: String,
     pub python: String,
     pub compile_s: f64,
+    /// How the side computes attention, as it reports it (e.g. which fused implementation).
+    pub attention: String,
 }
 
 /// Step times (seconds) and losses of a run of steps.
@@ -133,6 +135,7 @@ impl Worker {
             device: r["versions"]["device"].as_str().unwrap_or("?").to_string(),
             python: r["python"].as_str().unwrap_or("?").to_string(),
             compile_s: r["compile_s"].as_f64().unwrap_or(f64::NAN),
+            attention: r["versions"]["attention"].as_str().unwrap_or("?").to_string(),
         })
     }
 

@@ -26,6 +26,26 @@ pub enum Model {
     Gpt { config: GptConfig, seq: usize },
 }
 
+/// How a GPT computes causal self-attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Attention {
+    /// Scores, mask, softmax and the weighted sum as separate ops (bf16 matmuls, f32 mask and softmax).
+    #[default]
+    Written,
+    /// One fused attention op on bf16 q, k, v (cuDNN flash attention on a GPU); bf16-matmul GPTs only.
+    Fused,
+}
+
+impl Attention {
+    /// The name the worker and the command line use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Written => "written",
+            Attention::Fused => "fused",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Workload {
     pub name: String,
@@ -34,6 +54,8 @@ pub struct Workload {
     pub opt: Opt,
     /// Matmul operands converted to bf16 (results back to f32); everything else f32.
     pub bf16_matmul: bool,
+    /// Causal self-attention, written out or fused (GPT only).
+    pub attention: Attention,
     /// Distinct synthetic batches, used in turn.
     pub batches: usize,
     /// Seed of the initial weights and the batches.
@@ -50,6 +72,7 @@ impl Workload {
             batch,
             opt: Opt::Sgd { lr: 0.1 },
             bf16_matmul: false,
+            attention: Attention::Written,
             batches: 4,
             seed: 1,
         }
@@ -82,6 +105,7 @@ impl Workload {
             batch: 8,
             opt: GPT_ADAMW,
             bf16_matmul: false,
+            attention: Attention::Written,
             batches: 4,
             seed: 1,
         }
@@ -96,6 +120,7 @@ impl Workload {
             batch: 8,
             opt: Opt::AdamW { lr: 6e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 },
             bf16_matmul: true,
+            attention: Attention::Written,
             batches: 2,
             seed: 1,
         }
@@ -118,6 +143,7 @@ impl Workload {
         v["batch"] = json!(self.batch);
         v["optimizer"] = opt;
         v["bf16_matmul"] = json!(self.bf16_matmul);
+        v["attention"] = json!(self.attention.name());
         v
     }
 
@@ -253,7 +279,10 @@ impl LazuliRun {
         let y = Tensor::from_slice(&self.targets[i], &dims[..target_rank]);
         let loss = match &self.net {
             Net::Mlp(m) => m.forward(&x).cross_entropy(&y),
-            Net::Gpt(g) if self.workload.bf16_matmul => crate::gpt_bf16::loss(g, &x, &y),
+            Net::Gpt(g) if self.workload.bf16_matmul => crate::gpt_bf16::loss(g, &x, &y, self.workload.attention)?,
+            Net::Gpt(_) if self.workload.attention == Attention::Fused => {
+                return Err("fused attention is in the bf16-matmul GPT only (bench/src/gpt_bf16.rs)".into())
+            }
             Net::Gpt(g) => g.loss(&x, &y),
         };
         loss.backward();

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use lazuli_bench::compare::loss_tolerance;
-use lazuli_bench::workloads::{LazuliRun, Model, Opt, Workload};
+use lazuli_bench::workloads::{Attention, LazuliRun, Model, Opt, Workload};
 use lazuli_bench::{losses_agree, pyenv, worker};
 
 const STEPS: usize = 4;
@@ -71,6 +71,25 @@ fn lazuli_and_jax_losses_agree_on_every_workload() {
     }
 }
 
+/// Fused attention computes what the written-out one does, within the bf16 tolerance: JAX's
+/// `dot_product_attention` (XLA's lowering here, cuDNN's on a GPU) against lazuli's written-out model, and lazuli's
+/// own fused model (its composite on the CPU, cuDNN's kernel on a GPU).
+#[test]
+fn fused_attention_agrees_with_written_out() {
+    let env = Env::new("fused");
+    let written = gpt_tiny_bf16();
+    let fused = Workload { attention: Attention::Fused, ..written.clone() };
+    let (lz, weights) = env.lazuli(&written);
+    let fused_runs = vec![("JAX", env.jax(&fused, &weights)), ("lazuli", env.lazuli(&fused).0)];
+    println!("lazuli, written-out attention: {lz:?}");
+    for (name, losses) in fused_runs {
+        println!("{name}, fused attention: {losses:?}");
+        if let Err(e) = losses_agree(&lz, &losses, loss_tolerance(&fused)) {
+            panic!("{name}'s fused attention disagrees with lazuli's written-out attention: {e}");
+        }
+    }
+}
+
 /// The dispatch-only measurement runs an empty program: it passes the donated weights through unchanged, so the
 /// training steps around it continue as if it had not run.
 #[test]
@@ -110,6 +129,8 @@ fn workloads_describe_themselves_to_the_worker() {
     let v = w.to_json();
     assert_eq!(v["kind"], "gpt");
     assert_eq!(v["optimizer"]["name"], "adamw");
+    assert_eq!(v["attention"], "written");
+    assert_eq!(Workload { attention: Attention::Fused, ..w.clone() }.to_json()["attention"], "fused");
     let Model::Gpt { config, seq } = &w.model else { panic!("gpt-tiny is a GPT") };
     assert_eq!((v["n_layer"].as_u64(), v["seq"].as_u64()), (Some(config.n_layer as u64), Some(*seq as u64)));
     assert_eq!(Workload::mlp_tiny().to_json()["sizes"], serde_json::json!([32, 64, 10]));

@@ -1,0 +1,380 @@
+//! The GPU rows: GPT-2 small in lazuli, JAX jit and torch.compile, each with attention written out and fused.
+//! Every framework and variant runs in a process of its own, one after the other (each allocator takes most of
+//! the device). All start from the same safetensors weights (the lazuli process writes them), and each row's first
+//! losses are compared with lazuli's before its speed is reported.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::compare::{default_steps, loss_tolerance, split_median, Options, Side};
+use crate::stats::{duration, machine, median, today};
+use crate::worker::{SetupInfo, Split, Worker};
+use crate::workloads::{Attention, LazuliRun, Model, Workload};
+use crate::{losses_agree, BenchResult};
+
+/// The comparison frameworks `--frameworks` accepts; lazuli always runs.
+pub const PYTHON_FRAMEWORKS: [&str; 2] = ["jax", "torch"];
+
+/// The H200's dense bf16 peak, FLOP/s: what MFU divides by.
+const PEAK_FLOPS: f64 = 989e12;
+
+/// The goal of the fused rows: lazuli (cuDNN attention) ≤ this × torch.compile (SDPA).
+const GOAL_VS_TORCH_SDPA: f64 = 0.8;
+
+/// A row's name: the framework and how it computes attention.
+pub fn side_name(framework: &str, attention: Attention) -> String {
+    let fw = match framework {
+        "lazuli" => "lazuli",
+        "jax" => "JAX jit",
+        _ => "torch.compile",
+    };
+    let attn = match (framework, attention) {
+        (_, Attention::Written) => "written-out attention",
+        ("torch", Attention::Fused) => "SDPA",
+        (_, Attention::Fused) => "cuDNN attention",
+    };
+    format!("{fw} ({attn})")
+}
+
+/// What a GPU run measures and with what.
+pub struct GpuJob {
+    /// The model; each side sets its own attention variant.
+    pub workload: Workload,
+    pub python: PathBuf,
+    pub script: PathBuf,
+    /// Written by each lazuli process (the same values every time), read by the Python ones.
+    pub weights: PathBuf,
+    /// Python frameworks after lazuli, in order ("jax", "torch").
+    pub frameworks: Vec<String>,
+    /// Attention variants per framework, in order.
+    pub attentions: Vec<Attention>,
+    pub opts: Options,
+    /// lazuli's `LAZULI_DEVICE` (`cpu` for a dry run).
+    pub device: String,
+    /// The dry-run model (`--tiny`), passed on to the lazuli processes.
+    pub tiny: bool,
+}
+
+/// One row: a framework with one attention variant.
+pub struct GpuSide {
+    /// "lazuli", "jax" or "torch".
+    pub framework: String,
+    pub attention: Attention,
+    pub side: Side,
+}
+
+pub struct GpuRun {
+    pub workload: Workload,
+    pub steps_per_rep: usize,
+    pub pipelined: bool,
+    pub sides: Vec<GpuSide>,
+}
+
+impl GpuJob {
+    /// Every lazuli variant, then every Python framework's variants; a failed side is reported in its row.
+    pub fn run(&self) -> BenchResult<GpuRun> {
+        for fw in &self.frameworks {
+            if !PYTHON_FRAMEWORKS.contains(&fw.as_str()) {
+                return Err(format!("unknown framework {fw:?} (expected {})", PYTHON_FRAMEWORKS.join(", ")).into());
+            }
+        }
+        let steps = self.opts.steps.unwrap_or_else(|| default_steps(&self.workload));
+        let mut sides = Vec::new();
+        for &attention in &self.attentions {
+            let side = self.lazuli_process(attention, steps);
+            sides.push(GpuSide { framework: "lazuli".into(), attention, side });
+        }
+        for fw in &self.frameworks {
+            for &attention in &self.attentions {
+                let side = self.python_process(fw, attention, steps);
+                sides.push(GpuSide { framework: fw.clone(), attention, side });
+            }
+        }
+        Ok(GpuRun { workload: self.workload.clone(), steps_per_rep: steps, pipelined: self.opts.pipelined, sides })
+    }
+
+    /// lazuli's side: this binary again (`lazuli-side`), with `LAZULI_DEVICE` set; one JSON line back.
+    fn lazuli_process(&self, attention: Attention, steps: usize) -> Side {
+        let name = side_name("lazuli", attention);
+        eprintln!("lazuli-bench: {name} on the {} ({} reps of {steps} steps)", self.device, self.opts.reps);
+        let v = self.lazuli_command(attention, steps).unwrap_or_else(|e| json!({"error": e.to_string()}));
+        let side = lazuli_side_from_json(name, &v);
+        report(&side);
+        side
+    }
+
+    fn lazuli_command(&self, attention: Attention, steps: usize) -> BenchResult<Value> {
+        let out = Command::new(std::env::current_exe()?)
+            .args(["lazuli-side", "--workload", &self.workload.name, "--attention", attention.name(), "--weights"])
+            .arg(&self.weights)
+            .args(["--reps", &self.opts.reps.to_string(), "--steps", &steps.to_string()])
+            .args(["--warmup", &self.opts.warmup.to_string()])
+            .args(self.opts.pipelined.then_some("--pipelined"))
+            .args(self.tiny.then_some("--tiny"))
+            .env("LAZULI_DEVICE", &self.device)
+            .stderr(Stdio::inherit())
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // A failing side prints {"error": ...} as its last line where it can.
+        match serde_json::from_str::<Value>(text.lines().last().unwrap_or("")) {
+            Ok(v) if out.status.success() || v["error"].is_string() => Ok(v),
+            _ => Err(format!("the lazuli side failed ({}); its error output is above", out.status).into()),
+        }
+    }
+
+    /// One Python framework with one attention variant, in a worker process of its own.
+    fn python_process(&self, fw: &str, attention: Attention, steps: usize) -> Side {
+        let name = side_name(fw, attention);
+        eprintln!("lazuli-bench: {name}");
+        let mut side = Side { name, ..Side::default() };
+        let mut w = self.workload.clone();
+        w.attention = attention;
+        if let Err(e) = python_side(&mut side, fw, &w, &self.python, &self.script, &self.weights, &self.opts, steps) {
+            side.error = Some(e.to_string().lines().next().unwrap_or("").to_string());
+        }
+        report(&side);
+        side
+    }
+}
+
+fn report(side: &Side) {
+    match &side.error {
+        Some(e) => eprintln!("lazuli-bench: {} failed: {e}", side.name),
+        None => {
+            eprintln!("lazuli-bench: {}: {} per step, first step {:.1} s", side.name, side.steps.show(), side.first_s)
+        }
+    }
+}
+
+/// The lazuli side as its own process's work: write the weights, warm up, time `reps` runs. Printed as one JSON
+/// line by `lazuli-bench lazuli-side`.
+pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<Value> {
+    let steps = opts.steps.unwrap_or_else(|| default_steps(w));
+    let t0 = Instant::now();
+    let mut lz = LazuliRun::new(w);
+    lz.write_weights(weights)?;
+    let init_s = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let first = lz.run(1, false)?;
+    let first_s = t0.elapsed().as_secs_f64();
+    let rest = lz.run(opts.warmup.saturating_sub(1), false)?;
+    let mut reps = Vec::new();
+    let mut splits = Vec::new();
+    let mut peak_bytes = None;
+    for _ in 0..opts.reps {
+        let r = lz.run(steps, opts.pipelined)?;
+        reps.push(r.times);
+        splits.extend(r.split);
+        peak_bytes = r.peak_bytes;
+    }
+    let s = split_median(&splits).unwrap_or_default();
+    let warmup_losses = [first.losses, rest.losses].concat();
+    Ok(json!({
+        "init_s": init_s, "first_s": first_s, "warmup_losses": warmup_losses,
+        "reps": reps, "params": lz.num_params(), "runtime": lazuli::runtime_info()?.to_string(),
+        "peak_bytes": peak_bytes,
+        "split": {"record": s.record, "execute": s.execute, "programs_per_step": s.programs_per_step,
+                  "compiles": s.compiles, "boundary": s.boundary, "upload": s.upload, "finish": s.finish, "wait": s.wait},
+    }))
+}
+
+fn lazuli_side_from_json(name: String, v: &Value) -> Side {
+    let floats = |v: &Value| -> Vec<f64> {
+        v.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default()
+    };
+    let f = |key: &str| v["split"][key].as_f64().unwrap_or(f64::NAN);
+    let mut side = Side {
+        name,
+        first_s: v["first_s"].as_f64().unwrap_or(f64::NAN),
+        warmup_losses: floats(&v["warmup_losses"]),
+        split: Some(Split {
+            record: f("record"),
+            execute: f("execute"),
+            boundary: f("boundary"),
+            upload: f("upload"),
+            finish: f("finish"),
+            wait: f("wait"),
+            programs_per_step: f("programs_per_step"),
+            compiles: v["split"]["compiles"].as_u64().unwrap_or(0),
+        }),
+        info: SetupInfo { framework: v["runtime"].as_str().unwrap_or("?").into(), ..SetupInfo::default() },
+        error: v["error"].as_str().map(String::from),
+        peak_bytes: v["peak_bytes"].as_f64(),
+        ..Side::default()
+    };
+    for rep in v["reps"].as_array().into_iter().flatten() {
+        side.steps.push(median(&floats(rep)));
+    }
+    side
+}
+
+/// One Python framework's part of a GPU run, in `side`.
+#[allow(clippy::too_many_arguments)]
+fn python_side(
+    side: &mut Side,
+    fw: &str,
+    w: &Workload,
+    python: &Path,
+    script: &Path,
+    weights: &Path,
+    opts: &Options,
+    steps: usize,
+) -> BenchResult<()> {
+    let mut worker = Worker::start(python, script, fw)?;
+    let t0 = Instant::now();
+    side.info = worker.setup(w, weights)?;
+    // torch.compile compiles on the first call: count it in the first step, as lazuli's.
+    let first = worker.run(1, false)?;
+    side.first_s = if fw == "jax" { side.info.compile_s + first.times[0] } else { t0.elapsed().as_secs_f64() };
+    side.warmup_losses = [first.losses, worker.run(opts.warmup.saturating_sub(1), false)?.losses].concat();
+    for _ in 0..opts.reps {
+        let r = worker.run(steps, opts.pipelined)?;
+        side.steps.push(median(&r.times));
+        side.peak_bytes = r.peak_bytes;
+    }
+    Ok(())
+}
+
+impl GpuRun {
+    /// A side that produced step times.
+    fn find(&self, framework: &str, attention: Attention) -> Option<&Side> {
+        self.sides
+            .iter()
+            .find(|s| s.framework == framework && s.attention == attention && s.side.error.is_none())
+            .map(|s| &s.side)
+    }
+
+    /// The side every row's first losses are compared with: lazuli with written-out attention, else fused.
+    fn loss_reference(&self) -> Option<&Side> {
+        [Attention::Written, Attention::Fused]
+            .into_iter()
+            .filter_map(|a| self.find("lazuli", a))
+            .find(|s| !s.warmup_losses.is_empty())
+    }
+
+    /// The whole report: header, table, goal, lazuli's step split, first losses.
+    pub fn print(&self, command: &str) {
+        self.print_header(command);
+        self.print_table();
+        self.print_goal();
+        for s in self.sides.iter().filter(|s| s.framework == "lazuli") {
+            if let (Some(split), None) = (s.side.split, &s.side.error) {
+                let phases: Vec<String> = split.phases().iter().map(|(n, t)| format!("{n} {}", duration(*t))).collect();
+                println!(
+                    "\n{} per step: {}, {:.0} program(s), {} compile(s) while timed",
+                    s.side.name,
+                    phases.join(", "),
+                    split.programs_per_step,
+                    split.compiles
+                );
+            }
+        }
+        println!();
+        for s in &self.sides {
+            println!("losses (first steps): {} {:?}", s.side.name, s.side.warmup_losses);
+        }
+    }
+
+    fn print_header(&self, command: &str) {
+        println!("## lazuli-bench gpu, {}", today());
+        println!("- command: `{command}`");
+        println!("- host: {}", machine());
+        println!(
+            "- mode: {}",
+            if self.pipelined {
+                "pipelined (each repetition's steps back to back, one wait at the end)"
+            } else {
+                "waiting for every step's results"
+            }
+        );
+        for s in self.sides.iter().filter(|s| s.side.error.is_none()) {
+            let i = &s.side.info;
+            if s.framework == "lazuli" {
+                let attn = match s.attention {
+                    Attention::Written => "written out (bf16 matmuls, f32 mask and softmax)",
+                    Attention::Fused => "lazuli::scaled_dot_product_attention, bf16 q, k, v in [B, T, H, hd]",
+                };
+                println!("- {}: {}; attention: {attn}", s.side.name, i.framework);
+            } else {
+                println!(
+                    "- {}: {} on {}, Python {}; attention: {}",
+                    s.side.name, i.framework, i.device, i.python, i.attention
+                );
+            }
+        }
+        let Model::Gpt { config, seq } = &self.workload.model else { return };
+        let (l, d, t) = (config.n_layer as f64, config.d_model as f64, *seq as f64);
+        let per_token = config.train_flops_per_token(*seq);
+        let n = (per_token - 12.0 * l * d * t) / 6.0;
+        let per_step = per_token * self.workload.items_per_step() as f64;
+        println!(
+            "- model: {}, {} tokens per step; FLOPs per token 6N + 12·L·d·T = 6·{:.1}M + 12·{l}·{d}·{t} = {:.0} MFLOP \
+             (N: parameters without the position table; attention counted in full, fused or not), {:.2} TFLOP \
+             per step",
+            self.workload.name,
+            self.workload.items_per_step(),
+            n / 1e6,
+            per_token / 1e6,
+            per_step / 1e12
+        );
+        println!("- MFU: FLOPs per step ÷ step time ÷ 989 TFLOP/s (the H200's dense bf16 peak)");
+    }
+
+    fn print_table(&self) {
+        let tokens = self.workload.items_per_step() as f64;
+        let flops = match &self.workload.model {
+            Model::Gpt { config, seq } => config.train_flops_per_token(*seq) * tokens,
+            Model::Mlp { .. } => f64::NAN,
+        };
+        let reference = self.loss_reference();
+        let sdpa = self.find("torch", Attention::Fused).map(|s| s.steps.median());
+        println!(
+            "\n| framework | ms/step median (min–max) | tokens/s | MFU | vs JAX jit, same attention | vs torch.compile \
+             (SDPA) | first step incl. compile | peak memory | losses agree with {} |",
+            reference.map_or("lazuli", |r| r.name.as_str())
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for s in &self.sides {
+            let side = &s.side;
+            if let Some(e) = &side.error {
+                println!("| {} | failed: {e} | | | | | | | |", side.name);
+                continue;
+            }
+            let m = side.steps.median();
+            let jax = self.find("jax", s.attention).map(|j| j.steps.median());
+            let ratio = |r: Option<f64>| r.map_or("–".to_string(), |r| format!("{:.2}", m / r));
+            let agree = match reference {
+                Some(r) if std::ptr::eq(r, side) => "(reference)".to_string(),
+                Some(r) => match losses_agree(&r.warmup_losses, &side.warmup_losses, loss_tolerance(&self.workload)) {
+                    Ok(()) => "yes".into(),
+                    Err(e) => format!("NO: {e}"),
+                },
+                None => "– (no lazuli losses)".into(),
+            };
+            println!(
+                "| {} | {} | {:.0} | {:.1}% | {} | {} | {} | {} | {agree} |",
+                side.name,
+                side.steps.show(),
+                tokens / m,
+                100.0 * flops / m / PEAK_FLOPS,
+                ratio(jax),
+                ratio(sdpa),
+                duration(side.first_s),
+                side.peak_bytes.map_or("–".to_string(), |b| format!("{:.2} GiB", b / (1u64 << 30) as f64))
+            );
+        }
+    }
+
+    fn print_goal(&self) {
+        let lazuli = self.find("lazuli", Attention::Fused);
+        let sdpa = self.find("torch", Attention::Fused);
+        if let (Some(l), Some(t)) = (lazuli, sdpa) {
+            let r = l.steps.median() / t.steps.median();
+            let met = if r <= GOAL_VS_TORCH_SDPA { "met" } else { "not met" };
+            println!("\ngoal: {} ≤ {GOAL_VS_TORCH_SDPA}× {}: {r:.2}×, {met}", l.name, t.name);
+        }
+    }
+}
