@@ -118,5 +118,21 @@ fn main() -> lazuli::Result<()> {
     std::panic::set_hook(quiet);
     let message = refused.err().and_then(|e| e.downcast::<String>().ok()).expect("a broken kernel is refused");
     println!("a broken kernel: {}", message.lines().collect::<Vec<_>>().join(" | "));
+
+    // IR that passes lazuli's checks but not Triton's parser: XLA's compile fails (on a GPU), and the error names
+    // the kernel and the line that called it. Elsewhere the composite runs and XLA never sees the IR.
+    let typo = TritonKernel::new("row_softmax", row_softmax_ir(cols, 1024).replace("arith.subf", "arith.subtract"))
+        .grid([rows as u32, 1, 1])
+        .output(DType::F32, &[rows, cols])
+        .composite(|x| vec![x[0].softmax(-1)]);
+    match typo.call(&[&x]).remove(0).to_vec::<f32>() {
+        Err(e) => {
+            println!("a kernel XLA cannot compile: {}", e.to_string().lines().take(3).collect::<Vec<_>>().join(" | "))
+        }
+        Ok(_) => println!(
+            "a kernel with a typo in its IR: the composite ran on {}, so XLA never saw it",
+            lazuli::platform()?
+        ),
+    }
     Ok(())
 }
