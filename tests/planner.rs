@@ -123,3 +123,27 @@ fn cpu_estimates_rank_sharded_train_plans_as_measured() {
     assert!(c("dp").update_s > 4.0 * c("fsdp").update_s, "{p}");
     assert!(c("tp").elementwise_s > c("dp").elementwise_s, "{p}");
 }
+
+/// Fused attention is one op in the graph, but the planner counts what it computes: the data-parallel plan's
+/// matmul FLOPs per device are the GPT's products, attention's two included, forward and backward (3×).
+#[test]
+fn the_planner_counts_the_products_inside_fused_attention() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    eight_devices();
+    let (vocab, t, layers, heads, d) = (96, 32, 2, 4, 64);
+    let cfg =
+        GptConfig { vocab, block_size: t, n_layer: layers, n_head: heads, d_model: d, dropout: 0.0, dtype: DType::F32 };
+    let model = Gpt::new(&mut HostRng::new(3), cfg);
+    let b = 16;
+    let ids: Vec<i32> = (0..b * t).map(|i| (i * 7 % vocab) as i32).collect();
+    let x = Tensor::from_slice(&ids, &[b, t]);
+    let p = plan(&model, &model.loss(&x, &x), b, 8, 1e12, DeviceModel::CPU);
+    let dp = p.candidates.iter().find(|c| c.name == "dp").unwrap();
+    let rows = (b * t) as f64 / 8.0; // tokens per device
+    let (d, t, heads, vocab) = (d as f64, t as f64, heads as f64, vocab as f64);
+    let projections = 2.0 * rows * (d * 3.0 * d + d * d + d * 4.0 * d + 4.0 * d * d);
+    let attention = 2.0 * 2.0 * rows * heads * t * (d / heads); // q kᵀ and p v, per token: T keys, hd each
+    let head = 2.0 * rows * d * vocab;
+    let forward = layers as f64 * (projections + attention) + head;
+    assert_eq!(dp.work.matmul_flops, 3.0 * forward, "{p}");
+}

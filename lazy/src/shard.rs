@@ -180,34 +180,59 @@ fn forward_work(
         }
         let x: Vec<ShardIn<'_>> =
             node.operands.iter().map(|&o| ShardIn { ty: &g.nodes[o].ty, dims: dims[o].as_ref() }).collect();
-        let out = node.op.shard(&x, &node.ty);
-        let split = |d: usize| out.as_ref().map_or(&[][..], |o| &o[d][..]);
-        let elems: usize = node.ty.dims.iter().enumerate().map(|(d, &n)| n.div_ceil(size(split(d)))).product();
-        match &node.op {
-            Op::DotGeneral(dot) => {
-                // A split contraction (row-parallel layer) divides the work too, by the axes the result does not use.
-                let used: Vec<usize> = out.iter().flatten().flatten().copied().collect();
-                let lhs = &g.nodes[node.operands[0]];
-                let k: usize = dot
-                    .lhs_contract
-                    .iter()
-                    .map(|&c| {
-                        let axes = dims[node.operands[0]].as_ref().map_or(&[][..], |d| &d[c][..]);
-                        let free: Vec<usize> = axes.iter().copied().filter(|a| !used.contains(a)).collect();
-                        lhs.ty.dims[c].div_ceil(size(&free))
-                    })
-                    .product();
-                w.matmul_flops += 2.0 * (elems * k) as f64;
-            }
-            Op::Constant(_) | Op::Reshape(_) | Op::BroadcastInDim(_) => {}
-            _ => w.elementwise_bytes += (node.op.cost_weight() * elems * node.ty.dtype.byte_size()) as f64,
-        }
+        let (out, elems) = op_work(&node.op, &x, &node.ty, &size, &mut w);
         if saved[id] {
             w.saved_bytes += (elems * node.ty.dtype.byte_size()) as f64;
         }
         dims[id] = out;
     }
     w
+}
+
+/// Add one op's work to `w` (a custom kernel's as the ops of its composite, so fused attention costs what it
+/// computes); returns how its result is split and its elements per device.
+fn op_work(
+    op: &Op,
+    x: &[ShardIn<'_>],
+    ty: &lazuli_hlo::TensorType,
+    size: &dyn Fn(&[usize]) -> usize,
+    w: &mut Work,
+) -> (Option<DimShards>, usize) {
+    let out = op.shard(x, ty);
+    let split = |d: usize| out.as_ref().map_or(&[][..], |o| &o[d][..]);
+    let elems: usize = ty.dims.iter().enumerate().map(|(d, &n)| n.div_ceil(size(split(d)))).product();
+    match op {
+        Op::DotGeneral(dot) => {
+            // A split contraction (row-parallel layer) divides the work too, by the axes the result does not use.
+            let used: Vec<usize> = out.iter().flatten().flatten().copied().collect();
+            let k: usize = dot
+                .lhs_contract
+                .iter()
+                .map(|&c| {
+                    let axes = x[0].dims.map_or(&[][..], |d| &d[c][..]);
+                    let free: Vec<usize> = axes.iter().copied().filter(|a| !used.contains(a)).collect();
+                    x[0].ty.dims[c].div_ceil(size(&free))
+                })
+                .product();
+            w.matmul_flops += 2.0 * (elems * k) as f64;
+        }
+        Op::Kernel(k) => kernel_work(&k.def.composite, x, size, w),
+        Op::Constant(_) | Op::Reshape(_) | Op::BroadcastInDim(_) => {}
+        _ => w.elementwise_bytes += (op.cost_weight() * elems * ty.dtype.byte_size()) as f64,
+    }
+    (out, elems)
+}
+
+/// The work of a kernel's composite on operands split as `x`. Counted per result node in the forward pass; the
+/// attention kernel has one there (its statistics are read by the backward only).
+fn kernel_work(p: &lazuli_hlo::Program, x: &[ShardIn<'_>], size: &dyn Fn(&[usize]) -> usize, w: &mut Work) {
+    let mut dims: Vec<Option<DimShards>> = x.iter().map(|s| s.dims.cloned()).collect();
+    for (step, args) in &p.steps {
+        let lazuli_hlo::Step::Op(op) = step else { return };
+        let ins: Vec<ShardIn<'_>> = args.iter().map(|&a| ShardIn { ty: &p.types[a], dims: dims[a].as_ref() }).collect();
+        let (out, _) = op_work(op, &ins, &p.types[dims.len()], size, w);
+        dims.push(out);
+    }
 }
 
 /// Plan the sharding of `model`'s training step whose (pending, not yet computed) loss is `loss`: FLOPs and
