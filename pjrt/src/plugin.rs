@@ -67,6 +67,10 @@ impl Plugin {
         if !path.exists() {
             return Err(Error::Load { path: path.to_path_buf(), reason: "no such file".into() });
         }
+        // The loader maps a truncated file without complaint and the process dies of SIGBUS later.
+        #[cfg(target_os = "linux")]
+        crate::provision::check_shared_object(path)
+            .map_err(|reason| Error::Load { path: path.to_path_buf(), reason })?;
         // Serialize loads so two threads never initialize the same plugin concurrently.
         let mut loaded = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (library, api) = ffi::open_plugin(path)?;

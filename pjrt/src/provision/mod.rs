@@ -1,9 +1,13 @@
 //! Finding PJRT plugins, and fetching the CPU plugin into a per-user cache on first use.
 //!
 //! The CPU plugin comes from a PyPI wheel, fetched once with `pip download`, checked against a pinned
-//! sha256, and unpacked into `<cache>/plugins/<pip name>-<version>/`. Concurrent processes (test
-//! binaries run in parallel) coordinate through a lock file; even without it they cannot corrupt the
-//! cache, because each writes a private temporary file and renames it into place atomically.
+//! sha256, and unpacked into `<cache>/plugins/<pip name>-<version>/`. The unpacked file has a pinned size
+//! and sha256 too, checked before every load ([`cached`] says how often it is hashed); a damaged file is
+//! deleted and fetched again, never loaded. Concurrent processes (test binaries run in parallel) coordinate
+//! through a lock file; even without it they cannot corrupt the cache, because each writes a private
+//! temporary file, checks it and renames it into place atomically, so a loader sees the whole file or none.
+//! A plugin named by a variable is the user's file: it is never deleted, only checked to be an intact ELF
+//! shared object before `dlopen`.
 //!
 //! | variable | effect |
 //! |---|---|
@@ -14,16 +18,19 @@
 //! | `LAZULI_GPU_PLUGIN` | path of the CUDA plugin |
 //! | `LAZULI_TPU_PLUGIN`, `TPU_LIBRARY_PATH` | path of the TPU plugin |
 
+mod cached;
+mod elf;
+
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use sha2::{Digest, Sha256};
-
 use crate::error::{Error, Result};
+use cached::{Cached, Depth};
+pub(crate) use elf::check_shared_object;
 
 /// The CPU plugins lazuli knows how to fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,6 +51,10 @@ pub struct PluginSpec {
     pub sha256: &'static str,
     /// Path of the shared object inside the wheel.
     pub so_member: &'static str,
+    /// sha256 of the shared object, checked when unpacked and whenever the cached file changed.
+    pub so_sha256: &'static str,
+    /// Size of the shared object in bytes, checked before every load.
+    pub so_size: u64,
     /// Approximate wheel size, for the one-line notice.
     pub download_mb: u32,
 }
@@ -68,6 +79,8 @@ impl CpuPluginKind {
                 wheel_file: "lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
                 sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
                 so_member: "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
+                so_sha256: "ad1309ac822b1b24d51b7f9947c7c9fa9ef5d67f390584cbc3d1fa2428fed9c2",
+                so_size: 201_600_336,
                 download_mb: 63,
             },
             CpuPluginKind::XlaCpu001 => PluginSpec {
@@ -76,6 +89,8 @@ impl CpuPluginKind {
                 wheel_file: "xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl",
                 sha256: "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc",
                 so_member: "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
+                so_sha256: "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc",
+                so_size: 259_284_552,
                 download_mb: 64,
             },
         }
@@ -86,7 +101,7 @@ impl CpuPluginKind {
 /// `LAZULI_CPU_PLUGIN` (default `lammps-jax-pjrt-cpu`), fetched into the cache if needed.
 pub fn cpu_plugin_path() -> Result<PathBuf> {
     if let Some(path) = env_path("LAZULI_PJRT_PLUGIN") {
-        return existing(path, "LAZULI_PJRT_PLUGIN");
+        return user_plugin(path, "LAZULI_PJRT_PLUGIN");
     }
     let kind = match std::env::var("LAZULI_CPU_PLUGIN") {
         Ok(name) if !name.is_empty() => CpuPluginKind::from_name(&name).ok_or_else(|| {
@@ -98,38 +113,58 @@ pub fn cpu_plugin_path() -> Result<PathBuf> {
     cpu_plugin_path_for(kind)
 }
 
-/// The cached plugin of `kind`, fetched on first use (needs `python3 -m pip` and network access once).
+/// The cached plugin of `kind`, fetched on first use (needs `python3 -m pip` and network access once), and
+/// fetched again if the cached file is damaged.
 pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
     let spec = kind.spec();
     let dir = cache_dir()?.join("plugins").join(format!("{}-{}", spec.pip_name, spec.version));
     let so = dir.join(file_name(spec.so_member));
-    if is_installed(&spec, &so) {
+    if cached::check(&spec, &so, Depth::Hash) == Cached::Intact {
         return Ok(so);
     }
     // One fetch at a time in this process; the lock file covers other processes.
     static FETCHING: Mutex<()> = Mutex::new(());
     let _guard = FETCHING.lock().unwrap_or_else(|p| p.into_inner());
-    if is_installed(&spec, &so) {
-        return Ok(so);
-    }
     fs::create_dir_all(&dir).map_err(|e| fetch_error(&spec, &dir, &format!("cannot create {}: {e}", dir.display())))?;
-    let _lock = match FileLock::acquire(&dir.join(".fetch.lock"), || is_installed(&spec, &so)) {
+    let done = || cached::check(&spec, &so, Depth::MarkerOnly) == Cached::Intact;
+    let _lock = match FileLock::acquire(&dir.join(".fetch.lock"), done) {
         LockOutcome::Done => return Ok(so),
         LockOutcome::Locked(lock) => Some(lock),
         LockOutcome::GaveUp => None, // still safe: every write below is a private file renamed into place
     };
-    if is_installed(&spec, &so) {
-        return Ok(so);
+    // Checked again under the lock: another process may have replaced the file meanwhile.
+    match cached::check(&spec, &so, Depth::Hash) {
+        Cached::Intact => return Ok(so),
+        Cached::Missing => {}
+        Cached::Damaged(reason) => discard(&so, &reason)?,
     }
     fetch(&spec, &dir, &so).map_err(|reason| fetch_error(&spec, &dir, &reason))?;
     Ok(so)
+}
+
+/// Deletes a damaged cached plugin and its marker, saying so in one line.
+fn discard(so: &Path, reason: &str) -> Result<()> {
+    let _ = fs::remove_file(cached::marker_path(so));
+    match fs::remove_file(so) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Provision(format!(
+            "the cached PJRT CPU plugin {} is damaged ({reason}) and cannot be deleted ({e}); delete it by hand",
+            so.display()
+        ))),
+        _ => {
+            eprintln!(
+                "lazuli: the cached PJRT CPU plugin {} was damaged ({reason}); deleted it, fetching it again",
+                so.display()
+            );
+            Ok(())
+        }
+    }
 }
 
 /// The CUDA plugin: `LAZULI_GPU_PLUGIN`, else `jax_plugins/xla_cuda13` (then `xla_cuda12`) in the
 /// Python environment's site-packages.
 pub fn gpu_plugin_path() -> Result<PathBuf> {
     if let Some(path) = env_path("LAZULI_GPU_PLUGIN") {
-        return existing(path, "LAZULI_GPU_PLUGIN");
+        return user_plugin(path, "LAZULI_GPU_PLUGIN");
     }
     let dirs = python_paths();
     for cuda in ["xla_cuda13", "xla_cuda12"] {
@@ -153,7 +188,7 @@ pub fn gpu_plugin_path() -> Result<PathBuf> {
 pub fn tpu_plugin_path() -> Result<PathBuf> {
     for var in ["LAZULI_TPU_PLUGIN", "TPU_LIBRARY_PATH"] {
         if let Some(path) = env_path(var) {
-            return existing(path, var);
+            return user_plugin(path, var);
         }
     }
     python_paths().into_iter().map(|dir| dir.join("libtpu").join("libtpu.so")).find(|p| p.is_file()).ok_or_else(|| {
@@ -182,11 +217,15 @@ fn env_path(var: &str) -> Option<PathBuf> {
     std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
-fn existing(path: PathBuf, var: &str) -> Result<PathBuf> {
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::Provision(format!("{var}={} does not name an existing file", path.display())))
+/// A plugin file the user named in `var`: checked (never deleted) so that a bad one is an error naming the
+/// variable, not a crash in the loader.
+fn user_plugin(path: PathBuf, var: &str) -> Result<PathBuf> {
+    if !path.exists() {
+        return Err(Error::Provision(format!("{var}={} does not name an existing file", path.display())));
+    }
+    match check_shared_object(&path) {
+        Ok(()) => Ok(path),
+        Err(reason) => Err(Error::Provision(format!("{var}={} cannot be a PJRT plugin: {reason}", path.display()))),
     }
 }
 
@@ -208,17 +247,6 @@ fn python_paths() -> Vec<PathBuf> {
 
 fn file_name(member: &str) -> &str {
     member.rsplit('/').next().unwrap_or(member)
-}
-
-fn marker_path(so: &Path) -> PathBuf {
-    let mut name = so.as_os_str().to_owned();
-    name.push(".sha256");
-    PathBuf::from(name)
-}
-
-/// The marker (written after the .so is in place) records the sha256 of the wheel it came from.
-fn is_installed(spec: &PluginSpec, so: &Path) -> bool {
-    so.is_file() && fs::read_to_string(marker_path(so)).is_ok_and(|m| m.trim() == spec.sha256)
 }
 
 /// A file name no other thread or process uses.
@@ -284,8 +312,10 @@ fn pip_download(spec: &PluginSpec, into: &Path) -> std::result::Result<PathBuf, 
     }
 }
 
+/// Checks the wheel against its pin, unpacks the shared object into a private file, checks that against its
+/// own pins and only then renames it into place, so no process ever sees a partial or wrong file.
 fn verify_and_unpack(spec: &PluginSpec, wheel: &Path, dir: &Path, so: &Path) -> std::result::Result<(), String> {
-    let digest = sha256_file(wheel).map_err(|e| format!("cannot read {}: {e}", wheel.display()))?;
+    let digest = cached::sha256_file(wheel).map_err(|e| format!("cannot read {}: {e}", wheel.display()))?;
     if digest != spec.sha256 {
         return Err(format!(
             "{} has sha256 {digest}, expected {} (corrupt or substituted download; it was deleted)",
@@ -293,48 +323,42 @@ fn verify_and_unpack(spec: &PluginSpec, wheel: &Path, dir: &Path, so: &Path) -> 
         ));
     }
     let tmp = unique(dir, file_name(spec.so_member));
-    let unpacked = unpack_member(wheel, spec.so_member, &tmp)
-        .and_then(|()| fs::rename(&tmp, so).map_err(|e| format!("cannot move the plugin into place: {e}")));
-    if unpacked.is_err() {
-        let _ = fs::remove_file(&tmp);
-        return unpacked;
-    }
-    let marker_tmp = unique(dir, "sha256");
-    fs::write(&marker_tmp, format!("{}\n", spec.sha256))
-        .and_then(|()| fs::rename(&marker_tmp, marker_path(so)))
-        .map_err(|e| {
-            let _ = fs::remove_file(&marker_tmp);
-            format!("cannot write the marker next to {}: {e}", so.display())
-        })
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut file = fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut chunk = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut chunk)?;
-        if n == 0 {
-            break;
+    let placed = unpack_member(spec, wheel, &tmp).and_then(|file| {
+        fs::rename(&tmp, so).map_err(|e| format!("cannot move the plugin into place: {e}"))?;
+        // Read after the rename (which changes ctime), from the file this process wrote and checked.
+        file.metadata().map(|meta| cached::identity(&meta)).map_err(|e| format!("cannot stat {}: {e}", so.display()))
+    });
+    match placed {
+        Ok(identity) => {
+            cached::record(spec, so, &identity);
+            Ok(())
         }
-        hasher.update(&chunk[..n]);
+        Err(reason) => {
+            let _ = fs::remove_file(&tmp);
+            Err(reason)
+        }
     }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn unpack_member(wheel: &Path, member: &str, to: &Path) -> std::result::Result<(), String> {
+/// Unpacks `spec.so_member` to `to`, hashing it on the way, and checks its size and sha256.
+fn unpack_member(spec: &PluginSpec, wheel: &Path, to: &Path) -> std::result::Result<fs::File, String> {
+    let member = spec.so_member;
     let file = fs::File::open(wheel).map_err(|e| format!("cannot open {}: {e}", wheel.display()))?;
     let mut archive =
         zip::ZipArchive::new(file).map_err(|e| format!("{} is not a zip archive: {e}", wheel.display()))?;
     let mut entry = archive.by_name(member).map_err(|e| format!("{member} not found in the wheel: {e}"))?;
-    let expected = entry.size();
-    let mut out = fs::File::create(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
-    let written = std::io::copy(&mut entry, &mut out).map_err(|e| format!("cannot unpack {member}: {e}"))?;
+    let out = fs::File::create(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
+    let mut writer = cached::HashingWriter::new(out);
+    let written = std::io::copy(&mut entry, &mut writer).map_err(|e| format!("cannot unpack {member}: {e}"))?;
+    let (mut out, digest) = writer.finish();
     out.flush().and_then(|()| out.sync_all()).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
-    if written != expected {
-        return Err(format!("unpacked {written} bytes of {member}, the wheel says {expected}"));
+    if written != spec.so_size || digest != spec.so_sha256 {
+        return Err(format!(
+            "unpacked {member} has {written} bytes and sha256 {digest}, expected {} and {}",
+            spec.so_size, spec.so_sha256
+        ));
     }
-    Ok(())
+    Ok(out)
 }
 
 fn fetch_error(spec: &PluginSpec, dir: &Path, reason: &str) -> Error {
@@ -423,7 +447,7 @@ mod tests {
         let err = fetch(&spec, &dir, &so).unwrap_err();
         assert!(err.contains("sha256"), "{err}");
         assert!(!dir.join(spec.wheel_file).exists());
-        assert!(!is_installed(&spec, &so));
+        assert_eq!(cached::check(&spec, &so, Depth::Hash), Cached::Missing);
         fs::remove_dir_all(&dir).unwrap();
     }
 }
