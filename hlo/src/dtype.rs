@@ -79,9 +79,12 @@ impl DType {
         }
     }
 
-    /// Round an f64 to the nearest value this type can hold, the way a conversion on the device does
-    /// (floats round to nearest even, integers truncate toward zero and wrap, bool is `x != 0`).
-    /// The reference interpreter computes in f64 and rounds through this after every op.
+    /// Round an f64 to the nearest value this type can hold, the way the device stores an op's result: floats
+    /// round to nearest even; i32, u8 and u32 wrap (two's complement, as integer arithmetic overflows on the
+    /// device); i64 saturates and u64 saturates above its maximum (f64 reads `i64::MAX` as 2^63, so wrapping there
+    /// would turn it negative; ops that can overflow wrap in integers first, `to_int`/`wrap`); bool is `x != 0`.
+    /// The reference interpreter computes in f64 and rounds through this after every op. A conversion from a float
+    /// is [`DType::convert_float`] instead (`docs/numerics.md`).
     pub fn round(self, x: f64) -> f64 {
         match self {
             DType::F64 => x,
@@ -102,6 +105,71 @@ impl DType {
             }
             DType::Bool => (x != 0.0) as u8 as f64,
         }
+    }
+
+    /// A floating-point value converted to this type, as lazuli defines `convert` from a float (JAX's `astype`,
+    /// what XLA's CPU emitter does): to an integer type NaN is 0, other values truncate toward zero and saturate
+    /// at the type's bounds (±inf included); to bool, `x != 0` (NaN is true); to a float, round to nearest even.
+    pub fn convert_float(self, x: f64) -> f64 {
+        match self {
+            DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64 if x.is_nan() => 0.0,
+            DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64 => {
+                x.trunc().clamp(self.lowest(), self.highest())
+            }
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::Bool => self.round(x),
+        }
+    }
+
+    /// The integer an integer-typed reference value stands for. The 64-bit types saturate: `i64::MAX` and
+    /// `u64::MAX` read back as 2^63 and 2^64 in f64, which stand for them.
+    pub fn to_int(self, x: f64) -> i128 {
+        match self {
+            DType::U64 => x as u64 as i128,
+            _ => x as i64 as i128,
+        }
+    }
+
+    /// `v` reduced to this integer type's width (two's complement wrap-around), as an f64; other types take `v`.
+    pub fn wrap(self, v: i128) -> f64 {
+        match self {
+            DType::I32 => v as i32 as f64,
+            DType::I64 => v as i64 as f64,
+            DType::U8 => v as u8 as f64,
+            DType::U32 => v as u32 as f64,
+            DType::U64 => v as u64 as f64,
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::Bool => v as f64,
+        }
+    }
+
+    /// Significand bits and the largest finite value of a float type; `None` for the others.
+    fn float_format(self) -> Option<(u32, f64)> {
+        match self {
+            DType::F32 => Some((24, f32::MAX as f64)),
+            DType::F64 => Some((53, f64::MAX)),
+            DType::F16 => Some((11, half::f16::MAX.to_f64())),
+            DType::BF16 => Some((8, half::bf16::MAX.to_f64())),
+            DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64 | DType::Bool => None,
+        }
+    }
+
+    /// The smallest and largest values of this float type inside the range of the integer type `to`: a clamp to
+    /// them keeps a float → integer conversion in range on any device (the lowering of `convert`). Both are
+    /// integers this float type holds exactly. `None` unless float → integer.
+    pub fn int_range_in(self, to: DType) -> Option<(f64, f64)> {
+        let (p, fmax) = self.float_format()?;
+        // `to` holds [-2^m, 2^m - 1] when signed, [0, 2^m - 1] when not.
+        let m: i32 = match to {
+            DType::I32 => 31,
+            DType::I64 => 63,
+            DType::U8 => 8,
+            DType::U32 => 32,
+            DType::U64 => 64,
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::Bool => return None,
+        };
+        // The largest float below 2^m: 2^m - 1 when p bits hold it, else the p-bit number 2^m - 2^(m-p).
+        let hi = if m as u32 <= p { 2f64.powi(m) - 1.0 } else { 2f64.powi(m) - 2f64.powi(m - p as i32) };
+        let lo = if to.is_signed() { -(2f64.powi(m)) } else { 0.0 };
+        Some((lo.max(-fmax), hi.min(fmax)))
     }
 
     /// A scalar as an MLIR `dense<…>` literal body: floats as exact hex bit patterns (also covers ±inf and NaN).
@@ -179,12 +247,24 @@ impl TensorType {
         self.dims.len()
     }
 
+    /// The element count, saturating at `usize::MAX` (a shape that large is refused when it is recorded: see
+    /// [`TensorType::addressable`]), so size comparisons of absurd shapes never wrap to small numbers.
     pub fn elements(&self) -> usize {
-        self.dims.iter().product()
+        self.dims.iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
 
     pub fn byte_size(&self) -> usize {
-        self.elements() * self.dtype.byte_size()
+        self.elements().saturating_mul(self.dtype.byte_size())
+    }
+
+    /// Why no device could hold this type (its bytes overflow 64 bits or exceed `i64::MAX`, XLA's limit), or
+    /// `None`.
+    pub fn addressable(&self) -> Option<String> {
+        let bytes = self.dims.iter().try_fold(self.dtype.byte_size() as u128, |n, &d| n.checked_mul(d as u128));
+        match bytes {
+            Some(b) if b <= i64::MAX as u128 => None,
+            _ => Some(format!("{self} has more bytes than a 64-bit address space holds")),
+        }
     }
 
     pub fn with_dtype(&self, dtype: DType) -> Self {

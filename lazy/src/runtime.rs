@@ -73,14 +73,13 @@ impl Config {
             "tpu" => Backend::Tpu,
             other => return Err(Error::Config(format!("LAZULI_DEVICE={other:?}: expected cpu, gpu or tpu"))),
         };
-        let cpu_device_count = match std::env::var("LAZULI_CPU_DEVICES") {
-            Ok(s) => s
-                .parse::<i64>()
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| Error::Config(format!("LAZULI_CPU_DEVICES={s:?}: expected a number ≥ 1")))?,
-            Err(_) => 1,
-        };
+        let cpu_device_count =
+            match std::env::var("LAZULI_CPU_DEVICES") {
+                Ok(s) => s.parse::<i64>().ok().filter(|n| (1..=MAX_CPU_DEVICES).contains(n)).ok_or_else(|| {
+                    Error::Config(format!("LAZULI_CPU_DEVICES={s:?}: expected 1 to {MAX_CPU_DEVICES}"))
+                })?,
+                Err(_) => 1,
+            };
         let cpu_async = match std::env::var("LAZULI_CPU_ASYNC").unwrap_or_default().as_str() {
             "" | "0" | "false" => false,
             "1" | "true" => true,
@@ -121,14 +120,25 @@ impl Config {
     /// product with a broadcast operand, multiplied and reduced, wrong by up to 1e242, with no error
     /// (`tests/cpu_library_fusions.rs`). The cost, and why single products stay, is in `BENCHMARKS.md`.
     ///
+    /// CPU and GPU: `max`/`min` (reductions, `maximum`, `minimum`, clamp, pooling) propagate NaN, as in JAX, which
+    /// sets both options below to false (`docs/numerics.md`). XLA's "fast" min/max, the CPU's default, returns the
+    /// number when one operand is NaN (both CPU plugins); on GPUs off is XLA's default, pinned here. On the CPU it
+    /// slows max/min reductions: a row max over f32[512,1024] 135 → 315 µs, a softmax over f32[2048,64] (a
+    /// gpt-tiny attention) 165 → 215 µs; elementwise `maximum` is unchanged. `lazuli-bench cpu`, 13 alternating
+    /// runs: gpt-tiny 6.88 → 6.97 ms (+1.3%, within the 2-core machine's noise), mlp-tiny 17.3 → 17.0 µs.
+    ///
     /// A plugin that does not know an option here compiles without it.
     pub fn backend_xla_options(&self) -> Vec<(String, XlaOption)> {
         let single_products = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT";
         match self.backend {
-            Backend::Gpu => vec![("xla_gpu_enable_command_buffer".into(), XlaOption::Str(String::new()))],
-            Backend::Cpu => {
-                vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into()))]
-            }
+            Backend::Gpu => vec![
+                ("xla_gpu_enable_command_buffer".into(), XlaOption::Str(String::new())),
+                ("xla_gpu_enable_fast_min_max".into(), XlaOption::Bool(false)),
+            ],
+            Backend::Cpu => vec![
+                ("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into())),
+                ("xla_cpu_enable_fast_min_max".into(), XlaOption::Bool(false)),
+            ],
             Backend::Tpu => Vec::new(),
         }
     }
@@ -179,6 +189,7 @@ static INIT: Mutex<()> = Mutex::new(());
 
 impl Runtime {
     fn new(config: Config) -> Result<Runtime> {
+        check_settings(&config)?;
         // XLA's plugins log every client creation at INFO; keep stderr for what matters unless the user chose.
         // Set once, before the plugin starts threads that could read the environment.
         if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
@@ -211,6 +222,20 @@ impl Runtime {
             cache: Mutex::new(HashMap::new()),
             unknown_options: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Bytes the device can still allocate: the allocator's limit minus what is in use where the plugin reports
+    /// both (GPUs), the host's available memory for the CPU plugin (`MemAvailable`), else unknown.
+    pub(crate) fn free_memory(&self) -> Option<usize> {
+        if let Ok(stats) = self.device.memory_stats() {
+            if let Some(limit) = stats.bytes_limit {
+                return Some((limit - stats.bytes_in_use).max(0) as usize);
+            }
+        }
+        if self.config.backend != Backend::Cpu {
+            return None;
+        }
+        host_available_memory()
     }
 
     /// A single-device program goes to the launcher thread (`Config::cpu_launcher`); `demanded`: the thread read
@@ -246,6 +271,51 @@ impl Runtime {
         }
         new
     }
+}
+
+/// The host's available memory (Linux's `MemAvailable`), or `None` where it cannot be read.
+pub(crate) fn host_available_memory() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// The most virtual CPU devices one process may ask for: beyond a few thousand the plugin's per-device state
+/// grows without bound (99,999,999,999 grew past 6 GB before failing), and no mesh needs more.
+pub const MAX_CPU_DEVICES: i64 = 2048;
+
+/// Settings read elsewhere, checked once when the runtime is made, so that a malformed value is an error naming
+/// the variable and what it accepts instead of a silent default: the CPU device count, `LAZULI_DONATE`,
+/// `LAZULI_DUMP_DIR` (a directory lazuli can create) and `LAZULI_COMPILE_CACHE_LIMIT`.
+fn check_settings(config: &Config) -> Result<()> {
+    if config.backend == Backend::Cpu && !(1..=MAX_CPU_DEVICES).contains(&config.cpu_device_count) {
+        return Err(Error::Config(format!(
+            "{} CPU devices (LAZULI_CPU_DEVICES or Config::cpu_device_count): expected 1 to {MAX_CPU_DEVICES}",
+            config.cpu_device_count
+        )));
+    }
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if let Some(v) = var("LAZULI_DONATE") {
+        if !matches!(v.as_str(), "0" | "1" | "true" | "false") {
+            return Err(Error::Config(format!("LAZULI_DONATE={v:?}: expected 1 (default) or 0")));
+        }
+    }
+    if let Some(dir) = var("LAZULI_DUMP_DIR") {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Err(Error::Config(format!(
+                "LAZULI_DUMP_DIR={dir:?}: expected a directory lazuli can create ({e})"
+            )));
+        }
+    }
+    if let Some(v) = var("LAZULI_COMPILE_CACHE_LIMIT") {
+        if crate::compile_cache::parse_size(&v).is_none() {
+            return Err(Error::Config(format!(
+                "LAZULI_COMPILE_CACHE_LIMIT={v:?}: expected a size in bytes, or with K, M or G (500M, 2G)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The kernels' view of the device: the plugin's platform, and a CUDA device's `compute_capability` attribute

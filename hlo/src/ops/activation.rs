@@ -95,7 +95,8 @@ impl OpRules for GeluGrad {
 }
 
 /// `max(x, 0)` (any numeric type), with gradient 0 at 0: one node, where a comparison and a selection were two
-/// (and their gradient one more).
+/// (and their gradient one more). NaN stays NaN, as `max` propagates it (and as in JAX and PyTorch); its gradient
+/// there is 0, as theirs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Relu;
 
@@ -106,9 +107,11 @@ fn positive<B: Builder>(b: &mut B, x: &B::V) -> B::V {
 }
 
 impl Relu {
+    /// `x <= 0 ? 0 : x`: the comparison is false for NaN, which then passes through (`x > 0 ? x : 0` would zero it).
     fn expand<B: Builder>(&self, b: &mut B, x: &[B::V]) -> B::V {
-        let p = positive(b, &x[0]);
-        b.mask(&p, &x[0])
+        let zero = b.full_like(&x[0], 0.0);
+        let not_positive = b.compare(CompareDir::Le, &x[0], &zero);
+        b.select(&not_positive, &zero, &x[0])
     }
 }
 

@@ -1,5 +1,15 @@
 //! Elementwise ops: unary math, binary arithmetic, comparisons, select and convert. Operands have identical
 //! shapes here; numpy broadcasting is made explicit by the recorder (`broadcast_in_dim`) before these see them.
+//!
+//! Numerics (`docs/numerics.md`), the same on every device and in the reference:
+//! - integer add, sub, mul, neg and abs wrap (two's complement); the reference computes them in integers;
+//! - integer division truncates; `x / 0` is all ones (-1 signed, the maximum unsigned) and `MIN / -1` is `MIN`,
+//!   both made explicit in the lowering (XLA's CPU emitter does the same, but StableHLO leaves them open);
+//! - `max` and `min` propagate NaN (the runtime turns XLA's fast min/max off, as JAX does); their gradient goes to
+//!   the operand the result came from (the left one on ties), and is NaN for a NaN operand, 0 for the other;
+//! - comparisons are IEEE: with a NaN, `eq`, `lt`, `le`, `gt`, `ge` are false and `ne` is true;
+//! - float → integer `convert` truncates toward zero, saturates at the type's bounds (±inf too) and maps NaN to 0
+//!   (JAX's `astype`), made explicit in the lowering; integer → integer wraps; x → bool is `x != 0`.
 
 use ndarray::{ArrayD, Zip};
 
@@ -65,8 +75,14 @@ impl OpRules for Unary {
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
         cx.op_on_args(unary_row(self.kind).1, "")
     }
-    fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
-        x[0].mapv(unary_row(self.kind).3)
+    fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        let t = out.dtype;
+        match self.kind {
+            // In integers, so that `-MIN` and `abs(MIN)` wrap to `MIN` for i64 too (f64 would saturate them).
+            UnaryKind::Neg if t.is_int() => x[0].mapv(|v| t.wrap(-t.to_int(v))),
+            UnaryKind::Abs if t.is_int() => x[0].mapv(|v| t.wrap(t.to_int(v).abs())),
+            k => x[0].mapv(unary_row(k).3),
+        }
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         use UnaryKind::*;
@@ -152,12 +168,11 @@ type BinaryRow = (&'static str, &'static str, Accepts, fn(f64, f64, DType) -> f6
 fn binary_row(k: BinaryKind) -> BinaryRow {
     use BinaryKind::*;
     match k {
-        Add => ("add", "stablehlo.add", Accepts::Numbers, |a, b, _| a + b),
-        Sub => ("sub", "stablehlo.subtract", Accepts::Numbers, |a, b, _| a - b),
-        Mul => ("mul", "stablehlo.multiply", Accepts::Numbers, |a, b, _| a * b),
-        Div => {
-            ("div", "stablehlo.divide", Accepts::Numbers, |a, b, t| if t.is_float() { a / b } else { (a / b).trunc() })
-        }
+        Add => ("add", "stablehlo.add", Accepts::Numbers, |a, b, t| int_or(t, a, b, |x, y| x + y, a + b)),
+        Sub => ("sub", "stablehlo.subtract", Accepts::Numbers, |a, b, t| int_or(t, a, b, |x, y| x - y, a - b)),
+        // i128's wrapping product keeps the low 64 bits exact, which is all `wrap` reads.
+        Mul => ("mul", "stablehlo.multiply", Accepts::Numbers, |a, b, t| int_or(t, a, b, i128::wrapping_mul, a * b)),
+        Div => ("div", "stablehlo.divide", Accepts::Numbers, |a, b, t| int_or(t, a, b, int_div, a / b)),
         Max => (
             "max",
             "stablehlo.maximum",
@@ -189,6 +204,33 @@ fn binary_row(k: BinaryKind) -> BinaryRow {
         ShiftRightLogical => {
             ("shift_right_logical", "stablehlo.shift_right_logical", Accepts::Integers, |a, b, t| shift(a, b, t, false))
         }
+    }
+}
+
+/// `d` with NaN wherever `x` is NaN: the cotangent of a NaN operand of max and min (reductions, elementwise,
+/// pooling), whose derivative there is undefined, so that the NaN shows in the gradient (`docs/numerics.md`).
+pub(crate) fn nan_where_nan<B: Builder>(b: &mut B, x: &B::V, d: &B::V) -> B::V {
+    let nan = b.compare(CompareDir::Ne, x, x);
+    b.select(&nan, x, d)
+}
+
+/// An arithmetic reference: on integer types `int` in exact integers, wrapped to the type (f64 would round products
+/// of 32-bit operands before wrapping); on floats the f64 result.
+fn int_or(t: DType, a: f64, b: f64, int: fn(i128, i128) -> i128, float: f64) -> f64 {
+    if t.is_int() {
+        t.wrap(int(t.to_int(a), t.to_int(b)))
+    } else {
+        float
+    }
+}
+
+/// Integer division as lazuli defines it: truncating; `x / 0` is -1 (all ones once wrapped to the type); `MIN / -1`
+/// is 2^(n-1), which wraps to `MIN`.
+fn int_div(a: i128, b: i128) -> i128 {
+    if b == 0 {
+        -1
+    } else {
+        a / b
     }
 }
 
@@ -252,6 +294,9 @@ impl OpRules for Binary {
         Ok(operands[0].clone())
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        if self.kind == BinaryKind::Div && cx.arg_ty(0).dtype.is_int() {
+            return lower_int_div(cx);
+        }
         cx.op_on_args(binary_row(self.kind).1, "")
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
@@ -284,12 +329,22 @@ impl OpRules for Binary {
                 let t = b.mul(&dl, out);
                 (dl, b.neg(&t))
             }
-            // Ties send the gradient to the left operand (as a subgradient choice).
+            // The gradient goes to the operand the result came from, the left one on ties (a subgradient choice).
+            // A NaN result does not depend on the other operand (0); a NaN operand's derivative is NaN.
             Max | Min => {
                 let dir = if self.kind == Max { CompareDir::Ge } else { CompareDir::Le };
-                let p = b.compare(dir, l, r);
+                let mut p = b.compare(dir, l, r);
+                let float = b.ty(l).dtype.is_float();
+                if float {
+                    let nan = b.compare(CompareDir::Ne, l, l);
+                    p = b.binary(Or, &p, &nan);
+                }
                 let zero = b.full_like(g, 0.0);
-                (b.select(&p, g, &zero), b.select(&p, &zero, g))
+                let (dl, dr) = (b.select(&p, g, &zero), b.select(&p, &zero, g));
+                if !float {
+                    return vec![Some(dl), Some(dr)];
+                }
+                (nan_where_nan(b, l, &dl), nan_where_nan(b, r, &dr))
             }
             // d l^r = r l^(r-1) dl + ln(l) l^r dr; the log term is taken as 0 where l ≤ 0.
             Pow => {
@@ -338,6 +393,8 @@ impl CompareDir {
     }
 }
 
+/// An elementwise comparison. Floats compare as IEEE: any comparison with a NaN is false except `ne`, which is
+/// true (StableHLO's `FLOAT` comparison type; Rust's operators in the reference).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Compare {
     pub dir: CompareDir,
@@ -407,7 +464,8 @@ impl OpRules for Select {
     }
 }
 
-/// Element type conversion (floats round to nearest even, float → int truncates, x → bool is `x != 0`).
+/// Element type conversion: floats round to nearest even; float → integer truncates toward zero, saturates at the
+/// type's bounds and maps NaN to 0 (`DType::convert_float`); integer → integer wraps; x → bool is `x != 0`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Convert {
     pub to: DType,
@@ -422,11 +480,17 @@ impl OpRules for Convert {
         Ok(operands[0].with_dtype(self.to))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
-        cx.op_on_args("stablehlo.convert", "")
+        match cx.arg_ty(0).dtype.int_range_in(self.to) {
+            Some(range) => lower_float_to_int(cx, self.to, range),
+            None => cx.op_on_args("stablehlo.convert", ""),
+        }
     }
+    /// The reference sees values, not the operand's type: integer-typed values are integers inside their type's
+    /// range, on which the float rule agrees with the integer one unless the value is outside `to`'s range (an
+    /// integer narrowing that wraps on the device, `docs/numerics.md`).
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let to = self.to;
-        x[0].mapv(|v| to.round(v))
+        x[0].mapv(|v| to.convert_float(v))
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         let from = b.ty(&x[0]).dtype;
@@ -438,4 +502,75 @@ impl OpRules for Convert {
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
         crate::shard::elementwise(x, out)
     }
+}
+
+/// A splat constant of type `ty` holding `v`.
+fn splat(cx: &mut LowerCx<'_>, ty: &TensorType, v: f64) -> String {
+    let attrs = format!("value = dense<{}> : {}", ty.dtype.literal(v), ty.mlir());
+    cx.op("stablehlo.constant", &[], &[], &attrs, None, ty)
+}
+
+/// `compare(a, b)` of two values of type `ty`.
+fn compare(cx: &mut LowerCx<'_>, dir: &str, a: &str, b: &str, ty: &TensorType) -> String {
+    let attrs = format!(
+        "comparison_direction = #stablehlo<comparison_direction {dir}>, compare_type = #stablehlo<comparison_type {}>",
+        ty.dtype.compare_type()
+    );
+    cx.op("stablehlo.compare", &[a.to_string(), b.to_string()], &[ty, ty], &attrs, None, &ty.with_dtype(DType::Bool))
+}
+
+/// `select(p, a, b)` over values of type `ty`.
+fn select(cx: &mut LowerCx<'_>, p: &str, a: &str, b: &str, ty: &TensorType) -> String {
+    let pt = ty.with_dtype(DType::Bool);
+    cx.op("stablehlo.select", &[p.to_string(), a.to_string(), b.to_string()], &[&pt, ty, ty], "", None, ty)
+}
+
+/// Integer division with its edge cases spelled out, so that no device's choice shows: a zero divisor (and
+/// `MIN / -1`, which traps on x86) is replaced by 1 before dividing, then `x / 0` becomes all ones. `MIN / 1` is
+/// `MIN`, the wrapped quotient.
+fn lower_int_div(cx: &mut LowerCx<'_>) -> String {
+    let ty = cx.arg_ty(0).clone();
+    let (a, b) = (cx.arg(0).to_string(), cx.arg(1).to_string());
+    let zero = splat(cx, &ty, 0.0);
+    let by_zero = compare(cx, "EQ", &b, &zero, &ty);
+    let mut bad_divisor = by_zero.clone();
+    if ty.dtype.is_signed() {
+        let (min, minus_one) = (splat(cx, &ty, ty.dtype.lowest()), splat(cx, &ty, -1.0));
+        let a_min = compare(cx, "EQ", &a, &min, &ty);
+        let b_minus_one = compare(cx, "EQ", &b, &minus_one, &ty);
+        let pt = ty.with_dtype(DType::Bool);
+        let overflow = cx.op("stablehlo.and", &[a_min, b_minus_one], &[&pt, &pt], "", None, &pt);
+        bad_divisor = cx.op("stablehlo.or", &[by_zero.clone(), overflow], &[&pt, &pt], "", None, &pt);
+    }
+    let one = splat(cx, &ty, 1.0);
+    let divisor = select(cx, &bad_divisor, &one, &b, &ty);
+    let q = cx.op("stablehlo.divide", &[a, divisor], &[&ty, &ty], "", None, &ty);
+    let all_ones = splat(cx, &ty, ty.dtype.wrap(-1));
+    select(cx, &by_zero, &all_ones, &q, &ty)
+}
+
+/// Float → integer conversion with lazuli's semantics on any device: clamp into the range both types hold, convert
+/// (in range now, so it only truncates), then set values beyond a bound the float type cannot hold exactly to that
+/// bound, and NaN to 0. XLA's CPU emitter saturates the same way, but StableHLO leaves out-of-range conversions open.
+fn lower_float_to_int(cx: &mut LowerCx<'_>, to: DType, (lo, hi): (f64, f64)) -> String {
+    let from = cx.arg_ty(0).clone();
+    let out = from.with_dtype(to);
+    let x = cx.arg(0).to_string();
+    let scalar = TensorType::scalar(from.dtype);
+    let (lo_c, hi_c) = (splat(cx, &scalar, lo), splat(cx, &scalar, hi));
+    let clamped = cx.op("stablehlo.clamp", &[lo_c, x.clone(), hi_c], &[&scalar, &from, &scalar], "", None, &from);
+    let mut r = cx.op("stablehlo.convert", &[clamped], &[&from], "", None, &out);
+    // Bounds the float type cannot hold exactly (i32::MAX in f32, i32::MIN in f16): compare with the nearest
+    // float inside and saturate beyond it.
+    for (dir, bound, reached) in [("GT", hi, hi >= to.highest()), ("LT", lo, lo <= to.lowest())] {
+        if !reached {
+            let b = splat(cx, &from, bound);
+            let beyond = compare(cx, dir, &x, &b, &from);
+            let sat = splat(cx, &out, if dir == "GT" { to.highest() } else { to.lowest() });
+            r = select(cx, &beyond, &sat, &r, &out);
+        }
+    }
+    let nan = compare(cx, "NE", &x, &x, &from);
+    let zero = splat(cx, &out, 0.0);
+    select(cx, &nan, &zero, &r, &out)
 }

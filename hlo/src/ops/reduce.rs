@@ -1,4 +1,6 @@
 //! Reductions over a set of axes (sum, max, min); mean is sum divided by the count, composed by the recorder.
+//! `max` and `min` of floats propagate NaN on every device (the runtime turns XLA's fast min/max off, as JAX does;
+//! `docs/numerics.md`); integer sums wrap.
 
 use ndarray::{ArrayD, Axis};
 
@@ -6,7 +8,7 @@ use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::{i64_array, LowerCx};
 use crate::op::{arity, OpRules};
-use crate::ops::elementwise::CompareDir;
+use crate::ops::elementwise::{nan_where_nan, CompareDir};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceKind {
@@ -122,7 +124,8 @@ impl OpRules for Reduce {
         let gb = b.broadcast(g, &dims, map);
         let dx = match self.kind {
             ReduceKind::Sum => gb,
-            // The gradient goes to the extremal elements, split evenly among ties.
+            // The gradient goes to the extremal elements, split evenly among ties. A NaN result (max and min
+            // propagate NaN) equals no element, so the numbers get 0 and each NaN element gets NaN.
             ReduceKind::Max | ReduceKind::Min => {
                 let ob = b.broadcast(out, &dims, map);
                 let hit = b.compare(CompareDir::Eq, &x[0], &ob);
@@ -131,7 +134,11 @@ impl OpRules for Reduce {
                 let count = b.sum(&ones, &self.axes);
                 let count = b.broadcast(&count, &dims, &kept);
                 let share = b.div(&gb, &count);
-                b.mask(&hit, &share)
+                let dx = b.mask(&hit, &share);
+                if !b.ty(&x[0]).dtype.is_float() {
+                    return vec![Some(dx)];
+                }
+                nan_where_nan(b, &x[0], &dx)
             }
         };
         vec![Some(dx)]

@@ -84,21 +84,35 @@ pub(crate) fn source_index(
     }
 }
 
-/// A scalar region `^bb0(%a, %b)` returning `op(%a, %b)` (or a comparison when `op` is one).
+/// A scalar region `^bb0(%a, %b)` returning `op(%a, %b)`.
 fn region(op: &str, dt: DType) -> String {
     let s = TensorType::scalar(dt).mlir();
-    let (body, ty) = if op == "compare" {
-        let attrs = format!(
-            "{{comparison_direction = #stablehlo<comparison_direction GE>, compare_type = #stablehlo<comparison_type {}>}}",
-            dt.compare_type()
-        );
-        (format!("\"stablehlo.compare\"(%a, %b) {attrs}"), TensorType::scalar(DType::Bool).mlir())
-    } else {
-        (format!("\"{op}\"(%a, %b)"), s.clone())
-    };
     format!(
-        "{{\n    ^bb0(%a: {s}, %b: {s}):\n      %r = {body} : ({s}, {s}) -> {ty}\n      \"stablehlo.return\"(%r) : ({ty}) -> ()\n    }}"
+        "{{\n    ^bb0(%a: {s}, %b: {s}):\n      %r = \"{op}\"(%a, %b) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%r) : ({s}) -> ()\n    }}"
     )
+}
+
+/// Max pooling's select region: keep the current pick `%a` over the candidate `%b` while `a >= b` or `a` is NaN.
+/// A NaN candidate replaces a number (`a >= NaN` is false) and then stays, so a window with NaNs picks its first,
+/// where its NaN result came from.
+fn select_region(dt: DType) -> String {
+    let (s, p) = (TensorType::scalar(dt).mlir(), TensorType::scalar(DType::Bool).mlir());
+    let cmp = |dir: &str, b: &str| {
+        format!(
+            "\"stablehlo.compare\"(%a, %{b}) {{comparison_direction = #stablehlo<comparison_direction {dir}>, compare_type = #stablehlo<comparison_type {}>}} : ({s}, {s}) -> {p}",
+            dt.compare_type()
+        )
+    };
+    let body = if dt.is_float() {
+        format!(
+            "%ge = {}\n      %nan = {}\n      %r = \"stablehlo.or\"(%ge, %nan) : ({p}, {p}) -> {p}",
+            cmp("GE", "b"),
+            cmp("NE", "a")
+        )
+    } else {
+        format!("%r = {}", cmp("GE", "b"))
+    };
+    format!("{{\n    ^bb0(%a: {s}, %b: {s}):\n      {body}\n      \"stablehlo.return\"(%r) : ({p}) -> ()\n    }}")
 }
 
 fn scalar_constant(cx: &mut LowerCx<'_>, value: f64, dt: DType) -> String {
@@ -229,7 +243,7 @@ impl OpRules for ReduceWindow {
             acc
         })
     }
-    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
         if !b.ty(&x[0]).dtype.is_float() {
             return vec![None];
         }
@@ -255,13 +269,15 @@ impl OpRules for ReduceWindow {
                 };
                 b.op(Op::ReduceWindow(Box::new(transposed)), &[g])
             }
+            // A NaN window's cotangent becomes NaN, and goes to the NaN the window picks (its first).
             WindowKind::Max => {
                 let scatter = SelectAndScatter {
                     window: self.window.clone(),
                     strides: self.strides.clone(),
                     padding: self.padding.clone(),
                 };
-                b.op(Op::SelectAndScatter(Box::new(scatter)), &[&x[0], g])
+                let source = crate::ops::elementwise::nan_where_nan(b, out, g);
+                b.op(Op::SelectAndScatter(Box::new(scatter)), &[&x[0], &source])
             }
         };
         vec![Some(dx)]
@@ -272,7 +288,8 @@ impl OpRules for ReduceWindow {
 }
 
 /// Max pooling's gradient: for each window of `operand`, add the window's `source` value at the window's maximum
-/// (the first one on ties; padding is never selected). Operands: operand, source (shaped like the pooled result).
+/// (the first one on ties, the first NaN if there is one; padding is never selected). Operands: operand, source
+/// (shaped like the pooled result).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SelectAndScatter {
     pub window: Vec<usize>,
@@ -303,7 +320,7 @@ impl OpRules for SelectAndScatter {
         let (x, s) = (cx.arg_ty(0).clone(), cx.arg_ty(1).clone());
         let scalar = TensorType::scalar(x.dtype);
         let zero = scalar_constant(cx, 0.0, x.dtype);
-        let regions = format!("{}, {}", region("compare", x.dtype), region("stablehlo.add", x.dtype));
+        let regions = format!("{}, {}", select_region(x.dtype), region("stablehlo.add", x.dtype));
         let attrs = format!(
             "window_dimensions = {}, window_strides = {}, {}",
             i64_array(&self.window),
@@ -328,8 +345,9 @@ impl OpRules for SelectAndScatter {
                     }
                 }
                 let v = operand[IxDyn(&src)];
-                // XLA keeps the current pick while `select(current, candidate)`, here `current >= candidate`.
-                if !matches!(&best, Some((_, cur)) if *cur >= v) {
+                // XLA keeps the current pick while `select(current, candidate)`: `current >= candidate`, or
+                // `current` is NaN (`select_region`).
+                if !matches!(&best, Some((_, cur)) if *cur >= v || cur.is_nan()) {
                     best = Some((src.clone(), v));
                 }
             });
