@@ -69,9 +69,13 @@ fn main() -> lazuli::Result<()> {
         }
         Ok(())
     })();
-    if let Err(e) = result {
-        println!("\nstrict mode stopped the run:\n{e}");
-        return Ok(());
+    match result {
+        Err(e @ lazuli::Error::Strict(_)) => {
+            println!("\nstrict mode stopped the run:\n{e}");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+        Ok(()) => {}
     }
     println!("\n--- lazuli-report {} ---", args.events.display());
     let text = std::fs::read_to_string(&args.events).map_err(|e| lazuli::Error::Config(e.to_string()))?;

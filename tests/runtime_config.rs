@@ -2,6 +2,9 @@
 //! the plugin chosen by the environment is the one loaded, and a second, different configuration is refused.
 //! The runtime is per process: one test uses it here, the others check settings in child processes.
 
+mod common;
+
+use common::child::passes as in_child;
 use lazuli::{Config, Tensor};
 
 #[test]
@@ -39,25 +42,14 @@ fn plugin_choice_and_configuration_errors() {
     assert!(err.contains("already initialized"), "{err}");
 }
 
-/// Run this test binary's test `name` alone in a child process with `env` set; its runtime starts from that
-/// environment. Panics unless the child's test passed.
-fn in_child(name: &str, env: &[(&str, &str)]) {
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", name, "--test-threads=1"])
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the child");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the check");
-}
-
-/// A setting given a value it does not take is an error that names the variable and the value, at the first
-/// read (checked in a child process started by `test`, whose runtime starts from that environment).
-fn a_bad_setting_is_a_clear_error(test: &str, var: &str, value: &str) {
+/// A setting given a value it does not take is an error that names the variable, the value and what it accepts
+/// (`expect`), at the first read (checked in a child process started by `test`, whose runtime starts from that
+/// environment).
+fn a_bad_setting_is_a_clear_error(test: &str, var: &str, value: &str, expect: &str) {
     let child = format!("LAZULI_TEST_BAD_SETTING_{var}");
     if std::env::var_os(&child).is_some() {
         let err = (&Tensor::from_slice(&[1.0f32], &[1]) * 2.0).to_vec::<f32>().unwrap_err().to_string();
-        assert!(err.contains(var) && err.contains(value), "{err}");
+        assert!(err.contains(var) && err.contains(value) && err.contains(expect), "{err}");
         return;
     }
     in_child(test, &[(child.as_str(), "1"), (var, value)]);
@@ -66,13 +58,60 @@ fn a_bad_setting_is_a_clear_error(test: &str, var: &str, value: &str) {
 /// `LAZULI_CPU_ASYNC` takes 1 or 0.
 #[test]
 fn a_bad_cpu_async_setting_is_a_clear_error() {
-    a_bad_setting_is_a_clear_error("a_bad_cpu_async_setting_is_a_clear_error", "LAZULI_CPU_ASYNC", "maybe");
+    a_bad_setting_is_a_clear_error(
+        "a_bad_cpu_async_setting_is_a_clear_error",
+        "LAZULI_CPU_ASYNC",
+        "maybe",
+        "expected 1 or 0",
+    );
 }
 
 /// `LAZULI_CPU_LAUNCHER` takes 1, 0 or always.
 #[test]
 fn a_bad_cpu_launcher_setting_is_a_clear_error() {
-    a_bad_setting_is_a_clear_error("a_bad_cpu_launcher_setting_is_a_clear_error", "LAZULI_CPU_LAUNCHER", "sometimes");
+    a_bad_setting_is_a_clear_error(
+        "a_bad_cpu_launcher_setting_is_a_clear_error",
+        "LAZULI_CPU_LAUNCHER",
+        "sometimes",
+        "expected 1, 0 or always",
+    );
+}
+
+/// `LAZULI_CPU_DEVICES` takes 1 to 2048: a vast count grew past 6 GB in the plugin before failing.
+#[test]
+fn too_many_cpu_devices_is_a_clear_error() {
+    let name = "too_many_cpu_devices_is_a_clear_error";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_CPU_DEVICES", "99999999999", "expected 1 to 2048");
+}
+
+/// `LAZULI_DONATE` takes 1 or 0 (anything else used to leave donation on silently).
+#[test]
+fn a_bad_donate_setting_is_a_clear_error() {
+    let name = "a_bad_donate_setting_is_a_clear_error";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_DONATE", "banana", "expected 1 (default) or 0");
+}
+
+/// `LAZULI_COMPILE_CACHE_LIMIT` takes a size (it used to fall back to 2G with a warning).
+#[test]
+fn a_bad_compile_cache_limit_is_a_clear_error() {
+    let name = "a_bad_compile_cache_limit_is_a_clear_error";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_COMPILE_CACHE_LIMIT", "lots", "expected a size in bytes");
+}
+
+/// `LAZULI_DUMP_DIR` naming a file is an error (it used to dump nothing, silently).
+#[test]
+fn a_dump_dir_that_is_a_file_is_a_clear_error() {
+    let name = "a_dump_dir_that_is_a_file_is_a_clear_error";
+    let file = std::env::temp_dir().join(format!("lazuli-dump-dir-file-{}", std::process::id()));
+    let value = match std::env::var("LAZULI_DUMP_DIR") {
+        Ok(v) => v, // in the child
+        Err(_) => {
+            std::fs::write(&file, b"not a directory").unwrap();
+            file.to_string_lossy().into_owned()
+        }
+    };
+    a_bad_setting_is_a_clear_error(name, "LAZULI_DUMP_DIR", &value, "expected a directory lazuli can create");
+    let _ = std::fs::remove_file(&file);
 }
 
 /// `LAZULI_XLA_OPTIONS` reaches XLA's compiler: known options (a bool, and the empty list the GPU default uses)
@@ -128,4 +167,53 @@ fn matmul_precision_from_the_environment() {
     let name = "matmul_precision_from_the_environment";
     in_child(name, &[(CHILD, "highest"), ("LAZULI_MATMUL_PRECISION", "HIGHEST")]);
     in_child(name, &[(CHILD, "bad"), ("LAZULI_MATMUL_PRECISION", "fastest")]);
+}
+
+/// `LAZULI_STRICT` takes 1/on/true, 0/off/false/empty, or `programs=N,warmup=S`; any other value is an error at
+/// the first program that names the variable, the value and the accepted forms (strict mode is neither
+/// silently on nor silently off), and stays one at every later program.
+#[test]
+fn strict_setting_from_the_environment() {
+    const CHILD: &str = "LAZULI_TEST_STRICT_CHILD";
+    let x = || Tensor::from_slice(&[1.5f32, -2.0], &[2]);
+    match std::env::var(CHILD).as_deref() {
+        Ok("bad") => {
+            let value = format!("{:?}", std::env::var("LAZULI_STRICT").unwrap_or_default());
+            for _ in 0..2 {
+                let err = (&x() * 2.0).to_vec::<f32>().unwrap_err().to_string();
+                assert!(err.contains(&format!("LAZULI_STRICT={value}")), "{err}");
+                assert!(
+                    err.contains("expected 1 (or on, true), 0 (or off, false, empty), or programs=N,warmup=S"),
+                    "{err}"
+                );
+            }
+            return assert_eq!(lazuli::diagnostics::strict_budget(), None);
+        }
+        Ok("good") => {
+            let budget = lazuli::diagnostics::Budget { programs_per_step: 2, compile_until_step: 1 };
+            assert_eq!(lazuli::diagnostics::strict_budget(), Some((budget, 0)));
+            return assert_eq!((&x() * 2.0).to_vec::<f32>().unwrap(), vec![3.0, -4.0]);
+        }
+        Ok("on") => {
+            let budget = lazuli::diagnostics::Budget::training();
+            return assert_eq!(lazuli::diagnostics::strict_budget(), Some((budget, 0)));
+        }
+        _ => {}
+    }
+    let name = "strict_setting_from_the_environment";
+    for bad in [
+        "banana",
+        "yes",
+        "2",
+        "programs=two",
+        "programs=0",
+        "warmup=-1",
+        "programs=2,speed=3",
+        "programs=1,programs=2",
+        "programs=2,",
+    ] {
+        in_child(name, &[(CHILD, "bad"), ("LAZULI_STRICT", bad)]);
+    }
+    in_child(name, &[(CHILD, "good"), ("LAZULI_STRICT", " programs=2, warmup=1 ")]);
+    in_child(name, &[(CHILD, "on"), ("LAZULI_STRICT", "ON")]);
 }

@@ -35,6 +35,9 @@ pub enum Error {
     /// A checkpoint could not be written or does not match what it is loaded into.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A program would need more memory than the device has free (checked before it is compiled).
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     /// A broken invariant of lazuli itself; please report it.
     #[error("lazuli internal error: {0}")]
     Internal(String),

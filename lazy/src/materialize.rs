@@ -28,7 +28,15 @@ pub enum Cause {
     Checkpoint,
     /// A tensor's value decided a host-side branch (`if loss > 1.0`).
     HostControlFlow,
+    /// The pending graph outgrew [`MAX_GRAPH_NODES`]; a piece of it was computed first.
+    GraphSize,
 }
+
+/// The most nodes one program is compiled from. XLA's compile memory grows faster than the graph (an
+/// elementwise chain with a host scalar per op, on the 2-core machine of BENCHMARKS.md: 10k nodes 0.3 GB, 25k
+/// 0.5 GB, 50k 1.2 GB of peak memory); a graph recorded without a step boundary (a loop of 100k ops) is
+/// compiled in pieces of at most this many nodes instead. A GPT-2-small training step is about 2,300 nodes.
+pub const MAX_GRAPH_NODES: usize = 32_768;
 
 pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
     use lazuli_hlo::DType::*;
@@ -122,7 +130,8 @@ fn device_value(rt: &Runtime, node: &Node, upload: Upload) -> Result<(Arg, u64)>
 /// `LAZULI_DONATE=0` turns donation off. Returns the donated parameter indices.
 fn plan_donation(w: &mut Walk) -> Vec<usize> {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ENABLED.get_or_init(|| std::env::var("LAZULI_DONATE").map(|v| v != "0").unwrap_or(true)) {
+    // `check_settings` refused anything but 0, 1, true and false when the runtime was made.
+    if !*ENABLED.get_or_init(|| !matches!(std::env::var("LAZULI_DONATE").as_deref(), Ok("0" | "false"))) {
         return Vec::new();
     }
     let n = w.len();
@@ -195,16 +204,47 @@ fn plan_donation(w: &mut Walk) -> Vec<usize> {
     dying_leaves.into_iter().filter(|&i| donated[i]).collect()
 }
 
-/// Compute `targets` (those still pending) in one program.
+/// Compute `targets` (those still pending) in one program, or in several when their graph is larger than
+/// [`MAX_GRAPH_NODES`].
 pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
     // One materialization at a time (see `one_at_a_time`).
     let _one = one_at_a_time();
+    materialize_unlocked(targets, cause, at)
+}
+
+/// The pending nodes of the first [`MAX_GRAPH_NODES`] / 2 nodes of `traced` (in topological order) that later
+/// nodes read: computing them first leaves a graph that much smaller.
+fn first_piece(traced: &Walk) -> Vec<Rc<Node>> {
+    let cut = MAX_GRAPH_NODES / 2;
+    let mut needed = vec![false; cut];
+    for id in cut..traced.len() {
+        for &o in traced.operands(id) {
+            if (o as usize) < cut {
+                needed[o as usize] = true;
+            }
+        }
+    }
+    (0..cut).filter(|&i| needed[i] && traced.nodes[i].is_pending()).map(|i| traced.nodes[i].clone()).collect()
+}
+
+fn materialize_unlocked(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
     let started = Instant::now();
     if !targets.iter().any(|t| t.is_pending()) {
         return Ok(());
     }
     let rt = runtime()?;
     let mut traced = walk(targets);
+    while traced.len() > MAX_GRAPH_NODES {
+        let (before, first) = (traced.len(), first_piece(&traced));
+        drop(traced);
+        if !first.is_empty() {
+            materialize_unlocked(&first, Cause::GraphSize, at)?;
+        }
+        traced = walk(targets);
+        if first.is_empty() || traced.len() >= before {
+            break; // nothing to cut off (a graph of leaves): compile it whole
+        }
+    }
     if traced.targets.is_empty() {
         return Ok(());
     }
@@ -221,6 +261,9 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     let hit = cached.is_some();
     // Diagnostics compare a new program's IR with earlier ones; a cache hit needs no IR at all.
     let check = diagnostics::before_program(cause, at, hit, if hit { None } else { Some(traced.graph()) })?;
+    if !hit && mesh.is_none() {
+        fits_in_memory(rt, &traced)?;
+    }
     let mut event =
         diagnostics::events::enabled().then(|| diagnostics::Event::new(EventKind::Program, cause_name(cause), at));
 
@@ -369,6 +412,7 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         e.unchecked = check.unchecked;
         e.recompile = check.recompile;
         e.explanation = check.explanation;
+        e.differences = check.differences;
         if !hit {
             e.kernels = kernel_choices(traced.graph());
         }
@@ -476,6 +520,32 @@ pub fn wait() -> Result<()> {
     launcher::note_wait();
     launcher::flush_graves();
     throttle(0)
+}
+
+/// A new program whose outputs and uploads together need more memory than the device has free (the host's
+/// available memory for the CPU plugin) is refused before anything is uploaded or compiled, naming the largest of
+/// those values with the line that recorded it and both sizes: XLA would otherwise grow until the operating
+/// system's OOM killer ends the process. Intermediate values are not counted (XLA may fuse them away), and where
+/// the plugin reports no memory nothing is checked.
+fn fits_in_memory(rt: &Runtime, traced: &Walk) -> Result<()> {
+    let Some(free) = rt.free_memory() else { return Ok(()) };
+    let uploads = traced.leaves.iter().filter(|n| matches!(n.lock().data, Some(Data::Host(_))));
+    let needed: Vec<&Rc<Node>> = traced.targets.iter().chain(uploads).collect();
+    let total = needed.iter().map(|n| n.ty.byte_size()).fold(0, usize::saturating_add);
+    let Some(largest) = needed.iter().max_by_key(|n| n.ty.byte_size()) else { return Ok(()) };
+    if total <= free {
+        return Ok(());
+    }
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    Err(Error::OutOfMemory(format!(
+        "the program's outputs and uploads need {:.2} GiB; the device has {:.2} GiB free (the largest: {}, {:.2} \
+         GiB, recorded at {})",
+        gib(total),
+        gib(free),
+        largest.ty,
+        gib(largest.ty.byte_size()),
+        largest.loc
+    )))
 }
 
 /// Each custom kernel of `graph` once, with where it was recorded, the implementation it runs and why.

@@ -303,7 +303,7 @@ impl Tensor {
     #[track_caller]
     pub fn reshape(&self, dims: &[isize]) -> Tensor {
         let loc = Loc::caller();
-        let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known = dims.iter().filter(|&&d| d >= 0).fold(1usize, |n, &d| n.saturating_mul(d as usize));
         let holes = dims.iter().filter(|&&d| d < 0).count();
         let fill = if holes == 1 && known > 0 && self.elements().is_multiple_of(known) {
             self.elements() / known
@@ -444,7 +444,7 @@ impl Tensor {
         }
         if ra > 2 && rb == 2 {
             // [..., m, k] @ [k, n]: one 2-D product over the flattened rows, not a broadcast of the matrix per batch.
-            let rows = a2.elements() / k1;
+            let rows: usize = a2.dims()[..ra - 1].iter().product(); // not elements / k: k may be 0
             let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::precision::precision_at(loc));
             let r = apply(Op::DotGeneral(dot), &[&a2.reshape(&[rows as isize, k1 as isize]), &b2], loc);
             let mut out: Vec<isize> = a2.dims()[..ra - 1].iter().map(|&d| d as isize).collect();

@@ -4,7 +4,7 @@
 use ndarray::{ArrayD, IxDyn};
 
 use crate::element::bytes_to_f64;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::walk::trace;
 
@@ -19,6 +19,7 @@ impl Tensor {
             let v = self.to_f64_vec()?;
             return Ok(ArrayD::from_shape_vec(IxDyn(self.dims()), v).expect("buffer matches type"));
         }
+        fits_on_the_host(&traced.graph)?;
         let mut params = Vec::with_capacity(traced.leaves.len());
         for leaf in &traced.leaves {
             let data = leaf.lock().data.clone();
@@ -32,4 +33,23 @@ impl Tensor {
         let mut outs = traced.graph.evaluate(&params).map_err(crate::error::Error::Internal)?;
         Ok(outs.remove(0))
     }
+}
+
+/// The interpreter holds every value of the graph as f64 at once; a graph with one larger than the host's available
+/// memory is refused (naming the line that recorded it) instead of aborting on a failed allocation.
+fn fits_on_the_host(graph: &lazuli_hlo::Graph) -> Result<()> {
+    let Some(free) = crate::runtime::host_available_memory() else { return Ok(()) };
+    let f64_bytes = |n: &lazuli_hlo::Node| n.ty.elements().saturating_mul(8);
+    let Some(largest) = graph.nodes.iter().max_by_key(|n| f64_bytes(n)) else { return Ok(()) };
+    if f64_bytes(largest) <= free {
+        return Ok(());
+    }
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    Err(Error::OutOfMemory(format!(
+        "the reference interpreter would hold {} recorded at {} as {:.2} GiB of f64; the host has {:.2} GiB available",
+        largest.ty,
+        largest.loc,
+        gib(f64_bytes(largest)),
+        gib(free)
+    )))
 }

@@ -131,6 +131,10 @@ impl Drop for Node {
 impl Node {
     /// A new node with `handles` user handles.
     fn make(ty: TensorType, loc: Loc, state: State, grad_path: bool, handles: usize) -> Rc<Node> {
+        // Every node passes here: a shape whose size overflows stops at the user's line, before XLA sees it.
+        if let Some(why) = ty.addressable() {
+            crate::record::fail(loc, why);
+        }
         let op_hash = state.recipe.as_ref().map_or(0, |r| structure_hash(&r.op));
         let ty_hash = structure_hash(&ty);
         Rc::new(Node {
@@ -354,8 +358,9 @@ impl Tensor {
     #[track_caller]
     pub fn from_slice<T: Element>(data: &[T], dims: &[usize]) -> Tensor {
         let loc = Loc::caller();
-        let n: usize = dims.iter().product();
-        if n != data.len() {
+        let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if n != Some(data.len()) {
+            let n = n.map_or("more than 2^64".to_string(), |n| n.to_string());
             panic!("lazuli: from_slice at {loc}: {} values do not fill dims {dims:?} ({n} elements)", data.len());
         }
         Tensor::host(TensorType::new(T::DTYPE, dims), to_bytes(data), loc)

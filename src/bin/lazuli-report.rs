@@ -1,6 +1,7 @@
 //! `lazuli-report`: read an event file written with `LAZULI_EVENTS=events.jsonl` and say where the time went:
-//! steps, programs per step, compile vs execute vs transfer, the graph breaks and recompiles ranked by time lost
-//! with their lines, explanations and fixes.
+//! steps, programs per step, compile vs execute vs transfer, the graph breaks per call site ranked by time lost,
+//! and the recompiles per cause (an input's shape, a loop count, a constant, other ops) at the line that caused
+//! them, with the lines that materialized them, their steps, explanations and fixes.
 //!
 //! lazuli-report events.jsonl [--json report.json] [--chrome trace.json]
 

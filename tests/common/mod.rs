@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: deterministic data per dtype and dtype-aware comparison.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod gradcheck;
 
 use lazuli::{DType, Tensor};

@@ -51,8 +51,12 @@ pub struct Event {
     pub bytes_to_device: u64,
     pub bytes_to_host: u64,
     pub start_us: f64,
-    /// For a compile: how this graph differs from the closest one compiled before.
+    /// For a compile: how this graph differs from the closest one compiled before (the text of `differences`).
     pub explanation: Vec<String>,
+    /// For a compile: each difference from the closest graph compiled before, with its kind and the line that
+    /// recorded it (the cause's site; `file`/`line` above are where the program was materialized).
+    #[serde(default)]
+    pub differences: Vec<super::explain::Difference>,
     /// For a compile: each custom kernel of the program with the implementation it runs and why
     /// (`attention at src/model.rs:42:9: cudnn (bf16, head dim 64, causal)`).
     #[serde(default)]
@@ -84,6 +88,7 @@ impl Event {
             bytes_to_host: 0,
             start_us: now_us(),
             explanation: Vec::new(),
+            differences: Vec::new(),
             kernels: Vec::new(),
         }
     }
@@ -161,6 +166,7 @@ pub fn emit(e: &Event) {
         bytes_to_device = e.bytes_to_device,
         bytes_to_host = e.bytes_to_host,
         explanation = ?e.explanation,
+        differences = ?e.differences.iter().map(|d| format!("{:?} at {}", d.kind, d.site)).collect::<Vec<_>>(),
         kernels = ?e.kernels,
         "materialization"
     );

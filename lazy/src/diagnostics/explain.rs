@@ -1,127 +1,142 @@
-//! Why did a graph miss the executable cache? Compare it with the closest graph compiled before and say what
-//! differs, in the user's terms: an input's shape or dtype, the first op that differs with the line that recorded
-//! each side, or a constant whose value is baked into the program.
+//! Why did a graph miss the executable cache? Compare it with the most similar graph compiled before and say
+//! what differs, each difference attributed to the line that recorded it (`compare.rs`): an input's shape or
+//! dtype, a loop that ran another number of times, a constant whose value is compiled in, an op recorded in one
+//! graph only.
 
-use lazuli_hlo::{Graph, Node, Op};
+use lazuli_hlo::{Graph, Loc};
+use serde::{Deserialize, Serialize};
 
-/// Same op (with attributes) and type; source lines are ignored, like the cache does.
-fn same_node(a: &Node, b: &Node) -> bool {
-    a.op == b.op && a.ty == b.ty && a.operands == b.operands
+use super::compare::{differences, site, Census};
+
+/// What kind of change made a graph new.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiffKind {
+    /// An input's shape or dtype (a short last batch, a dtype change).
+    InputType,
+    /// A loop recorded its ops another number of times.
+    LoopCount,
+    /// A constant (compiled into the program) has another value.
+    Constant,
+    /// Ops recorded in one graph only, or with other attributes: a host-side branch recorded something else.
+    Op,
+    /// The same ops with other outputs or donations: a tensor kept alive in one step but not the other.
+    Outputs,
+    /// Nothing compiled before resembles it.
+    NewGraph,
 }
 
-/// Same op kind (name), whatever the attributes and types.
-fn same_kind(a: &Node, b: &Node) -> bool {
-    std::mem::discriminant(&a.op) == std::mem::discriminant(&b.op) && a.op.name() == b.op.name()
+impl DiffKind {
+    /// A short name for reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            DiffKind::InputType => "input shape/dtype",
+            DiffKind::LoopCount => "loop count",
+            DiffKind::Constant => "constant",
+            DiffKind::Op => "different ops",
+            DiffKind::Outputs => "other outputs",
+            DiffKind::NewGraph => "new graph",
+        }
+    }
+
+    /// What to do about it.
+    pub fn advice(self) -> &'static str {
+        match self {
+            DiffKind::InputType => {
+                "an input changed shape or dtype: pad or bucket batches to a fixed shape (or drop the short last batch), and keep dtypes stable"
+            }
+            DiffKind::LoopCount => {
+                "a loop ran another number of times, so the step recorded another number of ops: keep loop counts fixed per step, or pad/bucket them (run a fixed count and mask the extra iterations)"
+            }
+            DiffKind::Constant => {
+                "a value is compiled in as a constant: pass it as a host scalar operand (x * value) or a tensor so it becomes a parameter"
+            }
+            DiffKind::Op => {
+                "the step records different ops from one step to the next: look for host-side branches that change what is recorded"
+            }
+            DiffKind::Outputs => {
+                "a tensor is read or kept alive in some steps but not others: keep the same tensors alive every step"
+            }
+            DiffKind::NewGraph => "a new graph structure appeared after warm-up",
+        }
+    }
 }
+
+/// One reason a graph is new, at the line that recorded it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Difference {
+    pub kind: DiffKind,
+    /// `file:line` of the code that recorded the difference (the input, the loop's first op, the constant).
+    pub site: String,
+    /// The difference in words, one line each.
+    pub text: Vec<String>,
+}
+
+/// A compiled graph, kept to explain later misses, with its census of classes.
+pub(crate) struct Compiled {
+    pub graph: Graph,
+    census: Census,
+}
+
+impl Compiled {
+    pub fn new(graph: Graph) -> Compiled {
+        let census = Census::of(&graph);
+        Compiled { graph, census }
+    }
+}
+
+/// Graphs explained in full when picking the one to explain against.
+const CANDIDATES: usize = 4;
 
 fn common_prefix(a: &Graph, b: &Graph) -> usize {
-    a.nodes.iter().zip(&b.nodes).take_while(|(x, y)| same_node(x, y)).count()
+    a.nodes.iter().zip(&b.nodes).take_while(|(x, y)| x.op == y.op && x.ty == y.ty && x.operands == y.operands).count()
 }
 
-/// How well two graphs line up node by node: each aligned node of the same kind scores 1, plus 1 for equal
-/// dimensions and 1 for an equal dtype (so a dtype change and a shape change each still look alike).
-fn alignment(a: &Graph, b: &Graph) -> usize {
-    a.nodes
+/// How `now` (materialized at `at`) differs from the graph in `before` that explains it best. The graphs with the
+/// fewest nodes unmatched class by class (then the longest identical prefix, then the most recent) are explained
+/// in full; the one with the smallest change wins (the fewest differences, an op recorded in one graph only
+/// counting as one each: the fewest changes that would have made a graph compiled before), then the fewest
+/// unmatched nodes. A step that changes its loop count and its batch at once is then
+/// explained against a graph that differs in one of them, not in everything. One `NewGraph` difference when
+/// nothing before shares an op with it; empty when `before` is empty.
+pub(crate) fn explain_miss(now: &Compiled, at: Loc, before: &[Compiled]) -> Vec<Difference> {
+    use std::cmp::Reverse;
+    let mut ranked: Vec<(u64, Reverse<usize>, Reverse<usize>)> = before
         .iter()
-        .zip(&b.nodes)
-        .filter(|(x, y)| same_kind(x, y))
-        .map(|(x, y)| 1 + usize::from(x.ty.dims == y.ty.dims) + usize::from(x.ty.dtype == y.ty.dtype))
-        .sum()
+        .enumerate()
+        .map(|(i, b)| (now.census.distance(&b.census), Reverse(common_prefix(&now.graph, &b.graph)), Reverse(i)))
+        .collect();
+    ranked.sort_unstable();
+    let Some(&(distance, _, Reverse(i))) = ranked.first() else { return Vec::new() };
+    // Not one op in common, by line or by kind.
+    if distance >= 2 * (now.graph.nodes.len() + before[i].graph.nodes.len()) as u64 {
+        return vec![Difference {
+            kind: DiffKind::NewGraph,
+            site: site(&at),
+            text: vec!["no graph compiled before resembles it".into()],
+        }];
+    }
+    ranked
+        .iter()
+        .take(CANDIDATES)
+        .enumerate()
+        .map(|(rank, &(distance, _, Reverse(i)))| (distance, rank, differences(&now.graph, &before[i].graph, at)))
+        .min_by_key(|(distance, rank, (_, size))| (*size, *distance, *rank))
+        .map(|(_, _, (d, _))| d)
+        .unwrap_or_default()
 }
 
-/// Index of the graph in `before` most like `now`: the longest identical prefix, then the best alignment, then
-/// the closest size; the most recent wins ties.
-pub fn closest<'a>(now: &Graph, before: impl IntoIterator<Item = &'a Graph>) -> Option<(usize, &'a Graph)> {
-    before.into_iter().enumerate().max_by_key(|(i, g)| {
-        (common_prefix(now, g), alignment(now, g), std::cmp::Reverse(now.nodes.len().abs_diff(g.nodes.len())), *i)
-    })
+/// How `now` (materialized at `at`) differs from `before`; empty when they have the same structure.
+pub fn explain(now: &Graph, before: &Graph, at: Loc) -> Vec<Difference> {
+    differences(now, before, at).0
 }
 
-fn input_name(g: &Graph, i: usize) -> String {
-    format!("input {i} (recorded at {})", g.nodes[g.params[i]].loc)
-}
-
-/// Lines saying how `now` differs from `before`; empty when they have the same structure.
-pub fn explain(now: &Graph, before: &Graph) -> Vec<String> {
+/// The differences as lines of text, each headed by its kind and site.
+pub fn describe(differences: &[Difference]) -> Vec<String> {
     let mut out = Vec::new();
-    // Inputs whose type changed: the usual cause (a short last batch, a dtype change).
-    let n_in = now.params.len().min(before.params.len());
-    for i in 0..n_in {
-        let (a, b) = (&now.nodes[now.params[i]].ty, &before.nodes[before.params[i]].ty);
-        if a != b {
-            out.push(format!("{}: now {a}, before {b}", input_name(now, i)));
-        }
-    }
-    if now.params.len() != before.params.len() {
-        out.push(format!("the graph has {} inputs now, {} before", now.params.len(), before.params.len()));
-    }
-    let inputs_changed = !out.is_empty();
-    // The first node that differs in op, attributes or wiring (types that merely follow from an input are
-    // already explained above).
-    let k = now.nodes.iter().zip(&before.nodes).position(|(a, b)| !(a.op == b.op && a.operands == b.operands));
-    match k {
-        // With changed inputs, constants and attributes that follow from the shapes differ too; only a
-        // different kind of op is news then.
-        Some(k) if inputs_changed && same_kind(&now.nodes[k], &before.nodes[k]) => {
-            out.push("(other differences in the graph follow from these input types)".into());
-        }
-        Some(k) => {
-            let (a, b) = (&now.nodes[k], &before.nodes[k]);
-            match (&a.op, &b.op) {
-                (Op::Constant(x), Op::Constant(y)) if x.ty == y.ty => out.push(format!(
-                    "a constant recorded at {} is {} now, {} before: constants are compiled into the program; pass the value as a host scalar operand or a tensor so it becomes a parameter",
-                    a.loc,
-                    x.value(),
-                    y.value()
-                )),
-                _ if same_kind(a, b) && a.operands == b.operands => out.push(format!(
-                    "{} {} has other attributes: now {:?}, before {:?} (recorded at {})",
-                    a.op.name(),
-                    a.ty,
-                    a.op,
-                    b.op,
-                    b.loc
-                )),
-                _ => out.push(format!(
-                    "first different op: {} {} (now) vs {} {} (before)",
-                    a.loc,
-                    a.op.name(),
-                    b.loc,
-                    b.op.name()
-                )),
-            }
-        }
-        None if now.nodes.len() > before.nodes.len() => {
-            let a = &now.nodes[before.nodes.len()];
-            out.push(format!(
-                "the graph has {} more op(s); the first extra one is {} recorded at {}",
-                now.nodes.len() - before.nodes.len(),
-                a.op.name(),
-                a.loc
-            ));
-        }
-        None if now.nodes.len() < before.nodes.len() => {
-            let b = &before.nodes[now.nodes.len()];
-            out.push(format!(
-                "the graph has {} fewer op(s); the first missing one is {} recorded at {}",
-                before.nodes.len() - now.nodes.len(),
-                b.op.name(),
-                b.loc
-            ));
-        }
-        None => {
-            if now.outputs != before.outputs {
-                out.push(format!(
-                    "the same ops produce other outputs: {} now, {} before (a tensor read or kept alive in one step but not the other)",
-                    now.outputs.len(),
-                    before.outputs.len()
-                ));
-            } else if now.aliases != before.aliases {
-                out.push(
-                    "the same program donates other inputs (a tensor kept alive in one step but not the other)".into(),
-                );
-            }
-        }
+    for d in differences {
+        out.push(format!("{} at {}:", d.kind.label(), d.site));
+        out.extend(d.text.iter().map(|t| format!("  {t}")));
     }
     out
 }

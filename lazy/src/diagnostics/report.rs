@@ -7,28 +7,42 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::events::{Event, EventKind};
+use super::explain::{DiffKind, Difference};
 
 /// A call site that forced extra programs inside steps.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BreakSite {
     pub cause: String,
     pub site: String,
-    /// Steps in which it broke the graph.
+    /// Extra programs it forced (one per step unless it runs several times a step).
     pub count: usize,
     pub ms_lost: f64,
     pub first_step: u64,
+    /// The steps in which it broke the graph, in order.
+    pub steps: Vec<u64>,
     pub advice: String,
 }
 
-/// A call site whose program compiled after warm-up.
+/// One cause of compiles after warm-up: a kind of change at the line that recorded it (the input, the loop's
+/// first op, the constant), over every program it made new.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RecompileSite {
-    pub cause: String,
+    /// `input_type`, `loop_count`, `constant`, `op`, `outputs` or `new_graph`.
+    pub kind: DiffKind,
+    /// `file:line` of the cause.
     pub site: String,
+    /// The materializations whose programs compiled, as `cause at file:line`.
+    pub materialized_at: Vec<String>,
+    /// Compiles it caused (alone or with other causes).
     pub count: usize,
+    /// Their compile time; a compile with several causes is shared evenly among them.
     pub compile_ms: f64,
+    /// The steps they happened in, in order.
     pub steps: Vec<u64>,
+    /// The first compile's explanation, then how many compiles differed in other values.
     pub explanation: Vec<String>,
+    /// Other causes of the same compiles, as `kind at file:line`.
+    pub together_with: Vec<String>,
     pub advice: String,
 }
 
@@ -65,22 +79,101 @@ fn break_advice(cause: &str) -> String {
         "host_control_flow" => "an `if` on a tensor value waits for the device mid-step: decide on the device (cond.select(a, b)) or branch on a value read after the step boundary".into(),
         "checkpoint" => "save checkpoints right after lazuli::sync()".into(),
         "explicit" => "let the step boundary compute the tensor instead of materialize()".into(),
+        "graph_size" => "the graph grew too large without a step boundary and was compiled in pieces: call lazuli::sync() inside the loop that records it".into(),
         _ => "the step ran more than one program".into(),
     }
 }
 
-fn recompile_advice(explanation: &[String]) -> String {
-    let text = explanation.join(" ");
-    if text.contains("input") && text.contains(", before ") {
-        "an input changed shape or dtype: pad or bucket batches to a fixed shape (or drop the short last batch), and keep dtypes stable".into()
-    } else if text.contains("constant") {
-        "a value is compiled in as a constant: pass it as a host scalar operand or a tensor so it becomes a parameter"
-            .into()
-    } else if text.contains("op") {
-        "the step records different ops from one step to the next: look for host-side branches that change what is recorded".into()
-    } else {
-        "a new graph structure appeared after warm-up".into()
+/// A recompile's causes; an event without them (written by an older lazuli) is one cause at its own line, of
+/// the kind its explanation's words say.
+fn causes_of(e: &Event) -> Vec<Difference> {
+    if !e.differences.is_empty() {
+        return e.differences.clone();
     }
+    let text = e.explanation.join(" ");
+    let kind = if e.explanation.is_empty() {
+        DiffKind::NewGraph
+    } else if text.contains("input") && text.contains(", before ") {
+        DiffKind::InputType
+    } else if text.contains("constant") {
+        DiffKind::Constant
+    } else {
+        DiffKind::Op
+    };
+    let text = if e.explanation.is_empty() {
+        vec!["no graph compiled before resembles it".to_string()]
+    } else {
+        e.explanation.clone()
+    };
+    vec![Difference { kind, site: e.site(), text }]
+}
+
+/// Group the recompiles by cause (kind and line), each with the materializations it hit and its other causes.
+fn recompile_sites(recompiles: &[&Event]) -> Vec<RecompileSite> {
+    let mut sites: BTreeMap<(DiffKind, String), (RecompileSite, Vec<String>)> = BTreeMap::new();
+    for e in recompiles {
+        let causes = causes_of(e);
+        let names: Vec<String> = causes.iter().map(|d| format!("{} at {}", d.kind.label(), d.site)).collect();
+        for (i, d) in causes.iter().enumerate() {
+            let (r, texts) = sites.entry((d.kind, d.site.clone())).or_insert_with(|| {
+                let r = RecompileSite {
+                    kind: d.kind,
+                    site: d.site.clone(),
+                    materialized_at: Vec::new(),
+                    count: 0,
+                    compile_ms: 0.0,
+                    steps: Vec::new(),
+                    explanation: d.text.clone(),
+                    together_with: Vec::new(),
+                    advice: d.kind.advice().to_string(),
+                };
+                (r, Vec::new())
+            });
+            r.count += 1;
+            r.compile_ms += e.compile_ms / causes.len() as f64;
+            push_new(&mut r.steps, e.step);
+            push_new(&mut r.materialized_at, format!("{} at {}", e.cause, e.site()));
+            for (j, other) in names.iter().enumerate() {
+                if j != i {
+                    push_new(&mut r.together_with, other.clone());
+                }
+            }
+            push_new(texts, d.text.join("\n"));
+        }
+    }
+    let mut out: Vec<RecompileSite> = sites
+        .into_values()
+        .map(|(mut r, texts)| {
+            // The others name other inputs or values; the cause and its line are the same.
+            if texts.len() > 1 {
+                r.explanation.push(format!("(shown for the first of {} compiles)", r.count));
+            }
+            r
+        })
+        .collect();
+    out.sort_by(|a, b| b.compile_ms.total_cmp(&a.compile_ms));
+    out
+}
+
+fn push_new<T: PartialEq>(v: &mut Vec<T>, x: T) {
+    if !v.contains(&x) {
+        v.push(x);
+    }
+}
+
+/// Steps as ranges: `0-9`, `4, 9`.
+fn step_ranges(steps: &[u64]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < steps.len() {
+        let mut j = i;
+        while j + 1 < steps.len() && steps[j + 1] == steps[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i { format!("{}-{}", steps[i], steps[j]) } else { steps[i].to_string() });
+        i = j + 1;
+    }
+    out.join(", ")
 }
 
 /// Analyse events.
@@ -111,32 +204,18 @@ pub fn analyse(events: &[Event]) -> Report {
                 count: 0,
                 ms_lost: 0.0,
                 first_step: step,
+                steps: Vec::new(),
                 advice: break_advice(&e.cause),
             });
             b.count += 1;
+            push_new(&mut b.steps, step);
             b.ms_lost += e.total_ms();
         }
     }
-    let mut recompiles: BTreeMap<(String, String), RecompileSite> = BTreeMap::new();
-    for e in checked.iter().filter(|e| e.recompile) {
-        let key = (e.site(), e.explanation.first().cloned().unwrap_or_default());
-        let r = recompiles.entry(key).or_insert_with(|| RecompileSite {
-            cause: e.cause.clone(),
-            site: e.site(),
-            count: 0,
-            compile_ms: 0.0,
-            steps: Vec::new(),
-            explanation: e.explanation.clone(),
-            advice: recompile_advice(&e.explanation),
-        });
-        r.count += 1;
-        r.compile_ms += e.compile_ms;
-        r.steps.push(e.step);
-    }
     let mut breaks: Vec<BreakSite> = breaks.into_values().collect();
     breaks.sort_by(|a, b| b.ms_lost.total_cmp(&a.ms_lost));
-    let mut recompile_sites: Vec<RecompileSite> = recompiles.into_values().collect();
-    recompile_sites.sort_by(|a, b| b.compile_ms.total_cmp(&a.compile_ms));
+    let recompiled: Vec<&Event> = checked.iter().copied().filter(|e| e.recompile).collect();
+    let recompile_sites = recompile_sites(&recompiled);
     let mut kernels: Vec<String> = Vec::new();
     for k in programs.iter().flat_map(|e| &e.kernels) {
         if !kernels.contains(k) {
@@ -196,33 +275,41 @@ pub fn render(r: &Report) -> String {
         for (i, b) in r.breaks.iter().enumerate() {
             let _ = writeln!(
                 s,
-                "  {}. {} at {}: an extra program in {} step(s) from step {}, {:.2} ms",
+                "  {}. {} at {}: {} in {} step(s) (steps {}), {:.2} ms",
                 i + 1,
                 b.cause,
                 b.site,
-                b.count,
-                b.first_step,
+                if b.count == b.steps.len() {
+                    "an extra program".to_string()
+                } else {
+                    format!("{} extra programs", b.count)
+                },
+                b.steps.len(),
+                step_ranges(&b.steps),
                 b.ms_lost
             );
             let _ = writeln!(s, "     fix: {}", b.advice);
         }
     }
     if !r.recompile_sites.is_empty() {
-        let _ = writeln!(s, "\nrecompiles after warm-up, by compile time:");
+        let _ = writeln!(s, "\nrecompiles after warm-up, by cause and compile time:");
         for (i, c) in r.recompile_sites.iter().enumerate() {
-            let steps: Vec<String> = c.steps.iter().map(|s| s.to_string()).collect();
             let _ = writeln!(
                 s,
-                "  {}. {} at {}: {} compile(s) in step {}, {:.1} ms",
+                "  {}. {} at {}: {} compile(s) in step(s) {}, {:.1} ms",
                 i + 1,
-                c.cause,
+                c.kind.label(),
                 c.site,
                 c.count,
-                steps.join(", "),
+                step_ranges(&c.steps),
                 c.compile_ms
             );
             for line in &c.explanation {
                 let _ = writeln!(s, "     {line}");
+            }
+            let _ = writeln!(s, "     materialized at: {}", c.materialized_at.join(", "));
+            if !c.together_with.is_empty() {
+                let _ = writeln!(s, "     together with: {}", c.together_with.join(", "));
             }
             let _ = writeln!(s, "     fix: {}", c.advice);
         }

@@ -4,11 +4,11 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use lazuli_hlo::{Graph, Loc};
 
-use super::explain::{closest, explain};
+use super::explain::{explain_miss, Compiled, Difference};
 use crate::error::{Error, Result};
 use crate::materialize::Cause;
 
@@ -26,6 +26,10 @@ pub(crate) fn end_step() {
     PROGRAMS_IN_STEP.store(0, Relaxed);
 }
 
+/// The values `LAZULI_STRICT` takes, for its errors.
+const ACCEPTED: &str =
+    "expected 1 (or on, true), 0 (or off, false, empty), or programs=N,warmup=S with N ≥ 1 and S ≥ 0 (either may be left out)";
+
 /// Limits strict mode enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
@@ -41,30 +45,70 @@ impl Budget {
         Budget { programs_per_step: 1, compile_until_step: 2 }
     }
 
-    /// `LAZULI_STRICT`: `1`/`on` for [`Budget::training`], or `programs=N,warmup=S`.
-    fn from_env() -> Option<Budget> {
-        let v = std::env::var("LAZULI_STRICT").ok()?;
+    /// The setting of `LAZULI_STRICT`: unset, empty, `0`, `off` or `false` for off; `1`, `on` or `true` for
+    /// [`Budget::training`]; or `programs=N,warmup=S` (either or both; N ≥ 1 programs per step, compiles allowed
+    /// in the first S steps; the other as in [`Budget::training`]). Anything else is an error naming the
+    /// variable and the accepted values, never a silent on or off.
+    pub fn from_env() -> Result<Option<Budget>> {
+        Budget::read_env().map_err(Error::Config)
+    }
+
+    fn read_env() -> std::result::Result<Option<Budget>, String> {
+        let v = match std::env::var("LAZULI_STRICT") {
+            Ok(v) => v,
+            Err(std::env::VarError::NotPresent) => return Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(format!("LAZULI_STRICT={v:?}: not UTF-8; {ACCEPTED}"))
+            }
+        };
+        Budget::parse(&v).map_err(|why| format!("LAZULI_STRICT={v:?}: {why}; {ACCEPTED}"))
+    }
+
+    /// Parse a `LAZULI_STRICT` value; the error says what is wrong with it.
+    fn parse(v: &str) -> std::result::Result<Option<Budget>, String> {
         let v = v.trim();
-        if v.is_empty() || v == "0" || v.eq_ignore_ascii_case("off") {
-            return None;
+        match v.to_ascii_lowercase().as_str() {
+            "" | "0" | "off" | "false" => return Ok(None),
+            "1" | "on" | "true" => return Ok(Some(Budget::training())),
+            _ => {}
         }
         let mut b = Budget::training();
-        for part in v.split(',') {
-            match part.split_once('=') {
-                Some(("programs", n)) => b.programs_per_step = n.parse().unwrap_or(b.programs_per_step),
-                Some(("warmup", n)) => b.compile_until_step = n.parse().unwrap_or(b.compile_until_step),
-                _ => {}
+        let (mut programs, mut warmup) = (false, false);
+        for part in v.split(',').map(str::trim) {
+            let Some((key, n)) = part.split_once('=') else {
+                return Err(format!("{part:?} is not a known value or key=value"));
+            };
+            let (key, n) = (key.trim(), n.trim());
+            let seen = match key {
+                "programs" => &mut programs,
+                "warmup" => &mut warmup,
+                _ => return Err(format!("unknown key {key:?}")),
+            };
+            if std::mem::replace(seen, true) {
+                return Err(format!("{key} is given twice"));
+            }
+            let bad = || format!("{key}={n:?} is not a whole number{}", if key == "programs" { " ≥ 1" } else { "" });
+            if key == "programs" {
+                b.programs_per_step = n.parse().ok().filter(|&p| p >= 1).ok_or_else(bad)?;
+            } else {
+                b.compile_until_step = n.parse().map_err(|_| bad())?;
             }
         }
-        Some(b)
+        Ok(Some(b))
     }
 }
 
+/// `LAZULI_STRICT`, read once; a malformed value stays an error that every checked program reports.
+fn env_setting() -> &'static std::result::Result<Option<Budget>, String> {
+    static SETTING: std::sync::OnceLock<std::result::Result<Option<Budget>, String>> = std::sync::OnceLock::new();
+    SETTING.get_or_init(Budget::read_env)
+}
+
 /// The active budget and the step it counts from; `None` when strict mode is off. Initialized from
-/// `LAZULI_STRICT` (counting from step 0).
+/// `LAZULI_STRICT` (counting from step 0); off when the setting is malformed (`before_program` reports it).
 fn strict() -> &'static Mutex<Option<(Budget, u64)>> {
     static STRICT: std::sync::OnceLock<Mutex<Option<(Budget, u64)>>> = std::sync::OnceLock::new();
-    STRICT.get_or_init(|| Mutex::new(Budget::from_env().map(|b| (b, 0))))
+    STRICT.get_or_init(|| Mutex::new(env_setting().as_ref().ok().copied().flatten().map(|b| (b, 0))))
 }
 
 fn set(v: Option<(Budget, u64)>) {
@@ -117,9 +161,9 @@ pub fn unchecked<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Graphs compiled so far (most recent last), for explaining the next miss.
-fn history() -> &'static Mutex<Vec<Arc<Graph>>> {
-    static H: std::sync::OnceLock<Mutex<Vec<Arc<Graph>>>> = std::sync::OnceLock::new();
-    H.get_or_init(|| Mutex::new(Vec::new()))
+fn history() -> &'static Mutex<Vec<Compiled>> {
+    static H: Mutex<Vec<Compiled>> = Mutex::new(Vec::new());
+    &H
 }
 
 /// Kept so that explanations stay cheap and memory bounded.
@@ -130,32 +174,36 @@ pub(crate) struct ProgramCheck {
     pub program_in_step: u32,
     pub unchecked: bool,
     pub recompile: bool,
+    /// For a compile: the differences' text, one line each.
     pub explanation: Vec<String>,
+    /// For a compile: how it differs from the closest graph compiled before, each at the line that caused it.
+    pub differences: Vec<Difference>,
+}
+
+/// Explain a new graph against the history, then add it to the history.
+fn explain_new(graph: &Graph, at: Loc) -> Vec<Difference> {
+    let compiled = Compiled::new(graph.clone());
+    let mut h = history().lock().unwrap_or_else(|e| e.into_inner());
+    let differences = explain_miss(&compiled, at, &h);
+    if h.len() == HISTORY {
+        h.remove(0);
+    }
+    h.push(compiled);
+    differences
 }
 
 /// Account for a program about to run; in strict mode, refuse a graph break or a recompile.
 /// `graph` is the new program's IR on a cache miss (`None` on a hit).
 pub(crate) fn before_program(cause: Cause, at: Loc, cache_hit: bool, graph: Option<&Graph>) -> Result<ProgramCheck> {
+    if let Err(e) = env_setting() {
+        return Err(Error::Config(e.clone()));
+    }
     let unchecked = UNCHECKED.with(|u| u.get());
     let step = current_step();
-    let explanation = if let Some(graph) = graph {
-        let h = history().lock().unwrap_or_else(|e| e.into_inner());
-        match closest(graph, h.iter().map(|g| g.as_ref())) {
-            Some((_, before)) => explain(graph, before),
-            None => Vec::new(),
-        }
-    } else {
-        Vec::new()
-    };
-    if let Some(graph) = graph {
-        let mut h = history().lock().unwrap_or_else(|e| e.into_inner());
-        if h.len() == HISTORY {
-            h.remove(0);
-        }
-        h.push(Arc::new(graph.clone()));
-    }
+    let differences = graph.map(|g| explain_new(g, at)).unwrap_or_default();
+    let explanation: Vec<String> = differences.iter().flat_map(|d| d.text.iter().cloned()).collect();
     if unchecked {
-        return Ok(ProgramCheck { program_in_step: 0, unchecked, recompile: false, explanation });
+        return Ok(ProgramCheck { program_in_step: 0, unchecked, recompile: false, explanation, differences });
     }
     let program_in_step = PROGRAMS_IN_STEP.fetch_add(1, Relaxed) + 1;
     let recompile = !cache_hit && step >= 1;
@@ -173,16 +221,28 @@ pub(crate) fn before_program(cause: Cause, at: Loc, cache_hit: bool, graph: Opti
         }
         if !cache_hit && step >= since + b.compile_until_step {
             PROGRAMS_IN_STEP.fetch_sub(1, Relaxed);
-            let why =
-                if explanation.is_empty() { vec!["no graph compiled before resembles it".into()] } else { explanation };
             return Err(Error::Strict(format!(
-                "recompile at {at} in step {step} (compiles allowed until step {}):\n  {}",
+                "recompile at {at} in step {step} (compiles allowed until step {}):\n{}",
                 since + b.compile_until_step,
-                why.join("\n  ")
+                recompile_reasons(&differences)
             )));
         }
     }
-    Ok(ProgramCheck { program_in_step, unchecked, recompile, explanation })
+    Ok(ProgramCheck { program_in_step, unchecked, recompile, explanation, differences })
+}
+
+/// Each difference with its line and its fix, indented for a strict-mode error.
+fn recompile_reasons(differences: &[Difference]) -> String {
+    if differences.is_empty() {
+        return "  no graph compiled before resembles it".into();
+    }
+    let mut out = Vec::new();
+    for d in differences {
+        out.push(format!("  cause: {} at {}", d.kind.label(), d.site));
+        out.extend(d.text.iter().map(|t| format!("    {t}")));
+        out.push(format!("    advice: {}", d.kind.advice()));
+    }
+    out.join("\n")
 }
 
 /// The event name of a cause.
@@ -195,6 +255,7 @@ pub fn cause_name(c: Cause) -> &'static str {
         Cause::Explicit => "explicit",
         Cause::Checkpoint => "checkpoint",
         Cause::HostControlFlow => "host_control_flow",
+        Cause::GraphSize => "graph_size",
     }
 }
 
@@ -210,5 +271,8 @@ pub fn advice(c: Cause) -> &'static str {
         Cause::Checkpoint => "save checkpoints right after lazuli::sync(), not in the middle of a step",
         Cause::Explicit => "materialize() forces a program; let the step boundary compute the tensor instead",
         Cause::Sync => "a step ran more programs than its budget",
+        Cause::GraphSize => {
+            "the graph grew too large without a step boundary and was compiled in pieces: call lazuli::sync() inside the loop that records it"
+        }
     }
 }
