@@ -79,7 +79,8 @@ pub trait Builder {
         if self.ty(a).dtype == to {
             return a.clone();
         }
-        self.op(Op::Convert(Convert { to }), &[a])
+        let from = self.ty(a).dtype;
+        self.op(Op::Convert(Convert { from, to }), &[a])
     }
     fn reshape(&mut self, a: &Self::V, dims: &[usize]) -> Self::V {
         if self.ty(a).dims[..] == dims[..] {

@@ -81,7 +81,7 @@ pub(crate) fn one_hot_mask(t: &Tensor, n: usize, loc: Loc) -> Tensor {
     let wide = if t.dtype() == DType::I64 {
         t.clone()
     } else {
-        apply(Op::Convert(lazuli_hlo::Convert { to: DType::I64 }), &[t], loc)
+        apply(Op::Convert(lazuli_hlo::Convert { from: t.dtype(), to: DType::I64 }), &[t], loc)
     };
     let mut dims = t.dims().to_vec();
     dims.push(n);
@@ -225,7 +225,7 @@ impl Tensor {
         if dtype == DType::Bool {
             hot
         } else {
-            apply(Op::Convert(lazuli_hlo::Convert { to: dtype }), &[&hot], loc)
+            apply(Op::Convert(lazuli_hlo::Convert { from: hot.dtype(), to: dtype }), &[&hot], loc)
         }
     }
 

@@ -157,7 +157,7 @@ fn combined_bias(opts: &AttentionOptions, full: &[usize], loc: Loc) -> Option<Te
     }
     match (&opts.bias, masked) {
         (Some(b), Some(m)) => {
-            let b = apply(Op::Convert(Convert { to: DType::F32 }), &[b], loc).broadcast_at(full, loc);
+            let b = apply(Op::Convert(Convert { from: b.dtype(), to: DType::F32 }), &[b], loc).broadcast_at(full, loc);
             Some(b.binary_at(m.broadcast_at(full, loc), BinaryKind::Add, loc))
         }
         (Some(b), None) => Some(b.clone()),

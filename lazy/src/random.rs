@@ -109,7 +109,7 @@ fn scale(t: &Tensor, factor: f64, loc: Loc) -> Tensor {
 fn top_bits(bits: &Tensor, shift: u32, dtype: DType, exponent: i32, loc: Loc) -> Tensor {
     let by = constant(shift as f64, DType::U32, bits.dims(), loc);
     let top = apply(Op::Binary(lazuli_hlo::Binary { kind: BinaryKind::ShiftRightLogical }), &[bits, &by], loc);
-    let top = apply(Op::Convert(lazuli_hlo::Convert { to: dtype }), &[&top], loc);
+    let top = apply(Op::Convert(lazuli_hlo::Convert { from: top.dtype(), to: dtype }), &[&top], loc);
     scale(&top, 2f64.powi(exponent), loc)
 }
 
@@ -160,7 +160,7 @@ impl Tensor {
         if dtype == work {
             z
         } else {
-            apply(Op::Convert(lazuli_hlo::Convert { to: dtype }), &[&z], loc)
+            apply(Op::Convert(lazuli_hlo::Convert { from: z.dtype(), to: dtype }), &[&z], loc)
         }
     }
 

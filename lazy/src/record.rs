@@ -296,7 +296,7 @@ impl Tensor {
         if dtype == self.dtype() {
             return self.clone();
         }
-        apply(Op::Convert(Convert { to: dtype }), &[self], Loc::caller())
+        apply(Op::Convert(Convert { from: self.dtype(), to: dtype }), &[self], Loc::caller())
     }
 
     /// Reshape (row-major); one dimension may be `-1` and is inferred.

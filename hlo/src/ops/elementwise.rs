@@ -466,8 +466,11 @@ impl OpRules for Select {
 
 /// Element type conversion: floats round to nearest even; float → integer truncates toward zero, saturates at the
 /// type's bounds and maps NaN to 0 (`DType::convert_float`); integer → integer wraps; x → bool is `x != 0`.
+/// It carries its operand's type too, so the reference can tell an integer narrowing (which wraps) from a float
+/// conversion (which saturates).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Convert {
+    pub from: DType,
     pub to: DType,
 }
 
@@ -477,6 +480,9 @@ impl OpRules for Convert {
     }
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
         arity("convert", operands, 1)?;
+        if operands[0].dtype != self.from {
+            return Err(format!("convert from {} got {}", self.from, operands[0]));
+        }
         Ok(operands[0].with_dtype(self.to))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
@@ -485,11 +491,12 @@ impl OpRules for Convert {
             None => cx.op_on_args("stablehlo.convert", ""),
         }
     }
-    /// The reference sees values, not the operand's type: integer-typed values are integers inside their type's
-    /// range, on which the float rule agrees with the integer one unless the value is outside `to`'s range (an
-    /// integer narrowing that wraps on the device, `docs/numerics.md`).
+    /// Integer → integer wraps (`DType::round` keeps the low bits); from a float or bool, the float rule.
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let to = self.to;
+        if self.from.is_int() && to.is_int() {
+            return x[0].mapv(|v| to.round(v));
+        }
         x[0].mapv(|v| to.convert_float(v))
     }
     fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _: &B::V, g: &B::V) -> Vec<Option<B::V>> {
