@@ -19,6 +19,8 @@ pub struct Buffer {
     reusable: bool,
     /// Where its bytes lie in host memory, once known (a reused buffer's).
     pub(crate) host_address: Option<usize>,
+    /// The last launch that read it (a reusable buffer's; 0: none), so that it is not overwritten under it.
+    pub(crate) last_read: std::sync::atomic::AtomicU64,
 }
 
 impl Buffer {
@@ -29,7 +31,14 @@ impl Buffer {
         dims: Vec<i64>,
         device: DeviceHandle,
     ) -> Buffer {
-        Buffer { client, handle, ty, dims, device, reusable: false, host_address: None }
+        Buffer { client, handle, ty, dims, device, reusable: false, host_address: None, last_read: Default::default() }
+    }
+
+    /// Note that `launch` reads this buffer (only reusable buffers need it).
+    pub(crate) fn read_by(&self, launch: u64) {
+        if self.reusable {
+            self.last_read.fetch_max(launch, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn reusable(mut self) -> Buffer {
@@ -111,7 +120,10 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         let dims = std::mem::take(&mut self.dims);
-        if !(self.reusable && self.client.keep_spare(self.handle, self.ty, dims, self.device, self.host_address)) {
+        let last_read = *self.last_read.get_mut();
+        let kept = self.reusable
+            && self.client.keep_spare(self.handle, self.ty, dims, self.device, self.host_address, last_read);
+        if !kept {
             self.client.api().buffer_destroy(self.handle);
         }
     }

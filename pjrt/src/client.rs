@@ -19,6 +19,34 @@ pub(crate) struct ClientInner {
     /// Buffers of small uploads whose last `Buffer` was dropped, kept to be overwritten by the next upload of
     /// the same type and shape (`Client::buffer_from_host_reusing`).
     spares: Mutex<Vec<Spare>>,
+    /// Launches whose completion nobody has seen yet: a spare one of them read is not overwritten.
+    pub(crate) running: Mutex<Running>,
+}
+
+/// The launches of a client that may still run, by number (`LoadedExecutable::launch_sharded` adds one, its
+/// `Completion` removes it once it finished).
+#[derive(Default)]
+pub(crate) struct Running {
+    next: u64,
+    open: std::collections::BTreeSet<u64>,
+}
+
+impl Running {
+    /// A new launch's number (never 0, which stands for "never read").
+    pub(crate) fn start(&mut self) -> u64 {
+        self.next += 1;
+        self.open.insert(self.next);
+        self.next
+    }
+
+    pub(crate) fn finish(&mut self, launch: u64) {
+        self.open.remove(&launch);
+    }
+
+    /// Whether launch `n` (0: none) may still be running.
+    fn may_run(&self, n: u64) -> bool {
+        n != 0 && self.open.contains(&n)
+    }
 }
 
 struct Spare {
@@ -28,6 +56,8 @@ struct Spare {
     device: DeviceHandle,
     /// Where its bytes lie in host memory.
     address: usize,
+    /// The last launch that read it (0: none): it is overwritten only once that launch finished.
+    last_read: u64,
 }
 
 /// Uploads at most this large are reused; at most this many spares are kept (at most 2 MiB in all).
@@ -62,6 +92,7 @@ impl ClientInner {
         dims: Vec<i64>,
         device: DeviceHandle,
         known_address: Option<usize>,
+        last_read: u64,
     ) -> bool {
         let api = self.api();
         if self.spares.lock().unwrap_or_else(|e| e.into_inner()).len() >= MAX_SPARES || api.buffer_is_deleted(handle) {
@@ -74,7 +105,8 @@ impl ClientInner {
                 _ => return false,
             },
         };
-        self.spares.lock().unwrap_or_else(|e| e.into_inner()).push(Spare { handle, ty, dims, device, address });
+        let spare = Spare { handle, ty, dims, device, address, last_read };
+        self.spares.lock().unwrap_or_else(|e| e.into_inner()).push(spare);
         true
     }
 }
@@ -109,8 +141,13 @@ impl Client {
         let api = plugin.api();
         let handle = api.client_create(&options)?;
         // From here on, dropping `inner` destroys the client, also on the error paths below.
-        let mut inner =
-            ClientInner { plugin: plugin.clone(), handle, devices: Vec::new(), spares: Mutex::new(Vec::new()) };
+        let mut inner = ClientInner {
+            plugin: plugin.clone(),
+            handle,
+            devices: Vec::new(),
+            spares: Mutex::new(Vec::new()),
+            running: Mutex::new(Running::default()),
+        };
         for device in api.client_addressable_devices(handle)? {
             let (id, kind, local_hardware_id) = api.device_info(device)?;
             inner.devices.push(DeviceData { handle: device, id, kind, local_hardware_id });
@@ -151,8 +188,8 @@ impl Client {
     /// Like [`Client::buffer_from_host`], for small arrays uploaded again and again (a training loop's batches):
     /// on a device in host memory, the buffer of an earlier such upload of the same type and shape, whose last
     /// `Buffer` was dropped, is overwritten instead of a new one made (no plugin call to create it, none to
-    /// destroy it later). The caller guarantees that no launched program is still running, since one that read
-    /// the old buffer would see the new values.
+    /// destroy it later). A buffer that a launch still running read is never overwritten: the client records
+    /// which launch last read each such buffer, and a launch counts as running until its `Completion` finished.
     pub fn buffer_from_host_reusing(
         &self,
         data: &[u8],
@@ -170,7 +207,10 @@ impl Client {
         let api = self.inner.api();
         let spare = {
             let mut spares = self.inner.spares.lock().unwrap_or_else(|e| e.into_inner());
-            let found = spares.iter().position(|s| s.ty == ty && s.dims == dims && s.device == device.handle());
+            let running = self.inner.running.lock().unwrap_or_else(|e| e.into_inner());
+            let idle = |s: &Spare| !running.may_run(s.last_read);
+            let found =
+                spares.iter().position(|s| s.ty == ty && s.dims == dims && s.device == device.handle() && idle(s));
             found.map(|i| spares.swap_remove(i))
         };
         if let Some(s) = spare {

@@ -81,8 +81,16 @@ impl LoadedExecutable {
     pub fn launch_sharded(&self, args: &[Vec<&Buffer>]) -> Result<(Vec<Vec<Buffer>>, Completion)> {
         self.check_args(args)?;
         let handles: Vec<Vec<_>> = args.iter().map(|list| list.iter().map(|b| b.handle).collect()).collect();
-        let (outputs, events) = self.client.api().execute(self.handle, &handles, self.num_outputs)?;
-        let done = Completion { client: Arc::clone(&self.client), events };
+        let launch = self.client.running.lock().unwrap_or_else(|e| e.into_inner()).start();
+        args.iter().flatten().for_each(|b| b.read_by(launch));
+        let (outputs, events) = match self.client.api().execute(self.handle, &handles, self.num_outputs) {
+            Ok(launched) => launched,
+            Err(e) => {
+                self.client.running.lock().unwrap_or_else(|e| e.into_inner()).finish(launch);
+                return Err(e);
+            }
+        };
+        let done = Completion { client: Arc::clone(&self.client), events, launch };
         if let Some(types) = self.output_types.get() {
             let outputs = outputs
                 .into_iter()
@@ -171,6 +179,8 @@ const SPIN_BEFORE_BLOCKING: std::time::Duration = std::time::Duration::from_micr
 pub struct Completion {
     client: Arc<ClientInner>,
     events: Vec<EventHandle>,
+    /// Its number among the client's launches (see `client::Running`).
+    launch: u64,
 }
 
 impl Completion {
@@ -200,6 +210,7 @@ impl Completion {
                 status = done;
             }
         }
+        self.client.running.lock().unwrap_or_else(|e| e.into_inner()).finish(self.launch);
         status
     }
 }

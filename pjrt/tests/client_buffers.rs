@@ -169,7 +169,34 @@ fn reused_uploads_carry_the_new_values(plugin: &Plugin) {
     }
 }
 
+/// A dropped upload that a launch still running (its `Completion` not yet finished) read is not overwritten by
+/// the next reusing upload: the safe API is sound without the caller knowing what runs. Once the launch
+/// finished, the buffer is reused; the launch computed with the values it was given.
+fn a_spare_a_running_launch_read_is_not_overwritten(plugin: &Plugin) {
+    const DOUBLE: &str = "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  \
+        %0 = stablehlo.add %a, %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}\n";
+    let c = client(plugin, 1);
+    let device = &c.devices()[0];
+    let exe = c.compile(DOUBLE, &lazuli_pjrt::CompileOptions::default()).unwrap();
+    let x =
+        c.buffer_from_host_reusing(&common::f32_bytes(&[1.0, 2.0, 3.0, 4.0]), ElementType::F32, &[4], device).unwrap();
+    let (mut outs, done) = exe.launch_sharded(&[vec![&x]]).unwrap();
+    drop(x);
+    assert_eq!(c.spare_uploads(), 1, "the dropped upload is kept");
+    let y = c.buffer_from_host_reusing(&common::f32_bytes(&[9.0; 4]), ElementType::F32, &[4], device).unwrap();
+    assert_eq!(c.spare_uploads(), 1, "but not overwritten while the launch that read it may run");
+    done.wait().unwrap();
+    assert_eq!(outs[0].remove(0).to_host().unwrap(), common::f32_bytes(&[2.0, 4.0, 6.0, 8.0]));
+    let z = c.buffer_from_host_reusing(&common::f32_bytes(&[5.0; 4]), ElementType::F32, &[4], device).unwrap();
+    assert_eq!(c.spare_uploads(), 0, "once it finished, the buffer is reused");
+    assert_eq!(
+        (y.to_host().unwrap(), z.to_host().unwrap()),
+        (common::f32_bytes(&[9.0; 4]), common::f32_bytes(&[5.0; 4]))
+    );
+}
+
 per_plugin!(
+    a_spare_a_running_launch_read_is_not_overwritten,
     reused_uploads_carry_the_new_values,
     memory_stats_are_unimplemented_on_the_cpu,
     device_counts_follow_the_option,
