@@ -99,7 +99,8 @@ fn memory_counts_what_the_backward_reads() {
 
 /// `sharded_train`'s default step (2-layer GPT, d=128, 4 heads, T=64, batch 32; vocabulary about 123 bytes) on 8
 /// virtual devices: the estimates rank the plans in the order of the measured median steps in BENCHMARKS.md
-/// ("Sharded training on virtual CPU devices"). Only the estimates are computed here; nothing is timed.
+/// ("The planner's estimates vs measured steps, on virtual CPU devices"; the whole run is in
+/// docs/perf-log/2026-11-29-planner-virtual-cpu.md). Only the estimates are computed here; nothing is timed.
 #[test]
 fn cpu_estimates_rank_sharded_train_plans_as_measured() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -224,7 +224,7 @@ impl fmt::Display for DType {
 }
 
 /// Dimensions, stored inline up to rank 4: every graph node has a type, and a separate allocation per shape cost
-/// an allocation and a cache miss per node (BENCHMARKS.md, `trace`).
+/// an allocation and a cache miss per node (`trace` in docs/perf-log/2026-11-29-per-node-work.md).
 pub type Dims = smallvec::SmallVec<[usize; 4]>;
 
 /// A tensor's static type: element type and dimensions. Displayed as `f32[2,3]`, lowered as `tensor<2x3xf32>`.

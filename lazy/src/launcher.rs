@@ -2,9 +2,10 @@
 //! replace, so that the host records step N+1 while step N runs.
 //!
 //! Why a thread of lazuli's own: the CPU plugin's asynchronous mode hands every program to a worker thread and
-//! wakes the waiter through the operating system, about 80 µs per step on the 2-core machine of `BENCHMARKS.md`,
-//! more than a small step runs. Here each side of a hand-off spins for a while (`WAIT_SPIN`, `IDLE_SPIN`) before
-//! it sleeps, so the steps of a training loop meet a launcher that is still awake.
+//! wakes the waiter through the operating system, about 80 µs per step on the 2-core machine of
+//! `docs/perf-log/2026-11-30-cpu-launcher.md`, more than a small step runs. Here each side of a hand-off spins for
+//! a while (`WAIT_SPIN`, `IDLE_SPIN`) before it sleeps, so the steps of a training loop meet a launcher that is
+//! still awake.
 //!
 //! The plugin calls for these programs (uploads, execution, destroying the buffers the launcher made) happen on
 //! the launcher. Buffers that one thread makes and another destroys cost the plugin's allocator more than the

@@ -31,9 +31,10 @@ pub struct Config {
     pub cpu_device_count: i64,
     /// Run CPU programs on the plugin's worker threads, returning from `sync()` before they finish. Off by
     /// default: on the CPU the "device" is the host's own cores, and handing a program to a worker thread and
-    /// waking the waiter cost about 80 µs per step on the 2-core machine of `BENCHMARKS.md`, more than a small
-    /// program runs. Turn it on when steps are long and cores are spare (the host records the next step while
-    /// the program runs). Other backends always run asynchronously.
+    /// waking the waiter cost about 80 µs per step on the 2-core machine of
+    /// `docs/perf-log/2026-11-30-cpu-launcher.md`, more than a small program runs. Turn it on when steps are long
+    /// and cores are spare (the host records the next step while the program runs). Other backends always run
+    /// asynchronously.
     pub cpu_async: bool,
     /// Where single-device CPU programs run: see [`CpuLauncher`]. Ignored with `cpu_async`.
     pub cpu_launcher: CpuLauncher,
@@ -113,12 +114,14 @@ impl Config {
     ///
     /// GPU: no command buffers (CUDA graphs). A lazily traced step hands XLA fresh output buffers every time, so
     /// each launch first updates the captured graph (about 4.7 ms for a GPT-2-small step on an H200) before the
-    /// device starts; launching kernels one by one starts the device at once. Measured in `BENCHMARKS.md`.
+    /// device starts; launching kernels one by one starts the device at once. Measured in
+    /// `docs/perf-log/2026-11-29-composite-ops.md`.
     ///
     /// CPU: YNNPACK runs single products only (upstream XLA's default). The default plugin's XLA (jaxlib 0.11.2)
     /// also hands the elementwise ops and reductions around a product to YNNPACK, and it then computes a batched
     /// product with a broadcast operand, multiplied and reduced, wrong by up to 1e242, with no error
-    /// (`tests/cpu_library_fusions.rs`). The cost, and why single products stay, is in `BENCHMARKS.md`.
+    /// (`tests/cpu_library_fusions.rs`). The cost, and why single products stay, is in
+    /// `docs/perf-log/2026-11-30-ynnpack-fusions.md`.
     ///
     /// CPU and GPU: `max`/`min` (reductions, `maximum`, `minimum`, clamp, pooling) propagate NaN, as in JAX, which
     /// sets both options below to false (`docs/numerics.md`). XLA's "fast" min/max, the CPU's default, returns the

@@ -55,7 +55,8 @@ pub struct DeviceModel {
 
 impl DeviceModel {
     /// Virtual CPU devices sharing the 2 cores of the machine the numbers were measured on (2026-11-29, medians of
-    /// four runs of `cargo run --release --example planner_calibration -- --devices 8`; BENCHMARKS.md has them):
+    /// four runs of `cargo run --release --example planner_calibration -- --devices 8`; in
+    /// docs/perf-log/2026-11-29-planner-virtual-cpu.md):
     /// - flops_per_s: chained `[256,128]x[128,512]` and `[256,512]x[512,128]` matmuls on each of 8 devices at once,
     ///   total FLOPs / wall time / 2 cores (1.06e11..1.09e11).
     /// - bytes_per_s: layer norm, GELU, softmax and residual adds on `[256,512]` rows per device, forward and
@@ -71,7 +72,8 @@ impl DeviceModel {
         shared_cores: Some(2),
     };
     /// H200s with NVLink, independent devices, measured on two (2026-11-29, `LAZULI_DEVICE=gpu planner_calibration
-    /// --devices 2 --rows 8192 --dim 768 --param-mib 64`, medians of 7; BENCHMARKS.md has the run):
+    /// --devices 2 --rows 8192 --dim 768 --param-mib 64`, medians of 7; the run is in
+    /// docs/perf-log/2026-11-29-sharded-two-h200s.md):
     /// - flops_per_s: f32 matmuls of a GPT-2-small MLP on 8,192 tokens per device (XLA's default f32 precision;
     ///   the data sheet's dense bf16 peak is 9.9e14).
     /// - bytes_per_s: the CPU model's elementwise block at that size, counted before fusion as the planner counts
