@@ -11,6 +11,11 @@
 
 use lazuli::{DType, Implementation, Tensor, TritonKernel};
 
+/// lazuli sets no allocator; an application picks one. mimalloc, also as C's malloc (its `override` feature),
+/// serves recording's many small allocations and the plugin's much faster than glibc's malloc (README, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Triton IR of the row softmax of an f32 `[rows, cols]` array, `block` ≥ `cols` a power of two. Arguments: the
 /// input and the output pointer; program `i` does row `i`.
 fn row_softmax_ir(cols: usize, block: usize) -> String {

@@ -14,6 +14,11 @@ use lazuli::diagnostics::{report, strict_scope, Budget};
 use lazuli::nn::{Activation, HostRng, Mlp};
 use lazuli::{DType, Module, Optimizer, Sgd, Tensor};
 
+/// lazuli sets no allocator; an application picks one. mimalloc, also as C's malloc (its `override` feature),
+/// serves recording's many small allocations and the plugin's much faster than glibc's malloc (README, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 struct Args {
     /// Turn strict mode on: the first graph break or recompile after warm-up becomes an error.

@@ -9,7 +9,7 @@
 //! cargo run --release --example graph_breaks_combined    # writes graph_breaks_combined.events.jsonl, prints the report
 //! cargo run --release --bin lazuli-report -- graph_breaks_combined.events.jsonl --json report.json
 //!
-//! `tests/report_tool.rs` runs `train` and checks that the report names every problem at its line, and nothing
+//! `report/tests/report_tool.rs` runs `train` and checks that the report names every problem at its line, and nothing
 //! else (it finds the lines by their text here).
 
 use std::path::PathBuf;
@@ -18,6 +18,11 @@ use clap::Parser;
 use lazuli::diagnostics::report;
 use lazuli::nn::{Activation, HostRng, Mlp};
 use lazuli::{DType, Module, Optimizer, Sgd, Tensor};
+
+/// lazuli sets no allocator; an application picks one. mimalloc, also as C's malloc (its `override` feature),
+/// serves recording's many small allocations and the plugin's much faster than glibc's malloc (README, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 struct Args {

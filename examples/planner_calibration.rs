@@ -11,6 +11,11 @@ use clap::Parser;
 use lazuli::sharding::recorded_work;
 use lazuli::{AdamW, Backend, Config, Mesh, Optimizer, Param, PartitionSpec, Tensor};
 
+/// lazuli sets no allocator; an application picks one. mimalloc, also as C's malloc (its `override` feature),
+/// serves recording's many small allocations and the plugin's much faster than glibc's malloc (README, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "measure the sharding planner's CPU cost-model constants")]
 struct Args {

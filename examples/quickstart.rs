@@ -3,6 +3,11 @@
 
 use lazuli::{DType, Tensor};
 
+/// lazuli sets no allocator; an application picks one. mimalloc, also as C's malloc (its `override` feature),
+/// serves recording's many small allocations and the plugin's much faster than glibc's malloc (README, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A little model: y = sum(tanh(x @ w + b) * scale, axis 1). `scale` is a host scalar, so it is a program
 /// parameter: changing it does not recompile.
 fn model(x: &Tensor, w: &Tensor, b: &Tensor, scale: f64) -> Tensor {

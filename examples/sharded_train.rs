@@ -12,6 +12,11 @@ use lazuli::nn::{Gpt, GptConfig, HostRng};
 use lazuli::sharding::{apply_plan, plan, DeviceModel};
 use lazuli::{AdamW, Backend, Config, DType, Module, PartitionSpec, Tensor};
 
+/// lazuli sets no allocator; an application picks one. mimalloc, also as C's malloc (its `override` feature),
+/// serves recording's many small allocations and the plugin's much faster than glibc's malloc (README, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "GPT training on a mesh with a sharding plan")]
 struct Args {

@@ -12,6 +12,11 @@ use clap::Parser;
 use lazuli::nn::{Activation, HostRng, Mlp};
 use lazuli::{checkpoint, AdamW, DType, Module, Optimizer, Schedule, Tensor};
 
+/// lazuli sets no allocator; an application picks one. mimalloc, also as C's malloc (its `override` feature),
+/// serves recording's many small allocations and the plugin's much faster than glibc's malloc (README, "Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "Two-spirals classifier trained with lazuli")]
 struct Args {

@@ -13,33 +13,70 @@
 //! println!("{}", lazuli::metrics());
 //! ```
 //!
-//! The crates underneath: [`pjrt`] (PJRT runtime and plugin provisioning), [`hlo`] (graph IR and StableHLO
-//! emitter), [`lazy`] (tensors, recording, materialization, cache).
+//! ## Map
+//!
+//! - Tensors: [`Tensor`] (constructors, reads, and every op as a method or operator), [`DType`], [`Element`]
+//!   (the Rust types a tensor is read as), [`Operand`] (what a binary op takes: a tensor or a host scalar).
+//! - Steps: [`sync()`] (the step boundary), [`wait()`]; gradients: [`Tensor::backward`], [`grad()`],
+//!   [`value_and_grad()`], [`no_grad()`].
+//! - Models and training: [`nn`] (modules, layers, the GPT), [`optim`] (SGD, AdamW, schedules), [`checkpoint`].
+//! - Several devices: [`sharding`] (meshes, partition specs, the planner).
+//! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
+//! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
+//!   kernel of your own with [`TritonKernel`]; a fused elementwise expression with [`ir::FusedBuilder`].
+//! - The runtime: [`init`] with a [`Config`], [`runtime_info()`], [`metrics()`], [`memory_stats()`].
+//! - When something goes wrong: [`Error`] (each names the line that caused it), [`diagnostics`] (graph breaks,
+//!   recompiles, strict mode, the report behind the `lazuli-report` tool).
+//!
+//! ## Allocator
+//!
+//! lazuli sets no global allocator: that is the application's choice. Recording a step allocates thousands of
+//! small nodes, which [mimalloc](https://docs.rs/mimalloc) serves much faster than glibc's malloc, so an
+//! application without an allocator of its own should declare it (with mimalloc's feature `override`, it serves C's
+//! `malloc` too, so the PJRT plugin's allocations as well); the README's "Allocator" section has what each buys.
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+//! ```
+//!
+//! The crates underneath (`lazuli-lazy`, `lazuli-hlo`, `lazuli-pjrt`, …) are lazuli's implementation; their APIs
+//! make no promises.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
-/// Recording allocates many small nodes per step; mimalloc serves them much faster than glibc's malloc. Feature
-/// `mimalloc` (on by default); turn it off to set a global allocator of your own. Feature `malloc-override` (on by
-/// default) makes mimalloc C's `malloc` for the whole process too, so the PJRT plugin's allocations (each execution
-/// allocates its results and bookkeeping) are served by it as well.
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+pub mod ir;
 
-pub use lazuli_hlo as hlo;
-pub use lazuli_hlo::{Fused, FusedBuilder};
-pub use lazuli_lazy as lazy;
-pub use lazuli_pjrt as pjrt;
+#[doc(inline)]
+pub use lazuli_lazy::{checkpoint, diagnostics, nn, optim};
 
-pub use lazuli_lazy::checkpoint;
-pub use lazuli_lazy::diagnostics;
-pub use lazuli_lazy::nn::{self, Module, Param};
-pub use lazuli_lazy::optim::{self, AdamW, Optimizer, Schedule, Sgd};
-pub use lazuli_lazy::random::{manual_seed, rng_state, set_rng_state};
-pub use lazuli_lazy::shard::{self as sharding, mesh, shard_params, Mesh, PartitionSpec, Sharding};
+#[doc(inline)]
+pub use lazuli_lazy::shard as sharding;
+
+// Tensors and their element types.
+pub use lazuli_lazy::{broadcast_shapes, DType, Element, Operand, Tensor};
+// The step boundary and waiting for the device.
+pub use lazuli_lazy::{sync, wait};
+// Gradients.
+pub use lazuli_lazy::{grad, grad_enabled, no_grad, value_and_grad};
+// Models and optimizers, by their short names.
+pub use lazuli_lazy::nn::{Module, Param};
+pub use lazuli_lazy::optim::{AdamW, Optimizer, Schedule, Sgd};
+// Sharding, by the short names of its common items.
+pub use lazuli_lazy::shard::{mesh, shard_params, Mesh, PartitionSpec, Sharding};
+// Precision of products and convolutions.
+pub use lazuli_lazy::{matmul_precision, set_matmul_precision, with_matmul_precision, Precision};
+// Attention and custom kernels.
 pub use lazuli_lazy::{
-    broadcast_shapes, grad, init, matmul_precision, memory_stats, metrics, no_grad, platform, runtime_info,
-    scaled_dot_product_attention, set_matmul_precision, sync, value_and_grad, wait, with_attention,
-    with_matmul_precision, AttentionLayout, AttentionOptions, Backend, Cause, Config, CpuLauncher, DType, Element,
-    Error, Implementation, Loc, MemoryStats, Metrics, Operand, Precision, Result, RuntimeInfo, Tensor, TritonKernel,
-    XlaOption,
+    scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions, Implementation, TritonKernel,
 };
+// Random numbers.
+pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};
+// The runtime: set-up, what it loaded, what it did.
+// (`metrics` by its path in the module: the crate's root name `metrics` is the module as well as the function.)
+pub use lazuli_lazy::metrics::{metrics, Metrics};
+pub use lazuli_lazy::{
+    init, memory_stats, platform, runtime_info, Backend, Config, CpuLauncher, MemoryStats, RuntimeInfo, XlaOption,
+};
+// Errors and the source locations they name.
+pub use lazuli_lazy::{Cause, Error, Loc, Result};

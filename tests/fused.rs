@@ -6,8 +6,8 @@ mod common;
 
 use common::gradcheck::check_grad;
 use common::{array, assert_close, Rng};
-use lazuli::hlo::{BinaryKind, UnaryKind};
-use lazuli::{DType, Fused, FusedBuilder, Tensor};
+use lazuli::ir::{BinaryKind, Fused, FusedBuilder, UnaryKind};
+use lazuli::{DType, Tensor};
 use ndarray::{ArrayD, Zip};
 
 /// `w·d − a / (√v·k + e)` over four tensors `w, a, v` of one shape and scalars `d, k, e` (AdamW's update form).

@@ -269,7 +269,7 @@ mod reference {
     use super::*;
 
     pub fn erf(x: f64) -> f64 {
-        lazuli::hlo::ops::special::erf(x)
+        lazuli_hlo::ops::special::erf(x)
     }
 
     /// Reduce the lanes along `axis` with `f`, keeping the axis as size 1.

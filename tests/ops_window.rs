@@ -9,8 +9,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use common::gradcheck::check_grad;
 use common::{array, assert_close, tensor_of, values, Rng};
-use lazuli::hlo::{Builder, Convolution, Graph, Loc, NodeId, Op, ReduceWindow, TensorType, WindowKind};
 use lazuli::{DType, Precision, Tensor};
+use lazuli_hlo::{Builder, Convolution, Graph, Loc, NodeId, Op, ReduceWindow, TensorType, WindowKind};
 use ndarray::{ArrayD, Dimension, IxDyn};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -298,12 +298,12 @@ impl Builder for GraphBuilder {
 
 /// Run `graph` on the CPU plugin (f64 parameters and results).
 fn run_on_xla(graph: &Graph, params: &[ArrayD<f64>]) -> Vec<Vec<f64>> {
-    use lazuli::pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
+    use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
     let plugin = Plugin::load(provision::cpu_plugin_path().unwrap()).unwrap();
     let client = Client::new(&plugin, &ClientOptions::new().cpu_device_count(1)).unwrap();
     let devices = client.devices();
     let device = &devices[0];
-    let text = lazuli::hlo::emit(graph, &Default::default());
+    let text = lazuli_hlo::emit(graph, &Default::default());
     let exe = client.compile(&text, &CompileOptions::default()).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let bufs: Vec<_> = params
         .iter()

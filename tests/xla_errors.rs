@@ -1,8 +1,8 @@
 //! XLA's own errors name the user's Rust line: every emitted op carries `loc("file.rs":line:col)`. The graph here is
 //! built by hand with a type the shape rules would never produce, so that XLA (not lazuli) rejects it.
 
-use lazuli::hlo::{emit, Binary, BinaryKind, DType, EmitOptions, Graph, Loc, Op, TensorType};
-use lazuli::pjrt::{provision, Client, ClientOptions, CompileOptions, Plugin};
+use lazuli_hlo::{emit, Binary, BinaryKind, DType, EmitOptions, Graph, Loc, Op, TensorType};
+use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, Plugin};
 
 #[test]
 fn an_xla_verifier_error_names_the_rust_line_of_the_op() {

@@ -281,7 +281,7 @@ impl GpuRun {
     fn print_header(&self, command: &str) {
         println!("## lazuli-bench gpu, {}", today());
         println!("- command: `{command}`");
-        println!("- host: {}", machine());
+        println!("- host: {}; allocator: {}", machine(), crate::ALLOCATOR);
         println!(
             "- mode: {}",
             if self.pipelined {

@@ -22,6 +22,15 @@ pub mod trace;
 pub mod worker;
 pub mod workloads;
 
+/// The allocator the harness was built with (its features; `main.rs` declares it), printed with every table.
+pub const ALLOCATOR: &str = if cfg!(feature = "malloc-override") {
+    "mimalloc, also as C's malloc"
+} else if cfg!(feature = "mimalloc") {
+    "mimalloc (Rust's allocations only)"
+} else {
+    "the system's malloc"
+};
+
 pub type BenchResult<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Whether two loss curves agree: every pair within `rtol · max(1, |b|)`. On disagreement, the first step that

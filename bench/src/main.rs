@@ -19,7 +19,14 @@ use lazuli_bench::gpu::{self, GpuJob};
 use lazuli_bench::stats::{duration, machine, rustc_version, today};
 use lazuli_bench::trace::{self, TraceRow};
 use lazuli_bench::workloads::{Attention, Workload};
-use lazuli_bench::{pyenv, worker, BenchResult};
+use lazuli_bench::{pyenv, worker, BenchResult, ALLOCATOR};
+
+/// lazuli sets no allocator; an application picks one. The harness picks what the README recommends (features
+/// `mimalloc`, `malloc-override`, on by default), so its tables show lazuli as set up for speed, and says so in
+/// every header; `--no-default-features` measures the system allocator.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(about = "lazuli side by side with JAX (and PyTorch on a GPU)")]
@@ -181,7 +188,12 @@ fn header(command: &str, python_versions: &str) -> BenchResult<()> {
     println!("## lazuli-bench, {}", today());
     println!("- command: `{command}`");
     println!("- machine: {}", machine());
-    println!("- lazuli {} ({}), {}", env!("CARGO_PKG_VERSION"), rustc_version(), lazuli::runtime_info()?);
+    println!(
+        "- lazuli {} ({}), {}; allocator: {ALLOCATOR}",
+        env!("CARGO_PKG_VERSION"),
+        rustc_version(),
+        lazuli::runtime_info()?
+    );
     println!("- comparison: {python_versions}");
     let mut knobs: Vec<String> = ["LAZULI_BENCH_JAX_SYNC", "LAZULI_BENCH_READ_LOSS", "LAZULI_BENCH_JAX_XLA"]
         .iter()
@@ -414,7 +426,7 @@ fn attention_cmd(iters: usize, reps: usize, python: Option<&std::path::Path>) ->
     let rows = rows?;
     println!("## lazuli-bench attention, {}", today());
     println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
-    println!("- host: {}; lazuli on {}", machine(), lazuli::runtime_info()?);
+    println!("- host: {}; lazuli on {}; allocator: {ALLOCATOR}", machine(), lazuli::runtime_info()?);
     println!("- B=8, T=1024, H=12, D=64, bf16, causal; backward: gradients of sum(out · w) for q, k, v\n");
     let jax = rows.iter().find(|r| r.name.starts_with("JAX")).map(|r| (r.fwd_ms, r.fwd_bwd_ms));
     println!("| implementation | forward ms | forward+backward ms | vs JAX forward | vs JAX forward+backward |");

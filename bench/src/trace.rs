@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use lazuli::lazy::bench_hooks::time_boundary;
 use lazuli::nn::{Gpt, GptConfig, HostRng};
 use lazuli::{AdamW, DType, Module, Optimizer, Tensor};
+use lazuli_lazy::bench_hooks::time_boundary;
 use serde_json::{json, Value};
 
 use crate::stats::median;

@@ -186,9 +186,9 @@ pub fn jax_cpu_xla_flags() -> BenchResult<Option<String>> {
     let mut flags = std::env::var("XLA_FLAGS").unwrap_or_default();
     for (name, value) in lazuli::Config::default().backend_xla_options() {
         let value = match value {
-            lazuli::pjrt::XlaOption::Str(s) => s,
-            lazuli::pjrt::XlaOption::Bool(b) => b.to_string(),
-            lazuli::pjrt::XlaOption::Int(i) => i.to_string(),
+            lazuli::XlaOption::Str(s) => s,
+            lazuli::XlaOption::Bool(b) => b.to_string(),
+            lazuli::XlaOption::Int(i) => i.to_string(),
         };
         flags += &format!(" --{name}={value}");
     }

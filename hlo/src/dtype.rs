@@ -6,19 +6,30 @@ use std::fmt;
 /// boundary (see `lazuli_lazy::Element`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// 64-bit float.
     F64,
+    /// 16-bit IEEE float (`half::f16`).
     F16,
+    /// 16-bit brain float (`half::bf16`): f32's range, 8 bits of mantissa.
     BF16,
+    /// 32-bit signed integer.
     I32,
+    /// 64-bit signed integer.
     I64,
+    /// 8-bit unsigned integer.
     U8,
+    /// 32-bit unsigned integer.
     U32,
+    /// 64-bit unsigned integer.
     U64,
+    /// Boolean (one byte per element on the host).
     Bool,
 }
 
 impl DType {
+    /// Every dtype, in declaration order.
     pub const ALL: [DType; 10] = [
         DType::F32,
         DType::F64,
@@ -58,14 +69,17 @@ impl DType {
         }
     }
 
+    /// A floating-point type (f32, f64, f16, bf16).
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 
+    /// An integer type, signed or not (bool is neither).
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64)
     }
 
+    /// A signed integer or floating-point type.
     pub fn is_signed(self) -> bool {
         matches!(self, DType::I32 | DType::I64) || self.is_float()
     }
@@ -230,19 +244,24 @@ pub type Dims = smallvec::SmallVec<[usize; 4]>;
 /// A tensor's static type: element type and dimensions. Displayed as `f32[2,3]`, lowered as `tensor<2x3xf32>`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
+    /// The element type.
     pub dtype: DType,
+    /// The dimensions, outermost first (empty for a scalar).
     pub dims: Dims,
 }
 
 impl TensorType {
+    /// A tensor of `dtype` with dimensions `dims`.
     pub fn new(dtype: DType, dims: impl AsRef<[usize]>) -> Self {
         TensorType { dtype, dims: Dims::from_slice(dims.as_ref()) }
     }
 
+    /// A scalar (rank 0) of `dtype`.
     pub fn scalar(dtype: DType) -> Self {
         TensorType { dtype, dims: Dims::new() }
     }
 
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.dims.len()
     }
@@ -253,6 +272,7 @@ impl TensorType {
         self.dims.iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
 
+    /// Bytes in a dense host buffer of this type, saturating like `elements`.
     pub fn byte_size(&self) -> usize {
         self.elements().saturating_mul(self.dtype.byte_size())
     }
@@ -267,6 +287,7 @@ impl TensorType {
         }
     }
 
+    /// The same dimensions with another element type.
     pub fn with_dtype(&self, dtype: DType) -> Self {
         TensorType { dtype, dims: self.dims.clone() }
     }

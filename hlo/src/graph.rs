@@ -13,8 +13,11 @@ use crate::ops::leaf::Parameter;
 /// XLA's errors and dumps name the user's Rust line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Loc {
+    /// The source file, as the compiler names it.
     pub file: &'static str,
+    /// The line, from 1.
     pub line: u32,
+    /// The column, from 1.
     pub col: u32,
 }
 

@@ -161,6 +161,8 @@ impl Tensor {
         self
     }
 
+    /// Mark (`true`) or unmark this tensor as a gradient leaf in place; marking panics for a non-float tensor, naming
+    /// the caller's line.
     #[track_caller]
     pub fn set_requires_grad(&self, on: bool) {
         if on && !self.dtype().is_float() {
@@ -172,6 +174,7 @@ impl Tensor {
         self.node.requires_grad.set(on);
     }
 
+    /// Whether this tensor is a gradient leaf (`requires_grad`).
     pub fn is_requires_grad(&self) -> bool {
         self.node.requires_grad()
     }

@@ -77,11 +77,13 @@ impl TritonKernel {
         self
     }
 
+    /// Warps per program (Triton's `num_warps`; default 4).
     pub fn warps(mut self, n: u32) -> Self {
         self.warps = n;
         self
     }
 
+    /// Software-pipelining stages (Triton's `num_stages`; default 2).
     pub fn stages(mut self, n: u32) -> Self {
         self.stages = n;
         self

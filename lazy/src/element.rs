@@ -5,6 +5,7 @@ use lazuli_hlo::DType;
 
 /// A Rust type that can cross the host/device boundary as elements of a tensor of dtype [`Element::DTYPE`].
 pub trait Element: Copy + Send + Sync + std::fmt::Debug + std::fmt::Display + 'static {
+    /// The dtype of a tensor of this element type.
     const DTYPE: DType;
     /// Append the little-endian bytes of `self` (PJRT's dense host layout on x86-64 and aarch64).
     fn put(self, out: &mut Vec<u8>);
@@ -18,7 +19,9 @@ pub trait Element: Copy + Send + Sync + std::fmt::Debug + std::fmt::Display + 's
     fn get_all(bytes: &[u8]) -> Vec<Self> {
         bytes.chunks_exact(Self::DTYPE.byte_size()).map(Self::get).collect()
     }
+    /// The value as f64 (`as`-cast; a bool is 0 or 1).
     fn to_f64(self) -> f64;
+    /// `x` in this type (`as`-cast; for a bool, `x != 0`).
     fn from_f64(x: f64) -> Self;
 }
 

@@ -3,8 +3,11 @@
 
 use lazuli_hlo::{DType, Loc};
 
+/// lazuli's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Everything a read, a step boundary, a checkpoint or the runtime's set-up can fail with. Each names the user's line
+/// it concerns (where the value was materialized, or the call that failed).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The runtime (plugin, client, transfer, execute) failed.
@@ -12,20 +15,53 @@ pub enum Error {
     Pjrt(#[from] lazuli_pjrt::Error),
     /// XLA rejected the program. Its message names the Rust line of the failing op (every op carries a `loc`).
     #[error("XLA could not compile the graph materialized at {at}:\n{source}")]
-    Compile { at: Loc, source: lazuli_pjrt::Error },
+    Compile {
+        /// The line whose materialization compiled the program.
+        at: Loc,
+        /// XLA's error.
+        source: lazuli_pjrt::Error,
+    },
     /// XLA rejected a program holding custom kernels (a user's Triton IR, say); the kernels are named with the
     /// lines that recorded them.
     #[error("XLA could not compile the graph materialized at {at}, which holds these custom kernels:\n  {kernels}\n{source}")]
-    KernelCompile { at: Loc, kernels: String, source: lazuli_pjrt::Error },
+    KernelCompile {
+        /// The line whose materialization compiled the program.
+        at: Loc,
+        /// The program's custom kernels, each with the line that recorded it.
+        kernels: String,
+        /// XLA's error.
+        source: lazuli_pjrt::Error,
+    },
     /// Running the compiled program failed.
     #[error("running the graph materialized at {at} failed:\n{source}")]
-    Execute { at: Loc, source: lazuli_pjrt::Error },
+    Execute {
+        /// The line whose materialization launched the program.
+        at: Loc,
+        /// The plugin's error.
+        source: lazuli_pjrt::Error,
+    },
     /// A typed read asked for a different element type than the tensor has.
     #[error("{what} at {at}: the tensor is {actual}, but {wanted} was asked for; convert it with `.to_dtype(DType::{wanted_variant:?})` first")]
-    DTypeMismatch { what: &'static str, at: Loc, actual: DType, wanted: DType, wanted_variant: DType },
+    DTypeMismatch {
+        /// The read (`item`, `to_vec`, …).
+        what: &'static str,
+        /// The line of the read.
+        at: Loc,
+        /// The tensor's dtype.
+        actual: DType,
+        /// The dtype of the element type asked for.
+        wanted: DType,
+        /// The same, named as a `DType` variant in the message's advice.
+        wanted_variant: DType,
+    },
     /// `item()` on a tensor with more than one element.
     #[error("item() at {at}: the tensor has {elements} elements; item() needs exactly one")]
-    NotScalar { at: Loc, elements: usize },
+    NotScalar {
+        /// The line of the `item()`.
+        at: Loc,
+        /// The tensor's number of elements.
+        elements: usize,
+    },
     /// A mesh or sharding does not fit (unknown axis, indivisible dimension, too few devices, two meshes).
     #[error("sharding: {0}")]
     Sharding(String),

@@ -20,11 +20,17 @@ use crate::walk::{one_at_a_time, walk, Walk};
 /// Why a materialization happened (diagnostics build on this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
+    /// `item()`.
     Item,
+    /// `to_vec()`, `to_ndarray()` and the other typed reads.
     ToVec,
+    /// Printing a tensor (`Display`).
     Display,
+    /// `sync()`, the step boundary.
     Sync,
+    /// `Tensor::materialize()`.
     Explicit,
+    /// Saving a checkpoint.
     Checkpoint,
     /// A tensor's value decided a host-side branch (`if loss > 1.0`).
     HostControlFlow,

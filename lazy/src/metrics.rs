@@ -56,6 +56,7 @@ pub struct Metrics {
     pub executions: u64,
     /// Of `executions`, programs queued on the CPU launcher thread (see `Config::cpu_launcher`).
     pub queued: u64,
+    /// Time compiling programs, and loading them from the persistent compile cache.
     pub compile_ms: f64,
     /// Time inside the plugin's execute call: launching programs (they run asynchronously; see `wait_ms`), on
     /// the launcher thread for queued programs.

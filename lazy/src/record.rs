@@ -72,6 +72,8 @@ pub(crate) fn axis(ax: isize, rank: usize, what: &str, loc: Loc) -> usize {
 /// Something usable as the second operand of a binary op: a tensor, or a host scalar that becomes a program
 /// parameter of the other operand's dtype (so a new value, e.g. a learning rate, does not recompile).
 pub trait Operand {
+    /// The operand as a tensor recorded at `loc`: a tensor as it is, a host scalar as a program parameter of dtype
+    /// `like`.
     fn into_tensor(self, like: DType, loc: Loc) -> Tensor;
 
     /// `f` on the operand as a tensor: a borrowed tensor is lent as it is, without a handle of its own (two
@@ -207,42 +209,52 @@ impl Tensor {
         self.binary_at(other, BinaryKind::Or, Loc::caller())
     }
 
+    /// `e^x`, elementwise (floating point).
     #[track_caller]
     pub fn exp(&self) -> Tensor {
         self.unary(UnaryKind::Exp)
     }
+    /// Natural logarithm, elementwise (floating point).
     #[track_caller]
     pub fn log(&self) -> Tensor {
         self.unary(UnaryKind::Log)
     }
+    /// Square root, elementwise (floating point).
     #[track_caller]
     pub fn sqrt(&self) -> Tensor {
         self.unary(UnaryKind::Sqrt)
     }
+    /// `1 / sqrt(x)`, elementwise (floating point).
     #[track_caller]
     pub fn rsqrt(&self) -> Tensor {
         self.unary(UnaryKind::Rsqrt)
     }
+    /// Hyperbolic tangent, elementwise (floating point).
     #[track_caller]
     pub fn tanh(&self) -> Tensor {
         self.unary(UnaryKind::Tanh)
     }
+    /// Sine, elementwise (floating point).
     #[track_caller]
     pub fn sin(&self) -> Tensor {
         self.unary(UnaryKind::Sin)
     }
+    /// Cosine, elementwise (floating point).
     #[track_caller]
     pub fn cos(&self) -> Tensor {
         self.unary(UnaryKind::Cos)
     }
+    /// Absolute value, elementwise.
     #[track_caller]
     pub fn abs(&self) -> Tensor {
         self.unary(UnaryKind::Abs)
     }
+    /// `1 / (1 + e^-x)`, elementwise (floating point).
     #[track_caller]
     pub fn sigmoid(&self) -> Tensor {
         self.unary(UnaryKind::Logistic)
     }
+    /// `-x`, elementwise.
     #[track_caller]
     pub fn neg(&self) -> Tensor {
         self.unary(UnaryKind::Neg)
@@ -253,22 +265,27 @@ impl Tensor {
     pub fn eq(&self, other: impl Operand) -> Tensor {
         self.compare(other, CompareDir::Eq)
     }
+    /// `self != other` elementwise, as a bool tensor.
     #[track_caller]
     pub fn ne(&self, other: impl Operand) -> Tensor {
         self.compare(other, CompareDir::Ne)
     }
+    /// `self < other` elementwise, as a bool tensor.
     #[track_caller]
     pub fn lt(&self, other: impl Operand) -> Tensor {
         self.compare(other, CompareDir::Lt)
     }
+    /// `self <= other` elementwise, as a bool tensor.
     #[track_caller]
     pub fn le(&self, other: impl Operand) -> Tensor {
         self.compare(other, CompareDir::Le)
     }
+    /// `self > other` elementwise, as a bool tensor.
     #[track_caller]
     pub fn gt(&self, other: impl Operand) -> Tensor {
         self.compare(other, CompareDir::Gt)
     }
+    /// `self >= other` elementwise, as a bool tensor.
     #[track_caller]
     pub fn ge(&self, other: impl Operand) -> Tensor {
         self.compare(other, CompareDir::Ge)
@@ -368,18 +385,22 @@ impl Tensor {
         let all: Vec<isize> = (0..self.rank() as isize).collect();
         self.reduce(ReduceKind::Sum, &all, false)
     }
+    /// Maximum over `axes` (negative allowed), removing them.
     #[track_caller]
     pub fn max(&self, axes: &[isize]) -> Tensor {
         self.reduce(ReduceKind::Max, axes, false)
     }
+    /// Maximum over `axes`, keeping them with size 1.
     #[track_caller]
     pub fn max_keepdim(&self, axes: &[isize]) -> Tensor {
         self.reduce(ReduceKind::Max, axes, true)
     }
+    /// Minimum over `axes` (negative allowed), removing them.
     #[track_caller]
     pub fn min(&self, axes: &[isize]) -> Tensor {
         self.reduce(ReduceKind::Min, axes, false)
     }
+    /// Minimum over `axes`, keeping them with size 1.
     #[track_caller]
     pub fn min_keepdim(&self, axes: &[isize]) -> Tensor {
         self.reduce(ReduceKind::Min, axes, true)
@@ -390,10 +411,12 @@ impl Tensor {
     pub fn mean(&self, axes: &[isize]) -> Tensor {
         self.mean_impl(axes, false)
     }
+    /// Mean over `axes`, keeping them with size 1.
     #[track_caller]
     pub fn mean_keepdim(&self, axes: &[isize]) -> Tensor {
         self.mean_impl(axes, true)
     }
+    /// Mean of all elements (a scalar).
     #[track_caller]
     pub fn mean_all(&self) -> Tensor {
         let all: Vec<isize> = (0..self.rank() as isize).collect();

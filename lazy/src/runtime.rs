@@ -24,6 +24,7 @@ pub enum Backend {
 /// How the runtime is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
+    /// Which kind of plugin to load.
     pub backend: Backend,
     /// A plugin file to load instead of the backend's default.
     pub plugin_path: Option<PathBuf>,
@@ -126,7 +127,7 @@ impl Config {
     /// CPU and GPU: `max`/`min` (reductions, `maximum`, `minimum`, clamp, pooling) propagate NaN, as in JAX, which
     /// sets both options below to false (`docs/numerics.md`). XLA's "fast" min/max, the CPU's default, returns the
     /// number when one operand is NaN (both CPU plugins); on GPUs off is XLA's default, pinned here. On the CPU it
-    /// slows max/min reductions: a row max over f32[512,1024] 135 → 315 µs, a softmax over f32[2048,64] (a
+    /// slows max/min reductions: a row max over `f32[512,1024]` 135 → 315 µs, a softmax over `f32[2048,64]` (a
     /// gpt-tiny attention) 165 → 215 µs; elementwise `maximum` is unchanged. `lazuli-bench cpu`, 13 alternating
     /// runs: gpt-tiny 6.88 → 6.97 ms (+1.3%, within the 2-core machine's noise), mlp-tiny 17.3 → 17.0 µs.
     ///
@@ -415,10 +416,13 @@ pub fn platform() -> Result<String> {
 /// What the runtime loaded: useful in logs and bug reports.
 #[derive(Clone, Debug)]
 pub struct RuntimeInfo {
+    /// The plugin's platform name (`cpu`, `cuda`, `tpu`).
     pub platform: String,
+    /// The plugin file loaded.
     pub plugin_path: PathBuf,
     /// The plugin's PJRT C API version (major, minor).
     pub api_version: (i32, i32),
+    /// Devices the plugin offers.
     pub device_count: usize,
     /// The device programs run on.
     pub device: String,

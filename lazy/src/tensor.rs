@@ -387,22 +387,27 @@ impl Tensor {
         Tensor::host(TensorType::scalar(dtype), scalar_bytes(dtype, value), Loc::caller())
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.node.ty.dtype
     }
 
+    /// The dimensions (empty for a scalar).
     pub fn dims(&self) -> &[usize] {
         &self.node.ty.dims
     }
 
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.node.ty.rank()
     }
 
+    /// The number of elements (1 for a scalar).
     pub fn elements(&self) -> usize {
         self.node.ty.elements()
     }
 
+    /// The static type: dtype and dimensions, displayed as `f32[2,3]`.
     pub fn tensor_type(&self) -> &TensorType {
         &self.node.ty
     }

@@ -309,6 +309,7 @@ impl Device {
 /// A device allocator's statistics, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryStats {
+    /// What the device's allocator holds now.
     pub bytes_in_use: i64,
     /// The most ever held at once, where the plugin tracks it.
     pub peak_bytes_in_use: Option<i64>,

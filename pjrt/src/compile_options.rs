@@ -28,8 +28,11 @@ pub struct CompileOptions {
 /// comma-separated string, as in `XLA_FLAGS`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum XlaOption {
+    /// A string (also a list, comma-separated).
     Str(String),
+    /// A boolean.
     Bool(bool),
+    /// An integer.
     Int(i64),
 }
 

@@ -9,9 +9,12 @@ use crate::{Mesh, PartitionSpec, ShardingError};
 /// sharding rules (in `lazuli-hlo`) can propagate it.
 pub type DimShards = Vec<Vec<usize>>;
 
+/// A partition spec resolved on a mesh for one tensor: which mesh axes split which of its dimensions.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Sharding {
+    /// The mesh the tensor lies on.
     pub mesh: Mesh,
+    /// Per tensor dimension, the indices of the mesh axes that split it.
     pub dims: DimShards,
 }
 
@@ -60,6 +63,7 @@ impl Sharding {
         ok.then(|| Sharding { mesh: mesh.clone(), dims })
     }
 
+    /// Whether every device holds the whole tensor.
     pub fn is_replicated(&self) -> bool {
         self.dims.iter().all(Vec::is_empty)
     }

@@ -9,16 +9,48 @@ pub use layout::{DimShards, Sharding};
 
 use std::fmt;
 
+/// Why a mesh or a partition spec does not fit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShardingError {
+    /// A spec names an axis the mesh does not have.
     #[error("the mesh has no axis named {axis:?} (axes: {axes:?})")]
-    UnknownAxis { axis: String, axes: Vec<String> },
+    UnknownAxis {
+        /// The name asked for.
+        axis: String,
+        /// The mesh's axes.
+        axes: Vec<String>,
+    },
+    /// A spec splits two dimensions over the same mesh axis.
     #[error("mesh axis {axis:?} is used by more than one dimension of the spec {spec}")]
-    AxisReused { axis: String, spec: String },
+    AxisReused {
+        /// The axis used twice.
+        axis: String,
+        /// The spec.
+        spec: String,
+    },
+    /// A dimension does not divide into as many pieces as its mesh axes ask.
     #[error("dimension {dim} of size {size} is not divisible by {parts} (mesh axes {axes:?})")]
-    NotDivisible { dim: usize, size: usize, parts: usize, axes: Vec<String> },
+    NotDivisible {
+        /// The tensor dimension.
+        dim: usize,
+        /// Its size.
+        size: usize,
+        /// The pieces its axes ask for.
+        parts: usize,
+        /// The mesh axes splitting it.
+        axes: Vec<String>,
+    },
+    /// A spec's rank differs from the tensor's.
     #[error("the spec {spec} has {spec_rank} dimensions, the tensor has {rank}")]
-    RankMismatch { spec: String, spec_rank: usize, rank: usize },
+    RankMismatch {
+        /// The spec.
+        spec: String,
+        /// Its number of dimensions.
+        spec_rank: usize,
+        /// The tensor's.
+        rank: usize,
+    },
+    /// The mesh itself is malformed (an unnamed or empty axis, an axis twice, a device count that does not match).
     #[error("invalid mesh: {0}")]
     InvalidMesh(String),
 }
@@ -55,18 +87,22 @@ impl Mesh {
         Ok(Mesh { axes: axes.iter().map(|(n, s)| (n.to_string(), *s)).collect(), devices })
     }
 
+    /// The number of devices.
     pub fn size(&self) -> usize {
         self.devices.len()
     }
 
+    /// The axes with their sizes, outermost first.
     pub fn axes(&self) -> &[(String, usize)] {
         &self.axes
     }
 
+    /// The device ids, row-major over the axes.
     pub fn devices(&self) -> &[usize] {
         &self.devices
     }
 
+    /// The position of the axis `name`, or `UnknownAxis`.
     pub fn axis_index(&self, name: &str) -> Result<usize, ShardingError> {
         self.axes.iter().position(|a| a.0 == name).ok_or_else(|| ShardingError::UnknownAxis {
             axis: name.to_string(),
@@ -74,6 +110,7 @@ impl Mesh {
         })
     }
 
+    /// The size of axis `index`.
     pub fn axis_size(&self, index: usize) -> usize {
         self.axes[index].1
     }
@@ -99,7 +136,10 @@ impl fmt::Display for Mesh {
 /// For each tensor dimension, the mesh axes that split it (none: replicated along that dimension). Axes not used
 /// by any dimension replicate the whole tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
-pub struct PartitionSpec(pub Vec<Vec<String>>);
+pub struct PartitionSpec(
+    /// Per tensor dimension, the names of the mesh axes that split it, outermost first.
+    pub Vec<Vec<String>>,
+);
 
 impl PartitionSpec {
     /// `PartitionSpec::new(&[&["data"], &[]])`: dimension 0 split over `data`, dimension 1 whole.
@@ -119,6 +159,7 @@ impl PartitionSpec {
         p
     }
 
+    /// The number of tensor dimensions the spec covers.
     pub fn rank(&self) -> usize {
         self.0.len()
     }

@@ -21,15 +21,21 @@ pub enum Role {
     Other,
 }
 
+/// One parameter as the planner sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamInfo {
+    /// Its dotted name (`blocks.0.attn.qkv.weight`).
     pub name: String,
+    /// Its dimensions.
     pub shape: Vec<usize>,
+    /// Bytes per element of its dtype.
     pub bytes_per_element: usize,
+    /// What kind of weight it is, which decides how each plan splits it.
     pub role: Role,
 }
 
 impl ParamInfo {
+    /// Its size in bytes.
     pub fn bytes(&self) -> f64 {
         (self.shape.iter().product::<usize>() * self.bytes_per_element) as f64
     }
@@ -110,6 +116,7 @@ pub struct Work {
 /// The training step as the planner sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepInfo {
+    /// Every parameter of the model.
     pub params: Vec<ParamInfo>,
     /// Matmul FLOPs of one whole step (forward and backward) on one device.
     pub flops: f64,
@@ -141,31 +148,45 @@ impl StepInfo {
 /// A candidate plan: its mesh, its placements and its estimated costs per device and step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
+    /// The plan's name: `dp`, `fsdp`, `tp` or `2d`.
     pub name: &'static str,
+    /// Its mesh's axes and sizes.
     pub mesh: Vec<(String, usize)>,
     /// One device's work, and the wall time of all devices' work (over the shared cores, if shared).
     pub work: Work,
+    /// Bytes of elementwise work of the optimizer update on one device.
     pub update_bytes: f64,
+    /// Estimated matmul time per step, in seconds.
     pub matmul_s: f64,
+    /// Estimated time of the other ops per step, in seconds.
     pub elementwise_s: f64,
+    /// Estimated optimizer update time per step, in seconds.
     pub update_s: f64,
+    /// Bytes one device sends over its links per step.
     pub comm_bytes: f64,
     /// Transfer time of the collectives' bytes.
     pub comm_s: f64,
+    /// Collectives per step.
     pub collectives: f64,
+    /// Their fixed latency per step, in seconds.
     pub latency_s: f64,
+    /// Memory per device: weights, gradients, optimizer state and the activations kept for the backward pass.
     pub memory_bytes: f64,
+    /// Whether `memory_bytes` is within the memory limit.
     pub fits: bool,
     /// Why it is not possible (a dimension does not divide), if so.
     pub invalid: Option<String>,
+    /// Each parameter's partition spec, by name.
     pub placements: Vec<(String, PartitionSpec)>,
 }
 
 impl Candidate {
+    /// Estimated compute time per step (matmuls, other ops, the update), in seconds.
     pub fn compute_s(&self) -> f64 {
         self.matmul_s + self.elementwise_s + self.update_s
     }
 
+    /// Estimated step time: compute, communication and collective latency, in seconds.
     pub fn time_s(&self) -> f64 {
         self.compute_s() + self.comm_s + self.latency_s
     }
@@ -182,17 +203,23 @@ impl Candidate {
     }
 }
 
+/// The planner's answer: every candidate with its estimates, the one chosen and why (`Display` prints the table).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
+    /// Devices planned for.
     pub devices: usize,
+    /// Memory per device, in bytes (infinite: no limit).
     pub memory_limit: f64,
+    /// Every candidate considered.
     pub candidates: Vec<Candidate>,
     /// Index of the chosen candidate.
     pub chosen: usize,
+    /// Why that candidate, in words.
     pub reason: String,
 }
 
 impl Plan {
+    /// The chosen candidate.
     pub fn chosen(&self) -> &Candidate {
         &self.candidates[self.chosen]
     }

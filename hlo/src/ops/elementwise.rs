@@ -18,17 +18,28 @@ use crate::dtype::{DType, TensorType};
 use crate::emit::LowerCx;
 use crate::op::{arity, OpRules};
 
+/// A unary elementwise op (a step of a fused expression; `Tensor` has a method for each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryKind {
+    /// `-x`.
     Neg,
+    /// `|x|`.
     Abs,
+    /// `e^x` (floating point).
     Exp,
+    /// Natural logarithm (floating point).
     Log,
+    /// Square root (floating point).
     Sqrt,
+    /// `1 / sqrt(x)` (floating point).
     Rsqrt,
+    /// Hyperbolic tangent (floating point).
     Tanh,
+    /// Sine (floating point).
     Sin,
+    /// Cosine (floating point).
     Cos,
+    /// The logistic sigmoid `1 / (1 + e^-x)` (floating point).
     Logistic,
 }
 
@@ -137,19 +148,30 @@ impl OpRules for Unary {
     }
 }
 
+/// A binary elementwise op (a step of a fused expression; `Tensor` has a method or operator for each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryKind {
+    /// `a + b` (integers wrap).
     Add,
+    /// `a - b` (integers wrap).
     Sub,
+    /// `a * b` (integers wrap).
     Mul,
+    /// `a / b` (integers truncate; see docs/numerics.md for division by zero).
     Div,
+    /// The larger of `a` and `b`; NaN if either is NaN.
     Max,
+    /// The smaller of `a` and `b`; NaN if either is NaN.
     Min,
+    /// `a` to the power `b`.
     Pow,
+    /// Logical and of bools, bitwise and of integers.
     And,
+    /// Logical or of bools, bitwise or of integers.
     Or,
     /// Bit shifts of integers; a shift by the bit width or more gives 0.
     ShiftLeft,
+    /// Logical right shift: zeros come in from the left.
     ShiftRightLogical,
 }
 

@@ -22,22 +22,29 @@ use crate::ops::elementwise::{Binary, BinaryKind, Unary, UnaryKind};
 /// A value inside an expression: operand `i`, or the result of step `i`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Ref {
+    /// Operand `i` of the expression.
     Arg(u8),
+    /// The result of step `i`.
     Step(u8),
 }
 
 /// One step of an expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Step {
+    /// A unary op on a value.
     Unary(UnaryKind, Ref),
+    /// A binary op on two values.
     Binary(BinaryKind, Ref, Ref),
 }
 
 /// An expression over `args` operands; the last step is the result. Cloning shares the steps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fused {
+    /// Its name in diagnostics.
     pub name: &'static str,
+    /// The number of operands.
     pub args: u8,
+    /// The steps in order; the last one's result is the expression's.
     pub steps: Arc<[Step]>,
     /// Hash of the steps, taken once: every node of this expression hashes it instead of the steps.
     digest: u64,
@@ -61,6 +68,7 @@ impl FusedBuilder {
     pub fn new(name: &'static str, args: u8) -> FusedBuilder {
         FusedBuilder { name, args, steps: Vec::new() }
     }
+    /// Operand `i` (panics if `i` is not below the operand count).
     pub fn arg(&self, i: u8) -> Ref {
         assert!(i < self.args, "fused expression {}: operand {i} of {}", self.name, self.args);
         Ref::Arg(i)
@@ -69,21 +77,27 @@ impl FusedBuilder {
         self.steps.push(s);
         Ref::Step((self.steps.len() - 1) as u8)
     }
+    /// A step applying `k` to `a`; returns its result.
     pub fn unary(&mut self, k: UnaryKind, a: Ref) -> Ref {
         self.push(Step::Unary(k, a))
     }
+    /// A step applying `k` to `a` and `b`; returns its result.
     pub fn binary(&mut self, k: BinaryKind, a: Ref, b: Ref) -> Ref {
         self.push(Step::Binary(k, a, b))
     }
+    /// `a + b`.
     pub fn add(&mut self, a: Ref, b: Ref) -> Ref {
         self.binary(BinaryKind::Add, a, b)
     }
+    /// `a - b`.
     pub fn sub(&mut self, a: Ref, b: Ref) -> Ref {
         self.binary(BinaryKind::Sub, a, b)
     }
+    /// `a * b`.
     pub fn mul(&mut self, a: Ref, b: Ref) -> Ref {
         self.binary(BinaryKind::Mul, a, b)
     }
+    /// `a / b`.
     pub fn div(&mut self, a: Ref, b: Ref) -> Ref {
         self.binary(BinaryKind::Div, a, b)
     }

@@ -41,7 +41,9 @@ const MAX_HEADER: usize = 100_000_000;
 /// Everything a checkpoint holds besides tensors: the optimizer's step count and free-form user entries.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CheckpointMeta {
+    /// The optimizer's step count when the checkpoint was saved.
     pub optimizer_steps: u64,
+    /// The free-form entries the caller saved with it.
     pub user: BTreeMap<String, String>,
 }
 

@@ -24,32 +24,48 @@ pub enum EventKind {
 /// One event. Times are milliseconds; `start_us` counts from the process's first event.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
+    /// What happened: a program, a read or a step boundary.
     pub kind: EventKind,
     /// `item`, `to_vec`, `display`, `sync`, `checkpoint`, `host_control_flow`, `explicit`.
     pub cause: String,
+    /// Source file of the line that caused it (the materializing call).
     pub file: String,
+    /// Line in `file`.
     pub line: u32,
+    /// Column in `line`.
     pub col: u32,
+    /// The step it happened in, counted from 0 (`sync()` ends a step).
     pub step: u64,
     /// 1-based position of this program among the checked programs of its step.
     pub program_in_step: u32,
     /// Inside `diagnostics::unchecked` (evaluation, sampling): not part of the step's accounting.
     pub unchecked: bool,
+    /// The program's structure hash (hex): equal hashes are the same compiled program.
     pub graph_hash: String,
+    /// Nodes in the program's graph.
     pub nodes: usize,
+    /// The program's inputs (parameters).
     pub inputs: usize,
+    /// The program's outputs.
     pub outputs: usize,
+    /// The program was already compiled in this process (no compile, no load).
     pub cache_hit: bool,
     /// A cache miss served by the persistent compile cache: `compile_ms` is the time to load it.
     #[serde(default)]
     pub disk_hit: bool,
     /// A compile after the warm-up steps.
     pub recompile: bool,
+    /// Time compiling the program (or loading it from the persistent compile cache); 0 on a cache hit.
     pub compile_ms: f64,
+    /// Time launching the program (execution is asynchronous on GPUs and TPUs).
     pub execute_ms: f64,
+    /// Time copying data: uploads for a program, the copy to the host for a read.
     pub transfer_ms: f64,
+    /// Bytes uploaded for the program.
     pub bytes_to_device: u64,
+    /// Bytes read back to the host.
     pub bytes_to_host: u64,
+    /// When the event began, in microseconds from the process's first event.
     pub start_us: f64,
     /// For a compile: how this graph differs from the closest one compiled before (the text of `differences`).
     pub explanation: Vec<String>,
@@ -64,6 +80,8 @@ pub struct Event {
 }
 
 impl Event {
+    /// An event of `kind` caused by `cause` at `at`, in the current step, starting now; the measurements are zero until
+    /// filled in.
     pub fn new(kind: EventKind, cause: &str, at: lazuli_hlo::Loc) -> Event {
         Event {
             kind,

@@ -65,6 +65,7 @@ impl DiffKind {
 /// One reason a graph is new, at the line that recorded it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Difference {
+    /// What kind of difference it is.
     pub kind: DiffKind,
     /// `file:line` of the code that recorded the difference (the input, the loop's first op, the constant).
     pub site: String,

@@ -12,14 +12,19 @@ use super::explain::{DiffKind, Difference};
 /// A call site that forced extra programs inside steps.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BreakSite {
+    /// What materialized: `item`, `to_vec`, `display`, `host_control_flow`, …
     pub cause: String,
+    /// `file:line` of the call that materialized.
     pub site: String,
     /// Extra programs it forced (one per step unless it runs several times a step).
     pub count: usize,
+    /// Compile, execute and transfer time of the extra programs, in milliseconds.
     pub ms_lost: f64,
+    /// The first step in which it broke the graph.
     pub first_step: u64,
     /// The steps in which it broke the graph, in order.
     pub steps: Vec<u64>,
+    /// How to avoid the break.
     pub advice: String,
 }
 
@@ -43,22 +48,37 @@ pub struct RecompileSite {
     pub explanation: Vec<String>,
     /// Other causes of the same compiles, as `kind at file:line`.
     pub together_with: Vec<String>,
+    /// How to avoid these compiles.
     pub advice: String,
 }
 
+/// What an event file says: totals, the graph breaks ranked by time lost, the recompiles grouped by cause, and the
+/// custom kernels (`analyse`; `render` prints it, `lazuli-report` too).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
+    /// Steps seen: the number of the step after the last step boundary (or the last event's step, if later).
     pub steps: u64,
+    /// Programs run, checked or not.
     pub programs: usize,
+    /// The most checked programs any one step ran.
     pub max_programs_per_step: usize,
+    /// Steps that ran more than one checked program.
     pub steps_with_breaks: usize,
+    /// Programs that were not cache hits (compiled or loaded from the persistent compile cache).
     pub compiles: usize,
+    /// Compiles after the warm-up steps (checked programs only).
     pub recompiles: usize,
+    /// Total compile (or load) time, in milliseconds.
     pub compile_ms: f64,
+    /// Total launch time, in milliseconds.
     pub execute_ms: f64,
+    /// Total transfer time of programs and reads, in milliseconds.
     pub transfer_ms: f64,
+    /// Programs inside `unchecked` scopes, left out of the step accounting.
     pub unchecked_programs: usize,
+    /// The graph breaks per cause and call site, the most time lost first.
     pub breaks: Vec<BreakSite>,
+    /// The recompiles after warm-up, one entry per cause (kind and line).
     pub recompile_sites: Vec<RecompileSite>,
     /// Every custom kernel compiled, with the implementation it runs and why, once each.
     pub kernels: Vec<String>,

@@ -133,6 +133,7 @@ pub fn strict_scope(budget: Budget) -> StrictScope {
     StrictScope { previous }
 }
 
+/// The guard of `strict_scope`: dropping it restores the previous strict setting.
 pub struct StrictScope {
     previous: Option<(Budget, u64)>,
 }

@@ -10,16 +10,22 @@ use crate::array_ops::constant_like;
 use crate::attention::{scaled_dot_product_attention, AttentionLayout, AttentionOptions};
 use crate::tensor::Tensor;
 
+/// A GPT's shape: vocabulary, context, depth, width, dropout and dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptConfig {
+    /// Vocabulary size (rows of the token embedding, width of the logits).
     pub vocab: usize,
     /// Longest sequence (positions).
     pub block_size: usize,
+    /// Transformer blocks.
     pub n_layer: usize,
+    /// Attention heads per block (`d_model` must divide by it).
     pub n_head: usize,
+    /// Width of the residual stream.
     pub d_model: usize,
     /// Dropout after attention weights, attention output, MLP output and embeddings (GPT-2: 0.1).
     pub dropout: f64,
+    /// Dtype of the weights and activations.
     pub dtype: DType,
 }
 
@@ -49,14 +55,20 @@ fn gpt_linear(rng: &mut HostRng, d_in: usize, d_out: usize, std: f64, dtype: DTy
 /// Multi-head causal self-attention with one fused q/k/v projection; fused attention (`scaled_dot_product_attention`:
 /// cuDNN's flash attention on NVIDIA GPUs) unless attention-weight dropout is on.
 pub struct CausalSelfAttention {
+    /// The fused query, key and value projection, `d_model` → `3 · d_model`.
     pub qkv: Linear,
+    /// The output projection.
     pub proj: Linear,
+    /// Attention heads.
     pub n_head: usize,
+    /// Dropout on the attention weights (when on, attention is written out instead of fused).
     pub attn_drop: Dropout,
+    /// Dropout on the output.
     pub resid_drop: Dropout,
 }
 
 impl CausalSelfAttention {
+    /// GPT-2's initialisation for `cfg`'s sizes (see `GptConfig`).
     pub fn new(rng: &mut HostRng, cfg: &GptConfig) -> Self {
         let d = cfg.d_model;
         let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
@@ -118,15 +130,22 @@ impl Module for CausalSelfAttention {
 
 /// Pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(x)) with a 4× GELU MLP.
 pub struct Block {
+    /// Normalization before attention.
     pub ln1: LayerNorm,
+    /// Causal self-attention.
     pub attn: CausalSelfAttention,
+    /// Normalization before the MLP.
     pub ln2: LayerNorm,
+    /// The MLP's first layer, `d_model` → `4 · d_model`.
     pub fc: Linear,
+    /// The MLP's second layer, back to `d_model`.
     pub fc_proj: Linear,
+    /// Dropout on the MLP's output.
     pub mlp_drop: Dropout,
 }
 
 impl Block {
+    /// A block of `cfg`'s sizes with GPT-2's initialisation.
     pub fn new(rng: &mut HostRng, cfg: &GptConfig) -> Block {
         let d = cfg.d_model;
         let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
@@ -140,6 +159,7 @@ impl Block {
         }
     }
 
+    /// `x: [batch, seq, d_model]` → the same shape.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let x = x + self.attn.forward(&self.ln1.forward(x));
@@ -162,16 +182,25 @@ impl Module for Block {
     }
 }
 
+/// A GPT-2-style decoder-only transformer: token and position embeddings, pre-norm blocks, a final normalization and a
+/// head tied to the token embedding.
 pub struct Gpt {
+    /// Its sizes.
     pub config: GptConfig,
+    /// Token embedding, `[vocab, d_model]` (also the output head).
     pub wte: Embedding,
+    /// Position embedding, `[block_size, d_model]`.
     pub wpe: Embedding,
+    /// The transformer blocks, in order.
     pub blocks: Vec<Block>,
+    /// The final normalization.
     pub ln_f: LayerNorm,
+    /// Dropout on the embeddings.
     pub emb_drop: Dropout,
 }
 
 impl Gpt {
+    /// A GPT of `config`'s sizes with GPT-2's initialisation, drawn from `rng`.
     pub fn new(rng: &mut HostRng, config: GptConfig) -> Gpt {
         let c = &config;
         let wte = Embedding::new(rng, c.vocab, c.d_model, 0.02, c.dtype);

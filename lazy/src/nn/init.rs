@@ -10,10 +10,12 @@ use crate::tensor::Tensor;
 pub struct HostRng(u64);
 
 impl HostRng {
+    /// A generator seeded with `seed`: the same seed gives the same numbers on every run and machine.
     pub fn new(seed: u64) -> HostRng {
         HostRng(seed ^ 0x6A09_E667_F3BC_C909)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

@@ -8,7 +8,9 @@ use crate::tensor::Tensor;
 
 /// `y = x W + b` with `W: [in, out]` (stored input-major, so no transpose is recorded).
 pub struct Linear {
+    /// `[in, out]`.
     pub weight: Param,
+    /// `[out]`, if the layer has a bias.
     pub bias: Option<Param>,
 }
 
@@ -50,12 +52,16 @@ impl Module for Linear {
 /// Elementwise nonlinearities usable between layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
+    /// `tanh`.
     Tanh,
+    /// `max(x, 0)`.
     Relu,
+    /// `1 / (1 + e^-x)`.
     Sigmoid,
 }
 
 impl Activation {
+    /// The nonlinearity applied to `x`, elementwise.
     #[track_caller]
     pub fn apply(self, x: &Tensor) -> Tensor {
         match self {
@@ -68,7 +74,9 @@ impl Activation {
 
 /// Linear layers with an activation between them (none after the last).
 pub struct Mlp {
+    /// The layers, input first.
     pub layers: Vec<Linear>,
+    /// Applied after every layer but the last.
     pub activation: Activation,
 }
 
@@ -79,6 +87,7 @@ impl Mlp {
         Mlp { layers, activation }
     }
 
+    /// `x: [..., in]` → `[..., out]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let mut h = x.clone();
@@ -102,6 +111,7 @@ impl Module for Mlp {
 
 /// A lookup table: `ids` (integers, any shape) → rows of `weight: [vocab, dim]`.
 pub struct Embedding {
+    /// `[vocab, dim]`.
     pub weight: Param,
 }
 
@@ -126,18 +136,23 @@ impl Module for Embedding {
 
 /// Layer normalisation over the last dimension with a learned scale and shift.
 pub struct LayerNorm {
+    /// Scale, `[dim]` (ones at first).
     pub weight: Param,
+    /// Shift, `[dim]` (zeros at first).
     pub bias: Param,
+    /// Added to the variance before the square root.
     pub eps: f64,
 }
 
 impl LayerNorm {
+    /// Normalization over a last dimension of size `dim`.
     pub fn new(dim: usize, eps: f64, dtype: DType) -> LayerNorm {
         let ones = super::init::host_tensor(&[dim], dtype, || 1.0);
         let zeros = super::init::host_tensor(&[dim], dtype, || 0.0);
         LayerNorm { weight: Param::new(ones), bias: Param::new(zeros), eps }
     }
 
+    /// `x: [..., dim]` normalized over its last dimension, scaled and shifted.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
         x.layer_norm(&[-1], self.eps) * self.weight.get() + self.bias.get()
@@ -154,19 +169,23 @@ impl Module for LayerNorm {
 /// Dropout with probability `p` in training mode, the identity in evaluation mode. The mask comes from the
 /// device generator (`lazuli::manual_seed`), and `p` is a program parameter.
 pub struct Dropout {
+    /// Probability of zeroing an element.
     pub p: f64,
     training: std::sync::atomic::AtomicBool,
 }
 
 impl Dropout {
+    /// Dropout with probability `p`, in training mode.
     pub fn new(p: f64) -> Dropout {
         Dropout { p, training: std::sync::atomic::AtomicBool::new(true) }
     }
 
+    /// Training mode (dropping) or evaluation mode (the identity); see `Module::set_training`.
     pub fn is_training(&self) -> bool {
         self.training.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// In training mode, each element zeroed with probability `p` and the rest scaled by `1 / (1 - p)`; otherwise `x`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
         if self.p == 0.0 || !self.is_training() {
@@ -185,9 +204,13 @@ impl Module for Dropout {
 
 /// 2-D convolution over NCHW input with an OIHW kernel and a per-channel bias.
 pub struct Conv2d {
+    /// `[out_channels, in_channels, kh, kw]`.
     pub weight: Param,
+    /// `[out_channels]`, if the layer has a bias.
     pub bias: Option<Param>,
+    /// Stride along height and width.
     pub stride: [usize; 2],
+    /// Zero padding on each side, along height and width.
     pub padding: [usize; 2],
 }
 

@@ -61,6 +61,7 @@ impl Param {
         self.slot.borrow().grad()
     }
 
+    /// Forget the gradient (`grad()` is `None` until the next `backward()`).
     pub fn zero_grad(&self) {
         self.slot.borrow().zero_grad()
     }

@@ -12,14 +12,21 @@ use crate::nn::Param;
 use crate::record::fused;
 use crate::tensor::Tensor;
 
+/// AdamW (Adam with decoupled weight decay), as PyTorch's `AdamW` computes it. The moments are device tensors; the
+/// update is recorded into the step's graph.
 pub struct AdamW {
     params: Vec<(String, Param)>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
+    /// Learning rate.
     pub lr: f64,
+    /// Decay of the first moment (default 0.9).
     pub beta1: f64,
+    /// Decay of the second moment (default 0.999).
     pub beta2: f64,
+    /// Added to the second moment's square root (default 1e-8).
     pub eps: f64,
+    /// Decoupled weight decay (default 0.01).
     pub weight_decay: f64,
     steps: u64,
 }
@@ -32,16 +39,19 @@ impl AdamW {
         AdamW { params, exp_avg, exp_avg_sq, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, steps: 0 }
     }
 
+    /// With moment decays `beta1` and `beta2`.
     pub fn betas(mut self, beta1: f64, beta2: f64) -> AdamW {
         (self.beta1, self.beta2) = (beta1, beta2);
         self
     }
 
+    /// With `eps` added to the second moment's square root.
     pub fn eps(mut self, eps: f64) -> AdamW {
         self.eps = eps;
         self
     }
 
+    /// With decoupled weight decay `wd`.
     pub fn weight_decay(mut self, wd: f64) -> AdamW {
         self.weight_decay = wd;
         self

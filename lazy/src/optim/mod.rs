@@ -27,7 +27,9 @@ pub trait Optimizer {
     fn step(&mut self);
     /// Forget the parameters' gradients.
     fn zero_grad(&self);
+    /// The learning rate of the next `step()`.
     fn lr(&self) -> f64;
+    /// Set the learning rate (a host scalar: no recompile).
     fn set_lr(&mut self, lr: f64);
     /// Number of `step()` calls so far.
     fn steps(&self) -> u64;

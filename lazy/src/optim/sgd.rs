@@ -12,22 +12,29 @@ use crate::nn::Param;
 use crate::record::fused;
 use crate::tensor::Tensor;
 
+/// Stochastic gradient descent with optional momentum and weight decay, as PyTorch's `SGD` computes it; the update is
+/// recorded into the step's graph.
 pub struct Sgd {
     params: Vec<(String, Param)>,
     /// Momentum buffers (zeros at first, so every step has one structure).
     momentum_buf: Vec<Option<Tensor>>,
+    /// Learning rate.
     pub lr: f64,
+    /// Momentum (0: none).
     pub momentum: f64,
+    /// Weight decay, added to the gradient (0: none).
     pub weight_decay: f64,
     steps: u64,
 }
 
 impl Sgd {
+    /// Plain SGD over `params` (e.g. `model.named_params()`) with learning rate `lr`.
     pub fn new(params: Vec<(String, Param)>, lr: f64) -> Sgd {
         let n = params.len();
         Sgd { params, momentum_buf: vec![None; n], lr, momentum: 0.0, weight_decay: 0.0, steps: 0 }
     }
 
+    /// With momentum `m` (its buffers start at zero).
     pub fn momentum(mut self, m: f64) -> Sgd {
         self.momentum = m;
         if m != 0.0 {
@@ -36,6 +43,7 @@ impl Sgd {
         self
     }
 
+    /// With weight decay `wd`.
     pub fn weight_decay(mut self, wd: f64) -> Sgd {
         self.weight_decay = wd;
         self

@@ -4,12 +4,19 @@
 //! them, with the lines that materialized them, their steps, explanations and fixes.
 //!
 //! lazuli-report events.jsonl [--json report.json] [--chrome trace.json]
+//!
+//! From the repository: `cargo run --release --bin lazuli-report -- events.jsonl`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use lazuli::diagnostics::report;
+
+/// The tool parses and groups every event of a run: many small allocations, which mimalloc serves faster than
+/// glibc's malloc. lazuli itself installs no allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "lazuli-report", about = "Graph breaks, recompiles and where the time went, from a lazuli event file")]

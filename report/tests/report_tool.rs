@@ -1,5 +1,6 @@
 //! `LAZULI_EVENTS` writes JSON lines; `lazuli-report` reads them back and names the break, its line and its fix.
-//! The event file is chosen once per process: one test writes it here, the other in a child process.
+//! The event file is chosen once per process: one test writes it here, the other in a child process. The tests
+//! live in the tool's package, where Cargo builds the binary for them (`CARGO_BIN_EXE_lazuli-report`).
 
 use std::process::Command;
 
@@ -66,7 +67,7 @@ fn event_file_and_report_tool() {
 
 /// The training loop of `examples/graph_breaks_combined.rs`, run in a child process by
 /// `combined_causes_each_at_its_own_line`.
-#[path = "../examples/graph_breaks_combined.rs"]
+#[path = "../../examples/graph_breaks_combined.rs"]
 #[allow(dead_code)]
 mod combined;
 
@@ -98,7 +99,7 @@ fn combined_causes_each_at_its_own_line() {
     std::fs::remove_dir_all(&dir).unwrap();
 
     // Each problem's line, found by its text in the example; the file as the compiler named it.
-    let source = include_str!("../examples/graph_breaks_combined.rs");
+    let source = include_str!("../../examples/graph_breaks_combined.rs");
     let first_site = r["breaks"][0]["site"].as_str().unwrap_or_default();
     let file = first_site.rsplit_once(':').map(|(f, _)| f.to_string()).unwrap_or_default();
     assert!(file.ends_with("examples/graph_breaks_combined.rs"), "{text}");
