@@ -51,7 +51,7 @@ pub mod ir;
 pub use lazuli_lazy::{checkpoint, diagnostics, nn, optim};
 
 #[doc(inline)]
-pub use lazuli_lazy::shard as sharding;
+pub use lazuli_lazy::mesh as sharding;
 
 // Tensors and their element types.
 pub use lazuli_lazy::{broadcast_shapes, DType, Element, Operand, Tensor};
@@ -63,7 +63,7 @@ pub use lazuli_lazy::{grad, grad_enabled, no_grad, value_and_grad};
 pub use lazuli_lazy::nn::{Module, Param};
 pub use lazuli_lazy::optim::{AdamW, Optimizer, Schedule, Sgd};
 // Sharding, by the short names of its common items.
-pub use lazuli_lazy::shard::{mesh, shard_params, Mesh, PartitionSpec, Sharding};
+pub use lazuli_lazy::mesh::{mesh, shard_params, Mesh, PartitionSpec, Sharding};
 // Precision of products and convolutions.
 pub use lazuli_lazy::{matmul_precision, set_matmul_precision, with_matmul_precision, Precision};
 // Attention and custom kernels.

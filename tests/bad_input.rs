@@ -62,7 +62,7 @@ fn a_graph_recorded_without_a_step_boundary_is_compiled_in_pieces() {
     }
     let pieces = events.iter().filter(|e| e.cause == "graph_size").count();
     assert!(pieces >= 2, "{pieces} pieces: {:?}", events.iter().map(|e| (&e.cause, e.nodes)).collect::<Vec<_>>());
-    assert!(events.iter().all(|e| e.nodes <= lazuli_lazy::materialize::MAX_GRAPH_NODES), "every piece is bounded");
+    assert!(events.iter().all(|e| e.nodes <= lazuli_lazy::exec::MAX_GRAPH_NODES), "every piece is bounded");
     let report = lazuli::diagnostics::report::render(&lazuli::diagnostics::report::analyse(&events));
     assert!(report.contains("call lazuli::sync() inside the loop"), "{report}");
 }

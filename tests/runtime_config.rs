@@ -126,7 +126,7 @@ fn xla_options_from_the_environment() {
         Ok("unknown") => {
             let err = (&x() * 3.0).to_vec::<f32>().unwrap_err().to_string();
             let line = format!("runtime_config.rs:{}", line!() - 1);
-            // lazuli leaves out a backend default that a plugin words this way (`runtime.rs`, `unknown_default`).
+            // lazuli leaves out a backend default that a plugin words this way (`lazy/src/runtime/`, `unknown_default`).
             assert!(err.contains("No such compile option: 'xla_no_such_option'"), "{err}");
             return assert!(err.contains(&line), "{err}");
         }

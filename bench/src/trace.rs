@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use lazuli::nn::{Gpt, GptConfig, HostRng};
 use lazuli::{AdamW, DType, Module, Optimizer, Tensor};
-use lazuli_lazy::bench_hooks::time_boundary;
+use lazuli_lazy::exec::bench_hooks::time_boundary;
 use serde_json::{json, Value};
 
 use crate::stats::median;

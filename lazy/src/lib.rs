@@ -1,54 +1,44 @@
-//! lazuli's lazy tensors: recording ops into a graph, materializing it through PJRT, and caching compiled programs
-//! by graph structure.
+//! lazuli's lazy tensors, in folders that follow a step: ops record into a graph (`graph`, `ops`); a step
+//! boundary walks it, plans, compiles and launches a program (`exec`) on the process's runtime (`runtime`:
+//! plugin, client, settings, launcher thread, compile cache); models, optimizers and checkpoints build on it
+//! (`train`), meshes split it over devices (`mesh`), and `diagnostics` watches it all. Each folder uses only the
+//! ones listed before it (and `error`):
 //!
-//! - [`tensor`]: the `Tensor` handle, constructors from host data, reads (`item`, `to_vec`, `to_ndarray`,
-//!   `Display`) and `sync()`, the step boundary.
-//! - [`record`]: the user-facing ops (shape-checked at the user's line, numpy broadcasting).
-//! - [`materialize`]: graph collection, structure hash, executable cache, execution.
-//! - [`runtime`]: plugin and client set-up; [`metrics`](mod@metrics): counters.
+//! - [`diagnostics`]: events, strict mode, the report, metrics (uses nothing else of this crate).
+//! - [`runtime`]: `Config`, the plugin and client, values on a device, the CPU launcher, the compile cache.
+//! - [`graph`]: `Tensor` and its nodes, recording, the walk of a pending graph, autodiff.
+//! - [`ops`]: the op methods users call (array ops, activations, losses, convolutions, random numbers,
+//!   attention, custom kernels).
+//! - [`exec`]: the step boundary: `materialize` and its stages, reads, the reference interpreter.
+//! - [`train`]: `nn` (modules, layers, the GPT), `optim` (SGD, AdamW), `checkpoint`.
+//! - [`mesh`]: meshes, shardings of tensors and parameters, the planner.
 #![forbid(unsafe_code)]
 
-mod array_ops;
-pub mod attention;
-pub mod autodiff;
-pub mod bench_hooks;
-pub mod checkpoint;
-mod compile_cache;
-mod conv;
-pub mod custom_kernel;
 pub mod diagnostics;
-pub mod element;
 pub mod error;
-mod launcher;
-pub mod materialize;
-pub mod metrics;
-pub mod nn;
-mod nn_functional;
-mod operators;
-pub mod optim;
-pub mod precision;
-pub mod random;
-pub mod record;
-mod reference;
+pub mod exec;
+pub mod graph;
+pub mod mesh;
+pub mod ops;
 pub mod runtime;
-pub mod shard;
-mod spmd;
-pub mod tensor;
-mod walk;
+pub mod train;
 
-pub use attention::{scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions};
-pub use autodiff::{grad, grad_enabled, no_grad, value_and_grad};
-pub use custom_kernel::TritonKernel;
-pub use element::Element;
+pub use diagnostics::metrics::{self, metrics, Metrics};
+pub use diagnostics::Cause;
 pub use error::{Error, Result};
+pub use exec::read::sync;
+pub use exec::wait;
+pub use graph::autodiff::{grad, grad_enabled, no_grad, value_and_grad};
+pub use graph::element::{self, Element};
+pub use graph::precision::{matmul_precision, set_matmul_precision, with_matmul_precision, Precision};
+pub use graph::record::{broadcast_shapes, Operand};
+pub use graph::tensor::Tensor;
 pub use lazuli_hlo::{DType, Loc};
 pub use lazuli_kernels::{Implementation, Target};
 pub use lazuli_pjrt::MemoryStats;
 pub use lazuli_pjrt::XlaOption;
-pub use materialize::{wait, Cause};
-pub use metrics::{metrics, Metrics};
-pub use precision::{matmul_precision, set_matmul_precision, with_matmul_precision, Precision};
-pub use random::{manual_seed, rng_state, set_rng_state};
-pub use record::{broadcast_shapes, Operand};
+pub use ops::attention::{scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions};
+pub use ops::custom_kernel::TritonKernel;
+pub use ops::random::{manual_seed, rng_state, set_rng_state};
 pub use runtime::{init, memory_stats, platform, runtime_info, Backend, Config, CpuLauncher, RuntimeInfo};
-pub use tensor::{sync, Tensor};
+pub use train::{checkpoint, nn, optim};

@@ -4,6 +4,7 @@
 mod compare;
 pub mod events;
 pub mod explain;
+pub mod metrics;
 pub mod report;
 mod steps;
 
@@ -12,4 +13,25 @@ pub use explain::{DiffKind, Difference};
 pub use steps::{
     advice, cause_name, current_step, set_strict, strict_budget, strict_scope, unchecked, Budget, StrictScope,
 };
-pub(crate) use steps::{before_program, end_step};
+pub(crate) use steps::{before_program, end_step, ProgramCheck};
+
+/// Why a materialization happened (diagnostics build on this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// `item()`.
+    Item,
+    /// `to_vec()`, `to_ndarray()` and the other typed reads.
+    ToVec,
+    /// Printing a tensor (`Display`).
+    Display,
+    /// `sync()`, the step boundary.
+    Sync,
+    /// `Tensor::materialize()`.
+    Explicit,
+    /// Saving a checkpoint.
+    Checkpoint,
+    /// A tensor's value decided a host-side branch (`if loss > 1.0`).
+    HostControlFlow,
+    /// The pending graph outgrew `exec::MAX_GRAPH_NODES`; a piece of it was computed first.
+    GraphSize,
+}

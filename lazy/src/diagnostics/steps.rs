@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use lazuli_hlo::{Graph, Loc};
 
 use super::explain::{explain_miss, Compiled, Difference};
+use super::Cause;
 use crate::error::{Error, Result};
-use crate::materialize::Cause;
 
 static STEP: AtomicU64 = AtomicU64::new(0);
 static PROGRAMS_IN_STEP: AtomicU32 = AtomicU32::new(0);

@@ -1,0 +1,149 @@
+//! The step boundary. [`materialize`] computes pending tensors in one program through its stages, each in its
+//! own folder: the walk of the pending graph (`graph::walk`, cut into pieces when too large) and the rest of the
+//! [`plan`] (mesh and layouts, donations, key, cache lookup), the [`program`] (cache hit, or emit and compile),
+//! the [`upload`] of its arguments, its [`launch`] (from this thread or on the CPU launcher), and the programs
+//! [`in_flight`] (bounded, waited for by reads, `wait()` and at exit). Beside them: [`read`] (what triggers a
+//! materialization: `item`, `to_vec`, printing, `sync`), `spmd` (layouts over a mesh), `reference` (the host
+//! interpreter instead of a device) and [`bench_hooks`] (the host-side stages timed without running).
+
+pub mod bench_hooks;
+pub(crate) mod in_flight;
+pub(crate) mod launch;
+pub(crate) mod plan;
+pub(crate) mod program;
+pub mod read;
+pub(crate) mod reference;
+pub(crate) mod spmd;
+pub(crate) mod upload;
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use lazuli_hlo::Loc;
+
+pub use in_flight::wait;
+pub use plan::MAX_GRAPH_NODES;
+
+use crate::diagnostics::metrics::{Counters, COUNTERS};
+use crate::diagnostics::{self, cause_name, Cause, EventKind, ProgramCheck};
+use crate::error::Result;
+use crate::graph::tensor::{Data, Node};
+use crate::runtime::compile_cache;
+use crate::runtime::runtime;
+use launch::Launch;
+use plan::Plan;
+
+/// Compute `targets` (those still pending) in one program, or in several when their graph is larger than
+/// [`MAX_GRAPH_NODES`]. `cause` and `at` say why and where, for diagnostics and errors.
+pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
+    let started = Instant::now();
+    if !targets.iter().any(|t| t.is_pending()) {
+        return Ok(());
+    }
+    let rt = runtime()?;
+    let Some(mut plan) = plan::plan(rt, targets, at)? else { return Ok(()) };
+    let hit = plan.cached.is_some();
+    // Strict mode may refuse here, before anything is uploaded, compiled or donated. Diagnostics compare a new
+    // program's IR with earlier ones; a cache hit needs no IR at all.
+    let check = diagnostics::before_program(cause, at, hit, if hit { None } else { Some(plan.walk.graph()) })?;
+    if !hit && plan.mesh.is_none() {
+        program::fits_in_memory(rt, &plan.walk)?;
+    }
+    // Planning reads only this thread's graph; the device stages run one materialization at a time.
+    let _one = one_at_a_time();
+    let t0 = Instant::now();
+    Counters::add(&COUNTERS.boundary_ns, (t0 - started).as_nanos() as u64);
+    let launch = Launch::choose(rt, &plan);
+    let (args, uploaded) = upload::arguments(rt, &plan, launch.upload(rt))?;
+    let t1 = Instant::now();
+    Counters::add(&COUNTERS.upload_ns, (t1 - t0).as_nanos() as u64);
+    let exe = program::executable(rt, &mut plan, at)?;
+    let t2 = Instant::now();
+    let outputs = launch.run(rt, &plan, &exe, args, at)?;
+    let t3 = Instant::now();
+    if launch == Launch::Here {
+        Counters::add(&COUNTERS.execute_ns, (t3 - t2).as_nanos() as u64);
+    }
+    let times = Times { transfer: t1 - t0, compile: t2 - t1, execute: t3 - t2 };
+    finish(plan, outputs, check, cause, at, times, uploaded)?;
+    Counters::add(&COUNTERS.finish_ns, t3.elapsed().as_nanos() as u64);
+    Ok(())
+}
+
+/// The device stages (upload, compile, launch, finish) of one materialization at a time in the process. Walks and
+/// plans of threads' own graphs run in parallel; `pjrt` itself keeps reused upload buffers away from running
+/// programs, so this only keeps programs of different threads from interleaving their launches, as the in-flight
+/// queue and the CPU launcher's demand tracking expect.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a materialization's time went, for its event.
+struct Times {
+    transfer: Duration,
+    compile: Duration,
+    execute: Duration,
+}
+
+/// After the launch: donated inputs give up their buffers, targets take their values (dropping their recipes,
+/// which frees the graph above them), a new program's first run is waited for, and the event is sent.
+fn finish(
+    plan: Plan,
+    outputs: Vec<Data>,
+    check: ProgramCheck,
+    cause: Cause,
+    at: Loc,
+    times: Times,
+    uploaded: u64,
+) -> Result<()> {
+    for &i in &plan.donated {
+        // The buffer now belongs to an output; nothing may read this node again.
+        let leaf = &plan.walk.leaves[i];
+        Counters::add(&COUNTERS.bytes_donated, leaf.ty.byte_size() as u64);
+        leaf.take_data();
+    }
+    for (node, data) in plan.walk.targets.iter().zip(outputs) {
+        node.set_data(data);
+    }
+    let hit = plan.cached.is_some();
+    // The first run of a new program is waited for: the plugin sets up runtime state on it whose teardown is
+    // registered then, and the exit hook below must be registered after that to run before it.
+    if !hit {
+        in_flight::throttle(0)?;
+    }
+    // A process that ends right after `sync()` must not tear the plugin down under a running program.
+    static EXIT_WAIT: std::sync::Once = std::sync::Once::new();
+    EXIT_WAIT.call_once(|| {
+        lazuli_pjrt::on_exit(in_flight::wait_at_exit);
+    });
+    if diagnostics::events::enabled() {
+        emit_event(plan, check, cause, at, times, uploaded);
+    }
+    Ok(())
+}
+
+/// The program's event: what ran, why, where, what it cost, and for a compile what changed and which kernels.
+fn emit_event(mut plan: Plan, check: ProgramCheck, cause: Cause, at: Loc, times: Times, uploaded: u64) {
+    let hit = plan.cached.is_some();
+    let key = plan.key;
+    let mut e = diagnostics::Event::new(EventKind::Program, cause_name(cause), at);
+    e.program_in_step = check.program_in_step;
+    e.unchecked = check.unchecked;
+    e.recompile = check.recompile;
+    e.explanation = check.explanation;
+    e.differences = check.differences;
+    if !hit {
+        e.kernels = program::kernel_choices(plan.walk.graph());
+    }
+    e.graph_hash = format!("{key:016x}");
+    let w = &plan.walk;
+    (e.nodes, e.inputs, e.outputs) = (w.len(), w.params.len(), w.outputs.len());
+    e.cache_hit = hit;
+    e.disk_hit = !hit && compile_cache::loaded_from_disk(key);
+    e.compile_ms = if hit { 0.0 } else { times.compile.as_secs_f64() * 1e3 };
+    e.execute_ms = times.execute.as_secs_f64() * 1e3;
+    e.transfer_ms = times.transfer.as_secs_f64() * 1e3;
+    e.bytes_to_device = uploaded;
+    diagnostics::events::emit(&e);
+}

@@ -1,0 +1,223 @@
+//! Reads: what makes a pending tensor compute (`materialize`, `item`, `to_vec`, `to_ndarray`, printing, a host
+//! `if` on a value) and `sync()`, the step boundary. Each runs `exec::materialize` with its cause and the user's
+//! line, then copies the value to the host.
+
+use std::fmt;
+use std::sync::Arc;
+
+use lazuli_hlo::{DType, Loc, TensorType};
+use ndarray::{ArrayD, IxDyn};
+
+use crate::diagnostics::metrics::{Counters, COUNTERS};
+use crate::diagnostics::{cause_name, Cause, EventKind};
+use crate::error::{Error, Result};
+use crate::exec::materialize;
+use crate::graph::element::{bytes_to_f64, from_bytes, Element};
+use crate::graph::tensor::{live_pending, Data, Tensor};
+
+impl Data {
+    /// The whole value as dense host bytes (gathering shards).
+    pub fn to_host(&self, ty: &TensorType) -> Result<Arc<Vec<u8>>> {
+        match self {
+            Data::Host(b) => Ok(b.clone()),
+            Data::Device(value) => {
+                crate::runtime::launcher::note_read(value);
+                let bytes = value.buffer()?.to_host()?;
+                Counters::add(&COUNTERS.bytes_to_host, bytes.len() as u64);
+                Ok(Arc::new(bytes))
+            }
+            Data::Sharded { shards, sharding } => Ok(Arc::new(crate::exec::spmd::gather(shards, ty, sharding)?)),
+        }
+    }
+}
+
+impl Tensor {
+    /// Compute this tensor (if pending) and keep the result on the device.
+    #[track_caller]
+    pub fn materialize(&self) -> Result<()> {
+        materialize(std::slice::from_ref(&self.node), Cause::Explicit, Loc::caller())
+    }
+
+    /// The raw little-endian bytes, computing first if needed.
+    fn bytes(&self, cause: Cause, at: Loc) -> Result<Arc<Vec<u8>>> {
+        materialize(std::slice::from_ref(&self.node), cause, at)?;
+        let data = self.node.lock().data.clone();
+        match data {
+            Some(Data::Host(b)) => Ok(b),
+            Some(d) => {
+                let t0 = std::time::Instant::now();
+                let mut event = crate::diagnostics::events::enabled()
+                    .then(|| crate::diagnostics::Event::new(EventKind::Read, cause_name(cause), at));
+                let bytes = d.to_host(&self.node.ty)?;
+                if let Some(e) = &mut event {
+                    e.transfer_ms = t0.elapsed().as_secs_f64() * 1e3;
+                    e.bytes_to_host = bytes.len() as u64;
+                    crate::diagnostics::events::emit(e);
+                }
+                Ok(bytes)
+            }
+            None => Err(Error::Internal("materialize left a target pending".into())),
+        }
+    }
+
+    fn check_dtype<T: Element>(&self, what: &'static str, at: Loc) -> Result<()> {
+        if T::DTYPE == self.dtype() {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch { what, at, actual: self.dtype(), wanted: T::DTYPE, wanted_variant: T::DTYPE })
+        }
+    }
+
+    /// The raw little-endian bytes of any dtype, computing first if needed.
+    pub(crate) fn raw_bytes(&self, at: Loc) -> Result<Arc<Vec<u8>>> {
+        self.bytes(Cause::ToVec, at)
+    }
+
+    /// All elements in row-major order. `T` must be the tensor's dtype.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let at = Loc::caller();
+        self.check_dtype::<T>("to_vec", at)?;
+        Ok(from_bytes(&self.bytes(Cause::ToVec, at)?))
+    }
+
+    /// The single element of a one-element tensor.
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> Result<T> {
+        let at = Loc::caller();
+        self.check_dtype::<T>("item", at)?;
+        if self.elements() != 1 {
+            return Err(Error::NotScalar { at, elements: self.elements() });
+        }
+        Ok(from_bytes::<T>(&self.bytes(Cause::Item, at)?)[0])
+    }
+
+    /// The tensor as an ndarray array.
+    #[track_caller]
+    pub fn to_ndarray<T: Element>(&self) -> Result<ArrayD<T>> {
+        let at = Loc::caller();
+        self.check_dtype::<T>("to_ndarray", at)?;
+        let v = from_bytes(&self.bytes(Cause::ToVec, at)?);
+        Ok(ArrayD::from_shape_vec(IxDyn(self.dims()), v).expect("the buffer matches the tensor type"))
+    }
+
+    /// Any dtype's values as f64 (exact for every dtype but large i64).
+    #[track_caller]
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let at = Loc::caller();
+        Ok(bytes_to_f64(self.dtype(), &self.bytes(Cause::ToVec, at)?))
+    }
+}
+
+/// The step boundary: compute every live pending tensor of this thread in one program, keeping results on the
+/// device.
+#[track_caller]
+pub fn sync() -> Result<()> {
+    let at = Loc::caller();
+    let t0 = std::time::Instant::now();
+    let live = live_pending();
+    Counters::add(&COUNTERS.boundary_ns, t0.elapsed().as_nanos() as u64);
+    materialize(&live, Cause::Sync, at)?;
+    if crate::diagnostics::events::enabled() {
+        crate::diagnostics::events::emit(&crate::diagnostics::Event::new(EventKind::StepEnd, "sync", at));
+    }
+    crate::diagnostics::end_step();
+    Ok(())
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = if self.is_pending() { "pending" } else { "ready" };
+        write!(f, "Tensor({}, {state}, recorded at {})", self.node.ty, self.node.loc)
+    }
+}
+
+/// Printing materializes (cause `Display`) and shows the values with the tensor type.
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The formatting machinery hides the user's line; name the line that recorded the tensor instead.
+        let at = self.node.loc;
+        let bytes = match self.bytes(Cause::Display, at) {
+            Ok(b) => b,
+            Err(e) => return write!(f, "<{}: error: {e}>", self.node.ty),
+        };
+        let shape = IxDyn(self.dims());
+        macro_rules! show {
+            ($t:ty) => {{
+                let a = ArrayD::from_shape_vec(shape, from_bytes::<$t>(&bytes)).expect("buffer matches type");
+                write!(f, "{a}")
+            }};
+        }
+        match self.dtype() {
+            DType::F32 => show!(f32),
+            DType::F64 => show!(f64),
+            DType::F16 => show!(half::f16),
+            DType::BF16 => show!(half::bf16),
+            DType::I32 => show!(i32),
+            DType::I64 => show!(i64),
+            DType::U8 => show!(u8),
+            DType::U32 => show!(u32),
+            DType::U64 => show!(u64),
+            DType::Bool => show!(bool),
+        }?;
+        write!(f, " : {}", self.node.ty)
+    }
+}
+
+/// `if loss > 1.0 { … }`: comparing a one-element tensor with a number reads its value, which materializes it
+/// (cause `host_control_flow`). Diagnostics report it as a graph break when it happens mid-step.
+impl PartialEq<f64> for Tensor {
+    #[track_caller]
+    fn eq(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) == *other
+    }
+}
+
+impl PartialOrd<f64> for Tensor {
+    #[track_caller]
+    fn partial_cmp(&self, other: &f64) -> Option<std::cmp::Ordering> {
+        self.host_value(Loc::caller()).partial_cmp(other)
+    }
+    #[track_caller]
+    fn lt(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) < *other
+    }
+    #[track_caller]
+    fn le(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) <= *other
+    }
+    #[track_caller]
+    fn gt(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) > *other
+    }
+    #[track_caller]
+    fn ge(&self, other: &f64) -> bool {
+        self.host_value(Loc::caller()) >= *other
+    }
+}
+
+impl Tensor {
+    /// The value of a one-element tensor of a bool dtype, for host-side branches (`if t.gt(0.0).to_bool()? {…}`).
+    #[track_caller]
+    pub fn to_bool(&self) -> Result<bool> {
+        let at = Loc::caller();
+        if self.elements() != 1 {
+            return Err(Error::NotScalar { at, elements: self.elements() });
+        }
+        Ok(bytes_to_f64(self.dtype(), &self.bytes(Cause::HostControlFlow, at)?)[0] != 0.0)
+    }
+
+    /// A comparison operator needs a plain bool: a failure to compute the value is reported at the user's line.
+    fn host_value(&self, at: Loc) -> f64 {
+        if self.elements() != 1 {
+            crate::graph::record::fail(
+                at,
+                format!("comparing a tensor with a number needs one element, not {}", self.tensor_type()),
+            );
+        }
+        match self.bytes(Cause::HostControlFlow, at) {
+            Ok(b) => bytes_to_f64(self.dtype(), &b)[0],
+            Err(e) => panic!("lazuli: reading the tensor compared at {at} failed: {e}"),
+        }
+    }
+}

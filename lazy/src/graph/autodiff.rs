@@ -1,0 +1,258 @@
+//! Reverse-mode autodiff over the lazy graph. The gradient of each op is its `vjp` rule in `lazuli-hlo` (beside
+//! its shape rule and lowering); this file only walks the graph and records those rules lazily, into the same
+//! graph as the forward pass, at the forward op's source line.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use lazuli_hlo::{Builder, Loc, Op, TensorType};
+
+use crate::graph::record::{apply, fail};
+use crate::graph::tensor::{Node, NodeMap, Tensor};
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops recorded now on this thread keep what `backward()` needs.
+pub fn grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Run `f` with gradient tracking off on this thread (optimizer updates, evaluation). Restored on return or panic.
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+/// Records gradient ops as lazy tensors at one source location.
+struct Recorder {
+    loc: Loc,
+}
+
+/// Gradient nodes are handle-less (`Tensor::record_node`): only the leaves' gradients become tensors.
+impl Builder for Recorder {
+    type V = Rc<Node>;
+    fn ty<'a>(&'a self, v: &'a Rc<Node>) -> &'a TensorType {
+        &v.ty
+    }
+    fn needs_grad(&self, v: &Rc<Node>) -> bool {
+        v.grad_path || v.requires_grad()
+    }
+    fn op(&mut self, op: Op, operands: &[&Rc<Node>]) -> Rc<Node> {
+        // Gradient rules' constants (zeros for masks, ones, scales) are structure: share them.
+        if let Op::Constant(c) = &op {
+            return crate::graph::constants::shared_constant(c.value(), c.ty.dtype, &c.ty.dims, self.loc);
+        }
+        let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|n| &n.ty).collect();
+        match op.infer(&tys) {
+            Ok(ty) => Tensor::record_node(op, operands.iter().map(|n| Rc::clone(n)).collect(), ty, self.loc),
+            Err(msg) => fail(self.loc, msg),
+        }
+    }
+}
+
+thread_local! {
+    /// Each backward pass stamps the nodes it visits with `(pass << 32) | position` (see `Node::grad_visit`).
+    static PASSES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A visited node's stamp before it has a position in the order.
+const UNORDERED: u64 = 0xffff_ffff;
+
+/// Nodes on the gradient path below `root`, operands before users, each stamped with its position under the
+/// returned pass; gradient leaves end the walk. Stamps instead of a map of seen nodes: a training step's
+/// backward pass visits every node of its forward pass.
+fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64) {
+    let pass = (PASSES.get() + 1) << 32;
+    PASSES.set(pass >> 32);
+    let seen = |o: &Node| o.grad_visit.get() & !UNORDERED == pass;
+    let on_path = |o: &Node| o.grad_path || o.requires_grad();
+    let mut order = Vec::new();
+    let finish = |node: Rc<Node>, order: &mut Vec<Rc<Node>>| {
+        node.grad_visit.set(pass | order.len() as u64);
+        order.push(node);
+    };
+    // (node, operands already pushed?)
+    let mut stack: Vec<(Rc<Node>, bool)> = vec![(root.clone(), false)];
+    while let Some((node, expanded)) = stack.pop() {
+        if expanded {
+            finish(node, &mut order);
+            continue;
+        }
+        if seen(&node) {
+            continue;
+        }
+        node.grad_visit.set(pass | UNORDERED);
+        let below = stack.len();
+        if node.grad_path && !node.requires_grad() {
+            if let Some(r) = node.lock().recipe.as_ref() {
+                let unseen = |o: &&Rc<Node>| on_path(o) && !seen(o);
+                stack.extend(r.operands.iter().rev().filter(unseen).map(|o| (o.clone(), false)));
+            }
+        }
+        if stack.len() == below {
+            // Nothing new below: done at once, without a second visit.
+            finish(node, &mut order);
+        } else {
+            stack.insert(below, (node, true));
+        }
+    }
+    (order, pass)
+}
+
+/// Cotangents of every gradient leaf under `root`, seeded with `seed` (the cotangent of `root`).
+fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
+    no_grad(|| {
+        let (order, pass) = topo_order(&root.node);
+        // The cotangent of each node, by its position in `order` (the root is last).
+        let mut cot: Vec<Option<Rc<Node>>> = vec![None; order.len()];
+        if let Some(last) = cot.last_mut() {
+            *last = Some(seed.node.clone());
+        }
+        let mut leaves = Vec::new();
+        for (position, node) in order.iter().enumerate().rev() {
+            // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
+            // computed, which frees the forward graph and lets the step donate its inputs.
+            node.backward_done.set(true);
+            let Some(g) = cot[position].take() else { continue };
+            if node.requires_grad() {
+                leaves.push((node.clone(), Tensor::from_node(g)));
+                continue;
+            }
+            let mut b = Recorder { loc: node.loc };
+            // The rule runs under the node's lock (it records new nodes and never locks this one), so neither
+            // the op nor its operands are copied.
+            let state = node.lock();
+            let Some(recipe) = state.recipe.as_ref() else { continue };
+            let grads = recipe.op.vjp(&mut b, &recipe.operands, node, &g);
+            for (operand, dx) in recipe.operands.iter().zip(grads) {
+                let Some(dx) = dx else { continue };
+                if !(operand.grad_path || operand.requires_grad()) {
+                    continue;
+                }
+                // Every operand on the gradient path was ordered by this pass, before its user.
+                let stamp = operand.grad_visit.get();
+                if stamp & !UNORDERED != pass || stamp & UNORDERED == UNORDERED {
+                    continue;
+                }
+                let slot = &mut cot[(stamp & UNORDERED) as usize];
+                *slot = Some(match slot.take() {
+                    Some(prev) => b.add(&prev, &dx),
+                    None => dx,
+                });
+            }
+        }
+        leaves
+    })
+}
+
+impl Tensor {
+    /// Mark this tensor as a gradient leaf: `backward()` accumulates into its `grad()`. Floating-point only.
+    #[track_caller]
+    pub fn requires_grad(self) -> Tensor {
+        self.set_requires_grad(true);
+        self
+    }
+
+    /// Mark (`true`) or unmark this tensor as a gradient leaf in place; marking panics for a non-float tensor, naming
+    /// the caller's line.
+    #[track_caller]
+    pub fn set_requires_grad(&self, on: bool) {
+        if on && !self.dtype().is_float() {
+            fail(
+                Loc::caller(),
+                format!("requires_grad: only floating-point tensors have gradients, not {}", self.tensor_type()),
+            );
+        }
+        self.node.requires_grad.set(on);
+    }
+
+    /// Whether this tensor is a gradient leaf (`requires_grad`).
+    pub fn is_requires_grad(&self) -> bool {
+        self.node.requires_grad()
+    }
+
+    /// The accumulated gradient (a lazy tensor), if `backward()` has reached this leaf.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.node.grad.borrow().clone()
+    }
+
+    /// Remove and return the accumulated gradient.
+    pub(crate) fn take_grad(&self) -> Option<Tensor> {
+        self.node.grad.borrow_mut().take()
+    }
+
+    /// Set the accumulated gradient (moving it between values of one parameter).
+    pub(crate) fn put_grad(&self, g: Tensor) {
+        *self.node.grad.borrow_mut() = Some(g);
+    }
+
+    /// Forget the accumulated gradient.
+    pub fn zero_grad(&self) {
+        *self.node.grad.borrow_mut() = None;
+    }
+
+    /// Record the gradient of this scalar with respect to every gradient leaf it depends on, accumulating into
+    /// their `grad()`. Recorded lazily into the same graph: nothing runs until the step boundary.
+    #[track_caller]
+    pub fn backward(&self) {
+        let loc = Loc::caller();
+        if self.elements() != 1 || !self.dtype().is_float() {
+            fail(loc, format!("backward: needs a floating-point scalar loss, got {}", self.tensor_type()));
+        }
+        // The seed is structure (a shared constant node), not a candidate output of the step.
+        let seed = Tensor::structural(crate::graph::constants::shared_constant(1.0, self.dtype(), self.dims(), loc));
+        for (leaf, g) in backprop(self, seed) {
+            let mut slot = leaf.grad.borrow_mut();
+            *slot = Some(match slot.take() {
+                Some(prev) => no_grad(|| prev.binary_at(&g, lazuli_hlo::BinaryKind::Add, loc)),
+                None => g,
+            });
+        }
+    }
+}
+
+/// Gradients of the scalar `loss` with respect to `wrt` (gradient leaves), without touching their `grad()`.
+/// A leaf `loss` does not depend on gets zeros.
+#[track_caller]
+pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Vec<Tensor> {
+    let loc = Loc::caller();
+    if loss.elements() != 1 || !loss.dtype().is_float() {
+        fail(loc, format!("grad: needs a floating-point scalar loss, got {}", loss.tensor_type()));
+    }
+    for w in wrt {
+        if !w.is_requires_grad() {
+            fail(
+                loc,
+                format!(
+                    "grad: a tensor recorded at {} is not a gradient leaf; call .requires_grad() on it",
+                    w.location()
+                ),
+            );
+        }
+    }
+    let seed = no_grad(|| apply(Op::Constant(lazuli_hlo::Constant::new(1.0, loss.tensor_type().clone())), &[], loc));
+    let found: NodeMap<Tensor> = backprop(loss, seed).into_iter().map(|(n, g)| (Rc::as_ptr(&n), g)).collect();
+    wrt.iter()
+        .map(|w| match found.get(&Rc::as_ptr(&w.node)) {
+            Some(g) => g.clone(),
+            None => no_grad(|| Tensor::zeros(w.dims(), w.dtype())),
+        })
+        .collect()
+}
+
+/// `f(params)` and its gradients with respect to `params`.
+#[track_caller]
+pub fn value_and_grad(f: impl FnOnce(&[Tensor]) -> Tensor, params: &[Tensor]) -> (Tensor, Vec<Tensor>) {
+    let loss = f(params);
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let grads = grad(&loss, &refs);
+    (loss, grads)
+}

@@ -1,0 +1,549 @@
+//! Recording: the user-facing ops. Each is `#[track_caller]`, checks its operands with the op's shape rule at the
+//! call, and panics naming the user's line when they do not fit, before anything reaches XLA. Numpy broadcasting is
+//! made explicit here (`broadcast_in_dim`), so the IR's elementwise ops see equal shapes.
+
+use lazuli_hlo::{
+    Binary, BinaryKind, BroadcastInDim, Compare, CompareDir, Constant, Convert, DType, DotGeneral, Iota, Loc, Op,
+    Reduce, ReduceKind, Reshape, Select, TensorType, Transpose, Unary, UnaryKind,
+};
+
+use crate::graph::tensor::Tensor;
+
+/// A recording error is a programmer error: panic with the op's message and the user's line.
+#[track_caller]
+pub(crate) fn fail(loc: Loc, msg: impl std::fmt::Display) -> ! {
+    panic!("lazuli: {msg}\n  recorded at {loc}")
+}
+
+/// Record `op` on `operands` at `loc`, inferring the result type by the op's rule.
+#[track_caller]
+pub(crate) fn apply(op: Op, operands: &[&Tensor], loc: Loc) -> Tensor {
+    let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|t| t.tensor_type()).collect();
+    match op.infer(&tys) {
+        Ok(ty) => Tensor::record(op, operands.iter().map(|t| t.node.clone()).collect(), ty, loc),
+        Err(msg) => fail(loc, msg),
+    }
+}
+
+/// Record a fused elementwise expression on `operands` (same shape, or rank 0).
+#[track_caller]
+pub(crate) fn fused(expr: &lazuli_hlo::Fused, operands: &[&Tensor], loc: Loc) -> Tensor {
+    apply(Op::Fused(expr.clone()), operands, loc)
+}
+
+impl Tensor {
+    /// Record `expr` (built with [`lazuli_hlo::FusedBuilder`]) on `operands` as one node: operands of one shape,
+    /// rank-0 operands broadcast. Computes what the same chain of elementwise ops computes, with their gradient;
+    /// a step's graph gets smaller to record and walk (the optimizers' updates are recorded this way). Panics at
+    /// the caller's line when the operands do not fit the expression.
+    #[track_caller]
+    pub fn fused(expr: &lazuli_hlo::Fused, operands: &[&Tensor]) -> Tensor {
+        fused(expr, operands, Loc::caller())
+    }
+}
+
+/// Numpy's broadcast of two shapes, or `None`.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+/// Normalize a possibly negative axis.
+#[track_caller]
+pub(crate) fn axis(ax: isize, rank: usize, what: &str, loc: Loc) -> usize {
+    let a = if ax < 0 { ax + rank as isize } else { ax };
+    if a < 0 || a as usize >= rank {
+        fail(loc, format!("{what}: axis {ax} is out of range for a tensor of rank {rank}"));
+    }
+    a as usize
+}
+
+/// Something usable as the second operand of a binary op: a tensor, or a host scalar that becomes a program
+/// parameter of the other operand's dtype (so a new value, e.g. a learning rate, does not recompile).
+pub trait Operand {
+    /// The operand as a tensor recorded at `loc`: a tensor as it is, a host scalar as a program parameter of dtype
+    /// `like`.
+    fn into_tensor(self, like: DType, loc: Loc) -> Tensor;
+
+    /// `f` on the operand as a tensor: a borrowed tensor is lent as it is, without a handle of its own (two
+    /// reference counts up and down again, per op).
+    fn with_tensor<R>(self, like: DType, loc: Loc, f: impl FnOnce(&Tensor) -> R) -> R
+    where
+        Self: Sized,
+    {
+        f(&self.into_tensor(like, loc))
+    }
+}
+
+impl Operand for &Tensor {
+    fn into_tensor(self, _: DType, _: Loc) -> Tensor {
+        self.clone()
+    }
+    fn with_tensor<R>(self, _: DType, _: Loc, f: impl FnOnce(&Tensor) -> R) -> R {
+        f(self)
+    }
+}
+impl Operand for Tensor {
+    fn into_tensor(self, _: DType, _: Loc) -> Tensor {
+        self
+    }
+}
+macro_rules! scalar_operand {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            fn into_tensor(self, like: DType, loc: Loc) -> Tensor {
+                Tensor::host(TensorType::scalar(like), crate::graph::element::scalar_bytes(like, self as f64), loc)
+            }
+        }
+    )*};
+}
+// Only f64: with more scalar types a literal like `2.0` would be ambiguous. It is cast to the tensor's dtype.
+scalar_operand!(f64);
+
+impl Tensor {
+    /// Broadcast to `dims` by numpy's rules (leading dimensions added, size-1 dimensions repeated).
+    #[track_caller]
+    pub fn broadcast_to(&self, dims: &[usize]) -> Tensor {
+        self.broadcast_at(dims, Loc::caller())
+    }
+
+    #[track_caller]
+    pub(crate) fn broadcast_at(&self, dims: &[usize], loc: Loc) -> Tensor {
+        if self.dims() == dims {
+            return self.clone();
+        }
+        if dims.len() < self.rank() {
+            fail(loc, format!("broadcast: cannot broadcast {} to fewer dimensions {dims:?}", self.tensor_type()));
+        }
+        let map = (dims.len() - self.rank()..dims.len()).collect();
+        apply(Op::BroadcastInDim(BroadcastInDim { dims: dims.to_vec(), map }), &[self], loc)
+    }
+
+    /// Broadcast operands to one shape; they must share a dtype.
+    #[track_caller]
+    fn broadcast_all(ts: &[&Tensor], what: &str, loc: Loc) -> Vec<Tensor> {
+        let mut dims = ts[0].dims().to_vec();
+        for t in &ts[1..] {
+            if t.dtype() != ts[0].dtype() && what != "where" {
+                fail(
+                    loc,
+                    format!(
+                        "{what}: dtypes differ: {} vs {}; convert one with .to_dtype(…)",
+                        ts[0].tensor_type(),
+                        t.tensor_type()
+                    ),
+                );
+            }
+            dims = match broadcast_shapes(&dims, t.dims()) {
+                Some(d) => d,
+                None => {
+                    let all: Vec<String> = ts.iter().map(|t| t.tensor_type().to_string()).collect();
+                    fail(loc, format!("{what}: shapes {} do not broadcast", all.join(" and ")))
+                }
+            };
+        }
+        ts.iter().map(|t| t.broadcast_at(&dims, loc)).collect()
+    }
+
+    #[track_caller]
+    pub(crate) fn binary_at(&self, other: impl Operand, kind: BinaryKind, loc: Loc) -> Tensor {
+        other.with_tensor(self.dtype(), loc, |other| {
+            let op = Op::Binary(Binary { kind });
+            if self.tensor_type() == other.tensor_type() {
+                return apply(op, &[self, other], loc);
+            }
+            let v = Tensor::broadcast_all(&[self, other], op.name(), loc);
+            apply(op, &[&v[0], &v[1]], loc)
+        })
+    }
+
+    #[track_caller]
+    fn unary(&self, kind: UnaryKind) -> Tensor {
+        apply(Op::Unary(Unary { kind }), &[self], Loc::caller())
+    }
+
+    #[track_caller]
+    fn compare(&self, other: impl Operand, dir: CompareDir) -> Tensor {
+        let loc = Loc::caller();
+        other.with_tensor(self.dtype(), loc, |other| {
+            let op = Op::Compare(Compare { dir });
+            let v = Tensor::broadcast_all(&[self, other], op.name(), loc);
+            apply(op, &[&v[0], &v[1]], loc)
+        })
+    }
+
+    /// Elementwise maximum (broadcasting).
+    #[track_caller]
+    pub fn maximum(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Max, Loc::caller())
+    }
+    /// Elementwise minimum (broadcasting).
+    #[track_caller]
+    pub fn minimum(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Min, Loc::caller())
+    }
+    /// Elementwise power (broadcasting).
+    #[track_caller]
+    pub fn pow(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Pow, Loc::caller())
+    }
+    /// Logical/bitwise and of bool or integer tensors.
+    #[track_caller]
+    pub fn and(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::And, Loc::caller())
+    }
+    /// Logical/bitwise or of bool or integer tensors.
+    #[track_caller]
+    pub fn or(&self, other: impl Operand) -> Tensor {
+        self.binary_at(other, BinaryKind::Or, Loc::caller())
+    }
+
+    /// `e^x`, elementwise (floating point).
+    #[track_caller]
+    pub fn exp(&self) -> Tensor {
+        self.unary(UnaryKind::Exp)
+    }
+    /// Natural logarithm, elementwise (floating point).
+    #[track_caller]
+    pub fn log(&self) -> Tensor {
+        self.unary(UnaryKind::Log)
+    }
+    /// Square root, elementwise (floating point).
+    #[track_caller]
+    pub fn sqrt(&self) -> Tensor {
+        self.unary(UnaryKind::Sqrt)
+    }
+    /// `1 / sqrt(x)`, elementwise (floating point).
+    #[track_caller]
+    pub fn rsqrt(&self) -> Tensor {
+        self.unary(UnaryKind::Rsqrt)
+    }
+    /// Hyperbolic tangent, elementwise (floating point).
+    #[track_caller]
+    pub fn tanh(&self) -> Tensor {
+        self.unary(UnaryKind::Tanh)
+    }
+    /// Sine, elementwise (floating point).
+    #[track_caller]
+    pub fn sin(&self) -> Tensor {
+        self.unary(UnaryKind::Sin)
+    }
+    /// Cosine, elementwise (floating point).
+    #[track_caller]
+    pub fn cos(&self) -> Tensor {
+        self.unary(UnaryKind::Cos)
+    }
+    /// Absolute value, elementwise.
+    #[track_caller]
+    pub fn abs(&self) -> Tensor {
+        self.unary(UnaryKind::Abs)
+    }
+    /// `1 / (1 + e^-x)`, elementwise (floating point).
+    #[track_caller]
+    pub fn sigmoid(&self) -> Tensor {
+        self.unary(UnaryKind::Logistic)
+    }
+    /// `-x`, elementwise.
+    #[track_caller]
+    pub fn neg(&self) -> Tensor {
+        self.unary(UnaryKind::Neg)
+    }
+
+    /// `self == other` elementwise, as a bool tensor.
+    #[track_caller]
+    pub fn eq(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Eq)
+    }
+    /// `self != other` elementwise, as a bool tensor.
+    #[track_caller]
+    pub fn ne(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Ne)
+    }
+    /// `self < other` elementwise, as a bool tensor.
+    #[track_caller]
+    pub fn lt(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Lt)
+    }
+    /// `self <= other` elementwise, as a bool tensor.
+    #[track_caller]
+    pub fn le(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Le)
+    }
+    /// `self > other` elementwise, as a bool tensor.
+    #[track_caller]
+    pub fn gt(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Gt)
+    }
+    /// `self >= other` elementwise, as a bool tensor.
+    #[track_caller]
+    pub fn ge(&self, other: impl Operand) -> Tensor {
+        self.compare(other, CompareDir::Ge)
+    }
+
+    /// `where(self, on_true, on_false)`: `self` is a bool tensor; all three broadcast together.
+    #[track_caller]
+    pub fn select(&self, on_true: impl Operand, on_false: impl Operand) -> Tensor {
+        let loc = Loc::caller();
+        if self.dtype() != DType::Bool {
+            fail(loc, format!("select: the condition must be bool, got {}", self.tensor_type()));
+        }
+        let t = on_true.into_tensor(DType::F32, loc);
+        let f = on_false.into_tensor(t.dtype(), loc);
+        if t.dtype() != f.dtype() {
+            fail(loc, format!("select: branch dtypes differ: {} vs {}", t.tensor_type(), f.tensor_type()));
+        }
+        let v = Tensor::broadcast_all(&[self, &t, &f], "where", loc);
+        apply(Op::Select(Select), &[&v[0], &v[1], &v[2]], loc)
+    }
+
+    /// Convert the element type.
+    #[track_caller]
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        if dtype == self.dtype() {
+            return self.clone();
+        }
+        apply(Op::Convert(Convert { from: self.dtype(), to: dtype }), &[self], Loc::caller())
+    }
+
+    /// Reshape (row-major); one dimension may be `-1` and is inferred.
+    #[track_caller]
+    pub fn reshape(&self, dims: &[isize]) -> Tensor {
+        let loc = Loc::caller();
+        let known = dims.iter().filter(|&&d| d >= 0).fold(1usize, |n, &d| n.saturating_mul(d as usize));
+        let holes = dims.iter().filter(|&&d| d < 0).count();
+        let fill = if holes == 1 && known > 0 && self.elements().is_multiple_of(known) {
+            self.elements() / known
+        } else if holes == 0 {
+            0
+        } else {
+            fail(loc, format!("reshape: cannot reshape {} to {dims:?}", self.tensor_type()))
+        };
+        if dims.iter().any(|&d| d < -1) {
+            fail(loc, format!("reshape: invalid dimension in {dims:?}"));
+        }
+        let dims: Vec<usize> = dims.iter().map(|&d| if d < 0 { fill } else { d as usize }).collect();
+        if dims == self.dims() {
+            return self.clone();
+        }
+        apply(Op::Reshape(Reshape { dims }), &[self], loc)
+    }
+
+    /// Permute dimensions: result dimension `i` is dimension `perm[i]` of `self` (negative axes allowed).
+    #[track_caller]
+    pub fn permute(&self, perm: &[isize]) -> Tensor {
+        let loc = Loc::caller();
+        let perm: Vec<usize> = perm.iter().map(|&p| axis(p, self.rank(), "permute", loc)).collect();
+        apply(Op::Transpose(Transpose { perm }), &[self], loc)
+    }
+
+    /// Swap the last two dimensions (matrix transpose).
+    #[track_caller]
+    pub fn t(&self) -> Tensor {
+        let loc = Loc::caller();
+        let r = self.rank();
+        if r < 2 {
+            fail(loc, format!("t: needs rank ≥ 2, got {}", self.tensor_type()));
+        }
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        apply(Op::Transpose(Transpose { perm }), &[self], loc)
+    }
+
+    #[track_caller]
+    fn reduce(&self, kind: ReduceKind, axes: &[isize], keepdim: bool) -> Tensor {
+        let loc = Loc::caller();
+        let mut ax: Vec<usize> = axes.iter().map(|&a| axis(a, self.rank(), "reduce", loc)).collect();
+        ax.sort_unstable();
+        ax.dedup();
+        apply(Op::Reduce(Reduce { kind, axes: ax, keep: keepdim }), &[self], loc)
+    }
+
+    /// Sum over `axes` (negative allowed), removing them.
+    #[track_caller]
+    pub fn sum(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Sum, axes, false)
+    }
+    /// Sum over `axes`, keeping them with size 1.
+    #[track_caller]
+    pub fn sum_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Sum, axes, true)
+    }
+    /// Sum of all elements (a scalar).
+    #[track_caller]
+    pub fn sum_all(&self) -> Tensor {
+        let all: Vec<isize> = (0..self.rank() as isize).collect();
+        self.reduce(ReduceKind::Sum, &all, false)
+    }
+    /// Maximum over `axes` (negative allowed), removing them.
+    #[track_caller]
+    pub fn max(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Max, axes, false)
+    }
+    /// Maximum over `axes`, keeping them with size 1.
+    #[track_caller]
+    pub fn max_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Max, axes, true)
+    }
+    /// Minimum over `axes` (negative allowed), removing them.
+    #[track_caller]
+    pub fn min(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Min, axes, false)
+    }
+    /// Minimum over `axes`, keeping them with size 1.
+    #[track_caller]
+    pub fn min_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.reduce(ReduceKind::Min, axes, true)
+    }
+
+    /// Mean over `axes` of a floating-point tensor.
+    #[track_caller]
+    pub fn mean(&self, axes: &[isize]) -> Tensor {
+        self.mean_impl(axes, false)
+    }
+    /// Mean over `axes`, keeping them with size 1.
+    #[track_caller]
+    pub fn mean_keepdim(&self, axes: &[isize]) -> Tensor {
+        self.mean_impl(axes, true)
+    }
+    /// Mean of all elements (a scalar).
+    #[track_caller]
+    pub fn mean_all(&self) -> Tensor {
+        let all: Vec<isize> = (0..self.rank() as isize).collect();
+        self.mean_impl(&all, false)
+    }
+
+    #[track_caller]
+    fn mean_impl(&self, axes: &[isize], keepdim: bool) -> Tensor {
+        let loc = Loc::caller();
+        if !self.dtype().is_float() {
+            fail(loc, format!("mean: needs a floating-point tensor, got {}; convert it first", self.tensor_type()));
+        }
+        let mut count = 1usize;
+        let mut seen = Vec::new();
+        for &a in axes {
+            let a = axis(a, self.rank(), "mean", loc);
+            if !seen.contains(&a) {
+                seen.push(a);
+                count *= self.dims()[a];
+            }
+        }
+        let s = self.reduce(ReduceKind::Sum, axes, keepdim);
+        // The count is structure (it follows from the shape), so it is a constant, not a parameter.
+        let c = crate::graph::constants::constant_like(count as f64, self.dtype(), s.dims(), loc);
+        s.binary_at(&c, BinaryKind::Div, loc)
+    }
+
+    /// Matrix product with numpy's rules: 1-D operands are vectors, batch dimensions broadcast.
+    #[track_caller]
+    pub fn matmul(&self, other: &Tensor) -> Tensor {
+        let loc = Loc::caller();
+        let (a, b) = (self, other);
+        if a.rank() == 0 || b.rank() == 0 {
+            fail(loc, format!("matmul: operands must have rank ≥ 1, got {} and {}", a.tensor_type(), b.tensor_type()));
+        }
+        let a2 = if a.rank() == 1 { a.reshape(&[1, a.dims()[0] as isize]) } else { a.clone() };
+        let b2 = if b.rank() == 1 { b.reshape(&[b.dims()[0] as isize, 1]) } else { b.clone() };
+        let (ra, rb) = (a2.rank(), b2.rank());
+        let (m, k1) = (a2.dims()[ra - 2], a2.dims()[ra - 1]);
+        let (k2, n) = (b2.dims()[rb - 2], b2.dims()[rb - 1]);
+        if k1 != k2 {
+            fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
+        }
+        if a.rank() == 2 && b.rank() == 2 {
+            // The common case (a layer's product, and most of their gradients) without the batch path's lists.
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::graph::precision::precision_at(loc));
+            return apply(Op::DotGeneral(dot), &[&a2, &b2], loc);
+        }
+        if ra > 2 && rb == 2 {
+            // [..., m, k] @ [k, n]: one 2-D product over the flattened rows, not a broadcast of the matrix per batch.
+            let rows: usize = a2.dims()[..ra - 1].iter().product(); // not elements / k: k may be 0
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::graph::precision::precision_at(loc));
+            let r = apply(Op::DotGeneral(dot), &[&a2.reshape(&[rows as isize, k1 as isize]), &b2], loc);
+            let mut out: Vec<isize> = a2.dims()[..ra - 1].iter().map(|&d| d as isize).collect();
+            out.push(n as isize);
+            return r.reshape(&out);
+        }
+        let Some(batch) = broadcast_shapes(&a2.dims()[..ra - 2], &b2.dims()[..rb - 2]) else {
+            fail(loc, format!("matmul: batch dimensions do not broadcast: {} @ {}", a.tensor_type(), b.tensor_type()))
+        };
+        let nb = batch.len();
+        let mut da = batch.clone();
+        da.extend([m, k1]);
+        let mut db = batch.clone();
+        db.extend([k2, n]);
+        let (a3, b3) = (a2.broadcast_at(&da, loc), b2.broadcast_at(&db, loc));
+        let batch_dims: Vec<usize> = (0..nb).collect();
+        let dot = DotGeneral::new(&batch_dims, &batch_dims, &[nb + 1], &[nb])
+            .with_precision(crate::graph::precision::precision_at(loc));
+        let r = apply(Op::DotGeneral(dot), &[&a3, &b3], loc);
+        // Drop the unit dimensions that stood for vectors.
+        let mut out: Vec<isize> = batch.iter().map(|&d| d as isize).collect();
+        if a.rank() > 1 {
+            out.push(m as isize);
+        }
+        if b.rank() > 1 {
+            out.push(n as isize);
+        }
+        if out.len() == r.rank() {
+            r
+        } else {
+            r.reshape(&out)
+        }
+    }
+
+    /// A rank-0 constant compiled into the program: for values that define the model (an attention scale, a
+    /// mask value), not for hyperparameters you change (those are host scalars, i.e. parameters).
+    #[track_caller]
+    pub fn constant(value: f64, dtype: DType) -> Tensor {
+        apply(Op::Constant(Constant::new(value, TensorType::scalar(dtype))), &[], Loc::caller())
+    }
+
+    /// A tensor of zeros (a constant: zeros define structure, not data).
+    #[track_caller]
+    pub fn zeros(dims: &[usize], dtype: DType) -> Tensor {
+        apply(Op::Constant(Constant::new(0.0, TensorType::new(dtype, dims))), &[], Loc::caller())
+    }
+
+    /// A tensor of ones (a constant).
+    #[track_caller]
+    pub fn ones(dims: &[usize], dtype: DType) -> Tensor {
+        apply(Op::Constant(Constant::new(1.0, TensorType::new(dtype, dims))), &[], Loc::caller())
+    }
+
+    /// A tensor filled with `value`. The value is a program parameter: another value reuses the compiled program.
+    #[track_caller]
+    pub fn full(dims: &[usize], value: f64, dtype: DType) -> Tensor {
+        let loc = Loc::caller();
+        Tensor::host(TensorType::scalar(dtype), crate::graph::element::scalar_bytes(dtype, value), loc)
+            .broadcast_at(dims, loc)
+    }
+
+    /// `0, 1, …, n-1`.
+    #[track_caller]
+    pub fn arange(n: usize, dtype: DType) -> Tensor {
+        apply(Op::Iota(Iota { dim: 0, ty: TensorType::new(dtype, [n]) }), &[], Loc::caller())
+    }
+
+    /// `start, start+step, …` below `end` (the count is structure; start and step are parameters).
+    #[track_caller]
+    pub fn arange_step(start: f64, end: f64, step: f64, dtype: DType) -> Tensor {
+        let loc = Loc::caller();
+        if step == 0.0 || !((end - start) / step).is_finite() {
+            fail(loc, format!("arange: invalid range {start}..{end} step {step}"));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let i = apply(Op::Iota(Iota { dim: 0, ty: TensorType::new(dtype, [n]) }), &[], loc);
+        i.binary_at(step, BinaryKind::Mul, loc).binary_at(start, BinaryKind::Add, loc)
+    }
+}

@@ -1,0 +1,257 @@
+//! Array ops: slicing, joining, padding and flipping; indexing by integer tensors (index_select, embedding,
+//! scatter_add, one_hot); triangular masks; clamp; argmax/argmin; running sums; erf. Every op is
+//! `#[track_caller]`, accepts negative axes and reports bad input as a panic naming the caller's line.
+
+use lazuli_hlo::{
+    ArgKind, ArgReduce, BinaryKind, BroadcastInDim, Compare, CompareDir, Concatenate, CumSum, DType, Erf, Iota, Loc,
+    Op, Pad, Reshape, Reverse, ScatterAdd, Slice, Take, TensorType,
+};
+
+use crate::graph::constants::constant_like;
+use crate::graph::record::{apply, axis, fail, Operand};
+use crate::graph::tensor::Tensor;
+
+/// `iota` along `dim` of an i64 tensor of `dims`.
+fn iota(dims: &[usize], dim: usize, loc: Loc) -> Tensor {
+    apply(Op::Iota(Iota { dim, ty: TensorType::new(DType::I64, dims) }), &[], loc)
+}
+
+/// Bool `[rows, cols]`: `j - i <= k` (lower) or `j - i >= k` (upper) at row i, column j.
+fn triangle(rows: usize, cols: usize, k: isize, lower: bool, loc: Loc) -> Tensor {
+    let (i, j) = (iota(&[rows, cols], 0, loc), iota(&[rows, cols], 1, loc));
+    let diff = j.binary_at(&i, BinaryKind::Sub, loc);
+    let kk = constant_like(k as f64, DType::I64, &[rows, cols], loc);
+    let dir = if lower { CompareDir::Le } else { CompareDir::Ge };
+    apply(Op::Compare(Compare { dir }), &[&diff, &kk], loc)
+}
+
+/// `t` sliced along one axis, checked at `loc`.
+fn slice_at(t: &Tensor, ax: isize, start: usize, end: usize, step: usize, loc: Loc) -> Tensor {
+    let a = axis(ax, t.rank(), "slice", loc);
+    let n = t.dims()[a];
+    if step == 0 || start > end || end > n {
+        fail(loc, format!("slice: {start}..{end} step {step} is out of range for axis {ax} of {}", t.tensor_type()));
+    }
+    if (start, end, step) == (0, n, 1) {
+        return t.clone();
+    }
+    apply(Op::Slice(Slice::along(t.dims(), a, start, end, step)), &[t], loc)
+}
+
+/// Bool one-hot of the integer ids `t`: `t.dims() + [n]`.
+pub(crate) fn one_hot_mask(t: &Tensor, n: usize, loc: Loc) -> Tensor {
+    if !t.dtype().is_int() {
+        fail(loc, format!("one_hot: ids must have an integer dtype, got {}", t.tensor_type()));
+    }
+    let wide = if t.dtype() == DType::I64 {
+        t.clone()
+    } else {
+        apply(Op::Convert(lazuli_hlo::Convert { from: t.dtype(), to: DType::I64 }), &[t], loc)
+    };
+    let mut dims = t.dims().to_vec();
+    dims.push(n);
+    let map = (0..t.rank()).collect();
+    let wide = apply(Op::BroadcastInDim(BroadcastInDim { dims: dims.clone(), map }), &[&wide], loc);
+    let classes = iota(&dims, t.rank(), loc);
+    apply(Op::Compare(Compare { dir: CompareDir::Eq }), &[&wide, &classes], loc)
+}
+
+/// `t` where the triangle holds on its last two dimensions, zero elsewhere.
+fn triangle_part(t: &Tensor, k: isize, lower: bool, loc: Loc) -> Tensor {
+    let r = t.rank();
+    if r < 2 {
+        fail(loc, format!("tril/triu: needs rank ≥ 2, got {}", t.tensor_type()));
+    }
+    let mask = triangle(t.dims()[r - 2], t.dims()[r - 1], k, lower, loc).broadcast_at(t.dims(), loc);
+    let zeros = constant_like(0.0, t.dtype(), t.dims(), loc);
+    apply(Op::Select(lazuli_hlo::Select), &[&mask, t, &zeros], loc)
+}
+
+/// The index of the extreme element of `t` along one axis.
+fn arg_reduce(t: &Tensor, kind: ArgKind, ax: isize, loc: Loc) -> Tensor {
+    let a = axis(ax, t.rank(), "argmax/argmin", loc);
+    apply(Op::ArgReduce(ArgReduce { kind, axis: a }), &[t], loc)
+}
+
+impl Tensor {
+    /// Elements `start..end` along `axis`. Panics if the range does not fit the dimension.
+    #[track_caller]
+    pub fn slice(&self, axis: isize, start: usize, end: usize) -> Tensor {
+        slice_at(self, axis, start, end, 1, Loc::caller())
+    }
+
+    /// Elements `start, start+step, …` below `end` along `axis`.
+    #[track_caller]
+    pub fn slice_step(&self, axis: isize, start: usize, end: usize, step: usize) -> Tensor {
+        slice_at(self, axis, start, end, step, Loc::caller())
+    }
+
+    /// `len` elements from `start` along `axis`.
+    #[track_caller]
+    pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Tensor {
+        let loc = Loc::caller();
+        let Some(end) = start.checked_add(len) else { fail(loc, format!("narrow: {start} + {len} overflows")) };
+        slice_at(self, axis, start, end, 1, loc)
+    }
+
+    /// Join tensors along `axis`; they must share dtype, rank and every other dimension.
+    #[track_caller]
+    pub fn concat(tensors: &[&Tensor], axis: isize) -> Tensor {
+        let loc = Loc::caller();
+        let Some(first) = tensors.first() else { fail(loc, "concat: needs at least one tensor") };
+        let a = crate::graph::record::axis(axis, first.rank(), "concat", loc);
+        apply(Op::Concatenate(Concatenate { dim: a }), tensors, loc)
+    }
+
+    /// Join tensors of one shape along a new dimension `axis` (`-1` appends it last).
+    #[track_caller]
+    pub fn stack(tensors: &[&Tensor], axis: isize) -> Tensor {
+        let loc = Loc::caller();
+        let Some(first) = tensors.first() else { fail(loc, "stack: needs at least one tensor") };
+        let a = crate::graph::record::axis(axis, first.rank() + 1, "stack", loc);
+        if let Some(t) = tensors.iter().find(|t| t.tensor_type() != first.tensor_type()) {
+            fail(
+                loc,
+                format!("stack: tensors must have one type, got {} and {}", first.tensor_type(), t.tensor_type()),
+            );
+        }
+        let mut dims = first.dims().to_vec();
+        dims.insert(a, 1);
+        let expanded: Vec<Tensor> =
+            tensors.iter().map(|t| apply(Op::Reshape(Reshape { dims: dims.clone() }), &[t], loc)).collect();
+        let refs: Vec<&Tensor> = expanded.iter().collect();
+        apply(Op::Concatenate(Concatenate { dim: a }), &refs, loc)
+    }
+
+    /// Pad every dimension with `(before, after)` elements of `value` (a host scalar becomes a program
+    /// parameter of this tensor's dtype; a rank-0 tensor of that dtype works too). One pair per dimension.
+    #[track_caller]
+    pub fn pad(&self, pads: &[(usize, usize)], value: impl Operand) -> Tensor {
+        let loc = Loc::caller();
+        if pads.len() != self.rank() {
+            fail(
+                loc,
+                format!("pad: {} (before, after) pairs for {}; give one per dimension", pads.len(), self.tensor_type()),
+            );
+        }
+        let v = value.into_tensor(self.dtype(), loc);
+        let op = Pad {
+            low: pads.iter().map(|p| p.0).collect(),
+            high: pads.iter().map(|p| p.1).collect(),
+            interior: vec![0; self.rank()],
+        };
+        apply(Op::Pad(op), &[self, &v], loc)
+    }
+
+    /// Reverse the order of elements along `axes`.
+    #[track_caller]
+    pub fn flip(&self, axes: &[isize]) -> Tensor {
+        let loc = Loc::caller();
+        let mut dims: Vec<usize> = axes.iter().map(|&a| axis(a, self.rank(), "flip", loc)).collect();
+        dims.sort_unstable();
+        dims.dedup();
+        apply(Op::Reverse(Reverse { dims }), &[self], loc)
+    }
+
+    /// Select entries along `axis` by an integer tensor of any shape: the result has `axis` replaced by the
+    /// indices' dimensions. Out-of-range indices clamp to `[0, n-1]` (XLA's gather semantics; no error).
+    #[track_caller]
+    pub fn index_select(&self, axis: isize, indices: &Tensor) -> Tensor {
+        let loc = Loc::caller();
+        let a = crate::graph::record::axis(axis, self.rank(), "index_select", loc);
+        apply(Op::Take(Take { axis: a }), &[self, indices], loc)
+    }
+
+    /// Rows of this `[vocab, d]` table for integer `ids` of any shape: `ids.dims() + [d]`.
+    #[track_caller]
+    pub fn embedding(&self, ids: &Tensor) -> Tensor {
+        let loc = Loc::caller();
+        if self.rank() != 2 {
+            fail(loc, format!("embedding: the table must be [vocab, dim], got {}", self.tensor_type()));
+        }
+        apply(Op::Take(Take { axis: 0 }), &[self, ids], loc)
+    }
+
+    /// This tensor plus `updates` added at `indices` along `axis` (repeated indices accumulate). `updates` has the
+    /// shape of `self.index_select(axis, indices)`; out-of-range indices clamp like `index_select`'s.
+    #[track_caller]
+    pub fn scatter_add(&self, axis: isize, indices: &Tensor, updates: &Tensor) -> Tensor {
+        let loc = Loc::caller();
+        let a = crate::graph::record::axis(axis, self.rank(), "scatter_add", loc);
+        apply(Op::ScatterAdd(ScatterAdd { axis: a }), &[self, indices, updates], loc)
+    }
+
+    /// One-hot encoding of integer ids: `dims + [n]` of `dtype`, 1 at each id. Ids outside `0..n` give a row of
+    /// zeros.
+    #[track_caller]
+    pub fn one_hot(&self, n: usize, dtype: DType) -> Tensor {
+        let loc = Loc::caller();
+        let hot = one_hot_mask(self, n, loc);
+        if dtype == DType::Bool {
+            hot
+        } else {
+            apply(Op::Convert(lazuli_hlo::Convert { from: hot.dtype(), to: dtype }), &[&hot], loc)
+        }
+    }
+
+    /// Bool `[n, n]`, true on and below diagonal `k` (`k > 0` above the main diagonal, `k < 0` below).
+    #[track_caller]
+    pub fn tril_mask(n: usize, k: isize) -> Tensor {
+        triangle(n, n, k, true, Loc::caller())
+    }
+
+    /// Bool `[n, n]`, true on and above diagonal `k`.
+    #[track_caller]
+    pub fn triu_mask(n: usize, k: isize) -> Tensor {
+        triangle(n, n, k, false, Loc::caller())
+    }
+
+    /// The lower triangle (on and below diagonal `k`) of the last two dimensions; zeros elsewhere.
+    #[track_caller]
+    pub fn tril(&self, k: isize) -> Tensor {
+        triangle_part(self, k, true, Loc::caller())
+    }
+
+    /// The upper triangle (on and above diagonal `k`) of the last two dimensions; zeros elsewhere.
+    #[track_caller]
+    pub fn triu(&self, k: isize) -> Tensor {
+        triangle_part(self, k, false, Loc::caller())
+    }
+
+    /// Limit every element to `[lo, hi]` (`max` then `min`, so `lo > hi` gives `hi`, as in PyTorch). Host scalars
+    /// become parameters of this tensor's dtype; tensors broadcast. A composite of the existing maximum and
+    /// minimum: their gradients already pass g where the bound is not active, and XLA fuses the pair.
+    #[track_caller]
+    pub fn clamp(&self, lo: impl Operand, hi: impl Operand) -> Tensor {
+        let loc = Loc::caller();
+        self.binary_at(lo, BinaryKind::Max, loc).binary_at(hi, BinaryKind::Min, loc)
+    }
+
+    /// Index (i64) of the largest element along `axis`, which is removed; ties go to the first, NaN counts as
+    /// largest.
+    #[track_caller]
+    pub fn argmax(&self, axis: isize) -> Tensor {
+        arg_reduce(self, ArgKind::Max, axis, Loc::caller())
+    }
+
+    /// Index (i64) of the smallest element along `axis`, which is removed; ties go to the first, NaN counts as
+    /// smallest.
+    #[track_caller]
+    pub fn argmin(&self, axis: isize) -> Tensor {
+        arg_reduce(self, ArgKind::Min, axis, Loc::caller())
+    }
+
+    /// Running sum along `axis`: element i is the sum of elements 0..=i.
+    #[track_caller]
+    pub fn cumsum(&self, axis: isize) -> Tensor {
+        let loc = Loc::caller();
+        let a = crate::graph::record::axis(axis, self.rank(), "cumsum", loc);
+        apply(Op::CumSum(CumSum { axis: a, reverse: false }), &[self], loc)
+    }
+
+    /// The error function, elementwise (floating-point tensors).
+    #[track_caller]
+    pub fn erf(&self) -> Tensor {
+        apply(Op::Erf(Erf), &[self], Loc::caller())
+    }
+}

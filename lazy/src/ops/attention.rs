@@ -1,0 +1,166 @@
+//! Fused attention for users: [`scaled_dot_product_attention`]. One op (`lazuli_kernels::attention`) whose
+//! implementation is chosen when it is recorded, from the device the runtime runs on and `LAZULI_ATTENTION`:
+//! cuDNN's flash attention on NVIDIA GPUs for bf16/f16, lazuli's Triton flash kernel for what cuDNN does not
+//! take, and the composite (lazuli's own ops) everywhere else. Which one ran, and why, is in the program's event.
+
+use lazuli_hlo::{BinaryKind, Convert, DType, KernelOp, Loc, Op, Select};
+use std::cell::Cell;
+
+use lazuli_kernels::attention::{attention, AttentionSpec};
+use lazuli_kernels::Implementation;
+
+pub use lazuli_kernels::attention::Layout as AttentionLayout;
+
+use crate::graph::constants::constant_like;
+use crate::graph::record::{apply, fail};
+use crate::graph::tensor::Tensor;
+use crate::runtime::runtime;
+
+/// Options of [`scaled_dot_product_attention`]: no mask, scale `1/√D` and the `[B, H, T, D]` layout unless set.
+#[derive(Clone, Default)]
+pub struct AttentionOptions {
+    causal: bool,
+    scale: Option<f64>,
+    window: Option<usize>,
+    bias: Option<Tensor>,
+    mask: Option<Tensor>,
+    layout: AttentionLayout,
+    dropout: f64,
+    implementation: Option<Implementation>,
+}
+
+impl AttentionOptions {
+    /// Every key visible to every query.
+    pub fn new() -> AttentionOptions {
+        AttentionOptions::default()
+    }
+
+    /// Key `j` visible to query `i` only if `j ≤ i` (top-left aligned, as PyTorch's `is_causal`).
+    pub fn causal() -> AttentionOptions {
+        AttentionOptions { causal: true, ..AttentionOptions::default() }
+    }
+
+    /// The softmax scale (default `1/√D`).
+    pub fn scale(mut self, scale: f64) -> AttentionOptions {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// With causal attention, each query sees at most its last `keys` keys (itself included).
+    pub fn window(mut self, keys: usize) -> AttentionOptions {
+        self.window = Some(keys);
+        self
+    }
+
+    /// An additive bias broadcastable to `[B, H, Tq, Tk]` (size-1 dimensions broadcast), with a gradient.
+    pub fn bias(mut self, bias: &Tensor) -> AttentionOptions {
+        self.bias = Some(bias.clone());
+        self
+    }
+
+    /// A boolean mask broadcastable to `[B, H, Tq, Tk]`: `true` where a key is visible.
+    pub fn mask(mut self, mask: &Tensor) -> AttentionOptions {
+        self.mask = Some(mask.clone());
+        self
+    }
+
+    /// The order of the dimensions of q, k, v and the result.
+    pub fn layout(mut self, layout: AttentionLayout) -> AttentionOptions {
+        self.layout = layout;
+        self
+    }
+
+    /// Force an implementation for this call (over [`with_attention`] and `LAZULI_ATTENTION`).
+    pub fn implementation(mut self, implementation: Implementation) -> AttentionOptions {
+        self.implementation = Some(implementation);
+        self
+    }
+
+    /// Dropout on the attention weights. Only 0 is supported: apply `nn::Dropout` to the output instead.
+    pub fn dropout(mut self, p: f64) -> AttentionOptions {
+        self.dropout = p;
+        self
+    }
+}
+
+/// `softmax(scale · q kᵀ + bias, masked) v` per batch and head. With the default layout `q: [B, H, Tq, D]`,
+/// `k: [B, H, Tk, D]`, `v: [B, H, Tk, Dv]` → `[B, H, Tq, Dv]`; with [`AttentionLayout::Bthd`] the sequence comes
+/// before the heads in all four. On NVIDIA GPUs it runs as one fused kernel where one applies (cuDNN for
+/// bf16/f16, lazuli's Triton kernel otherwise); elsewhere as lazuli's ops. `LAZULI_ATTENTION=auto|cudnn|triton|
+/// composite` forces a choice. Panics at the caller's line when the shapes do not fit, or when a forced
+/// implementation cannot apply.
+#[track_caller]
+pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Tensor {
+    let loc = Loc::caller();
+    if opts.dropout != 0.0 {
+        fail(loc, "attention: dropout inside attention is not supported; apply nn::Dropout to its output");
+    }
+    let mut spec = AttentionSpec {
+        q: q.tensor_type().clone(),
+        k: k.tensor_type().clone(),
+        v: v.tensor_type().clone(),
+        bias: None,
+        causal: opts.causal,
+        window: opts.window,
+        scale_bits: opts.scale.map(f64::to_bits),
+        layout: opts.layout,
+        precision: crate::graph::precision::precision_at(loc),
+    };
+    let d = spec.dims().unwrap_or_else(|e| fail(loc, e));
+    let bias = combined_bias(opts, &[d.batch, d.heads, d.seq_q, d.seq_kv], loc);
+    spec.bias = bias.as_ref().map(|b| b.tensor_type().clone());
+    let rt = runtime().unwrap_or_else(|e| fail(loc, format!("attention: {e}")));
+    let (want, by) = match (opts.implementation, SCOPED.get()) {
+        (Some(i), _) => (i, "AttentionOptions::implementation"),
+        (None, Some(i)) => (i, "with_attention"),
+        (None, None) => (rt.config.attention, "LAZULI_ATTENTION"),
+    };
+    let def = attention(&spec, &rt.target, want).unwrap_or_else(|e| fail(loc, format!("{e} (asked for by {by})")));
+    let mut operands = vec![q, k, v];
+    operands.extend(bias.as_ref());
+    apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)
+}
+
+thread_local! {
+    static SCOPED: Cell<Option<Implementation>> = const { Cell::new(None) };
+}
+
+/// Run `f` with attention recorded by `implementation` on this thread (over `LAZULI_ATTENTION`; a call's own
+/// [`AttentionOptions::implementation`] still wins): to compare a model with and without fused kernels.
+pub fn with_attention<R>(implementation: Implementation, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Implementation>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SCOPED.set(self.0);
+        }
+    }
+    let _restore = Restore(SCOPED.replace(Some(implementation)));
+    f()
+}
+
+/// The bias and the mask as one additive bias (the mask as 0 where visible and -inf where hidden, in f32), or
+/// `None`; both are broadcast to `full` (`[B, H, Tq, Tk]`) only when there are two to add.
+fn combined_bias(opts: &AttentionOptions, full: &[usize], loc: Loc) -> Option<Tensor> {
+    let masked = opts.mask.as_ref().map(|m| {
+        if m.dtype() != DType::Bool {
+            fail(loc, format!("attention: the mask must be bool (true where visible), got {}", m.tensor_type()));
+        }
+        let visible = constant_like(0.0, DType::F32, m.dims(), loc);
+        let hidden = constant_like(f64::NEG_INFINITY, DType::F32, m.dims(), loc);
+        apply(Op::Select(Select), &[m, &visible, &hidden], loc)
+    });
+    let fits = |t: &Tensor| t.rank() == 4 && t.dims().iter().zip(full).all(|(&a, &f)| a == f || a == 1);
+    for t in opts.bias.iter().chain(&masked) {
+        if !fits(t) {
+            fail(loc, format!("attention: a bias or mask must broadcast to {full:?}, got {}", t.tensor_type()));
+        }
+    }
+    match (&opts.bias, masked) {
+        (Some(b), Some(m)) => {
+            let b = apply(Op::Convert(Convert { from: b.dtype(), to: DType::F32 }), &[b], loc).broadcast_at(full, loc);
+            Some(b.binary_at(m.broadcast_at(full, loc), BinaryKind::Add, loc))
+        }
+        (Some(b), None) => Some(b.clone()),
+        (None, m) => m,
+    }
+}

@@ -1,0 +1,260 @@
+//! A user's own Triton kernel, called like an op: [`TritonKernel`]. The user brings the Triton IR (text), its
+//! launch (grid, warps, stages) and result types, plus a composite (the same function written with lazuli's ops,
+//! as a closure over tensors) and optionally a gradient (a closure too, which may call other kernels). The
+//! closures are traced once per input signature into programs the kernel carries
+//! (`lazuli_kernels::custom`); the Triton call runs on NVIDIA GPUs, the composite everywhere else.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use lazuli_hlo::{Builder, Constant, DType, Gradient, KernelDef, KernelOp, Loc, Op, Parameter, Program, TensorType};
+use lazuli_kernels::custom::{define, CustomKernel};
+use lazuli_kernels::triton::TritonCall;
+use lazuli_kernels::Implementation;
+
+use crate::graph::record::{apply, fail};
+use crate::graph::tensor::{Data, Node, NodeMap, Tensor};
+use crate::runtime::runtime;
+
+type Composite = Rc<dyn Fn(&[Tensor]) -> Vec<Tensor>>;
+type GradientFn = Rc<dyn Fn(&[Tensor], usize, &Tensor, &Tensor) -> Vec<Option<Tensor>>>;
+
+/// A custom Triton kernel. Build it once, call it like an op:
+///
+/// ```no_run
+/// use lazuli_lazy::{DType, Tensor, TritonKernel};
+/// # let ttir = String::new();
+/// let softmax = TritonKernel::new("row_softmax", ttir)
+///     .grid([1024, 1, 1])
+///     .warps(4)
+///     .output(DType::F32, &[1024, 512])
+///     .composite(|x| vec![x[0].softmax(-1)]);
+/// # let x = Tensor::zeros(&[1024, 512], DType::F32);
+/// let y = softmax.call(&[&x]).remove(0);
+/// ```
+///
+/// The kernel's arguments are pointers: the inputs in order, then the outputs. On an NVIDIA GPU (compute
+/// capability 8.0+) the Triton call runs; elsewhere, or with [`TritonKernel::implementation`] set to
+/// `Composite`, the composite does. Without a gradient the composite's gradient is used. Every launch parameter
+/// is checked in Rust before XLA sees it; a mistake panics naming the line of the call.
+#[derive(Clone)]
+pub struct TritonKernel {
+    name: &'static str,
+    ir: String,
+    grid: [u32; 3],
+    warps: u32,
+    stages: u32,
+    outputs: Vec<TensorType>,
+    composite: Option<Composite>,
+    gradient: Option<GradientFn>,
+    implementation: Implementation,
+    /// Definitions made so far, by input types.
+    made: Rc<RefCell<HashMap<Vec<TensorType>, Arc<KernelDef>>>>,
+}
+
+impl TritonKernel {
+    /// The kernel `tt.func @name` in `ir` (Triton IR as MLIR text); grid `[1, 1, 1]`, 4 warps, 2 stages.
+    pub fn new(name: &str, ir: impl Into<String>) -> TritonKernel {
+        TritonKernel {
+            name: intern(name),
+            ir: ir.into(),
+            grid: [1, 1, 1],
+            warps: 4,
+            stages: 2,
+            outputs: Vec::new(),
+            composite: None,
+            gradient: None,
+            implementation: Implementation::Auto,
+            made: Rc::default(),
+        }
+    }
+
+    /// Programs launched along x, y and z.
+    pub fn grid(mut self, grid: [u32; 3]) -> Self {
+        self.grid = grid;
+        self
+    }
+
+    /// Warps per program (Triton's `num_warps`; default 4).
+    pub fn warps(mut self, n: u32) -> Self {
+        self.warps = n;
+        self
+    }
+
+    /// Software-pipelining stages (Triton's `num_stages`; default 2).
+    pub fn stages(mut self, n: u32) -> Self {
+        self.stages = n;
+        self
+    }
+
+    /// Add an output of this dtype and shape (in the kernel's pointer order, after the inputs).
+    pub fn output(mut self, dtype: DType, dims: &[usize]) -> Self {
+        self.outputs.push(TensorType::new(dtype, dims));
+        self
+    }
+
+    /// What the kernel computes, with lazuli's ops: runs where Triton cannot, and is the reference for tests.
+    pub fn composite(mut self, f: impl Fn(&[Tensor]) -> Vec<Tensor> + 'static) -> Self {
+        self.composite = Some(Rc::new(f));
+        self
+    }
+
+    /// The gradient: `f(inputs, r, output_r, cotangent_r)` returns one cotangent per input (`None`: none) for
+    /// output `r`'s cotangent. It may call other kernels (a backward kernel). Without it, the composite's.
+    pub fn gradient(mut self, f: impl Fn(&[Tensor], usize, &Tensor, &Tensor) -> Vec<Option<Tensor>> + 'static) -> Self {
+        self.gradient = Some(Rc::new(f));
+        self
+    }
+
+    /// Force the Triton call (an error off NVIDIA GPUs) or the composite; `Auto` by default.
+    pub fn implementation(mut self, implementation: Implementation) -> Self {
+        self.implementation = implementation;
+        self
+    }
+
+    /// Call the kernel on `inputs`; one tensor per output. Panics at the caller's line if a launch parameter, the
+    /// IR's signature, or the composite does not fit.
+    #[track_caller]
+    pub fn call(&self, inputs: &[&Tensor]) -> Vec<Tensor> {
+        let loc = Loc::caller();
+        let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type().clone()).collect();
+        // Looked up first and the borrow ended: defining traces the closures, which may call kernels too.
+        let made = self.made.borrow().get(&types).cloned();
+        let def = made.unwrap_or_else(|| {
+            let def = self.define(&types, loc).unwrap_or_else(|e| fail(loc, e));
+            self.made.borrow_mut().insert(types, def.clone());
+            def
+        });
+        (0..def.results.len()).map(|r| apply(Op::Kernel(KernelOp::new(def.clone(), r)), inputs, loc)).collect()
+    }
+
+    /// Trace the closures on inputs of `types` and make the kernel for the runtime's device.
+    fn define(&self, types: &[TensorType], loc: Loc) -> Result<Arc<KernelDef>, String> {
+        let name = self.name;
+        if self.outputs.is_empty() {
+            return Err(format!("{name}: the kernel has no outputs; declare them with .output(dtype, dims)"));
+        }
+        let composite = self.composite.as_ref().ok_or_else(|| {
+            format!("{name}: a custom kernel needs a composite (.composite(|x| …)): it runs where Triton cannot")
+        })?;
+        let composite = trace(types, loc, |x| composite(x).into_iter().map(Some).collect())
+            .map_err(|e| format!("{name}: in the composite: {e}"))?;
+        let gradients = (0..self.outputs.len())
+            .map(|r| match &self.gradient {
+                None => Ok(Gradient::Composite),
+                Some(f) => {
+                    let mut inputs = types.to_vec();
+                    inputs.extend([self.outputs[r].clone(), self.outputs[r].clone()]);
+                    let n = types.len();
+                    let p = trace(&inputs, loc, |x| f(&x[..n], r, &x[n], &x[n + 1]))
+                        .map_err(|e| format!("{name}: in the gradient of output {r}: {e}"))?;
+                    Ok(Gradient::Program(p))
+                }
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let call = TritonCall {
+            name: name.to_string(),
+            ir: self.ir.clone(),
+            grid: self.grid,
+            num_warps: self.warps,
+            num_stages: self.stages,
+        };
+        let kernel =
+            CustomKernel { name, call, operands: types.to_vec(), results: self.outputs.clone(), composite, gradients };
+        let rt = runtime().map_err(|e| e.to_string())?;
+        define(kernel, &rt.target, self.implementation)
+    }
+}
+
+/// A kernel name as the `&'static str` every op name is; each distinct name is kept once for the process.
+fn intern(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.push(n);
+    n
+}
+
+/// Record `f` on placeholder inputs of `types` and read what it recorded back as a program. A host scalar the
+/// closure used becomes a constant of the program; any other tensor from outside is an error (pass it as an
+/// input).
+fn trace(types: &[TensorType], loc: Loc, f: impl FnOnce(&[Tensor]) -> Vec<Option<Tensor>>) -> Result<Program, String> {
+    let placeholders: Vec<Tensor> = types
+        .iter()
+        .enumerate()
+        .map(|(index, ty)| {
+            let node = Tensor::record_node(Op::Parameter(Parameter { index }), Default::default(), ty.clone(), loc);
+            Tensor::structural(node)
+        })
+        .collect();
+    let outputs = crate::graph::autodiff::no_grad(|| f(&placeholders));
+    let mut input_of: NodeMap<usize> = NodeMap::default();
+    for (i, p) in placeholders.iter().enumerate() {
+        input_of.insert(Rc::as_ptr(&p.node), i);
+    }
+    let mut error = None;
+    let program = Program::record(types, |b, x| {
+        let mut seen: NodeMap<lazuli_hlo::Value> = NodeMap::default();
+        for (p, v) in placeholders.iter().zip(x) {
+            seen.insert(Rc::as_ptr(&p.node), v.clone());
+        }
+        let mut outs = Vec::new();
+        for o in &outputs {
+            match o {
+                None => outs.push(None),
+                Some(t) => match replay(b, &t.node, &mut seen) {
+                    Ok(v) => outs.push(Some(v)),
+                    Err(e) => {
+                        error.get_or_insert(e);
+                        outs.push(None);
+                    }
+                },
+            }
+        }
+        outs
+    })?;
+    match error {
+        Some(e) => Err(e),
+        None => Ok(program),
+    }
+}
+
+/// The program value of `node`, recording its recipe's ops (operands first) on `b`.
+fn replay(
+    b: &mut lazuli_hlo::Recorder,
+    node: &Rc<Node>,
+    seen: &mut NodeMap<lazuli_hlo::Value>,
+) -> Result<lazuli_hlo::Value, String> {
+    if let Some(v) = seen.get(&Rc::as_ptr(node)) {
+        return Ok(v.clone());
+    }
+    let (op, operands) = {
+        let state = node.lock();
+        match (&state.recipe, &state.data) {
+            (Some(r), _) => (r.op.clone(), r.operands.to_vec()),
+            (None, Some(Data::Host(bytes))) if node.ty.rank() == 0 => {
+                let value = crate::graph::element::bytes_to_f64(node.ty.dtype, bytes)[0];
+                (Op::Constant(Constant::new(value, node.ty.clone())), Vec::new())
+            }
+            _ => {
+                return Err(format!(
+                    "it uses a tensor recorded at {} that is not one of the kernel's inputs: pass it as an input",
+                    node.loc
+                ))
+            }
+        }
+    };
+    let mut args = Vec::with_capacity(operands.len());
+    for o in &operands {
+        args.push(replay(b, o, seen)?);
+    }
+    let refs: Vec<&lazuli_hlo::Value> = args.iter().collect();
+    let v = b.op(op, &refs);
+    seen.insert(Rc::as_ptr(node), v.clone());
+    Ok(v)
+}

@@ -1,0 +1,464 @@
+//! The process-wide runtime: one PJRT plugin and client, the device tensors live on, and the executable cache.
+//! Created on first materialization from the environment, or explicitly with [`init`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use lazuli_kernels::{Implementation, Target};
+use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, Device, LoadedExecutable, Plugin, XlaOption};
+
+use crate::error::{Error, Result};
+
+pub(crate) mod compile_cache;
+pub(crate) mod launcher;
+pub(crate) mod value;
+
+/// Which kind of plugin to load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// XLA's CPU plugin, provisioned automatically (see `lazuli_pjrt::provision`).
+    Cpu,
+    /// An installed CUDA plugin (`jax_plugins/xla_cuda13` or `xla_cuda12`), or `LAZULI_GPU_PLUGIN`.
+    Gpu,
+    /// libtpu from `LAZULI_TPU_PLUGIN` or `TPU_LIBRARY_PATH`.
+    Tpu,
+}
+
+/// How the runtime is set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Which kind of plugin to load.
+    pub backend: Backend,
+    /// A plugin file to load instead of the backend's default.
+    pub plugin_path: Option<PathBuf>,
+    /// Number of virtual devices of the CPU plugin.
+    pub cpu_device_count: i64,
+    /// Run CPU programs on the plugin's worker threads, returning from `sync()` before they finish. Off by
+    /// default: on the CPU the "device" is the host's own cores, and handing a program to a worker thread and
+    /// waking the waiter cost about 80 µs per step on the 2-core machine of
+    /// `docs/perf-log/2026-11-30-cpu-launcher.md`, more than a small program runs. Turn it on when steps are long
+    /// and cores are spare (the host records the next step while the program runs). Other backends always run
+    /// asynchronously.
+    pub cpu_async: bool,
+    /// Where single-device CPU programs run: see [`CpuLauncher`]. Ignored with `cpu_async`.
+    pub cpu_launcher: CpuLauncher,
+    /// XLA debug options for every compile, by name, applied after the backend's defaults (see
+    /// [`Config::backend_xla_options`]); later entries win. They are part of the persistent cache's key.
+    pub xla_options: Vec<(String, XlaOption)>,
+    /// Which attention implementation `scaled_dot_product_attention` records (`LAZULI_ATTENTION`): the fastest
+    /// that applies (default), or one forced; forcing one that cannot apply is an error at the recording line.
+    pub attention: Implementation,
+}
+
+impl Default for Config {
+    /// The CPU plugin, one device, synchronous.
+    fn default() -> Config {
+        Config {
+            backend: Backend::Cpu,
+            plugin_path: None,
+            cpu_device_count: 1,
+            cpu_async: false,
+            cpu_launcher: CpuLauncher::default(),
+            xla_options: Vec::new(),
+            attention: Implementation::Auto,
+        }
+    }
+}
+
+impl Config {
+    /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1);
+    /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0); `LAZULI_CPU_LAUNCHER` = `1` | `0` | `always` (default 1 on two
+    /// or more cores); `LAZULI_XLA_OPTIONS` = `name=value …` (whitespace-separated;
+    /// `true`/`false` and integers are typed, anything else is a string, list options comma-separated);
+    /// `LAZULI_ATTENTION` = `auto` (default) | `cudnn` | `triton` | `composite`.
+    pub fn from_env() -> Result<Config> {
+        let backend = match std::env::var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
+            "" | "cpu" => Backend::Cpu,
+            "gpu" | "cuda" => Backend::Gpu,
+            "tpu" => Backend::Tpu,
+            other => return Err(Error::Config(format!("LAZULI_DEVICE={other:?}: expected cpu, gpu or tpu"))),
+        };
+        let cpu_device_count =
+            match std::env::var("LAZULI_CPU_DEVICES") {
+                Ok(s) => s.parse::<i64>().ok().filter(|n| (1..=MAX_CPU_DEVICES).contains(n)).ok_or_else(|| {
+                    Error::Config(format!("LAZULI_CPU_DEVICES={s:?}: expected 1 to {MAX_CPU_DEVICES}"))
+                })?,
+                Err(_) => 1,
+            };
+        let cpu_async = match std::env::var("LAZULI_CPU_ASYNC").unwrap_or_default().as_str() {
+            "" | "0" | "false" => false,
+            "1" | "true" => true,
+            other => return Err(Error::Config(format!("LAZULI_CPU_ASYNC={other:?}: expected 1 or 0"))),
+        };
+        let cpu_launcher = match std::env::var("LAZULI_CPU_LAUNCHER").unwrap_or_default().as_str() {
+            "" => CpuLauncher::default(),
+            "0" | "off" => CpuLauncher::Off,
+            "1" | "on" => CpuLauncher::Adaptive,
+            "always" => CpuLauncher::Always,
+            other => {
+                return Err(Error::Config(format!("LAZULI_CPU_LAUNCHER={other:?}: expected 1, 0 or always")));
+            }
+        };
+        let xla_options = std::env::var("LAZULI_XLA_OPTIONS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|item| match item.split_once('=') {
+                Some((name, value)) if !name.is_empty() => Ok((name.to_string(), XlaOption::parse(value))),
+                _ => Err(Error::Config(format!("LAZULI_XLA_OPTIONS: {item:?} is not name=value"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let attention = std::env::var("LAZULI_ATTENTION").unwrap_or_default();
+        let attention = Implementation::parse(&attention).ok_or_else(|| {
+            Error::Config(format!("LAZULI_ATTENTION={attention:?}: expected auto, cudnn, triton or composite"))
+        })?;
+        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, cpu_launcher, xla_options, attention })
+    }
+
+    /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.
+    ///
+    /// GPU: no command buffers (CUDA graphs). A lazily traced step hands XLA fresh output buffers every time, so
+    /// each launch first updates the captured graph (about 4.7 ms for a GPT-2-small step on an H200) before the
+    /// device starts; launching kernels one by one starts the device at once. Measured in
+    /// `docs/perf-log/2026-11-29-composite-ops.md`.
+    ///
+    /// CPU: YNNPACK runs single products only (upstream XLA's default). The default plugin's XLA (jaxlib 0.11.2)
+    /// also hands the elementwise ops and reductions around a product to YNNPACK, and it then computes a batched
+    /// product with a broadcast operand, multiplied and reduced, wrong by up to 1e242, with no error
+    /// (`tests/cpu_library_fusions.rs`). The cost, and why single products stay, is in
+    /// `docs/perf-log/2026-11-30-ynnpack-fusions.md`.
+    ///
+    /// CPU and GPU: `max`/`min` (reductions, `maximum`, `minimum`, clamp, pooling) propagate NaN, as in JAX, which
+    /// sets both options below to false (`docs/numerics.md`). XLA's "fast" min/max, the CPU's default, returns the
+    /// number when one operand is NaN (both CPU plugins); on GPUs off is XLA's default, pinned here. On the CPU it
+    /// slows max/min reductions: a row max over `f32[512,1024]` 135 → 315 µs, a softmax over `f32[2048,64]` (a
+    /// gpt-tiny attention) 165 → 215 µs; elementwise `maximum` is unchanged. `lazuli-bench cpu`, 13 alternating
+    /// runs: gpt-tiny 6.88 → 6.97 ms (+1.3%, within the 2-core machine's noise), mlp-tiny 17.3 → 17.0 µs.
+    ///
+    /// A plugin that does not know an option here compiles without it.
+    pub fn backend_xla_options(&self) -> Vec<(String, XlaOption)> {
+        let single_products = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT";
+        match self.backend {
+            Backend::Gpu => vec![
+                ("xla_gpu_enable_command_buffer".into(), XlaOption::Str(String::new())),
+                ("xla_gpu_enable_fast_min_max".into(), XlaOption::Bool(false)),
+            ],
+            Backend::Cpu => vec![
+                ("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into())),
+                ("xla_cpu_enable_fast_min_max".into(), XlaOption::Bool(false)),
+            ],
+            Backend::Tpu => Vec::new(),
+        }
+    }
+}
+
+/// Where single-device CPU programs run. On the CPU the "device" is the host's own cores: a program launched from
+/// the thread that recorded it runs there before `sync()` returns. lazuli's launcher thread runs it instead, so
+/// the host records the next step meanwhile (`runtime/launcher.rs`); the launcher and a thread that waits for it spin for a
+/// short while before sleeping, so a tight training loop keeps a second core busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuLauncher {
+    /// Every program runs on the thread that materializes it.
+    Off,
+    /// A step's program goes to the launcher unless the thread read a result of its latest program (or called
+    /// `wait()`) since launching it: a loop that reads every step's loss would wait for the program anyway, and
+    /// the hand-over costs a few µs. Reading an older program's results (the previous step's loss) does not
+    /// count. The default where the machine has two cores or more (`LAZULI_CPU_LAUNCHER=1`).
+    Adaptive,
+    /// Every single-device program goes to the launcher (`LAZULI_CPU_LAUNCHER=always`; for testing it).
+    Always,
+}
+
+impl Default for CpuLauncher {
+    /// `Adaptive` with two cores or more; a spinning launcher would take the only core from the host.
+    fn default() -> CpuLauncher {
+        if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) {
+            CpuLauncher::Adaptive
+        } else {
+            CpuLauncher::Off
+        }
+    }
+}
+
+pub(crate) struct Runtime {
+    pub client: Client,
+    pub device: Device,
+    pub config: Config,
+    /// What custom kernels may run on (the platform and, on NVIDIA GPUs, the compute capability).
+    pub target: Target,
+    /// Compiled programs by graph structure hash.
+    pub cache: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
+    /// Backend defaults ([`Config::backend_xla_options`]) the plugin refused as unknown; compiles leave them out.
+    unknown_options: Mutex<Vec<String>>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static INIT: Mutex<()> = Mutex::new(());
+
+impl Runtime {
+    fn new(config: Config) -> Result<Runtime> {
+        check_settings(&config)?;
+        // XLA's plugins log every client creation at INFO; keep stderr for what matters unless the user chose.
+        // Set once, before the plugin starts threads that could read the environment.
+        if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+            std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+        }
+        let path = match (&config.plugin_path, config.backend) {
+            (Some(p), _) => p.clone(),
+            (None, Backend::Cpu) => provision::cpu_plugin_path()?,
+            (None, Backend::Gpu) => provision::gpu_plugin_path()?,
+            (None, Backend::Tpu) => provision::tpu_plugin_path()?,
+        };
+        let plugin = Plugin::load(&path)?;
+        let mut opts = ClientOptions::new();
+        if config.backend == Backend::Cpu {
+            opts = opts.cpu_device_count(config.cpu_device_count);
+            opts = opts.bool_option("asynchronous", config.cpu_async);
+        }
+        let client = Client::new(&plugin, &opts)?;
+        let device = client
+            .devices()
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Config(format!("the plugin {} reports no devices", path.display())))?;
+        let target = kernel_target(&client, &device)?;
+        Ok(Runtime {
+            client,
+            device,
+            target,
+            config,
+            cache: Mutex::new(HashMap::new()),
+            unknown_options: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Bytes the device can still allocate: the allocator's limit minus what is in use where the plugin reports
+    /// both (GPUs), the host's available memory for the CPU plugin (`MemAvailable`), else unknown.
+    pub(crate) fn free_memory(&self) -> Option<usize> {
+        if let Ok(stats) = self.device.memory_stats() {
+            if let Some(limit) = stats.bytes_limit {
+                return Some((limit - stats.bytes_in_use).max(0) as usize);
+            }
+        }
+        if self.config.backend != Backend::Cpu {
+            return None;
+        }
+        host_available_memory()
+    }
+
+    /// A single-device program goes to the launcher thread (`Config::cpu_launcher`); `demanded`: the thread read
+    /// a result of its latest program, or waited, since launching it.
+    pub(crate) fn uses_launcher(&self, demanded: bool) -> bool {
+        let on = match self.config.cpu_launcher {
+            CpuLauncher::Off => false,
+            CpuLauncher::Adaptive => !demanded,
+            CpuLauncher::Always => true,
+        };
+        on && self.config.backend == Backend::Cpu && !self.config.cpu_async
+    }
+
+    /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
+    pub(crate) fn xla_options(&self) -> Vec<(String, XlaOption)> {
+        let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<_> =
+            self.config.backend_xla_options().into_iter().filter(|(name, _)| !unknown.contains(name)).collect();
+        all.extend(self.config.xla_options.iter().cloned());
+        all
+    }
+
+    /// Whether `error` is the plugin refusing one of the backend's own defaults (an older XLA, which lacks the
+    /// option or the value); if so, later compiles leave it out. Options the user configured are never dropped:
+    /// their error is reported.
+    pub(crate) fn drop_unknown_default(&self, error: &lazuli_pjrt::Error) -> bool {
+        let lazuli_pjrt::Error::Pjrt { message, .. } = error else { return false };
+        let Some(name) = unknown_default(&self.config, message) else { return false };
+        let mut unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
+        let new = !unknown.contains(&name);
+        if new {
+            unknown.push(name);
+        }
+        new
+    }
+}
+
+/// The host's available memory (Linux's `MemAvailable`), or `None` where it cannot be read.
+pub(crate) fn host_available_memory() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// The most virtual CPU devices one process may ask for: beyond a few thousand the plugin's per-device state
+/// grows without bound (99,999,999,999 grew past 6 GB before failing), and no mesh needs more.
+pub const MAX_CPU_DEVICES: i64 = 2048;
+
+/// Settings read elsewhere, checked once when the runtime is made, so that a malformed value is an error naming
+/// the variable and what it accepts instead of a silent default: the CPU device count, `LAZULI_DONATE`,
+/// `LAZULI_DUMP_DIR` (a directory lazuli can create) and `LAZULI_COMPILE_CACHE_LIMIT`.
+fn check_settings(config: &Config) -> Result<()> {
+    if config.backend == Backend::Cpu && !(1..=MAX_CPU_DEVICES).contains(&config.cpu_device_count) {
+        return Err(Error::Config(format!(
+            "{} CPU devices (LAZULI_CPU_DEVICES or Config::cpu_device_count): expected 1 to {MAX_CPU_DEVICES}",
+            config.cpu_device_count
+        )));
+    }
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if let Some(v) = var("LAZULI_DONATE") {
+        if !matches!(v.as_str(), "0" | "1" | "true" | "false") {
+            return Err(Error::Config(format!("LAZULI_DONATE={v:?}: expected 1 (default) or 0")));
+        }
+    }
+    if let Some(dir) = var("LAZULI_DUMP_DIR") {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Err(Error::Config(format!(
+                "LAZULI_DUMP_DIR={dir:?}: expected a directory lazuli can create ({e})"
+            )));
+        }
+    }
+    if let Some(v) = var("LAZULI_COMPILE_CACHE_LIMIT") {
+        if crate::runtime::compile_cache::parse_size(&v).is_none() {
+            return Err(Error::Config(format!(
+                "LAZULI_COMPILE_CACHE_LIMIT={v:?}: expected a size in bytes, or with K, M or G (500M, 2G)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The kernels' view of the device: the plugin's platform, and a CUDA device's `compute_capability` attribute
+/// (`"9.0"`).
+fn kernel_target(client: &Client, device: &Device) -> Result<Target> {
+    Ok(match client.platform_name()?.as_str() {
+        "cpu" => Target::Cpu,
+        "cuda" => {
+            let attrs = device.attributes().unwrap_or_default();
+            let cc = attrs.iter().find(|(name, _)| name == "compute_capability").and_then(|(_, v)| match v {
+                AttrValue::String(s) => {
+                    let (major, minor) = s.split_once('.')?;
+                    Some((major.parse().ok()?, minor.parse().ok()?))
+                }
+                _ => None,
+            });
+            Target::Cuda { compute_capability: cc }
+        }
+        other => Target::Other(other.to_string()),
+    })
+}
+
+/// The backend default that a compile error says the plugin cannot apply, unless the user configured it too.
+/// XLA words it `No such compile option: 'NAME'`, or `While setting option NAME, …` for a value it does not know
+/// (both seen on the real plugin; `tests/runtime_config.rs` checks the first).
+fn unknown_default(config: &Config, message: &str) -> Option<String> {
+    let configured = |name: &str| config.xla_options.iter().any(|(n, _)| n == name);
+    let refused = |name: &str| {
+        message.contains(&format!("No such compile option: '{name}'"))
+            || message.contains(&format!("While setting option {name},"))
+    };
+    config.backend_xla_options().into_iter().map(|(name, _)| name).find(|name| refused(name) && !configured(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unknown_backend_default_is_dropped() {
+        let cpu = Config::default();
+        let refused = "No such compile option: 'xla_cpu_experimental_ynn_fusion_type'";
+        assert_eq!(unknown_default(&cpu, refused).as_deref(), Some("xla_cpu_experimental_ynn_fusion_type"));
+        assert_eq!(unknown_default(&cpu, "No such compile option: 'xla_other'"), None);
+        let bad_value = "While setting option xla_cpu_experimental_ynn_fusion_type, 'X' is not a valid enum value.";
+        assert_eq!(unknown_default(&cpu, bad_value).as_deref(), Some("xla_cpu_experimental_ynn_fusion_type"));
+        assert_eq!(unknown_default(&cpu, "While setting option xla_other, 'X' is not a valid enum value."), None);
+        // Set by the user as well: their compile error stands.
+        let user = Config {
+            xla_options: vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(String::new()))],
+            ..Config::default()
+        };
+        assert_eq!(unknown_default(&user, refused), None);
+        // Another backend's defaults are not this one's.
+        assert_eq!(unknown_default(&Config { backend: Backend::Gpu, ..Config::default() }, refused), None);
+    }
+}
+
+/// The runtime, created from the environment on first use.
+pub(crate) fn runtime() -> Result<&'static Runtime> {
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let config = Config::from_env()?;
+    init_with(config)
+}
+
+fn init_with(config: Config) -> Result<&'static Runtime> {
+    let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rt) = RUNTIME.get() {
+        return if rt.config == config {
+            Ok(rt)
+        } else {
+            Err(Error::Config(format!(
+                "already initialized with {:?}; init() must come before the first tensor is read",
+                rt.config
+            )))
+        };
+    }
+    let rt = Runtime::new(config)?;
+    Ok(RUNTIME.get_or_init(|| rt))
+}
+
+/// Set up the runtime explicitly (before any tensor is read). Calling it again with the same config is a no-op.
+pub fn init(config: Config) -> Result<()> {
+    init_with(config).map(|_| ())
+}
+
+/// The platform the runtime runs on (`"cpu"`, `"cuda"`, …), initializing it if needed.
+pub fn platform() -> Result<String> {
+    Ok(runtime()?.client.platform_name()?)
+}
+
+/// What the runtime loaded: useful in logs and bug reports.
+#[derive(Clone, Debug)]
+pub struct RuntimeInfo {
+    /// The plugin's platform name (`cpu`, `cuda`, `tpu`).
+    pub platform: String,
+    /// The plugin file loaded.
+    pub plugin_path: PathBuf,
+    /// The plugin's PJRT C API version (major, minor).
+    pub api_version: (i32, i32),
+    /// Devices the plugin offers.
+    pub device_count: usize,
+    /// The device programs run on.
+    pub device: String,
+}
+
+/// Describe the runtime, initializing it if needed.
+pub fn runtime_info() -> Result<RuntimeInfo> {
+    let rt = runtime()?;
+    let plugin = rt.client.plugin();
+    Ok(RuntimeInfo {
+        platform: rt.client.platform_name()?,
+        plugin_path: plugin.path().to_path_buf(),
+        api_version: plugin.api_version(),
+        device_count: rt.client.devices().len(),
+        device: format!("{} {}", rt.device.kind(), rt.device.id()),
+    })
+}
+
+/// Every device's allocator statistics (bytes in use, peak, limit), in device order, initializing the runtime
+/// if needed. The CPU plugins keep none: there this is the plugin's `Unimplemented` error.
+pub fn memory_stats() -> Result<Vec<lazuli_pjrt::MemoryStats>> {
+    let rt = runtime()?;
+    Ok(rt.client.devices().iter().map(|d| d.memory_stats()).collect::<std::result::Result<_, _>>()?)
+}
+
+impl std::fmt::Display for RuntimeInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let file = self.plugin_path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        write!(
+            f,
+            "{} ({} device(s), running on {}), plugin {file} with PJRT C API {}.{}",
+            self.platform, self.device_count, self.device, self.api_version.0, self.api_version.1
+        )
+    }
+}

@@ -1,0 +1,267 @@
+//! Checkpoints as safetensors files: parameters, optimizer state and metadata.
+//!
+//! Saving materializes what it saves (in one program), stores a sha256 of every tensor's bytes and of the
+//! metadata in the file (`integrity.rs` says why sha256 and what it costs), and writes atomically: a temp file
+//! `<target>.lazuli-tmp-<pid>-<n>` next to the target, fsync, rename (`files.rs`). A save interrupted by SIGINT
+//! or SIGTERM removes its temp file before the process dies of the signal (`signals.rs`); one killed outright
+//! (SIGKILL, a crash) leaves it, and the next save of the same target removes it. Loading checks the checksums,
+//! then every name, dtype and shape, before changing anything, so a bad file leaves the model as it was. Errors
+//! name the file and the line that called [`save`] or [`load`].
+//!
+//! Formats: files are written as `lazuli-checkpoint-2`, which must carry all its checksums. Files of the
+//! earlier `lazuli-checkpoint-1` (written before checksums existed) still load, unverified, with a warning;
+//! saving again writes them with checksums. The marker changed with the checksums so that a current file
+//! stripped of them is refused rather than loaded unverified; a marker newer than these is refused too.
+
+mod files;
+mod integrity;
+mod signals;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Display;
+use std::path::Path;
+use std::sync::Arc;
+
+use lazuli_hlo::{DType, Loc, TensorType};
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+use crate::graph::tensor::Tensor;
+use crate::train::nn::Module;
+use crate::train::optim::Optimizer;
+
+/// Format marker written in the file's metadata.
+const FORMAT: &str = "lazuli-checkpoint-2";
+/// The format before checksums: loaded without verification.
+const FORMAT_UNCHECKED: &str = "lazuli-checkpoint-1";
+/// safetensors refuses to read headers longer than this.
+const MAX_HEADER: usize = 100_000_000;
+
+/// Everything a checkpoint holds besides tensors: the optimizer's step count and free-form user entries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckpointMeta {
+    /// The optimizer's step count when the checkpoint was saved.
+    pub optimizer_steps: u64,
+    /// The free-form entries the caller saved with it.
+    pub user: BTreeMap<String, String>,
+}
+
+/// A save or load in progress: its errors name the file and the user's line.
+struct Call<'a> {
+    doing: &'static str,
+    path: &'a Path,
+    at: Loc,
+}
+
+impl Call<'_> {
+    fn err(&self, msg: impl Display) -> Error {
+        Error::Checkpoint(format!("{} {} (at {}): {msg}", self.doing, self.path.display(), self.at))
+    }
+}
+
+/// Write `model`'s parameters (`model.<name>`), `optimizer`'s state (`optim.<name>`), `extra` tensors (`extra.<name>`,
+/// e.g. the random generator's state) and `user` metadata to `path`, with checksums, atomically.
+#[track_caller]
+pub fn save(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optimizer: Option<&dyn Optimizer>,
+    extra: &[(&str, Tensor)],
+    user: &BTreeMap<String, String>,
+) -> Result<()> {
+    let call = Call { doing: "saving", path: path.as_ref(), at: Loc::caller() };
+    let mut named: Vec<(String, Tensor)> =
+        model.named_params().into_iter().map(|(n, p)| (format!("model.{n}"), p.get())).collect();
+    if let Some(opt) = optimizer {
+        named.extend(opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
+    }
+    named.extend(extra.iter().map(|(n, t)| (format!("extra.{n}"), t.clone())));
+    let blobs = read_all(named, call.at)?;
+
+    let mut meta: HashMap<String, String> = user.iter().map(|(k, v)| (format!("user.{k}"), v.clone())).collect();
+    meta.insert("format".into(), FORMAT.into());
+    meta.insert("optimizer_steps".into(), optimizer.map(|o| o.steps()).unwrap_or(0).to_string());
+    integrity::seal(&blobs.iter().map(Blob::described).collect::<Vec<_>>(), &mut meta);
+    let header = header(&blobs, meta).map_err(|e| call.err(e))?;
+    let parts: Vec<&[u8]> = blobs.iter().map(|b| b.bytes.as_slice()).collect();
+    files::write_atomically(call.path, &header, &parts).map_err(|e| call.err(e))
+}
+
+/// A tensor read back for saving.
+struct Blob {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Arc<Vec<u8>>,
+}
+
+impl Blob {
+    fn described(&self) -> integrity::Described<'_> {
+        integrity::Described { name: &self.name, dtype: self.dtype, shape: &self.shape, bytes: &self.bytes }
+    }
+}
+
+/// Compute whatever is still pending in one program, then read each tensor once, in file order
+/// (safetensors' own: larger dtypes first, then by name).
+fn read_all(named: Vec<(String, Tensor)>, at: Loc) -> Result<Vec<Blob>> {
+    let nodes: Vec<_> = named.iter().map(|(_, t)| t.node.clone()).collect();
+    crate::exec::materialize(&nodes, crate::Cause::Checkpoint, at)?;
+    let mut blobs = Vec::with_capacity(named.len());
+    for (name, t) in named {
+        blobs.push(Blob { dtype: st_dtype(t.dtype()), shape: t.dims().to_vec(), bytes: t.raw_bytes(at)?, name });
+    }
+    blobs.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
+    Ok(blobs)
+}
+
+/// The file's header for `blobs` (in file order) and `meta`: length (u64, little-endian), then JSON padded with
+/// spaces to a multiple of 8 bytes, as safetensors writes it.
+fn header(blobs: &[Blob], meta: HashMap<String, String>) -> std::result::Result<Vec<u8>, String> {
+    let mut offset = 0;
+    let mut infos = Vec::with_capacity(blobs.len());
+    for b in blobs {
+        let end = offset + b.bytes.len();
+        infos
+            .push((b.name.clone(), TensorInfo { dtype: b.dtype, shape: b.shape.clone(), data_offsets: (offset, end) }));
+        offset = end;
+    }
+    let layout = Metadata::new(Some(meta), infos).map_err(|e| format!("{e}"))?;
+    let mut json = serde_json::to_vec(&layout).map_err(|e| format!("{e}"))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    if json.len() > MAX_HEADER {
+        return Err(format!("the header would be {} bytes, more than safetensors reads ({MAX_HEADER})", json.len()));
+    }
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend(json);
+    Ok(out)
+}
+
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+        DType::U32 => Dtype::U32,
+        DType::U64 => Dtype::U64,
+    }
+}
+
+fn from_st_dtype(d: Dtype) -> Option<DType> {
+    DType::ALL.into_iter().find(|&x| st_dtype(x) == d)
+}
+
+/// Load a checkpoint written by [`save`] into `model` (and `optimizer`), returning the extra tensors by name and
+/// the metadata. The checksums are verified, then every name, dtype and shape is checked: on any mismatch
+/// nothing is changed. Files of the format before checksums (`lazuli-checkpoint-1`) load without verification.
+#[track_caller]
+pub fn load(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optimizer: Option<&mut dyn Optimizer>,
+) -> Result<(HashMap<String, Tensor>, CheckpointMeta)> {
+    let call = Call { doing: "loading", path: path.as_ref(), at: Loc::caller() };
+    let data = std::fs::read(call.path).map_err(|e| call.err(format!("reading failed: {e}")))?;
+    let st = SafeTensors::deserialize(&data)
+        .map_err(|e| call.err(format!("not a valid safetensors file ({e}); is it truncated?")))?;
+    let (_, header) = SafeTensors::read_metadata(&data).map_err(|e| call.err(e))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    check_format(&call, &meta, &st)?;
+    let optimizer_steps = meta
+        .get("optimizer_steps")
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| call.err("the metadata has no optimizer_steps"))?;
+    let user = meta.iter().filter_map(|(k, v)| k.strip_prefix("user.").map(|k| (k.to_string(), v.clone()))).collect();
+
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for (name, view) in st.tensors() {
+        let dtype = from_st_dtype(view.dtype())
+            .ok_or_else(|| call.err(format!("tensor {name:?}: dtype {:?} is not supported", view.dtype())))?;
+        let ty = TensorType::new(dtype, view.shape());
+        tensors.insert(name, Tensor::host(ty, view.data().to_vec(), call.at));
+    }
+    let optim_state: HashMap<String, Tensor> =
+        tensors.iter().filter_map(|(k, t)| k.strip_prefix("optim.").map(|k| (k.to_string(), t.clone()))).collect();
+    check_fit(&call, &tensors, model, optimizer.as_deref(), &optim_state)?;
+
+    // All checked: apply.
+    for (name, p) in model.named_params() {
+        p.set(tensors[&format!("model.{name}")].clone());
+    }
+    if let Some(opt) = optimizer {
+        opt.load_state(&optim_state, optimizer_steps).map_err(|e| match e {
+            Error::Checkpoint(msg) => call.err(msg),
+            other => other,
+        })?;
+    }
+    let extra =
+        tensors.iter().filter_map(|(k, t)| k.strip_prefix("extra.").map(|k| (k.to_string(), t.clone()))).collect();
+    Ok((extra, CheckpointMeta { optimizer_steps, user }))
+}
+
+/// The format marker, and for the current format the checksums.
+fn check_format(call: &Call<'_>, meta: &HashMap<String, String>, st: &SafeTensors<'_>) -> Result<()> {
+    match meta.get("format").map(String::as_str) {
+        Some(FORMAT) => integrity::verify(meta, st).map_err(|e| call.err(format!("{e}; the file is corrupt"))),
+        Some(FORMAT_UNCHECKED) => {
+            tracing::warn!(
+                "checkpoint {} predates checksums ({FORMAT_UNCHECKED}): loaded without verifying its contents; \
+                 saving it again adds them",
+                call.path.display()
+            );
+            Ok(())
+        }
+        Some(other) if other.starts_with("lazuli-checkpoint-") => Err(call.err(format!(
+            "its format {other:?} is unknown to this lazuli, which reads {FORMAT} and {FORMAT_UNCHECKED}; \
+             was it written by a newer version?"
+        ))),
+        _ => Err(call.err("not written by lazuli's checkpoint::save")),
+    }
+}
+
+/// Every parameter of `model` and all of `optimizer`'s state are in the file with the same dtypes and shapes,
+/// and the file has no parameters the model lacks.
+fn check_fit(
+    call: &Call<'_>,
+    tensors: &HashMap<String, Tensor>,
+    model: &dyn Module,
+    optimizer: Option<&dyn Optimizer>,
+    optim_state: &HashMap<String, Tensor>,
+) -> Result<()> {
+    let mut expected: Vec<String> = Vec::new();
+    for (name, p) in model.named_params() {
+        let key = format!("model.{name}");
+        let t = tensors.get(&key).ok_or_else(|| call.err(format!("parameter {name:?} is missing")))?;
+        let want = p.get();
+        if t.tensor_type() != want.tensor_type() {
+            return Err(call.err(format!(
+                "parameter {name:?} is {} in the file, {} in the model",
+                t.tensor_type(),
+                want.tensor_type()
+            )));
+        }
+        expected.push(key);
+    }
+    for (name, t) in optimizer.map(|o| o.state()).unwrap_or_default() {
+        let got = optim_state.get(&name).ok_or_else(|| call.err(format!("optimizer state {name:?} is missing")))?;
+        if got.tensor_type() != t.tensor_type() {
+            return Err(call.err(format!(
+                "optimizer state {name:?} is {} in the file, {} in the optimizer",
+                got.tensor_type(),
+                t.tensor_type()
+            )));
+        }
+    }
+    let mut unknown: Vec<&String> =
+        tensors.keys().filter(|k| k.starts_with("model.") && !expected.contains(k)).collect();
+    unknown.sort_unstable();
+    if !unknown.is_empty() {
+        return Err(call.err(format!("the model has no parameters named {unknown:?}")));
+    }
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! Basic layers: Linear and an MLP built from it.
+
+use lazuli_hlo::DType;
+
+use super::init::{uniform, HostRng};
+use super::{join, Module, Param};
+use crate::graph::tensor::Tensor;
+
+/// `y = x W + b` with `W: [in, out]` (stored input-major, so no transpose is recorded).
+pub struct Linear {
+    /// `[in, out]`.
+    pub weight: Param,
+    /// `[out]`, if the layer has a bias.
+    pub bias: Option<Param>,
+}
+
+impl Linear {
+    /// PyTorch's default initialisation: uniform(±1/√in) for weight and bias.
+    pub fn new(rng: &mut HostRng, d_in: usize, d_out: usize, bias: bool, dtype: DType) -> Linear {
+        let bound = 1.0 / (d_in as f64).sqrt();
+        Linear {
+            weight: Param::new(uniform(rng, &[d_in, d_out], bound, dtype)),
+            bias: bias.then(|| Param::new(uniform(rng, &[d_out], bound, dtype))),
+        }
+    }
+
+    /// A layer with given initial values (for tests and ports).
+    pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear { weight: Param::new(weight), bias: bias.map(Param::new) }
+    }
+
+    /// `x: [..., in]` → `[..., out]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let y = x.matmul(&self.weight.get());
+        match &self.bias {
+            Some(b) => y + b.get(),
+            None => y,
+        }
+    }
+}
+
+impl Module for Linear {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(join(prefix, "bias"), b);
+        }
+    }
+}
+
+/// Elementwise nonlinearities usable between layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `tanh`.
+    Tanh,
+    /// `max(x, 0)`.
+    Relu,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+}
+
+impl Activation {
+    /// The nonlinearity applied to `x`, elementwise.
+    #[track_caller]
+    pub fn apply(self, x: &Tensor) -> Tensor {
+        match self {
+            Activation::Tanh => x.tanh(),
+            Activation::Relu => x.relu(),
+            Activation::Sigmoid => x.sigmoid(),
+        }
+    }
+}
+
+/// Linear layers with an activation between them (none after the last).
+pub struct Mlp {
+    /// The layers, input first.
+    pub layers: Vec<Linear>,
+    /// Applied after every layer but the last.
+    pub activation: Activation,
+}
+
+impl Mlp {
+    /// `sizes = [in, hidden…, out]`.
+    pub fn new(rng: &mut HostRng, sizes: &[usize], activation: Activation, dtype: DType) -> Mlp {
+        let layers = sizes.windows(2).map(|w| Linear::new(rng, w[0], w[1], true, dtype)).collect();
+        Mlp { layers, activation }
+    }
+
+    /// `x: [..., in]` → `[..., out]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let mut h = x.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.forward(&h);
+            if i + 1 < self.layers.len() {
+                h = self.activation.apply(&h);
+            }
+        }
+        h
+    }
+}
+
+impl Module for Mlp {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        for (i, l) in self.layers.iter().enumerate() {
+            l.visit_params(&join(prefix, &format!("layers.{i}")), f);
+        }
+    }
+}
+
+/// A lookup table: `ids` (integers, any shape) → rows of `weight: [vocab, dim]`.
+pub struct Embedding {
+    /// `[vocab, dim]`.
+    pub weight: Param,
+}
+
+impl Embedding {
+    /// Normal(0, std²) initialisation (GPT-2 uses 0.02).
+    pub fn new(rng: &mut HostRng, vocab: usize, dim: usize, std: f64, dtype: DType) -> Embedding {
+        Embedding { weight: Param::new(super::init::normal(rng, &[vocab, dim], std, dtype)) }
+    }
+
+    /// `ids: [...]` → `[..., dim]`.
+    #[track_caller]
+    pub fn forward(&self, ids: &Tensor) -> Tensor {
+        self.weight.get().embedding(ids)
+    }
+}
+
+impl Module for Embedding {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+    }
+}
+
+/// Layer normalisation over the last dimension with a learned scale and shift.
+pub struct LayerNorm {
+    /// Scale, `[dim]` (ones at first).
+    pub weight: Param,
+    /// Shift, `[dim]` (zeros at first).
+    pub bias: Param,
+    /// Added to the variance before the square root.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// Normalization over a last dimension of size `dim`.
+    pub fn new(dim: usize, eps: f64, dtype: DType) -> LayerNorm {
+        let ones = super::init::host_tensor(&[dim], dtype, || 1.0);
+        let zeros = super::init::host_tensor(&[dim], dtype, || 0.0);
+        LayerNorm { weight: Param::new(ones), bias: Param::new(zeros), eps }
+    }
+
+    /// `x: [..., dim]` normalized over its last dimension, scaled and shifted.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.layer_norm(&[-1], self.eps) * self.weight.get() + self.bias.get()
+    }
+}
+
+impl Module for LayerNorm {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        f(join(prefix, "bias"), &self.bias);
+    }
+}
+
+/// Dropout with probability `p` in training mode, the identity in evaluation mode. The mask comes from the
+/// device generator (`lazuli::manual_seed`), and `p` is a program parameter.
+pub struct Dropout {
+    /// Probability of zeroing an element.
+    pub p: f64,
+    training: std::sync::atomic::AtomicBool,
+}
+
+impl Dropout {
+    /// Dropout with probability `p`, in training mode.
+    pub fn new(p: f64) -> Dropout {
+        Dropout { p, training: std::sync::atomic::AtomicBool::new(true) }
+    }
+
+    /// Training mode (dropping) or evaluation mode (the identity); see `Module::set_training`.
+    pub fn is_training(&self) -> bool {
+        self.training.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// In training mode, each element zeroed with probability `p` and the rest scaled by `1 / (1 - p)`; otherwise `x`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        if self.p == 0.0 || !self.is_training() {
+            return x.clone();
+        }
+        x.dropout(self.p, true)
+    }
+}
+
+impl Module for Dropout {
+    fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
+    fn set_training(&self, training: bool) {
+        self.training.store(training, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// 2-D convolution over NCHW input with an OIHW kernel and a per-channel bias.
+pub struct Conv2d {
+    /// `[out_channels, in_channels, kh, kw]`.
+    pub weight: Param,
+    /// `[out_channels]`, if the layer has a bias.
+    pub bias: Option<Param>,
+    /// Stride along height and width.
+    pub stride: [usize; 2],
+    /// Zero padding on each side, along height and width.
+    pub padding: [usize; 2],
+}
+
+impl Conv2d {
+    /// PyTorch's default initialisation: uniform(±1/√(in·kh·kw)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rng: &mut HostRng,
+        c_in: usize,
+        c_out: usize,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        bias: bool,
+        dtype: DType,
+    ) -> Conv2d {
+        let bound = 1.0 / ((c_in * kernel[0] * kernel[1]) as f64).sqrt();
+        Conv2d {
+            weight: Param::new(uniform(rng, &[c_out, c_in, kernel[0], kernel[1]], bound, dtype)),
+            bias: bias.then(|| Param::new(uniform(rng, &[c_out], bound, dtype))),
+            stride,
+            padding,
+        }
+    }
+
+    /// `x: [N, C_in, H, W]` → `[N, C_out, H', W']`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let y = x.conv2d(&self.weight.get(), self.stride, self.padding);
+        match &self.bias {
+            Some(b) => {
+                let c = b.get().dims()[0] as isize;
+                y + b.get().reshape(&[1, c, 1, 1])
+            }
+            None => y,
+        }
+    }
+}
+
+impl Module for Conv2d {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(join(prefix, "bias"), b);
+        }
+    }
+}

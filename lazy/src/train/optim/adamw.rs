@@ -1,0 +1,161 @@
+//! AdamW (decoupled weight decay, Loshchilov & Hutter), with PyTorch's update order and bias correction.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use lazuli_hlo::{Fused, FusedBuilder, Loc, UnaryKind};
+
+use super::{take_state, zeros_like_host, Optimizer, Scalars};
+use crate::error::Result;
+use crate::graph::autodiff::no_grad;
+use crate::graph::record::fused;
+use crate::graph::tensor::Tensor;
+use crate::train::nn::Param;
+
+/// AdamW (Adam with decoupled weight decay), as PyTorch's `AdamW` computes it. The moments are device tensors; the
+/// update is recorded into the step's graph.
+pub struct AdamW {
+    params: Vec<(String, Param)>,
+    exp_avg: Vec<Tensor>,
+    exp_avg_sq: Vec<Tensor>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Decay of the first moment (default 0.9).
+    pub beta1: f64,
+    /// Decay of the second moment (default 0.999).
+    pub beta2: f64,
+    /// Added to the second moment's square root (default 1e-8).
+    pub eps: f64,
+    /// Decoupled weight decay (default 0.01).
+    pub weight_decay: f64,
+    steps: u64,
+}
+
+impl AdamW {
+    /// Defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    pub fn new(params: Vec<(String, Param)>, lr: f64) -> AdamW {
+        let exp_avg = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
+        let exp_avg_sq = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
+        AdamW { params, exp_avg, exp_avg_sq, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, steps: 0 }
+    }
+
+    /// With moment decays `beta1` and `beta2`.
+    pub fn betas(mut self, beta1: f64, beta2: f64) -> AdamW {
+        (self.beta1, self.beta2) = (beta1, beta2);
+        self
+    }
+
+    /// With `eps` added to the second moment's square root.
+    pub fn eps(mut self, eps: f64) -> AdamW {
+        self.eps = eps;
+        self
+    }
+
+    /// With decoupled weight decay `wd`.
+    pub fn weight_decay(mut self, wd: f64) -> AdamW {
+        self.weight_decay = wd;
+        self
+    }
+}
+
+/// AdamW's update as three fused expressions (one node per updated tensor; see `lazuli_hlo::ops::fused`), in
+/// PyTorch's order of operations:
+/// - `m' = m·β1 + g·(1−β1)`
+/// - `v' = v·β2 + (g·g)·(1−β2)`
+/// - `w' = w·(1 − lr·wd) − m' / (√v'·(1/√bc2) + ε) · (lr/bc1)`
+fn expressions() -> &'static [Fused; 3] {
+    static EXPRS: OnceLock<[Fused; 3]> = OnceLock::new();
+    EXPRS.get_or_init(|| {
+        let mut e = FusedBuilder::new("adamw_moment", 4);
+        let (m, g, b, c) = (e.arg(0), e.arg(1), e.arg(2), e.arg(3));
+        let (mb, gc) = (e.mul(m, b), e.mul(g, c));
+        e.add(mb, gc);
+        let moment = e.finish();
+
+        let mut e = FusedBuilder::new("adamw_square_moment", 4);
+        let (v, g, b, c) = (e.arg(0), e.arg(1), e.arg(2), e.arg(3));
+        let vb = e.mul(v, b);
+        let gg = e.mul(g, g);
+        let ggc = e.mul(gg, c);
+        e.add(vb, ggc);
+        let square_moment = e.finish();
+
+        let mut e = FusedBuilder::new("adamw_update", 7);
+        let (w, m, v, decay, step, k, eps) = (e.arg(0), e.arg(1), e.arg(2), e.arg(3), e.arg(4), e.arg(5), e.arg(6));
+        let root = e.unary(UnaryKind::Sqrt, v);
+        let scaled = e.mul(root, k);
+        let denom = e.add(scaled, eps);
+        let ratio = e.div(m, denom);
+        let delta = e.mul(ratio, step);
+        let kept = e.mul(w, decay);
+        e.sub(kept, delta);
+        [moment, square_moment, e.finish()]
+    })
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self) {
+        self.steps += 1;
+        let t = self.steps as f64;
+        // Bias corrections are computed on the host and enter as parameters: no recompile as t grows.
+        let bc1 = 1.0 - self.beta1.powf(t);
+        let bc2 = 1.0 - self.beta2.powf(t);
+        let step_size = self.lr / bc1;
+        let inv_sqrt_bc2 = 1.0 / bc2.sqrt();
+        let decay = 1.0 - self.lr * self.weight_decay;
+        let mut s = Scalars::new();
+        let [moment, square_moment, update] = expressions();
+        let at = Loc::caller();
+        let hyper =
+            [self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, decay, step_size, inv_sqrt_bc2, self.eps];
+        // The eight host scalars of the update, for the dtype of the last parameter seen (usually all share one).
+        let mut scalars: Option<(lazuli_hlo::DType, Vec<Tensor>)> = None;
+        no_grad(|| {
+            for (i, (_, p)) in self.params.iter().enumerate() {
+                let Some(g) = p.grad() else { continue };
+                let dt = g.dtype();
+                if scalars.as_ref().is_none_or(|(d, _)| *d != dt) {
+                    scalars = Some((dt, hyper.iter().map(|&v| s.scalar(dt, v)).collect()));
+                }
+                let c = &scalars.as_ref().expect("set above").1;
+                let w = p.get();
+                self.exp_avg[i] = super::follow(&self.exp_avg[i], &w);
+                self.exp_avg_sq[i] = super::follow(&self.exp_avg_sq[i], &w);
+                let m = fused(moment, &[&self.exp_avg[i], &g, &c[0], &c[1]], at);
+                let v = fused(square_moment, &[&self.exp_avg_sq[i], &g, &c[2], &c[3]], at);
+                p.set(fused(update, &[&w, &m, &v, &c[4], &c[5], &c[6], &c[7]], at));
+                super::replace(&mut self.exp_avg[i], super::follow(&m, &w));
+                super::replace(&mut self.exp_avg_sq[i], super::follow(&v, &w));
+            }
+        });
+    }
+
+    fn zero_grad(&self) {
+        self.params.iter().for_each(|(_, p)| p.zero_grad());
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(2 * self.params.len());
+        for (i, (name, _)) in self.params.iter().enumerate() {
+            out.push((format!("{name}.exp_avg"), self.exp_avg[i].clone()));
+            out.push((format!("{name}.exp_avg_sq"), self.exp_avg_sq[i].clone()));
+        }
+        out
+    }
+    fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()> {
+        for (i, (name, p)) in self.params.iter().enumerate() {
+            self.exp_avg[i] = take_state(state, &format!("{name}.exp_avg"), p)?;
+            self.exp_avg_sq[i] = take_state(state, &format!("{name}.exp_avg_sq"), p)?;
+        }
+        self.steps = steps;
+        Ok(())
+    }
+}

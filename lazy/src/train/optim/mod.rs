@@ -1,0 +1,102 @@
+//! Optimizers whose updates are recorded into the step's graph. Their state lives on the device as tensors;
+//! hyperparameters and bias corrections enter as host scalars (program parameters), so a learning-rate schedule
+//! changes values, never the compiled program. At the step boundary the new parameters and state are computed in
+//! place: the old buffers are donated to the outputs (see `exec/plan`).
+
+pub mod adamw;
+pub mod schedule;
+pub mod sgd;
+
+use std::collections::HashMap;
+
+use lazuli_hlo::DType;
+
+pub use adamw::AdamW;
+pub use schedule::Schedule;
+pub use sgd::Sgd;
+
+use crate::error::Result;
+use crate::graph::tensor::Tensor;
+use crate::train::nn::Param;
+
+/// A gradient-based optimizer over a fixed list of named parameters.
+pub trait Optimizer {
+    /// Record the update of every parameter that has a gradient (lazily; nothing runs here). The update's nodes
+    /// carry the caller's line, so reports and errors point at the training loop's `step()`.
+    #[track_caller]
+    fn step(&mut self);
+    /// Forget the parameters' gradients.
+    fn zero_grad(&self);
+    /// The learning rate of the next `step()`.
+    fn lr(&self) -> f64;
+    /// Set the learning rate (a host scalar: no recompile).
+    fn set_lr(&mut self, lr: f64);
+    /// Number of `step()` calls so far.
+    fn steps(&self) -> u64;
+    /// Named state tensors (for checkpoints), e.g. `"layers.0.weight.exp_avg"`.
+    fn state(&self) -> Vec<(String, Tensor)>;
+    /// Restore state saved by `state()` and the step count.
+    fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()>;
+}
+
+/// One host scalar per dtype and value for one step, shared by every parameter's update (one upload each); the
+/// fused updates broadcast it inside.
+pub(crate) struct Scalars(HashMap<(DType, u64), Tensor>);
+
+impl Scalars {
+    pub fn new() -> Scalars {
+        Scalars(HashMap::new())
+    }
+
+    /// `value` as a rank-0 host scalar of `dtype`.
+    #[track_caller]
+    pub fn scalar(&mut self, dtype: DType, value: f64) -> Tensor {
+        self.0.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone()
+    }
+}
+
+/// Replace a state tensor by its next value, noting the succession so that the step's program updates the old
+/// buffer in place (donation pairs each old value with its own new value).
+pub(crate) fn replace(slot: &mut Tensor, next: Tensor) {
+    slot.node.hand_over(&next.node);
+    *slot = next;
+}
+
+/// A zero state tensor like `p`, as host data (so it is a program parameter from the first step on, and step 2
+/// has the same structure as step 1).
+pub(crate) fn zeros_like_host(p: &Param) -> Tensor {
+    let v = p.get();
+    crate::train::nn::init::host_tensor(v.dims(), v.dtype(), || 0.0)
+}
+
+/// Look up a named state tensor and check its type against the parameter's.
+pub(crate) fn take_state(state: &HashMap<String, Tensor>, name: &str, like: &Param) -> Result<Tensor> {
+    let t = state
+        .get(name)
+        .ok_or_else(|| crate::error::Error::Checkpoint(format!("optimizer state {name:?} is missing")))?;
+    let want = like.get();
+    if t.tensor_type() != want.tensor_type() {
+        return Err(crate::error::Error::Checkpoint(format!(
+            "optimizer state {name:?} is {}, the parameter is {}",
+            t.tensor_type(),
+            want.tensor_type()
+        )));
+    }
+    Ok(t.clone())
+}
+
+/// Lay `state` out like parameter `p` when `p` lives on a mesh (sharded or replicated optimizer state follows its
+/// parameter, so FSDP shards the Adam moments too and updates stay local). For a pending new state this is a
+/// constraint, so the step's output keeps the layout across steps.
+pub(crate) fn follow(state: &Tensor, p: &Tensor) -> Tensor {
+    match p.sharding() {
+        Some(s) if state.sharding().as_deref() != Some(&*s) => {
+            if state.is_pending() {
+                state.with_sharding_constraint(&s.mesh, &s.spec())
+            } else {
+                state.shard(&s.mesh, &s.spec())
+            }
+        }
+        _ => state.clone(),
+    }
+}

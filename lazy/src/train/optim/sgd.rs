@@ -1,0 +1,135 @@
+//! SGD with momentum and weight decay (PyTorch's semantics, dampening 0).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use lazuli_hlo::{Fused, FusedBuilder, Loc};
+
+use super::{take_state, zeros_like_host, Optimizer, Scalars};
+use crate::error::Result;
+use crate::graph::autodiff::no_grad;
+use crate::graph::record::fused;
+use crate::graph::tensor::Tensor;
+use crate::train::nn::Param;
+
+/// Stochastic gradient descent with optional momentum and weight decay, as PyTorch's `SGD` computes it; the update is
+/// recorded into the step's graph.
+pub struct Sgd {
+    params: Vec<(String, Param)>,
+    /// Momentum buffers (zeros at first, so every step has one structure).
+    momentum_buf: Vec<Option<Tensor>>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum (0: none).
+    pub momentum: f64,
+    /// Weight decay, added to the gradient (0: none).
+    pub weight_decay: f64,
+    steps: u64,
+}
+
+impl Sgd {
+    /// Plain SGD over `params` (e.g. `model.named_params()`) with learning rate `lr`.
+    pub fn new(params: Vec<(String, Param)>, lr: f64) -> Sgd {
+        let n = params.len();
+        Sgd { params, momentum_buf: vec![None; n], lr, momentum: 0.0, weight_decay: 0.0, steps: 0 }
+    }
+
+    /// With momentum `m` (its buffers start at zero).
+    pub fn momentum(mut self, m: f64) -> Sgd {
+        self.momentum = m;
+        if m != 0.0 {
+            self.momentum_buf = self.params.iter().map(|(_, p)| Some(zeros_like_host(p))).collect();
+        }
+        self
+    }
+
+    /// With weight decay `wd`.
+    pub fn weight_decay(mut self, wd: f64) -> Sgd {
+        self.weight_decay = wd;
+        self
+    }
+}
+
+/// SGD's update as fused expressions (one node each; see `lazuli_hlo::ops::fused`), in PyTorch's order:
+/// - weight decay `g' = g + w·wd`
+/// - momentum `b' = b·μ + g'`
+/// - step `w' = w − u·lr` (`u` is `b'` with momentum, else `g'`)
+fn expressions() -> &'static [Fused; 3] {
+    static EXPRS: OnceLock<[Fused; 3]> = OnceLock::new();
+    EXPRS.get_or_init(|| {
+        // `a + b·c` and `a − b·c` over three operands.
+        let mul_then = |name, sub: bool| {
+            let mut e = FusedBuilder::new(name, 3);
+            let (a, b, c) = (e.arg(0), e.arg(1), e.arg(2));
+            let bc = e.mul(b, c);
+            if sub {
+                e.sub(a, bc);
+            } else {
+                e.add(a, bc);
+            }
+            e.finish()
+        };
+        let mut e = FusedBuilder::new("sgd_momentum", 3);
+        let (b, mu, g) = (e.arg(0), e.arg(1), e.arg(2));
+        let bm = e.mul(b, mu);
+        e.add(bm, g);
+        [mul_then("sgd_weight_decay", false), e.finish(), mul_then("sgd_update", true)]
+    })
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) {
+        self.steps += 1;
+        let mut s = Scalars::new();
+        let [decay, momentum, update] = expressions();
+        let at = Loc::caller();
+        no_grad(|| {
+            for (i, (_, p)) in self.params.iter().enumerate() {
+                let Some(g) = p.grad() else { continue };
+                let w = p.get();
+                let dt = w.dtype();
+                let g = if self.weight_decay != 0.0 {
+                    fused(decay, &[&g, &w, &s.scalar(dt, self.weight_decay)], at)
+                } else {
+                    g
+                };
+                let u = match &mut self.momentum_buf[i] {
+                    Some(buf) => {
+                        *buf = super::follow(buf, &w);
+                        let next = super::follow(&fused(momentum, &[&*buf, &s.scalar(dt, self.momentum), &g], at), &w);
+                        super::replace(buf, next);
+                        buf.clone()
+                    }
+                    None => g,
+                };
+                p.set(fused(update, &[&w, &u, &s.scalar(dt, self.lr)], at));
+            }
+        });
+    }
+
+    fn zero_grad(&self) {
+        self.params.iter().for_each(|(_, p)| p.zero_grad());
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let bufs = self.params.iter().zip(&self.momentum_buf);
+        bufs.filter_map(|((n, _), b)| b.as_ref().map(|b| (format!("{n}.momentum_buffer"), b.clone()))).collect()
+    }
+    fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()> {
+        for (i, (name, p)) in self.params.iter().enumerate() {
+            if self.momentum_buf[i].is_some() {
+                self.momentum_buf[i] = Some(take_state(state, &format!("{name}.momentum_buffer"), p)?);
+            }
+        }
+        self.steps = steps;
+        Ok(())
+    }
+}
