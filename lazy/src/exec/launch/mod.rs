@@ -80,9 +80,9 @@ impl Launch {
                     .into_iter()
                     .enumerate()
                     .map(|(j, mut bufs)| match &plan.mesh {
-                        Some((_, _, shardings)) => Data::Sharded {
+                        Some(placement) => Data::Sharded {
                             shards: bufs.into_iter().map(Arc::new).collect(),
-                            sharding: shardings[j].clone(),
+                            sharding: placement.outputs[j].clone(),
                         },
                         None => Data::Device(DeviceValue::ready(bufs.remove(0), program)),
                     })

@@ -26,18 +26,25 @@ pub const MAX_GRAPH_NODES: usize = 32_768;
 /// compiled program if the cache has it.
 pub(crate) struct Plan {
     pub walk: Walk,
-    /// The mesh a sharded program runs on, with each parameter's and each output's layout.
-    pub mesh: Option<(Mesh, Vec<Arc<Sharding>>, Vec<Arc<Sharding>>)>,
+    /// Where a sharded program runs, and how its parameters and outputs are laid out.
+    pub mesh: Option<Placement>,
     /// Parameters whose buffers become outputs' (in parameter order).
     pub donated: Vec<usize>,
     pub key: u64,
     pub cached: Option<Arc<LoadedExecutable>>,
 }
 
+/// A sharded program's mesh, with each parameter's and each output's layout.
+pub(crate) struct Placement {
+    pub mesh: Mesh,
+    pub params: Vec<Arc<Sharding>>,
+    pub outputs: Vec<Arc<Sharding>>,
+}
+
 impl Plan {
     /// The number of devices the program runs on.
     pub fn devices(&self) -> usize {
-        self.mesh.as_ref().map_or(1, |(m, _, _)| m.size())
+        self.mesh.as_ref().map_or(1, |p| p.mesh.size())
     }
 }
 
@@ -65,7 +72,7 @@ pub(crate) fn prepare(mut walk: Walk) -> Result<Plan> {
     let mesh = mesh.map(|m| {
         let leaves = walk.leaves.clone();
         let (params, outputs) = crate::exec::spmd::annotate(walk.graph(), &leaves, &m);
-        (m, params, outputs)
+        Placement { mesh: m, params, outputs }
     });
     let donated = plan_donation(&mut walk);
     let key = walk.key();

@@ -25,7 +25,7 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
     }
     let t0 = Instant::now();
     let options = match &plan.mesh {
-        Some((m, _, _)) => CompileOptions {
+        Some(super::plan::Placement { mesh: m, .. }) => CompileOptions {
             device_assignment: Some(vec![m.devices().iter().map(|&d| d as i64).collect()]),
             xla_options: rt.xla_options(),
             ..CompileOptions::spmd(m.size() as u32)

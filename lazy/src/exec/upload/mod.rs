@@ -29,8 +29,8 @@ pub(crate) fn arguments(rt: &Runtime, plan: &Plan, upload: Upload) -> Result<(Ve
     let mut uploaded = 0;
     for (i, leaf) in leaves.iter().enumerate() {
         match &plan.mesh {
-            Some((_, params, _)) => {
-                let (bufs, bytes) = crate::exec::spmd::leaf_shards(rt, leaf, &params[i])?;
+            Some(placement) => {
+                let (bufs, bytes) = crate::exec::spmd::leaf_shards(rt, leaf, &placement.params[i])?;
                 uploaded += bytes;
                 for (k, b) in bufs.into_iter().enumerate() {
                     args[k].push(Arg::Shard(b));
