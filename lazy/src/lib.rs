@@ -21,6 +21,7 @@ pub mod graph;
 pub mod mesh;
 pub mod ops;
 pub mod runtime;
+pub mod settings;
 pub mod train;
 
 pub use diagnostics::metrics::{self, metrics, Metrics};
@@ -40,5 +41,6 @@ pub use lazuli_pjrt::XlaOption;
 pub use ops::attention::{scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions};
 pub use ops::custom_kernel::TritonKernel;
 pub use ops::random::{manual_seed, rng_state, set_rng_state};
-pub use runtime::{init, memory_stats, platform, runtime_info, Backend, Config, CpuLauncher, RuntimeInfo};
+pub use runtime::{init, memory_stats, platform, runtime_info, Config, RuntimeInfo};
+pub use settings::{Backend, CompileCache, CpuLauncher};
 pub use train::{checkpoint, nn, optim};

@@ -132,11 +132,11 @@ pub fn now_us() -> f64 {
 fn sink() -> &'static Option<Mutex<std::fs::File>> {
     static SINK: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
     SINK.get_or_init(|| {
-        let path = std::env::var_os("LAZULI_EVENTS")?;
+        let path = crate::settings::events_file()?;
         match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
             Ok(f) => Some(Mutex::new(f)),
             Err(e) => {
-                eprintln!("lazuli: cannot open LAZULI_EVENTS={}: {e}; events are off", path.to_string_lossy());
+                eprintln!("lazuli: cannot open LAZULI_EVENTS={}: {e}; events are off", path.display());
                 None
             }
         }

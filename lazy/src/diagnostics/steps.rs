@@ -54,13 +54,7 @@ impl Budget {
     }
 
     fn read_env() -> std::result::Result<Option<Budget>, String> {
-        let v = match std::env::var("LAZULI_STRICT") {
-            Ok(v) => v,
-            Err(std::env::VarError::NotPresent) => return Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => {
-                return Err(format!("LAZULI_STRICT={v:?}: not UTF-8; {ACCEPTED}"))
-            }
-        };
+        let Some(v) = crate::settings::strict() else { return Ok(None) };
         Budget::parse(&v).map_err(|why| format!("LAZULI_STRICT={v:?}: {why}; {ACCEPTED}"))
     }
 

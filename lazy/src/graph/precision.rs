@@ -56,16 +56,7 @@ pub(crate) fn precision_at(loc: crate::Loc) -> Precision {
     }
     let mut level = PROCESS.load(Ordering::Relaxed);
     if level == UNSET {
-        let from_env = match std::env::var("LAZULI_MATMUL_PRECISION").unwrap_or_default().to_ascii_lowercase().as_str()
-        {
-            "" | "default" => Precision::Default,
-            "high" => Precision::High,
-            "highest" => Precision::Highest,
-            other => crate::graph::record::fail(
-                loc,
-                format!("LAZULI_MATMUL_PRECISION={other:?}: expected default, high or highest"),
-            ),
-        };
+        let from_env = crate::settings::matmul_precision().unwrap_or_else(|why| crate::graph::record::fail(loc, why));
         // A level set meanwhile wins over the environment.
         let _ = PROCESS.compare_exchange(UNSET, index(from_env), Ordering::Relaxed, Ordering::Relaxed);
         level = PROCESS.load(Ordering::Relaxed);

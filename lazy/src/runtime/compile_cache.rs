@@ -32,11 +32,11 @@ use sha2::{Digest, Sha256};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::runtime::Runtime;
+use crate::settings::CompileCache;
 
 const MAGIC: &[u8; 8] = b"LZXCACHE";
 const FORMAT_VERSION: u32 = 1;
 const EXTENSION: &str = "lzx";
-const DEFAULT_LIMIT: u64 = 2 << 30;
 /// A temporary file this old belongs to a writer that died.
 const STALE_TEMP: Duration = Duration::from_secs(3600);
 
@@ -96,10 +96,10 @@ impl DiskCache {
     }
 
     fn open(rt: &Runtime) -> Option<DiskCache> {
-        let dir = match std::env::var("LAZULI_COMPILE_CACHE") {
-            Ok(v) if matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false" | "no" | "none") => return None,
-            Ok(v) if !v.is_empty() => PathBuf::from(v),
-            _ => match provision::cache_dir() {
+        let dir = match &rt.config.compile_cache {
+            CompileCache::Off => return None,
+            CompileCache::Dir(dir) => dir.clone(),
+            CompileCache::Default => match provision::cache_dir_in(&rt.config.plugins) {
                 Ok(base) => base.join("executables"),
                 Err(e) => return disabled(&format!("{e}")),
             },
@@ -107,13 +107,7 @@ impl DiskCache {
         if let Err(e) = fs::create_dir_all(&dir) {
             return disabled(&format!("cannot create {}: {e}", dir.display()));
         }
-        let limit = match std::env::var("LAZULI_COMPILE_CACHE_LIMIT") {
-            Ok(v) if !v.is_empty() => parse_size(&v).unwrap_or_else(|| {
-                warn_once(&format!("LAZULI_COMPILE_CACHE_LIMIT={v:?} is not a size like 500M or 2G; using 2G"));
-                DEFAULT_LIMIT
-            }),
-            _ => DEFAULT_LIMIT,
-        };
+        let limit = rt.config.compile_cache_limit;
         let plugin = match plugin_digest(rt.client.plugin().path(), &dir) {
             Ok(digest) => digest,
             Err(e) => return disabled(&format!("cannot read the plugin file to identify it: {e}")),
@@ -126,7 +120,7 @@ impl DiskCache {
             env!("CARGO_PKG_VERSION"),
             hex(&Sha256::digest(cpu_features().as_bytes())),
             devices.join(" "),
-            std::env::var("XLA_FLAGS").unwrap_or_default(),
+            crate::settings::xla_flags(),
         );
         Some(DiskCache { dir, limit, process_key })
     }
@@ -398,23 +392,6 @@ fn x86_features() -> String {
     out
 }
 
-pub(crate) fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => s.split_at(i),
-        None => (s, ""),
-    };
-    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => return None,
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
@@ -457,17 +434,6 @@ mod tests {
         assert_eq!(location_len("loc(\"f\":12:3) tail"), Some(13));
         assert_eq!(location_len("loc(\"f\":12)"), None);
         assert_eq!(location_len("loc(\"unterminated"), None);
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1024"), Some(1024));
-        assert_eq!(parse_size("500M"), Some(500 << 20));
-        assert_eq!(parse_size("2G"), Some(2 << 30));
-        assert_eq!(parse_size("2GiB"), Some(2 << 30));
-        assert_eq!(parse_size("64k"), Some(64 << 10));
-        assert_eq!(parse_size("lots"), None);
-        assert_eq!(parse_size("1X"), None);
     }
 
     #[test]

@@ -9,21 +9,13 @@ use lazuli_kernels::{Implementation, Target};
 use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, Device, LoadedExecutable, Plugin, XlaOption};
 
 use crate::error::{Error, Result};
+use crate::settings::{self, MAX_CPU_DEVICES};
+pub use crate::settings::{Backend, CompileCache, CpuLauncher};
+use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
 pub(crate) mod launcher;
 pub(crate) mod value;
-
-/// Which kind of plugin to load.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// XLA's CPU plugin, provisioned automatically (see `lazuli_pjrt::provision`).
-    Cpu,
-    /// An installed CUDA plugin (`jax_plugins/xla_cuda13` or `xla_cuda12`), or `LAZULI_GPU_PLUGIN`.
-    Gpu,
-    /// libtpu from `LAZULI_TPU_PLUGIN` or `TPU_LIBRARY_PATH`.
-    Tpu,
-}
 
 /// How the runtime is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +41,18 @@ pub struct Config {
     /// Which attention implementation `scaled_dot_product_attention` records (`LAZULI_ATTENTION`): the fastest
     /// that applies (default), or one forced; forcing one that cannot apply is an error at the recording line.
     pub attention: Implementation,
+    /// Where plugins come from (`LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`,
+    /// `LAZULI_TPU_PLUGIN`, `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`); `plugin_path`, when set, wins.
+    pub plugins: Sources,
+    /// Donate the buffers of inputs that die with a step to its outputs, so weights update in place
+    /// (`LAZULI_DONATE`, default on).
+    pub donate: bool,
+    /// Write every compiled program there as `<hash>.mlir` (`LAZULI_DUMP_DIR`).
+    pub dump_dir: Option<PathBuf>,
+    /// The persistent compile cache (`LAZULI_COMPILE_CACHE`) and its size limit in bytes
+    /// (`LAZULI_COMPILE_CACHE_LIMIT`, default 2 GiB).
+    pub compile_cache: CompileCache,
+    pub compile_cache_limit: u64,
 }
 
 impl Default for Config {
@@ -62,57 +66,33 @@ impl Default for Config {
             cpu_launcher: CpuLauncher::default(),
             xla_options: Vec::new(),
             attention: Implementation::Auto,
+            plugins: Sources::default(),
+            donate: true,
+            dump_dir: None,
+            compile_cache: CompileCache::Default,
+            compile_cache_limit: 2 << 30,
         }
     }
 }
 
 impl Config {
-    /// `LAZULI_DEVICE` = `cpu` (default) | `gpu` | `cuda` | `tpu`; `LAZULI_CPU_DEVICES` = N (default 1);
-    /// `LAZULI_CPU_ASYNC` = `1` | `0` (default 0); `LAZULI_CPU_LAUNCHER` = `1` | `0` | `always` (default 1 on two
-    /// or more cores); `LAZULI_XLA_OPTIONS` = `name=value …` (whitespace-separated;
-    /// `true`/`false` and integers are typed, anything else is a string, list options comma-separated);
-    /// `LAZULI_ATTENTION` = `auto` (default) | `cudnn` | `triton` | `composite`.
+    /// The configuration the `LAZULI_*` variables describe (`crate::settings` reads and checks every one; its
+    /// `VARIABLES` lists them with their values and defaults). A malformed value is an error naming it.
     pub fn from_env() -> Result<Config> {
-        let backend = match std::env::var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
-            "" | "cpu" => Backend::Cpu,
-            "gpu" | "cuda" => Backend::Gpu,
-            "tpu" => Backend::Tpu,
-            other => return Err(Error::Config(format!("LAZULI_DEVICE={other:?}: expected cpu, gpu or tpu"))),
-        };
-        let cpu_device_count =
-            match std::env::var("LAZULI_CPU_DEVICES") {
-                Ok(s) => s.parse::<i64>().ok().filter(|n| (1..=MAX_CPU_DEVICES).contains(n)).ok_or_else(|| {
-                    Error::Config(format!("LAZULI_CPU_DEVICES={s:?}: expected 1 to {MAX_CPU_DEVICES}"))
-                })?,
-                Err(_) => 1,
-            };
-        let cpu_async = match std::env::var("LAZULI_CPU_ASYNC").unwrap_or_default().as_str() {
-            "" | "0" | "false" => false,
-            "1" | "true" => true,
-            other => return Err(Error::Config(format!("LAZULI_CPU_ASYNC={other:?}: expected 1 or 0"))),
-        };
-        let cpu_launcher = match std::env::var("LAZULI_CPU_LAUNCHER").unwrap_or_default().as_str() {
-            "" => CpuLauncher::default(),
-            "0" | "off" => CpuLauncher::Off,
-            "1" | "on" => CpuLauncher::Adaptive,
-            "always" => CpuLauncher::Always,
-            other => {
-                return Err(Error::Config(format!("LAZULI_CPU_LAUNCHER={other:?}: expected 1, 0 or always")));
-            }
-        };
-        let xla_options = std::env::var("LAZULI_XLA_OPTIONS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(|item| match item.split_once('=') {
-                Some((name, value)) if !name.is_empty() => Ok((name.to_string(), XlaOption::parse(value))),
-                _ => Err(Error::Config(format!("LAZULI_XLA_OPTIONS: {item:?} is not name=value"))),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let attention = std::env::var("LAZULI_ATTENTION").unwrap_or_default();
-        let attention = Implementation::parse(&attention).ok_or_else(|| {
-            Error::Config(format!("LAZULI_ATTENTION={attention:?}: expected auto, cudnn, triton or composite"))
-        })?;
-        Ok(Config { backend, plugin_path: None, cpu_device_count, cpu_async, cpu_launcher, xla_options, attention })
+        Ok(Config {
+            backend: settings::device()?,
+            plugin_path: None,
+            cpu_device_count: settings::cpu_devices()?,
+            cpu_async: settings::cpu_async()?,
+            cpu_launcher: settings::cpu_launcher()?,
+            xla_options: settings::xla_options()?,
+            attention: settings::attention()?,
+            plugins: settings::plugin_sources()?,
+            donate: settings::donate()?,
+            dump_dir: settings::dump_dir()?,
+            compile_cache: settings::compile_cache(),
+            compile_cache_limit: settings::compile_cache_limit()?,
+        })
     }
 
     /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.
@@ -152,34 +132,6 @@ impl Config {
     }
 }
 
-/// Where single-device CPU programs run. On the CPU the "device" is the host's own cores: a program launched from
-/// the thread that recorded it runs there before `sync()` returns. lazuli's launcher thread runs it instead, so
-/// the host records the next step meanwhile (`runtime/launcher.rs`); the launcher and a thread that waits for it spin for a
-/// short while before sleeping, so a tight training loop keeps a second core busy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CpuLauncher {
-    /// Every program runs on the thread that materializes it.
-    Off,
-    /// A step's program goes to the launcher unless the thread read a result of its latest program (or called
-    /// `wait()`) since launching it: a loop that reads every step's loss would wait for the program anyway, and
-    /// the hand-over costs a few µs. Reading an older program's results (the previous step's loss) does not
-    /// count. The default where the machine has two cores or more (`LAZULI_CPU_LAUNCHER=1`).
-    Adaptive,
-    /// Every single-device program goes to the launcher (`LAZULI_CPU_LAUNCHER=always`; for testing it).
-    Always,
-}
-
-impl Default for CpuLauncher {
-    /// `Adaptive` with two cores or more; a spinning launcher would take the only core from the host.
-    fn default() -> CpuLauncher {
-        if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) {
-            CpuLauncher::Adaptive
-        } else {
-            CpuLauncher::Off
-        }
-    }
-}
-
 pub(crate) struct Runtime {
     pub client: Client,
     pub device: Device,
@@ -198,16 +150,12 @@ static INIT: Mutex<()> = Mutex::new(());
 impl Runtime {
     fn new(config: Config) -> Result<Runtime> {
         check_settings(&config)?;
-        // XLA's plugins log every client creation at INFO; keep stderr for what matters unless the user chose.
-        // Set once, before the plugin starts threads that could read the environment.
-        if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-            std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
-        }
+        crate::settings::quiet_plugin_logs();
         let path = match (&config.plugin_path, config.backend) {
             (Some(p), _) => p.clone(),
-            (None, Backend::Cpu) => provision::cpu_plugin_path()?,
-            (None, Backend::Gpu) => provision::gpu_plugin_path()?,
-            (None, Backend::Tpu) => provision::tpu_plugin_path()?,
+            (None, Backend::Cpu) => provision::cpu_plugin_path_in(&config.plugins)?,
+            (None, Backend::Gpu) => provision::gpu_plugin_path_in(&config.plugins)?,
+            (None, Backend::Tpu) => provision::tpu_plugin_path_in(&config.plugins)?,
         };
         let plugin = Plugin::load(&path)?;
         let mut opts = ClientOptions::new();
@@ -289,39 +237,13 @@ pub(crate) fn host_available_memory() -> Option<usize> {
     Some(kib.saturating_mul(1024))
 }
 
-/// The most virtual CPU devices one process may ask for: beyond a few thousand the plugin's per-device state
-/// grows without bound (99,999,999,999 grew past 6 GB before failing), and no mesh needs more.
-pub const MAX_CPU_DEVICES: i64 = 2048;
-
-/// Settings read elsewhere, checked once when the runtime is made, so that a malformed value is an error naming
-/// the variable and what it accepts instead of a silent default: the CPU device count, `LAZULI_DONATE`,
-/// `LAZULI_DUMP_DIR` (a directory lazuli can create) and `LAZULI_COMPILE_CACHE_LIMIT`.
+/// What `Config::from_env` cannot check for a configuration made in code: the CPU device count's range.
 fn check_settings(config: &Config) -> Result<()> {
     if config.backend == Backend::Cpu && !(1..=MAX_CPU_DEVICES).contains(&config.cpu_device_count) {
         return Err(Error::Config(format!(
             "{} CPU devices (LAZULI_CPU_DEVICES or Config::cpu_device_count): expected 1 to {MAX_CPU_DEVICES}",
             config.cpu_device_count
         )));
-    }
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    if let Some(v) = var("LAZULI_DONATE") {
-        if !matches!(v.as_str(), "0" | "1" | "true" | "false") {
-            return Err(Error::Config(format!("LAZULI_DONATE={v:?}: expected 1 (default) or 0")));
-        }
-    }
-    if let Some(dir) = var("LAZULI_DUMP_DIR") {
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            return Err(Error::Config(format!(
-                "LAZULI_DUMP_DIR={dir:?}: expected a directory lazuli can create ({e})"
-            )));
-        }
-    }
-    if let Some(v) = var("LAZULI_COMPILE_CACHE_LIMIT") {
-        if crate::runtime::compile_cache::parse_size(&v).is_none() {
-            return Err(Error::Config(format!(
-                "LAZULI_COMPILE_CACHE_LIMIT={v:?}: expected a size in bytes, or with K, M or G (500M, 2G)"
-            )));
-        }
     }
     Ok(())
 }

@@ -97,27 +97,83 @@ impl CpuPluginKind {
     }
 }
 
-/// The CPU plugin to use: `LAZULI_PJRT_PLUGIN` if set (any plugin file), else the kind named by
-/// `LAZULI_CPU_PLUGIN` (default `lammps-jax-pjrt-cpu`), fetched into the cache if needed.
-pub fn cpu_plugin_path() -> Result<PathBuf> {
-    if let Some(path) = env_path("LAZULI_PJRT_PLUGIN") {
-        return user_plugin(path, "LAZULI_PJRT_PLUGIN");
+/// Where provisioning looks, one field per setting: what lazuli's settings read from the environment
+/// (`lazuli_lazy::settings`), or [`Sources::from_env`] for a program that uses this crate alone. Unset fields take
+/// their defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sources {
+    /// `LAZULI_PJRT_PLUGIN`: any plugin file, instead of a CPU plugin.
+    pub pjrt_plugin: Option<PathBuf>,
+    /// `LAZULI_CPU_PLUGIN`: which pinned CPU plugin (default `lammps-jax-pjrt-cpu`).
+    pub cpu_plugin: Option<CpuPluginKind>,
+    /// `LAZULI_GPU_PLUGIN`: the CUDA plugin file, instead of Python's site-packages.
+    pub gpu_plugin: Option<PathBuf>,
+    /// `LAZULI_TPU_PLUGIN`, else `TPU_LIBRARY_PATH`: libtpu, instead of Python's site-packages.
+    pub tpu_plugin: Option<(PathBuf, &'static str)>,
+    /// `LAZULI_CACHE_DIR`: the cache directory (default `$XDG_CACHE_HOME/lazuli`, else `~/.cache/lazuli`).
+    pub cache_dir: Option<PathBuf>,
+    /// `LAZULI_PYTHON`: the Python whose pip fetches plugins and whose site-packages are searched (`python3`).
+    pub python: Option<String>,
+}
+
+impl Sources {
+    /// The sources the `LAZULI_*` variables name (for programs that use this crate without lazuli).
+    pub fn from_env() -> Result<Sources> {
+        let cpu_plugin = match std::env::var("LAZULI_CPU_PLUGIN") {
+            Ok(name) if !name.is_empty() => Some(CpuPluginKind::parse(&name, "LAZULI_CPU_PLUGIN")?),
+            _ => None,
+        };
+        let tpu = |var: &'static str| env_path(var).map(|p| (p, var));
+        Ok(Sources {
+            pjrt_plugin: env_path("LAZULI_PJRT_PLUGIN"),
+            cpu_plugin,
+            gpu_plugin: env_path("LAZULI_GPU_PLUGIN"),
+            tpu_plugin: tpu("LAZULI_TPU_PLUGIN").or_else(|| tpu("TPU_LIBRARY_PATH")),
+            cache_dir: env_path("LAZULI_CACHE_DIR"),
+            python: std::env::var("LAZULI_PYTHON").ok().filter(|p| !p.is_empty()),
+        })
     }
-    let kind = match std::env::var("LAZULI_CPU_PLUGIN") {
-        Ok(name) if !name.is_empty() => CpuPluginKind::from_name(&name).ok_or_else(|| {
+
+    /// The Python to run.
+    fn python(&self) -> String {
+        self.python.clone().unwrap_or_else(|| "python3".into())
+    }
+}
+
+impl CpuPluginKind {
+    /// The kind named `name`, or an error naming `var` and the known names.
+    pub fn parse(name: &str, var: &str) -> Result<CpuPluginKind> {
+        CpuPluginKind::from_name(name).ok_or_else(|| {
             let known: Vec<&str> = CpuPluginKind::ALL.iter().map(|k| k.name()).collect();
-            Error::Provision(format!("LAZULI_CPU_PLUGIN={name:?} is not one of: {}", known.join(", ")))
-        })?,
-        _ => CpuPluginKind::LammpsJax0112,
-    };
-    cpu_plugin_path_for(kind)
+            Error::Provision(format!("{var}={name:?} is not one of: {}", known.join(", ")))
+        })
+    }
+}
+
+/// [`cpu_plugin_path_in`] with the environment's [`Sources`].
+pub fn cpu_plugin_path() -> Result<PathBuf> {
+    cpu_plugin_path_in(&Sources::from_env()?)
+}
+
+/// The CPU plugin to use: `pjrt_plugin` if set (any plugin file), else the `cpu_plugin` kind (default
+/// `lammps-jax-pjrt-cpu`), fetched into the cache if needed.
+pub fn cpu_plugin_path_in(sources: &Sources) -> Result<PathBuf> {
+    if let Some(path) = &sources.pjrt_plugin {
+        return user_plugin(path.clone(), "LAZULI_PJRT_PLUGIN");
+    }
+    cpu_plugin_path_for_in(sources.cpu_plugin.unwrap_or(CpuPluginKind::LammpsJax0112), sources)
+}
+
+/// [`cpu_plugin_path_for_in`] with the environment's [`Sources`].
+pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
+    cpu_plugin_path_for_in(kind, &Sources::from_env()?)
 }
 
 /// The cached plugin of `kind`, fetched on first use (needs `python3 -m pip` and network access once), and
 /// fetched again if the cached file is damaged.
-pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
+pub fn cpu_plugin_path_for_in(kind: CpuPluginKind, sources: &Sources) -> Result<PathBuf> {
     let spec = kind.spec();
-    let dir = cache_dir()?.join("plugins").join(format!("{}-{}", spec.pip_name, spec.version));
+    let dir = cache_dir_in(sources)?.join("plugins").join(format!("{}-{}", spec.pip_name, spec.version));
     let so = dir.join(file_name(spec.so_member));
     if cached::check(&spec, &so, Depth::Hash) == Cached::Intact {
         return Ok(so);
@@ -125,7 +181,8 @@ pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
     // One fetch at a time in this process; the lock file covers other processes.
     static FETCHING: Mutex<()> = Mutex::new(());
     let _guard = FETCHING.lock().unwrap_or_else(|p| p.into_inner());
-    fs::create_dir_all(&dir).map_err(|e| fetch_error(&spec, &dir, &format!("cannot create {}: {e}", dir.display())))?;
+    let create = |e| fetch_error(&spec, &dir, &format!("cannot create {}: {e}", dir.display()), sources);
+    fs::create_dir_all(&dir).map_err(create)?;
     let done = || cached::check(&spec, &so, Depth::MarkerOnly) == Cached::Intact;
     let _lock = match FileLock::acquire(&dir.join(".fetch.lock"), done) {
         LockOutcome::Done => return Ok(so),
@@ -138,7 +195,7 @@ pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
         Cached::Missing => {}
         Cached::Damaged(reason) => discard(&so, &reason)?,
     }
-    fetch(&spec, &dir, &so).map_err(|reason| fetch_error(&spec, &dir, &reason))?;
+    fetch(&spec, &dir, &so, sources).map_err(|reason| fetch_error(&spec, &dir, &reason, sources))?;
     Ok(so)
 }
 
@@ -160,13 +217,18 @@ fn discard(so: &Path, reason: &str) -> Result<()> {
     }
 }
 
-/// The CUDA plugin: `LAZULI_GPU_PLUGIN`, else `jax_plugins/xla_cuda13` (then `xla_cuda12`) in the
-/// Python environment's site-packages.
+/// [`gpu_plugin_path_in`] with the environment's [`Sources`].
 pub fn gpu_plugin_path() -> Result<PathBuf> {
-    if let Some(path) = env_path("LAZULI_GPU_PLUGIN") {
-        return user_plugin(path, "LAZULI_GPU_PLUGIN");
+    gpu_plugin_path_in(&Sources::from_env()?)
+}
+
+/// The CUDA plugin: `gpu_plugin`, else `jax_plugins/xla_cuda13` (then `xla_cuda12`) in the Python environment's
+/// site-packages.
+pub fn gpu_plugin_path_in(sources: &Sources) -> Result<PathBuf> {
+    if let Some(path) = &sources.gpu_plugin {
+        return user_plugin(path.clone(), "LAZULI_GPU_PLUGIN");
     }
-    let dirs = python_paths();
+    let dirs = python_paths(sources);
     for cuda in ["xla_cuda13", "xla_cuda12"] {
         for dir in &dirs {
             let candidate = dir.join("jax_plugins").join(cuda).join("xla_cuda_plugin.so");
@@ -179,31 +241,40 @@ pub fn gpu_plugin_path() -> Result<PathBuf> {
         "no CUDA PJRT plugin found in the site-packages of {python}. Install one with \
          `{python} -m pip install -U \"jax[cuda13]\"` (or jax[cuda12]; it brings the CUDA runtime wheels the \
          plugin needs), or set LAZULI_GPU_PLUGIN=/path/to/xla_cuda_plugin.so",
-        python = python()
+        python = sources.python()
     )))
 }
 
-/// The TPU plugin: `LAZULI_TPU_PLUGIN`, else `TPU_LIBRARY_PATH`, else `libtpu/libtpu.so` in the Python
-/// environment's site-packages.
+/// [`tpu_plugin_path_in`] with the environment's [`Sources`].
 pub fn tpu_plugin_path() -> Result<PathBuf> {
-    for var in ["LAZULI_TPU_PLUGIN", "TPU_LIBRARY_PATH"] {
-        if let Some(path) = env_path(var) {
-            return user_plugin(path, var);
-        }
-    }
-    python_paths().into_iter().map(|dir| dir.join("libtpu").join("libtpu.so")).find(|p| p.is_file()).ok_or_else(|| {
-        Error::Provision(format!(
-            "no TPU PJRT plugin found: install it with `{} -m pip install -U libtpu`, or set \
-                 LAZULI_TPU_PLUGIN (or TPU_LIBRARY_PATH) to the path of libtpu.so",
-            python()
-        ))
-    })
+    tpu_plugin_path_in(&Sources::from_env()?)
 }
 
-/// `$LAZULI_CACHE_DIR`, else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`.
+/// The TPU plugin: `tpu_plugin`, else `libtpu/libtpu.so` in the Python environment's site-packages.
+pub fn tpu_plugin_path_in(sources: &Sources) -> Result<PathBuf> {
+    if let Some((path, var)) = &sources.tpu_plugin {
+        return user_plugin(path.clone(), var);
+    }
+    python_paths(sources).into_iter().map(|dir| dir.join("libtpu").join("libtpu.so")).find(|p| p.is_file()).ok_or_else(
+        || {
+            Error::Provision(format!(
+                "no TPU PJRT plugin found: install it with `{} -m pip install -U libtpu`, or set \
+                 LAZULI_TPU_PLUGIN (or TPU_LIBRARY_PATH) to the path of libtpu.so",
+                sources.python()
+            ))
+        },
+    )
+}
+
+/// [`cache_dir_in`] with the environment's [`Sources`].
 pub fn cache_dir() -> Result<PathBuf> {
-    if let Some(dir) = env_path("LAZULI_CACHE_DIR") {
-        return Ok(dir);
+    cache_dir_in(&Sources::from_env()?)
+}
+
+/// `cache_dir`, else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`.
+pub fn cache_dir_in(sources: &Sources) -> Result<PathBuf> {
+    if let Some(dir) = &sources.cache_dir {
+        return Ok(dir.clone());
     }
     if let Some(dir) = env_path("XDG_CACHE_HOME") {
         return Ok(dir.join("lazuli"));
@@ -229,15 +300,11 @@ fn user_plugin(path: PathBuf, var: &str) -> Result<PathBuf> {
     }
 }
 
-fn python() -> String {
-    std::env::var("LAZULI_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
-}
-
 /// site.getsitepackages() + getusersitepackages() + sys.path of the Python in use; empty if it fails.
-fn python_paths() -> Vec<PathBuf> {
+fn python_paths(sources: &Sources) -> Vec<PathBuf> {
     let script =
         "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
-    match Command::new(python()).args(["-c", script]).output() {
+    match Command::new(sources.python()).args(["-c", script]).output() {
         Ok(out) if out.status.success() => {
             String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(PathBuf::from).collect()
         }
@@ -257,7 +324,7 @@ fn unique(dir: &Path, stem: &str) -> PathBuf {
 
 /// Downloads (unless the wheel is already in `dir`), verifies and unpacks. Errors are plain reasons;
 /// the caller adds the fix.
-fn fetch(spec: &PluginSpec, dir: &Path, so: &Path) -> std::result::Result<(), String> {
+fn fetch(spec: &PluginSpec, dir: &Path, so: &Path, sources: &Sources) -> std::result::Result<(), String> {
     let placed = dir.join(spec.wheel_file);
     let (wheel, download_dir) = if placed.is_file() {
         (placed, None) // put there by hand, as the error message suggests
@@ -270,7 +337,7 @@ fn fetch(spec: &PluginSpec, dir: &Path, so: &Path) -> std::result::Result<(), St
             spec.download_mb,
             dir.display()
         );
-        let wheel = pip_download(spec, &download_dir);
+        let wheel = pip_download(spec, &download_dir, &sources.python());
         if wheel.is_err() {
             let _ = fs::remove_dir_all(&download_dir);
         }
@@ -290,19 +357,19 @@ fn fetch(spec: &PluginSpec, dir: &Path, so: &Path) -> std::result::Result<(), St
     result
 }
 
-fn pip_download(spec: &PluginSpec, into: &Path) -> std::result::Result<PathBuf, String> {
+fn pip_download(spec: &PluginSpec, into: &Path, python: &str) -> std::result::Result<PathBuf, String> {
     let requirement = format!("{}=={}", spec.pip_name, spec.version);
-    let out = Command::new(python())
+    let out = Command::new(python)
         .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
         .arg(&requirement)
         .arg("-d")
         .arg(into)
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", python()))?;
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
-        return Err(format!("`{} -m pip download {requirement}` failed: {}", python(), tail.join(" / ")));
+        return Err(format!("`{python} -m pip download {requirement}` failed: {}", tail.join(" / ")));
     }
     let wheel = into.join(spec.wheel_file);
     if wheel.is_file() {
@@ -361,7 +428,7 @@ fn unpack_member(spec: &PluginSpec, wheel: &Path, to: &Path) -> std::result::Res
     Ok(out)
 }
 
-fn fetch_error(spec: &PluginSpec, dir: &Path, reason: &str) -> Error {
+fn fetch_error(spec: &PluginSpec, dir: &Path, reason: &str, sources: &Sources) -> Error {
     Error::Provision(format!(
         "lazuli could not fetch the PJRT CPU plugin {name}=={version}: {reason}\n\
          Fix it with one of:\n  \
@@ -370,7 +437,7 @@ fn fetch_error(spec: &PluginSpec, dir: &Path, reason: &str) -> Error {
          2. set LAZULI_PJRT_PLUGIN=/path/to/a/pjrt_plugin.so to use a PJRT plugin you already have",
         name = spec.pip_name,
         version = spec.version,
-        python = python(),
+        python = sources.python(),
         dir = dir.display(),
         wheel = spec.wheel_file,
     ))
@@ -444,7 +511,7 @@ mod tests {
         let spec = CpuPluginKind::XlaCpu001.spec();
         fs::write(dir.join(spec.wheel_file), b"not a wheel").unwrap();
         let so = dir.join("x.so");
-        let err = fetch(&spec, &dir, &so).unwrap_err();
+        let err = fetch(&spec, &dir, &so, &Sources::default()).unwrap_err();
         assert!(err.contains("sha256"), "{err}");
         assert!(!dir.join(spec.wheel_file).exists());
         assert_eq!(cached::check(&spec, &so, Depth::Hash), Cached::Missing);

@@ -60,21 +60,21 @@ pub(crate) fn plan(rt: &Runtime, targets: &[Rc<Node>], at: Loc) -> Result<Option
 
 /// Layouts, donations, key and cache lookup of a walked graph.
 pub(crate) fn plan_walk(rt: &Runtime, walk: Walk) -> Result<Plan> {
-    let mut plan = prepare(walk)?;
+    let mut plan = prepare(walk, rt.config.donate)?;
     lookup(rt, &mut plan);
     Ok(plan)
 }
 
 /// Everything but the cache lookup: the mesh and its layouts (parameters keep their placement, outputs get the
 /// shardings the ops' rules propagate), the donations, and the key they all enter.
-pub(crate) fn prepare(mut walk: Walk) -> Result<Plan> {
+pub(crate) fn prepare(mut walk: Walk, donate: bool) -> Result<Plan> {
     let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.has_constraint)?;
     let mesh = mesh.map(|m| {
         let leaves = walk.leaves.clone();
         let (params, outputs) = crate::exec::spmd::annotate(walk.graph(), &leaves, &m);
         Placement { mesh: m, params, outputs }
     });
-    let donated = plan_donation(&mut walk);
+    let donated = plan_donation(&mut walk, donate);
     let key = walk.key();
     Ok(Plan { walk, mesh, donated, key, cached: None })
 }
@@ -120,11 +120,9 @@ fn first_piece(traced: &Walk) -> Vec<Rc<Node>> {
 /// optimizer state are written in place. A node dies with the step when the user holds no handle to it and every
 /// reference to it comes from a recipe dropped after the step: a target's (unless it keeps its recipe for a later
 /// `backward()`), or a dying node's. Users come after their operands in the graph, so one backward sweep decides.
-/// `LAZULI_DONATE=0` turns donation off. Returns the donated parameter indices.
-fn plan_donation(w: &mut Walk) -> Vec<usize> {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // `check_settings` refused anything but 0, 1, true and false when the runtime was made.
-    if !*ENABLED.get_or_init(|| !matches!(std::env::var("LAZULI_DONATE").as_deref(), Ok("0" | "false"))) {
+/// `Config::donate` (`LAZULI_DONATE=0`) turns donation off. Returns the donated parameter indices.
+fn plan_donation(w: &mut Walk, enabled: bool) -> Vec<usize> {
+    if !enabled {
         return Vec::new();
     }
     let n = w.len();

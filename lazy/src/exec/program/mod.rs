@@ -35,7 +35,7 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
     let key = plan.key;
     let graph = plan.walk.graph();
     let text = emit(graph, &EmitOptions::default());
-    dump_program(key, &text);
+    dump_program(rt, key, &text);
     let exe = loop {
         match compile_cache::compile(rt, &text, &options, key) {
             Err(source) if rt.drop_unknown_default(&source) => continue,
@@ -100,12 +100,10 @@ fn compile_error(graph: &lazuli_hlo::Graph, at: Loc, source: lazuli_pjrt::Error)
     }
 }
 
-/// With `LAZULI_DUMP_DIR` set, write every compiled program there as `<hash>.mlir` (for bug reports and for
-/// reading what XLA was given). Best effort: a failed write never fails the computation.
-fn dump_program(key: u64, text: &str) {
-    if let Some(dir) = std::env::var_os("LAZULI_DUMP_DIR") {
-        let dir = std::path::PathBuf::from(dir);
-        let _ = std::fs::create_dir_all(&dir);
+/// With `Config::dump_dir` (`LAZULI_DUMP_DIR`) set, write every compiled program there as `<hash>.mlir` (for bug
+/// reports and for reading what XLA was given). Best effort: a failed write never fails the computation.
+fn dump_program(rt: &Runtime, key: u64, text: &str) {
+    if let Some(dir) = &rt.config.dump_dir {
         let _ = std::fs::write(dir.join(format!("{key:016x}.mlir")), text);
     }
 }

@@ -1,0 +1,305 @@
+//! Every environment variable lazuli reads, read here and nowhere else in the library, each with its accepted
+//! values, its default and its error for a bad value. [`VARIABLES`] lists them (the README's table lists the same
+//! ones: `tests/settings.rs` checks it). The runtime's [`Config`](crate::runtime::Config) is made from them
+//! (`Config::from_env`); what is needed before a runtime exists (the precision of products, the event file, strict
+//! mode) is read here on first use. The one variable lazuli sets is XLA's `TF_CPP_MIN_LOG_LEVEL`, and only when
+//! unset ([`quiet_plugin_logs`]).
+
+use std::path::PathBuf;
+
+use lazuli_hlo::Precision;
+use lazuli_kernels::Implementation;
+use lazuli_pjrt::provision::Sources;
+use lazuli_pjrt::XlaOption;
+
+use crate::error::{Error, Result};
+
+/// One variable: its name, what it sets, the values it takes and its default.
+#[derive(Clone, Copy, Debug)]
+pub struct Variable {
+    pub name: &'static str,
+    pub sets: &'static str,
+    pub values: &'static str,
+    pub default: &'static str,
+}
+
+const fn v(name: &'static str, sets: &'static str, values: &'static str, default: &'static str) -> Variable {
+    Variable { name, sets, values, default }
+}
+
+/// Every variable lazuli reads, in the order of the README's table.
+pub const VARIABLES: &[Variable] = &[
+    v("LAZULI_DEVICE", "the backend", "cpu, gpu (cuda), tpu", "cpu"),
+    v("LAZULI_CPU_PLUGIN", "which pinned CPU plugin", "lammps-jax-pjrt-cpu, xla-cpu-pjrt", "lammps-jax-pjrt-cpu"),
+    v("LAZULI_PJRT_PLUGIN", "any PJRT plugin file, instead of a CPU plugin", "a path", "unset"),
+    v("LAZULI_GPU_PLUGIN", "the CUDA plugin file", "a path", "found in Python's site-packages"),
+    v("LAZULI_TPU_PLUGIN", "libtpu (also TPU_LIBRARY_PATH)", "a path", "found in Python's site-packages"),
+    v("LAZULI_CACHE_DIR", "where plugins and compiled programs are kept", "a directory", "~/.cache/lazuli"),
+    v("LAZULI_PYTHON", "the Python whose pip fetches plugins", "a command", "python3"),
+    v("LAZULI_CPU_DEVICES", "virtual CPU devices", "1 to 2048", "1"),
+    v("LAZULI_CPU_LAUNCHER", "where CPU programs run", "1 (on), 0 (off), always", "1 with two cores or more"),
+    v("LAZULI_CPU_ASYNC", "CPU programs on the plugin's threads", "1, 0", "0"),
+    v("LAZULI_XLA_OPTIONS", "XLA debug options for every compile", "name=value …", "none"),
+    v("LAZULI_MATMUL_PRECISION", "the precision of f32 products", "default, high, highest", "default"),
+    v("LAZULI_ATTENTION", "attention's implementation", "auto, cudnn, triton, composite", "auto"),
+    v("LAZULI_DUMP_DIR", "a directory every compiled program is written to", "a directory", "unset"),
+    v("LAZULI_COMPILE_CACHE", "the persistent compile cache", "a directory, off", "<cache dir>/executables"),
+    v("LAZULI_COMPILE_CACHE_LIMIT", "its size limit", "bytes, or with K, M, G", "2G"),
+    v("LAZULI_DONATE", "donation of dying inputs' buffers to outputs", "1, 0", "1"),
+    v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
+    v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
+];
+
+/// The value of `name` if set and not empty. The only place the library reads its environment.
+fn var(name: &'static str) -> Option<String> {
+    debug_assert!(VARIABLES.iter().any(|v| v.name == name), "{name} is not listed");
+    let value = std::env::var_os(name)?.to_string_lossy().into_owned(); // not UTF-8: read lossily, then checked
+    (!value.trim().is_empty()).then_some(value)
+}
+
+fn bad(name: &str, value: &str, expected: impl std::fmt::Display) -> Error {
+    Error::Config(format!("{name}={value:?}: expected {expected}"))
+}
+
+/// A 1/0 switch.
+fn switch(name: &'static str, default: bool) -> Result<bool> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => match v.as_str() {
+            "1" | "true" | "on" => Ok(true),
+            "0" | "false" | "off" => Ok(false),
+            _ => Err(bad(name, &v, "1 or 0")),
+        },
+    }
+}
+
+/// Which kind of plugin to load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// XLA's CPU plugin, provisioned automatically (see `lazuli_pjrt::provision`).
+    Cpu,
+    /// An installed CUDA plugin (`jax_plugins/xla_cuda13` or `xla_cuda12`), or `LAZULI_GPU_PLUGIN`.
+    Gpu,
+    /// libtpu from `LAZULI_TPU_PLUGIN` or `TPU_LIBRARY_PATH`.
+    Tpu,
+}
+
+/// Where single-device CPU programs run. On the CPU the "device" is the host's own cores: a program launched from
+/// the thread that recorded it runs there before `sync()` returns. lazuli's launcher thread runs it instead, so
+/// the host records the next step meanwhile (`runtime/launcher.rs`); the launcher and a thread that waits for it
+/// spin for a short while before sleeping, so a tight training loop keeps a second core busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuLauncher {
+    /// Every program runs on the thread that materializes it.
+    Off,
+    /// A step's program goes to the launcher unless the thread read a result of its latest program (or called
+    /// `wait()`) since launching it: a loop that reads every step's loss would wait for the program anyway, and
+    /// the hand-over costs a few µs. Reading an older program's results (the previous step's loss) does not
+    /// count. The default where the machine has two cores or more (`LAZULI_CPU_LAUNCHER=1`).
+    Adaptive,
+    /// Every single-device program goes to the launcher (`LAZULI_CPU_LAUNCHER=always`; for testing it).
+    Always,
+}
+
+impl Default for CpuLauncher {
+    /// `Adaptive` with two cores or more; a spinning launcher would take the only core from the host.
+    fn default() -> CpuLauncher {
+        if std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2) {
+            CpuLauncher::Adaptive
+        } else {
+            CpuLauncher::Off
+        }
+    }
+}
+
+/// The most virtual CPU devices one process may ask for: beyond a few thousand the plugin's per-device state
+/// grows without bound (99,999,999,999 grew past 6 GB before failing), and no mesh needs more.
+pub const MAX_CPU_DEVICES: i64 = 2048;
+
+/// Where compiled programs are kept between processes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompileCache {
+    /// `<cache dir>/executables`.
+    Default,
+    /// A directory of the user's.
+    Dir(PathBuf),
+    /// No persistent cache.
+    Off,
+}
+
+pub(crate) fn device() -> Result<Backend> {
+    Ok(match var("LAZULI_DEVICE").unwrap_or_default().to_ascii_lowercase().as_str() {
+        "" | "cpu" => Backend::Cpu,
+        "gpu" | "cuda" => Backend::Gpu,
+        "tpu" => Backend::Tpu,
+        other => return Err(bad("LAZULI_DEVICE", other, "cpu, gpu or tpu")),
+    })
+}
+
+pub(crate) fn cpu_devices() -> Result<i64> {
+    match var("LAZULI_CPU_DEVICES") {
+        None => Ok(1),
+        Some(s) => s
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=MAX_CPU_DEVICES).contains(n))
+            .ok_or_else(|| bad("LAZULI_CPU_DEVICES", &s, format!("1 to {MAX_CPU_DEVICES}"))),
+    }
+}
+
+pub(crate) fn cpu_async() -> Result<bool> {
+    switch("LAZULI_CPU_ASYNC", false)
+}
+
+pub(crate) fn cpu_launcher() -> Result<CpuLauncher> {
+    match var("LAZULI_CPU_LAUNCHER") {
+        None => Ok(CpuLauncher::default()),
+        Some(v) => match v.as_str() {
+            "0" | "off" => Ok(CpuLauncher::Off),
+            "1" | "on" => Ok(CpuLauncher::Adaptive),
+            "always" => Ok(CpuLauncher::Always),
+            _ => Err(bad("LAZULI_CPU_LAUNCHER", &v, "1, 0 or always")),
+        },
+    }
+}
+
+/// `name=value …`, whitespace-separated; `true`/`false` and integers are typed, anything else is a string, list
+/// options comma-separated.
+pub(crate) fn xla_options() -> Result<Vec<(String, XlaOption)>> {
+    var("LAZULI_XLA_OPTIONS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|item| match item.split_once('=') {
+            Some((name, value)) if !name.is_empty() => Ok((name.to_string(), XlaOption::parse(value))),
+            _ => Err(Error::Config(format!("LAZULI_XLA_OPTIONS: {item:?} is not name=value"))),
+        })
+        .collect()
+}
+
+pub(crate) fn attention() -> Result<Implementation> {
+    let v = var("LAZULI_ATTENTION").unwrap_or_default();
+    Implementation::parse(&v).ok_or_else(|| bad("LAZULI_ATTENTION", &v, "auto, cudnn, triton or composite"))
+}
+
+pub(crate) fn donate() -> Result<bool> {
+    switch("LAZULI_DONATE", true)
+        .map_err(|_| bad("LAZULI_DONATE", &var("LAZULI_DONATE").unwrap_or_default(), "1 (default) or 0"))
+}
+
+/// A directory lazuli can create (it is created here).
+pub(crate) fn dump_dir() -> Result<Option<PathBuf>> {
+    let Some(dir) = var("LAZULI_DUMP_DIR") else { return Ok(None) };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| bad("LAZULI_DUMP_DIR", &dir, format_args!("a directory lazuli can create ({e})")))?;
+    Ok(Some(PathBuf::from(dir)))
+}
+
+pub(crate) fn compile_cache() -> CompileCache {
+    match var("LAZULI_COMPILE_CACHE") {
+        None => CompileCache::Default,
+        Some(v) if matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false" | "no" | "none") => {
+            CompileCache::Off
+        }
+        Some(v) => CompileCache::Dir(PathBuf::from(v)),
+    }
+}
+
+/// Bytes (default 2 GiB).
+pub(crate) fn compile_cache_limit() -> Result<u64> {
+    match var("LAZULI_COMPILE_CACHE_LIMIT") {
+        None => Ok(2 << 30),
+        Some(v) => parse_size(&v)
+            .ok_or_else(|| bad("LAZULI_COMPILE_CACHE_LIMIT", &v, "a size in bytes, or with K, M or G (500M, 2G)")),
+    }
+}
+
+/// `123`, `500K`, `20M`, `2G`, `1T` (binary units; `KiB`, `MB` … spelled out too) as bytes.
+pub(crate) fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, ""),
+    };
+    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// Where plugins come from: `LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`, `LAZULI_TPU_PLUGIN`
+/// (else `TPU_LIBRARY_PATH`), `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`. The plugin crate reads these itself (programs
+/// that use it without lazuli name plugins the same way); this is the one call that does it for lazuli.
+pub(crate) fn plugin_sources() -> Result<Sources> {
+    Ok(Sources::from_env()?)
+}
+
+/// `LAZULI_MATMUL_PRECISION`, or the error naming it.
+pub(crate) fn matmul_precision() -> std::result::Result<Precision, String> {
+    Ok(match var("LAZULI_MATMUL_PRECISION").unwrap_or_default().to_ascii_lowercase().as_str() {
+        "" | "default" => Precision::Default,
+        "high" => Precision::High,
+        "highest" => Precision::Highest,
+        other => return Err(format!("LAZULI_MATMUL_PRECISION={other:?}: expected default, high or highest")),
+    })
+}
+
+/// XLA's own `XLA_FLAGS` (read by the plugin; lazuli keys its compile cache on them).
+pub(crate) fn xla_flags() -> String {
+    std::env::var("XLA_FLAGS").unwrap_or_default()
+}
+
+/// `LAZULI_EVENTS`: the event file's path.
+pub(crate) fn events_file() -> Option<PathBuf> {
+    var("LAZULI_EVENTS").map(PathBuf::from)
+}
+
+/// `LAZULI_STRICT`'s raw value (`diagnostics` parses it, naming this variable in its errors).
+pub(crate) fn strict() -> Option<String> {
+    var("LAZULI_STRICT")
+}
+
+/// XLA's plugins log every client creation at INFO; unless the user chose a level, keep stderr for what matters
+/// (`TF_CPP_MIN_LOG_LEVEL=0` brings those lines back). Called once, before the plugin is loaded and can start
+/// threads that read the environment.
+pub(crate) fn quiet_plugin_logs() {
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's table of settings lists exactly the variables read here, in the same order.
+    #[test]
+    fn the_readme_lists_every_variable() {
+        let readme = include_str!("../../README.md");
+        let table = readme.split("### Every setting").nth(1).expect("the README's \"Every setting\" section");
+        let listed: Vec<&str> = table
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .filter_map(|l| l.split('`').nth(1))
+            .collect();
+        let read: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+        assert_eq!(listed, read);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Some(1024));
+        assert_eq!(parse_size("500M"), Some(500 << 20));
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+        assert_eq!(parse_size("2GiB"), Some(2 << 30));
+        assert_eq!(parse_size("64k"), Some(64 << 10));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("1X"), None);
+    }
+}
