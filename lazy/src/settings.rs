@@ -2,8 +2,8 @@
 //! values, its default and its error for a bad value. [`VARIABLES`] lists them (the README's table lists the same
 //! ones: `tests/settings.rs` checks it). The runtime's [`Config`](crate::runtime::Config) is made from them
 //! (`Config::from_env`); what is needed before a runtime exists (the precision of products, the event file, strict
-//! mode) is read here on first use. The one variable lazuli sets is XLA's `TF_CPP_MIN_LOG_LEVEL`, and only when
-//! unset ([`quiet_plugin_logs`]).
+//! mode) is read here on first use: they apply before a runtime exists (`diagnostics::strict_budget()`, a
+//! product's precision at its recording line). The library never sets an environment variable.
 
 use std::path::PathBuf;
 
@@ -261,15 +261,6 @@ pub(crate) fn events_file() -> Option<PathBuf> {
 /// `LAZULI_STRICT`'s raw value (`diagnostics` parses it, naming this variable in its errors).
 pub(crate) fn strict() -> Option<String> {
     var("LAZULI_STRICT")
-}
-
-/// XLA's plugins log every client creation at INFO; unless the user chose a level, keep stderr for what matters
-/// (`TF_CPP_MIN_LOG_LEVEL=0` brings those lines back). Called once, before the plugin is loaded and can start
-/// threads that read the environment.
-pub(crate) fn quiet_plugin_logs() {
-    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
-    }
 }
 
 #[cfg(test)]

@@ -150,7 +150,6 @@ static INIT: Mutex<()> = Mutex::new(());
 impl Runtime {
     fn new(config: Config) -> Result<Runtime> {
         check_settings(&config)?;
-        crate::settings::quiet_plugin_logs();
         let path = match (&config.plugin_path, config.backend) {
             (Some(p), _) => p.clone(),
             (None, Backend::Cpu) => provision::cpu_plugin_path_in(&config.plugins)?,
