@@ -68,7 +68,8 @@ pub use lazuli_lazy::mesh::{mesh, shard_params, Mesh, PartitionSpec, Sharding};
 pub use lazuli_lazy::{matmul_precision, set_matmul_precision, with_matmul_precision, Precision};
 // Attention and custom kernels.
 pub use lazuli_lazy::{
-    scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions, Implementation, TritonKernel,
+    scaled_dot_product_attention, try_scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions,
+    Implementation, TritonKernel,
 };
 // Random numbers.
 pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};

@@ -2,6 +2,7 @@
 //! StableHLO lowering and its reference semantics stand together, and a family that forgets one fails to compile.
 //! The `match`es below are exhaustive, so a new variant without rules fails to compile too.
 
+use crate::infer_error::InferError;
 use ndarray::ArrayD;
 
 use crate::builder::Builder;
@@ -34,7 +35,7 @@ pub trait OpRules {
     /// Short name used in diagnostics (`add`, `dot_general`, …).
     fn name(&self) -> &'static str;
     /// Shape and dtype of the result, or a message saying why the operands do not fit.
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String>;
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError>;
     /// Write the StableHLO for this op; returns the SSA value holding the result.
     fn lower(&self, cx: &mut LowerCx<'_>) -> String;
     /// Reference semantics on the host, in f64 (the interpreter rounds the result to the node's dtype).
@@ -147,7 +148,7 @@ impl Op {
         dispatch!(self, o => o.name())
     }
 
-    pub fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    pub fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         dispatch!(self, o => o.infer(operands))
     }
 
@@ -229,10 +230,10 @@ impl Op {
 }
 
 /// Check an operand count; every family's `infer` starts with this.
-pub(crate) fn arity(name: &str, operands: &[&TensorType], n: usize) -> Result<(), String> {
+pub(crate) fn arity(name: &str, operands: &[&TensorType], n: usize) -> Result<(), InferError> {
     if operands.len() == n {
         Ok(())
     } else {
-        Err(format!("{name} takes {n} operand(s), got {}", operands.len()))
+        Err(InferError::Shape(format!("{name} takes {n} operand(s), got {}", operands.len())))
     }
 }

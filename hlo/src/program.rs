@@ -247,7 +247,7 @@ impl Builder for Recorder {
         let ty = match op.infer(&tys) {
             Ok(ty) => ty,
             Err(e) => {
-                self.error.get_or_insert(e);
+                self.error.get_or_insert(e.into());
                 tys.first().map_or(TensorType::scalar(crate::DType::F32), |t| (*t).clone())
             }
         };

@@ -1,5 +1,6 @@
-//! Errors returned when a tensor is read or the runtime is set up. Programmer errors in recording (mismatched
-//! shapes, bad axes) are panics at the user's line instead; see `record.rs`.
+//! Errors returned when a tensor is read or the runtime is set up, and by the `try_*` forms of the recording ops.
+//! The plain recording ops treat bad operands (mismatched shapes, bad axes) as programmer errors: they panic at the
+//! user's line with the same message as the `Err` of their `try_*` form (see `graph/record.rs`).
 
 use lazuli_hlo::{DType, Loc};
 
@@ -10,7 +11,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// it concerns (where the value was materialized, or the call that failed).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The runtime (plugin, client, transfer, execute) failed.
+    /// The runtime (plugin, client, transfer, execute) failed: the PJRT call, the plugin's status code and its
+    /// own message.
     #[error(transparent)]
     Pjrt(#[from] lazuli_pjrt::Error),
     /// XLA rejected the program. Its message names the Rust line of the failing op (every op carries a `loc`).
@@ -62,6 +64,68 @@ pub enum Error {
         /// The tensor's number of elements.
         elements: usize,
     },
+    /// An op's operands' shapes do not fit it or each other (`matmul` of `[2, 3]` and `[4, 5]`, a reshape to
+    /// another element count, a slice past the end, shapes that do not broadcast).
+    #[error("{why}\n  recorded at {at}")]
+    ShapeMismatch {
+        /// The op (`matmul`, `add`, `reshape`, `concat`, …).
+        op: &'static str,
+        /// The shapes of its operands (for a reshape or broadcast, the operand's and the one asked for).
+        shapes: Vec<Vec<usize>>,
+        /// The whole message, naming the op and the operands' types.
+        why: String,
+        /// The line that recorded the op.
+        at: Loc,
+    },
+    /// An operand's element type does not fit the op, or its operands' element types differ.
+    #[error("{why}\n  recorded at {at}")]
+    WrongDType {
+        /// The op.
+        op: &'static str,
+        /// The element types of its operands.
+        dtypes: Vec<DType>,
+        /// The whole message.
+        why: String,
+        /// The line that recorded the op.
+        at: Loc,
+    },
+    /// An axis out of range for an operand of this rank (negative axes count from the end).
+    #[error("{why}\n  recorded at {at}")]
+    BadAxis {
+        /// The op.
+        op: &'static str,
+        /// The axis given.
+        axis: i64,
+        /// The rank it had to fit.
+        rank: usize,
+        /// The whole message.
+        why: String,
+        /// The line that recorded the op.
+        at: Loc,
+    },
+    /// An argument of the op other than its operands is invalid (window sizes, a step of 0, no tensors to join, a
+    /// shape too large to address).
+    #[error("{why}\n  recorded at {at}")]
+    InvalidArgument {
+        /// The op.
+        op: &'static str,
+        /// The whole message.
+        why: String,
+        /// The line that recorded the op.
+        at: Loc,
+    },
+    /// What was asked for does not run on this backend (a kernel implementation forced where it cannot apply).
+    #[error("{why}\n  recorded at {at}")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// The backend's platform (`cpu`, `cuda`, …).
+        backend: String,
+        /// The whole message.
+        why: String,
+        /// The line that recorded the op.
+        at: Loc,
+    },
     /// A mesh or sharding does not fit (unknown axis, indivisible dimension, too few devices, two meshes).
     #[error("sharding: {0}")]
     Sharding(String),
@@ -80,4 +144,18 @@ pub enum Error {
     /// The runtime was configured twice, or its configuration is invalid.
     #[error("lazuli runtime: {0}")]
     Config(String),
+}
+
+impl Error {
+    /// For an error of a recording op: the line that recorded it.
+    pub fn recorded_at(&self) -> Option<Loc> {
+        match self {
+            Error::ShapeMismatch { at, .. }
+            | Error::WrongDType { at, .. }
+            | Error::BadAxis { at, .. }
+            | Error::InvalidArgument { at, .. }
+            | Error::Unsupported { at, .. } => Some(*at),
+            _ => None,
+        }
+    }
 }

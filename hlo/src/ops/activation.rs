@@ -5,6 +5,7 @@
 
 use crate::builder::Builder;
 use crate::dtype::TensorType;
+use crate::infer_error::InferError;
 use crate::op::{Op, OpRules};
 use crate::ops::composite::{expanded, same_float};
 use crate::ops::elementwise::{CompareDir, UnaryKind};
@@ -50,7 +51,7 @@ impl OpRules for Gelu {
     fn name(&self) -> &'static str {
         "gelu"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         same_float("gelu", operands, 1)
     }
     expanded!();
@@ -88,7 +89,7 @@ impl OpRules for GeluGrad {
     fn name(&self) -> &'static str {
         "gelu_grad"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         same_float("gelu_grad", operands, 2)
     }
     expanded!(taped);
@@ -119,10 +120,12 @@ impl OpRules for Relu {
     fn name(&self) -> &'static str {
         "relu"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         crate::op::arity("relu", operands, 1)?;
         match operands[0] {
-            t if t.dtype == crate::DType::Bool => Err(format!("relu needs a numeric operand, got {t}")),
+            t if t.dtype == crate::DType::Bool => {
+                Err(InferError::DType(format!("relu needs a numeric operand, got {t}")))
+            }
             t => Ok(t.clone()),
         }
     }
@@ -147,7 +150,7 @@ impl OpRules for ReluGrad {
     fn name(&self) -> &'static str {
         "relu_grad"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         same_float("relu_grad", operands, 2)
     }
     expanded!(taped);
@@ -195,10 +198,14 @@ impl Softmax {
     }
 
     /// `n` operands of one float type, and the axis in range; `name` is the checking op's.
-    fn check(&self, name: &str, operands: &[&TensorType], n: usize) -> Result<TensorType, String> {
+    fn check(&self, name: &str, operands: &[&TensorType], n: usize) -> Result<TensorType, InferError> {
         let t = same_float(name, operands, n)?;
         if self.axis >= t.rank() {
-            return Err(format!("{name}: axis {} out of range for {t}", self.axis));
+            return Err(InferError::Axis {
+                axis: self.axis as i64,
+                rank: t.rank(),
+                message: format!("{name}: axis {} out of range for {t}", self.axis),
+            });
         }
         Ok(t)
     }
@@ -212,7 +219,7 @@ impl OpRules for Softmax {
             "softmax"
         }
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         self.check(self.name(), operands, 1)
     }
     expanded!();
@@ -253,7 +260,7 @@ impl OpRules for SoftmaxGrad {
             "softmax_grad"
         }
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         self.0.check(self.name(), operands, 2)
     }
     expanded!(taped);

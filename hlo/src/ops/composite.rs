@@ -4,6 +4,7 @@
 //! backwards. A composite thus needs no second copy of its formula; what it gains is one node where the
 //! expansion would record many, and (where it has one) a hand-written gradient that is one node too.
 
+use crate::infer_error::InferError;
 use ndarray::ArrayD;
 
 use crate::builder::Builder;
@@ -144,14 +145,14 @@ impl<V: Clone> Builder for AllGrads<'_, V> {
 }
 
 /// Check a composite's operands: `n` of one floating-point type, which is the result's.
-pub(crate) fn same_float(name: &str, operands: &[&TensorType], n: usize) -> Result<TensorType, String> {
+pub(crate) fn same_float(name: &str, operands: &[&TensorType], n: usize) -> Result<TensorType, InferError> {
     crate::op::arity(name, operands, n)?;
     let t = operands[0];
     if !t.dtype.is_float() {
-        return Err(format!("{name} needs a floating-point operand, got {t}"));
+        return Err(InferError::DType(format!("{name} needs a floating-point operand, got {t}")));
     }
     if let Some(o) = operands.iter().find(|o| **o != t) {
-        return Err(format!("{name}: operands {t} and {o} differ"));
+        return Err(InferError::Shape(format!("{name}: operands {t} and {o} differ")));
     }
     Ok(t.clone())
 }

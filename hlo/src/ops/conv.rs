@@ -6,6 +6,7 @@
 //! `i * lhs_dilation + pad_low == o * stride + w * rhs_dilation` (window index `n - 1 - w` when reversed). Both
 //! gradients solve that equation for another operand, so they are convolutions again; see [`Convolution::vjp`].
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::builder::Builder;
@@ -78,31 +79,35 @@ impl OpRules for Convolution {
     fn name(&self) -> &'static str {
         "convolution"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("convolution", operands, 2)?;
         let (l, r) = (operands[0], operands[1]);
         if l.dtype != r.dtype || !l.dtype.is_float() {
-            return Err(format!("convolution: operands must share a floating-point type, got {l} and {r}"));
+            return Err(InferError::DType(format!(
+                "convolution: operands must share a floating-point type, got {l} and {r}"
+            )));
         }
         let ns = self.spatial();
         let rank = ns + 2;
         let lens = [self.padding.len(), self.lhs_dilation.len(), self.rhs_dilation.len()];
         let specs_ok = [&self.lhs_spec, &self.rhs_spec, &self.out_spec].iter().all(|s| is_permutation(s, rank));
         if ns == 0 || lens.iter().any(|&n| n != ns) || !specs_ok {
-            return Err(format!("convolution: inconsistent configuration {self:?}"));
+            return Err(InferError::Attribute(format!("convolution: inconsistent configuration {self:?}")));
         }
         if l.rank() != rank || r.rank() != rank {
-            return Err(format!("convolution: {ns} spatial dimensions need rank-{rank} operands, got {l} and {r}"));
+            return Err(InferError::Shape(format!(
+                "convolution: {ns} spatial dimensions need rank-{rank} operands, got {l} and {r}"
+            )));
         }
         if self.strides.iter().chain(&self.lhs_dilation).chain(&self.rhs_dilation).any(|&v| v == 0) {
-            return Err("convolution: strides and dilations must be positive".into());
+            return Err(InferError::Attribute("convolution: strides and dilations must be positive".to_string()));
         }
         let (features, kernel_features) = (l.dims[self.lhs_spec[1]], r.dims[self.rhs_spec[1]]);
         if features != kernel_features {
-            return Err(format!(
+            return Err(InferError::Shape(format!(
                 "convolution: the input has {features} features (channels) but the kernel expects {kernel_features}: \
                  {l} and {r}"
-            ));
+            )));
         }
         let mut dims = vec![0; rank];
         dims[self.out_spec[0]] = l.dims[self.lhs_spec[0]];
@@ -113,11 +118,11 @@ impl OpRules for Convolution {
             let window = dilated(n, self.rhs_dilation[k]);
             dims[self.out_spec[2 + k]] =
                 sweep_len(input, self.padding[k], window, self.strides[k]).filter(|_| len > 0).ok_or_else(|| {
-                    format!(
+                    InferError::Shape(format!(
                         "convolution: a window of {n} (dilation {}) does not fit spatial dimension {k} of size {len} \
                          padded by {:?} in {l}",
                         self.rhs_dilation[k], self.padding[k]
-                    )
+                    ))
                 })?;
         }
         Ok(TensorType::new(l.dtype, dims))

@@ -1,6 +1,7 @@
 //! dot_general: batched matrix products and contractions. Result dimensions: batch, then the lhs's free
 //! dimensions, then the rhs's free dimensions (StableHLO's order).
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::builder::Builder;
@@ -148,11 +149,11 @@ impl OpRules for DotGeneral {
     fn name(&self) -> &'static str {
         "dot_general"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("dot_general", operands, 2)?;
         let (l, r) = (operands[0], operands[1]);
         if l.dtype != r.dtype || l.dtype == DType::Bool {
-            return Err(format!("dot_general: operands must share a numeric type, got {l} and {r}"));
+            return Err(InferError::DType(format!("dot_general: operands must share a numeric type, got {l} and {r}")));
         }
         // Each side's batch and contracting dimensions: in range, none named twice (a bit per dimension: this
         // runs for every product and gradient product recorded).
@@ -169,15 +170,17 @@ impl OpRules for DotGeneral {
             || !valid(&self.lhs_batch, &self.lhs_contract, l.rank())
             || !valid(&self.rhs_batch, &self.rhs_contract, r.rank())
         {
-            return Err(format!("dot_general: invalid dimension numbers {self:?} for {l} and {r}"));
+            return Err(InferError::Attribute(format!(
+                "dot_general: invalid dimension numbers {self:?} for {l} and {r}"
+            )));
         }
         for (a, b) in self.lhs_batch.iter().zip(&self.rhs_batch).chain(self.lhs_contract.iter().zip(&self.rhs_contract))
         {
             if l.dims[*a] != r.dims[*b] {
-                return Err(format!(
+                return Err(InferError::Shape(format!(
                     "dot_general: dimension {a} of {l} ({}) does not match dimension {b} of {r} ({})",
                     l.dims[*a], r.dims[*b]
-                ));
+                )));
             }
         }
         let mut dims: crate::Dims = self.lhs_batch.iter().map(|&d| l.dims[d]).collect();

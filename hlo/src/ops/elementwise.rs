@@ -11,6 +11,7 @@
 //! - float → integer `convert` truncates toward zero, saturates at the type's bounds (±inf too) and maps NaN to 0
 //!   (JAX's `astype`), made explicit in the lowering; integer → integer wraps; x → bool is `x != 0`.
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, Zip};
 
 use crate::builder::Builder;
@@ -69,17 +70,17 @@ impl OpRules for Unary {
     fn name(&self) -> &'static str {
         unary_row(self.kind).0
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let (name, _, float_only, _) = unary_row(self.kind);
         arity(name, operands, 1)?;
         let t = operands[0];
         if float_only && !t.dtype.is_float() {
-            return Err(format!("{name} needs a floating-point operand, got {t}"));
+            return Err(InferError::DType(format!("{name} needs a floating-point operand, got {t}")));
         }
         // StableHLO's negate and abs reject unsigned integers.
         let signed_only = matches!(self.kind, UnaryKind::Neg | UnaryKind::Abs);
         if t.dtype == DType::Bool || (signed_only && !t.dtype.is_signed()) {
-            return Err(format!("{name} is not defined for {t}"));
+            return Err(InferError::DType(format!("{name} is not defined for {t}")));
         }
         Ok(t.clone())
     }
@@ -287,11 +288,14 @@ pub struct Binary {
 }
 
 /// Both operands of an elementwise op must have one type; the message shows both.
-fn same_type(name: &str, a: &TensorType, b: &TensorType) -> Result<(), String> {
+fn same_type(name: &str, a: &TensorType, b: &TensorType) -> Result<(), InferError> {
+    let message = || format!("{name}: operand types differ: {a} vs {b}");
     if a == b {
         Ok(())
+    } else if a.dtype != b.dtype {
+        Err(InferError::DType(message()))
     } else {
-        Err(format!("{name}: operand types differ: {a} vs {b}"))
+        Err(InferError::Shape(message()))
     }
 }
 
@@ -299,7 +303,7 @@ impl OpRules for Binary {
     fn name(&self) -> &'static str {
         binary_row(self.kind).0
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let (name, _, accepts, _) = binary_row(self.kind);
         arity(name, operands, 2)?;
         same_type(name, operands[0], operands[1])?;
@@ -311,7 +315,7 @@ impl OpRules for Binary {
             Accepts::Integers => dt.is_int(),
         };
         if !ok {
-            return Err(format!("{name} is not defined for {}", operands[0]));
+            return Err(InferError::DType(format!("{name} is not defined for {}", operands[0])));
         }
         Ok(operands[0].clone())
     }
@@ -426,7 +430,7 @@ impl OpRules for Compare {
     fn name(&self) -> &'static str {
         self.dir.row().0
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let name = self.name();
         arity(name, operands, 2)?;
         same_type(name, operands[0], operands[1])?;
@@ -460,11 +464,12 @@ impl OpRules for Select {
     fn name(&self) -> &'static str {
         "select"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("select", operands, 3)?;
         let (p, a, b) = (operands[0], operands[1], operands[2]);
         if p.dtype != DType::Bool || p.dims != a.dims {
-            return Err(format!("select: the predicate must be bool of the operands' shape, got {p} for {a}"));
+            let message = format!("select: the predicate must be bool of the operands' shape, got {p} for {a}");
+            return Err(if p.dtype != DType::Bool { InferError::DType(message) } else { InferError::Shape(message) });
         }
         same_type("select", a, b)?;
         Ok(a.clone())
@@ -500,10 +505,10 @@ impl OpRules for Convert {
     fn name(&self) -> &'static str {
         "convert"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("convert", operands, 1)?;
         if operands[0].dtype != self.from {
-            return Err(format!("convert from {} got {}", self.from, operands[0]));
+            return Err(InferError::DType(format!("convert from {} got {}", self.from, operands[0])));
         }
         Ok(operands[0].with_dtype(self.to))
     }

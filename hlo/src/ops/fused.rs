@@ -8,6 +8,7 @@
 //! in turn (rounding as separate ops would), and the gradient records the expression unfused and runs each step's
 //! `vjp` backwards through it (`composite::vjp`), so no expression needs a hand-written derivative.
 
+use crate::infer_error::InferError;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, IxDyn};
@@ -155,16 +156,21 @@ impl OpRules for Fused {
     fn name(&self) -> &'static str {
         self.name
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         if operands.len() != self.args as usize {
-            return Err(format!("{} takes {} operand(s), got {}", self.name, self.args, operands.len()));
+            return Err(InferError::Shape(format!(
+                "{} takes {} operand(s), got {}",
+                self.name,
+                self.args,
+                operands.len()
+            )));
         }
         let full = operands.iter().find(|t| t.rank() > 0).unwrap_or(&operands[0]);
         if let Some(t) = operands.iter().find(|t| t.rank() > 0 && t.dims != full.dims) {
-            return Err(format!(
+            return Err(InferError::Shape(format!(
                 "{}: operand shapes differ: {full} vs {t} (only rank-0 operands broadcast)",
                 self.name
-            ));
+            )));
         }
         // Elementwise steps keep the shape, so the result's dtype depends only on the operands' dtypes: the
         // steps are checked once per expression and dtypes (on rank-0 types), then remembered, since a training
@@ -181,7 +187,7 @@ impl OpRules for Fused {
         let mut err = None;
         let out = self.run(&tys, |op, ins| {
             op.infer(ins).unwrap_or_else(|e| {
-                err.get_or_insert(format!("{}: {e}", self.name));
+                err.get_or_insert(e.prefixed(self.name));
                 ins[0].clone()
             })
         });

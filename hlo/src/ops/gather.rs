@@ -5,6 +5,7 @@
 //! the slice fits the operand). XLA's scatter would instead drop out-of-range updates, so `ScatterAdd` clamps its
 //! indices explicitly before scattering: both ops then address the same elements and stay exact transposes.
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::builder::Builder;
@@ -13,15 +14,19 @@ use crate::emit::{i64_array, LowerCx};
 use crate::op::{arity, Op, OpRules};
 
 /// Result dimensions of indexing `x` along `axis` with indices of dims `idx`: `axis` replaced by `idx`.
-fn indexed_dims(x: &TensorType, axis: usize, idx: &TensorType, name: &str) -> Result<Vec<usize>, String> {
+fn indexed_dims(x: &TensorType, axis: usize, idx: &TensorType, name: &str) -> Result<Vec<usize>, InferError> {
     if axis >= x.rank() {
-        return Err(format!("{name}: axis {axis} is out of range for {x}"));
+        return Err(InferError::Axis {
+            axis: axis as i64,
+            rank: x.rank(),
+            message: format!("{name}: axis {axis} is out of range for {x}"),
+        });
     }
     if !idx.dtype.is_int() {
-        return Err(format!("{name}: indices must have an integer dtype, got {idx}"));
+        return Err(InferError::DType(format!("{name}: indices must have an integer dtype, got {idx}")));
     }
     if x.dims[axis] == 0 {
-        return Err(format!("{name}: cannot index the empty dimension {axis} of {x}"));
+        return Err(InferError::Shape(format!("{name}: cannot index the empty dimension {axis} of {x}")));
     }
     let mut dims = x.dims[..axis].to_vec();
     dims.extend(&idx.dims);
@@ -64,7 +69,7 @@ impl OpRules for Take {
     fn name(&self) -> &'static str {
         "take"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("take", operands, 2)?;
         let dims = indexed_dims(operands[0], self.axis, operands[1], "take")?;
         Ok(TensorType::new(operands[0].dtype, dims))
@@ -132,16 +137,18 @@ impl OpRules for ScatterAdd {
     fn name(&self) -> &'static str {
         "scatter_add"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("scatter_add", operands, 3)?;
         let (x, idx, upd) = (operands[0], operands[1], operands[2]);
         if x.dtype == DType::Bool {
-            return Err(format!("scatter_add is not defined for {x}"));
+            return Err(InferError::DType(format!("scatter_add is not defined for {x}")));
         }
         let dims = indexed_dims(x, self.axis, idx, "scatter_add")?;
         if upd.dtype != x.dtype || upd.dims[..] != dims[..] {
             let want = TensorType::new(x.dtype, dims);
-            return Err(format!("scatter_add: updates must be {want} for {x} indexed by {idx}, got {upd}"));
+            return Err(InferError::Shape(format!(
+                "scatter_add: updates must be {want} for {x} indexed by {idx}, got {upd}"
+            )));
         }
         Ok(x.clone())
     }

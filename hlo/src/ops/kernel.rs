@@ -15,6 +15,7 @@
 //! the kernel once per operand list and each node picks its result, so a forward call's second result (say,
 //! attention's softmax statistics, which its backward reads) costs no second call.
 
+use crate::infer_error::InferError;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -184,12 +185,17 @@ impl OpRules for KernelOp {
         self.def.name
     }
 
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let want = &self.def.operands;
         if operands.len() != want.len() || operands.iter().zip(want).any(|(a, b)| *a != b) {
             let got: Vec<String> = operands.iter().map(|t| t.to_string()).collect();
             let want: Vec<String> = want.iter().map(|t| t.to_string()).collect();
-            return Err(format!("{} was built for ({}), got ({})", self.def.name, want.join(", "), got.join(", ")));
+            return Err(InferError::Shape(format!(
+                "{} was built for ({}), got ({})",
+                self.def.name,
+                want.join(", "),
+                got.join(", ")
+            )));
         }
         Ok(self.def.results[self.result].clone())
     }

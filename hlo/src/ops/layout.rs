@@ -1,5 +1,6 @@
 //! Ops that move elements without computing: reshape, transpose, broadcast_in_dim.
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::builder::Builder;
@@ -17,16 +18,16 @@ impl OpRules for Reshape {
     fn name(&self) -> &'static str {
         "reshape"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("reshape", operands, 1)?;
         let t = operands[0];
         let n: usize = self.dims.iter().product();
         if n != t.elements() {
-            return Err(format!(
+            return Err(InferError::Shape(format!(
                 "reshape: cannot reshape {t} ({} elements) to {:?} ({n} elements)",
                 t.elements(),
                 self.dims
-            ));
+            )));
         }
         Ok(TensorType::new(t.dtype, self.dims.clone()))
     }
@@ -62,15 +63,15 @@ impl OpRules for Transpose {
     fn name(&self) -> &'static str {
         "transpose"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("transpose", operands, 1)?;
         let t = operands[0];
         if !is_permutation(&self.perm, t.rank()) {
-            return Err(format!(
+            return Err(InferError::Attribute(format!(
                 "transpose: {:?} is not a permutation of the {} dimensions of {t}",
                 self.perm,
                 t.rank()
-            ));
+            )));
         }
         Ok(TensorType::new(t.dtype, self.perm.iter().map(|&p| t.dims[p]).collect::<Vec<_>>()))
     }
@@ -104,10 +105,15 @@ impl OpRules for BroadcastInDim {
     fn name(&self) -> &'static str {
         "broadcast"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("broadcast", operands, 1)?;
         let t = operands[0];
-        let bad = || format!("broadcast: cannot broadcast {t} to {:?} with dimension map {:?}", self.dims, self.map);
+        let bad = || {
+            InferError::Shape(format!(
+                "broadcast: cannot broadcast {t} to {:?} with dimension map {:?}",
+                self.dims, self.map
+            ))
+        };
         if self.map.len() != t.rank() || self.map.windows(2).any(|w| w[0] >= w[1]) {
             return Err(bad());
         }

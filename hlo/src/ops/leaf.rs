@@ -1,5 +1,6 @@
 //! Leaves: program parameters, splat constants and iota.
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::builder::Builder;
@@ -17,8 +18,8 @@ impl OpRules for Parameter {
     fn name(&self) -> &'static str {
         "parameter"
     }
-    fn infer(&self, _: &[&TensorType]) -> Result<TensorType, String> {
-        Err("a parameter's type is given by Graph::parameter, not inferred".into())
+    fn infer(&self, _: &[&TensorType]) -> Result<TensorType, InferError> {
+        Err(InferError::Attribute("a parameter's type is given by Graph::parameter, not inferred".to_string()))
     }
     fn lower(&self, _: &mut LowerCx<'_>) -> String {
         unreachable!("parameters are block arguments of @main, never lowered as ops")
@@ -56,7 +57,7 @@ impl OpRules for Constant {
     fn name(&self) -> &'static str {
         "constant"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("constant", operands, 0)?;
         Ok(self.ty.clone())
     }
@@ -87,13 +88,17 @@ impl OpRules for Iota {
     fn name(&self) -> &'static str {
         "iota"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("iota", operands, 0)?;
         if self.dim >= self.ty.rank() {
-            return Err(format!("iota dimension {} out of range for {}", self.dim, self.ty));
+            return Err(InferError::Axis {
+                axis: self.dim as i64,
+                rank: self.ty.rank(),
+                message: format!("iota dimension {} out of range for {}", self.dim, self.ty),
+            });
         }
         if self.ty.dtype == crate::DType::Bool {
-            return Err("iota of bool is not defined".into());
+            return Err(InferError::DType("iota of bool is not defined".to_string()));
         }
         Ok(self.ty.clone())
     }

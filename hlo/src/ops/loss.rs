@@ -5,6 +5,7 @@
 //! `(softmax(x) - onehot(t)) · g / N`, computed from the logits, so the log-probabilities need not be kept for
 //! the backward pass.
 
+use crate::infer_error::InferError;
 use ndarray::ArrayD;
 
 use crate::builder::Builder;
@@ -18,12 +19,14 @@ use crate::ops::leaf::Iota;
 use crate::shard::{DimShards, ShardIn};
 
 /// Check logits `[N, C]` (float) and class ids `[N]` (integer); `name` is the checking op's.
-fn check_pair(name: &str, x: &TensorType, t: &TensorType) -> Result<(), String> {
+fn check_pair(name: &str, x: &TensorType, t: &TensorType) -> Result<(), InferError> {
     if !x.dtype.is_float() || x.rank() != 2 {
-        return Err(format!("{name} needs floating-point logits [N, C], got {x}"));
+        let message = format!("{name} needs floating-point logits [N, C], got {x}");
+        return Err(if x.dtype.is_float() { InferError::Shape(message) } else { InferError::DType(message) });
     }
     if !t.dtype.is_int() || t.rank() != 1 || t.dims[0] != x.dims[0] {
-        return Err(format!("{name} needs integer class ids [{}] for logits {x}, got {t}", x.dims[0]));
+        let message = format!("{name} needs integer class ids [{}] for logits {x}, got {t}", x.dims[0]);
+        return Err(if t.dtype.is_int() { InferError::Shape(message) } else { InferError::DType(message) });
     }
     Ok(())
 }
@@ -88,7 +91,7 @@ impl OpRules for CrossEntropy {
     fn name(&self) -> &'static str {
         "cross_entropy"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("cross_entropy", operands, 2)?;
         check_pair("cross_entropy", operands[0], operands[1])?;
         Ok(TensorType::scalar(operands[0].dtype))
@@ -140,12 +143,13 @@ impl OpRules for CrossEntropyGrad {
     fn name(&self) -> &'static str {
         "cross_entropy_grad"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("cross_entropy_grad", operands, 3)?;
         let (x, t, g) = (operands[0], operands[1], operands[2]);
         check_pair("cross_entropy_grad", x, t)?;
         if g.rank() != 0 || g.dtype != x.dtype {
-            return Err(format!("cross_entropy_grad needs a scalar cotangent of {}, got {g}", x.dtype));
+            let message = format!("cross_entropy_grad needs a scalar cotangent of {}, got {g}", x.dtype);
+            return Err(if g.dtype != x.dtype { InferError::DType(message) } else { InferError::Shape(message) });
         }
         Ok(x.clone())
     }
@@ -233,8 +237,10 @@ mod tests {
     fn bad_operands_are_refused_with_their_types() {
         let x = TensorType::new(DType::F32, vec![4, 5]);
         let e = CrossEntropy.infer(&[&x, &TensorType::new(DType::F32, vec![4])]).unwrap_err();
-        assert!(e.contains("integer class ids [4]") && e.contains("f32[4]"), "{e}");
+        assert!(matches!(e, InferError::DType(_)), "{e:?}");
+        assert!(e.message().contains("integer class ids [4]") && e.message().contains("f32[4]"), "{e}");
         let e = CrossEntropy.infer(&[&x, &TensorType::new(DType::I32, vec![3])]).unwrap_err();
-        assert!(e.contains("i32[3]"), "{e}");
+        assert!(matches!(e, InferError::Shape(_)), "{e:?}");
+        assert!(e.message().contains("i32[3]"), "{e}");
     }
 }

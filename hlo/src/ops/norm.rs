@@ -9,6 +9,7 @@
 
 use crate::builder::Builder;
 use crate::dtype::TensorType;
+use crate::infer_error::InferError;
 use crate::op::{Op, OpRules};
 use crate::ops::composite::{expanded, same_float};
 use crate::ops::elementwise::UnaryKind;
@@ -31,12 +32,17 @@ impl NormSpec {
     }
 
     /// `x`'s type, checked: axes in range.
-    fn check(&self, name: &str, x: &TensorType) -> Result<TensorType, String> {
+    fn check(&self, name: &str, x: &TensorType) -> Result<TensorType, InferError> {
         if self.axes.is_empty() {
-            return Err(format!("{name} needs at least one axis to normalize over, got none for {x}"));
+            return Err(InferError::Attribute(format!(
+                "{name} needs at least one axis to normalize over, got none for {x}"
+            )));
         }
         if self.axes.windows(2).any(|w| w[0] >= w[1]) || self.axes.iter().any(|&a| a >= x.rank()) {
-            return Err(format!("{name}: axes {:?} are not sorted unique dimensions of {x}", self.axes));
+            return Err(InferError::Attribute(format!(
+                "{name}: axes {:?} are not sorted unique dimensions of {x}",
+                self.axes
+            )));
         }
         Ok(x.clone())
     }
@@ -84,7 +90,7 @@ impl OpRules for Normalize {
     fn name(&self) -> &'static str {
         "normalize"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let t = same_float("normalize", operands, 1)?;
         self.0.check("normalize", &t)
     }
@@ -121,7 +127,7 @@ impl OpRules for NormalizeGrad {
     fn name(&self) -> &'static str {
         "normalize_grad"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let t = same_float("normalize_grad", operands, 2)?;
         self.0.check("normalize_grad", &t)
     }

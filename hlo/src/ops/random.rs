@@ -9,6 +9,7 @@
 //! into two halves), so the interpreter reproduces the device's bits exactly as long as the state's two u64 words
 //! are below 2^53 (the interpreter holds values as f64); seeds from `manual_seed` below 2^53 stay there.
 
+use crate::infer_error::InferError;
 use half::{bf16, f16};
 use ndarray::{ArrayD, Dimension, IxDyn};
 
@@ -57,11 +58,15 @@ impl OpRules for RngBitGenerator {
             RngOutput::NextState => "rng_next_state",
         }
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity(self.name(), operands, 1)?;
         let state = Self::state_type();
         if operands[0] != &state {
-            return Err(format!("{}: the generator state must be {state}, got {}", self.name(), operands[0]));
+            return Err(InferError::Shape(format!(
+                "{}: the generator state must be {state}, got {}",
+                self.name(),
+                operands[0]
+            )));
         }
         Ok(match self.output {
             RngOutput::Bits => self.bits_type(),
@@ -169,14 +174,17 @@ impl OpRules for BitcastConvert {
     fn name(&self) -> &'static str {
         "bitcast"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("bitcast", operands, 1)?;
         let t = operands[0];
         if t.dtype != self.from {
-            return Err(format!("bitcast: the operand is {t}, not {}", self.from));
+            return Err(InferError::DType(format!("bitcast: the operand is {t}, not {}", self.from)));
         }
         if t.dtype == DType::Bool || self.to == DType::Bool || t.dtype.byte_size() != self.to.byte_size() {
-            return Err(format!("bitcast: cannot reinterpret {t} as {}; the widths must match", self.to));
+            return Err(InferError::DType(format!(
+                "bitcast: cannot reinterpret {t} as {}; the widths must match",
+                self.to
+            )));
         }
         Ok(t.with_dtype(self.to))
     }

@@ -2,6 +2,7 @@
 //! `max` and `min` of floats propagate NaN on every device (the runtime turns XLA's fast min/max off, as JAX does;
 //! `docs/numerics.md`); integer sums wrap.
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, Axis};
 
 use crate::builder::Builder;
@@ -50,15 +51,18 @@ impl OpRules for Reduce {
     fn name(&self) -> &'static str {
         self.kind.row(DType::F32).0
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let name = self.name();
         arity(name, operands, 1)?;
         let t = operands[0];
         if self.axes.windows(2).any(|w| w[0] >= w[1]) || self.axes.iter().any(|&a| a >= t.rank()) {
-            return Err(format!("{name}: axes {:?} are not sorted unique dimensions of {t}", self.axes));
+            return Err(InferError::Attribute(format!(
+                "{name}: axes {:?} are not sorted unique dimensions of {t}",
+                self.axes
+            )));
         }
         if self.kind == ReduceKind::Sum && t.dtype == DType::Bool {
-            return Err(format!("sum is not defined for {t}; convert to an integer type first"));
+            return Err(InferError::DType(format!("sum is not defined for {t}; convert to an integer type first")));
         }
         if self.keep {
             let dims: Vec<usize> = (0..t.rank()).map(|i| if self.axes.contains(&i) { 1 } else { t.dims[i] }).collect();

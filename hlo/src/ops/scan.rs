@@ -1,6 +1,7 @@
 //! Ops along one axis: the running sum `CumSum` (`stablehlo.reduce_window` with a window as long as the axis) and
 //! `ArgMax`/`ArgMin` (a variadic `stablehlo.reduce` over values and their indices).
 
+use crate::infer_error::InferError;
 use std::fmt::Write;
 
 use ndarray::{ArrayD, Axis};
@@ -28,14 +29,18 @@ impl OpRules for CumSum {
     fn name(&self) -> &'static str {
         "cumsum"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("cumsum", operands, 1)?;
         let t = operands[0];
         if self.axis >= t.rank() {
-            return Err(format!("cumsum: axis {} is out of range for {t}", self.axis));
+            return Err(InferError::Axis {
+                axis: self.axis as i64,
+                rank: t.rank(),
+                message: format!("cumsum: axis {} is out of range for {t}", self.axis),
+            });
         }
         if t.dtype == DType::Bool {
-            return Err(format!("cumsum is not defined for {t}; convert to an integer type first"));
+            return Err(InferError::DType(format!("cumsum is not defined for {t}; convert to an integer type first")));
         }
         Ok(t.clone())
     }
@@ -125,15 +130,19 @@ impl OpRules for ArgReduce {
             ArgKind::Min => "argmin",
         }
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let name = self.name();
         arity(name, operands, 1)?;
         let t = operands[0];
         if self.axis >= t.rank() {
-            return Err(format!("{name}: axis {} is out of range for {t}", self.axis));
+            return Err(InferError::Axis {
+                axis: self.axis as i64,
+                rank: t.rank(),
+                message: format!("{name}: axis {} is out of range for {t}", self.axis),
+            });
         }
         if t.dtype == DType::Bool || t.dims[self.axis] == 0 {
-            return Err(format!("{name} is not defined for {t} along axis {}", self.axis));
+            return Err(InferError::DType(format!("{name} is not defined for {t} along axis {}", self.axis)));
         }
         let mut dims = t.dims.clone();
         dims.remove(self.axis);

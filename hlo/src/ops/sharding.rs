@@ -1,6 +1,7 @@
 //! A sharding constraint inside the graph: the value is laid out as annotated (XLA's SPMD partitioner inserts the
 //! collectives), otherwise the identity.
 
+use crate::infer_error::InferError;
 use ndarray::ArrayD;
 
 use crate::builder::Builder;
@@ -21,10 +22,14 @@ impl OpRules for ShardingConstraint {
     fn name(&self) -> &'static str {
         "sharding_constraint"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("sharding_constraint", operands, 1)?;
         if self.dims.len() != operands[0].rank() {
-            return Err(format!("sharding_constraint: {} dimensions for {}", self.dims.len(), operands[0]));
+            return Err(InferError::Attribute(format!(
+                "sharding_constraint: {} dimensions for {}",
+                self.dims.len(),
+                operands[0]
+            )));
         }
         Ok(operands[0].clone())
     }

@@ -1,6 +1,7 @@
 //! Ops that cut, join, pad and flip tensors: slice, concatenate, pad, reverse. Their gradients are each other:
 //! the cotangent of a slice is the cotangent padded with zeros, of a concatenation its slices, of a pad its slice.
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, Axis, IxDyn, Slice as NdSlice};
 
 use crate::builder::Builder;
@@ -36,21 +37,21 @@ impl OpRules for Slice {
     fn name(&self) -> &'static str {
         "slice"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("slice", operands, 1)?;
         let t = operands[0];
         let r = t.rank();
         if self.start.len() != r || self.limit.len() != r || self.stride.len() != r {
-            return Err(format!("slice: {self:?} does not have one entry per dimension of {t}"));
+            return Err(InferError::Attribute(format!("slice: {self:?} does not have one entry per dimension of {t}")));
         }
         let mut dims = Vec::with_capacity(r);
         for d in 0..r {
             let (s, l, st) = (self.start[d], self.limit[d], self.stride[d]);
             if st == 0 || s > l || l > t.dims[d] {
-                return Err(format!(
+                return Err(InferError::Shape(format!(
                     "slice: {s}..{l} step {st} is out of range for dimension {d} (size {}) of {t}",
                     t.dims[d]
-                ));
+                )));
             }
             dims.push(strided_len(s, l, st));
         }
@@ -101,12 +102,16 @@ impl OpRules for Concatenate {
     fn name(&self) -> &'static str {
         "concatenate"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let Some(first) = operands.first() else {
-            return Err("concatenate needs at least one operand".into());
+            return Err(InferError::Shape("concatenate needs at least one operand".to_string()));
         };
         if self.dim >= first.rank() {
-            return Err(format!("concatenate: dimension {} is out of range for {first}", self.dim));
+            return Err(InferError::Axis {
+                axis: self.dim as i64,
+                rank: first.rank(),
+                message: format!("concatenate: dimension {} is out of range for {first}", self.dim),
+            });
         }
         let mut dims = first.dims.clone();
         dims[self.dim] = 0;
@@ -115,11 +120,12 @@ impl OpRules for Concatenate {
                 t.rank() == first.rank() && (0..t.rank()).all(|d| d == self.dim || t.dims[d] == first.dims[d]);
             if t.dtype != first.dtype || !same_elsewhere {
                 let all: Vec<String> = operands.iter().map(|t| t.to_string()).collect();
-                return Err(format!(
+                let message = format!(
                     "concatenate: operands must share dtype and every dimension but {}; got {}",
                     self.dim,
                     all.join(", ")
-                ));
+                );
+                return Err(if same_elsewhere { InferError::DType(message) } else { InferError::Shape(message) });
             }
             dims[self.dim] += t.dims[self.dim];
         }
@@ -162,15 +168,15 @@ impl OpRules for Pad {
     fn name(&self) -> &'static str {
         "pad"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("pad", operands, 2)?;
         let (t, v) = (operands[0], operands[1]);
         if v.rank() != 0 || v.dtype != t.dtype {
-            return Err(format!("pad: the padding value must be a scalar of {t}'s dtype, got {v}"));
+            return Err(InferError::Shape(format!("pad: the padding value must be a scalar of {t}'s dtype, got {v}")));
         }
         let r = t.rank();
         if self.low.len() != r || self.high.len() != r || self.interior.len() != r {
-            return Err(format!("pad: {self:?} does not have one entry per dimension of {t}"));
+            return Err(InferError::Attribute(format!("pad: {self:?} does not have one entry per dimension of {t}")));
         }
         let dims = (0..r)
             .map(|d| self.low[d] + self.high[d] + t.dims[d] + t.dims[d].saturating_sub(1) * self.interior[d])
@@ -233,11 +239,14 @@ impl OpRules for Reverse {
     fn name(&self) -> &'static str {
         "reverse"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("reverse", operands, 1)?;
         let t = operands[0];
         if self.dims.windows(2).any(|w| w[0] >= w[1]) || self.dims.iter().any(|&d| d >= t.rank()) {
-            return Err(format!("reverse: {:?} are not sorted unique dimensions of {t}", self.dims));
+            return Err(InferError::Attribute(format!(
+                "reverse: {:?} are not sorted unique dimensions of {t}",
+                self.dims
+            )));
         }
         Ok(t.clone())
     }

@@ -1,6 +1,7 @@
 //! Special functions: the error function `erf` (`chlo.erf`, which XLA expands into a polynomial approximation for
 //! each float type).
 
+use crate::infer_error::InferError;
 use ndarray::ArrayD;
 
 use crate::builder::Builder;
@@ -35,11 +36,11 @@ impl OpRules for Erf {
     fn name(&self) -> &'static str {
         "erf"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("erf", operands, 1)?;
         let t = operands[0];
         if !t.dtype.is_float() {
-            return Err(format!("erf needs a floating-point operand, got {t}"));
+            return Err(InferError::DType(format!("erf needs a floating-point operand, got {t}")));
         }
         Ok(t.clone())
     }

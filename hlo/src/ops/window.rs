@@ -5,6 +5,7 @@
 //! where `i * base_dilation + pad_low == o * stride + w * window_dilation`. Gradients are the same equation solved
 //! for another operand, which is why they are windowed ops again (with strides and dilations swapped).
 
+use crate::infer_error::InferError;
 use ndarray::{ArrayD, IxDyn};
 
 use crate::builder::Builder;
@@ -154,23 +155,25 @@ impl ReduceWindow {
     }
 
     /// The result dims for an operand of `dims`, or why the window does not fit.
-    fn out_dims(&self, name: &str, dims: &[usize]) -> Result<Vec<usize>, String> {
+    fn out_dims(&self, name: &str, dims: &[usize]) -> Result<Vec<usize>, InferError> {
         let r = dims.len();
         let lens = [self.window.len(), self.strides.len(), self.base_dilation.len(), self.padding.len()];
         if lens.iter().any(|&l| l != r) {
-            return Err(format!("{name}: window, strides, dilation and padding need {r} entries, got {lens:?}"));
+            return Err(InferError::Attribute(format!(
+                "{name}: window, strides, dilation and padding need {r} entries, got {lens:?}"
+            )));
         }
         if self.window.iter().chain(&self.strides).chain(&self.base_dilation).any(|&v| v == 0) {
-            return Err(format!("{name}: window sizes, strides and dilations must be positive"));
+            return Err(InferError::Attribute(format!("{name}: window sizes, strides and dilations must be positive")));
         }
         (0..r)
             .map(|d| {
                 let input = dilated(dims[d], self.base_dilation[d]);
                 sweep_len(input, self.padding[d], self.window[d] as i64, self.strides[d]).ok_or_else(|| {
-                    format!(
+                    InferError::Shape(format!(
                         "{name}: a window of {} does not fit dimension {d} of size {} padded by {:?}",
                         self.window[d], dims[d], self.padding[d]
-                    )
+                    ))
                 })
             })
             .collect()
@@ -184,16 +187,16 @@ impl OpRules for ReduceWindow {
             WindowKind::Max => "max_pool",
         }
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         let name = self.name();
         arity(name, operands, 1)?;
         let t = operands[0];
         if self.kind == WindowKind::Sum && t.dtype == DType::Bool {
-            return Err(format!("{name} is not defined for {t}"));
+            return Err(InferError::DType(format!("{name} is not defined for {t}")));
         }
         if self.kind == WindowKind::Max && self.base_dilation.iter().any(|&d| d != 1) {
             // Its gradient, select_and_scatter, has no base dilation.
-            return Err(format!("{name}: base dilation is only supported for sums"));
+            return Err(InferError::Attribute(format!("{name}: base dilation is only supported for sums")));
         }
         Ok(TensorType::new(t.dtype, self.out_dims(name, &t.dims)?))
     }
@@ -307,12 +310,12 @@ impl OpRules for SelectAndScatter {
     fn name(&self) -> &'static str {
         "select_and_scatter"
     }
-    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("select_and_scatter", operands, 2)?;
         let (x, s) = (operands[0], operands[1]);
         let pooled = self.pool().out_dims("select_and_scatter", &x.dims)?;
         if s.dtype != x.dtype || s.dims[..] != pooled[..] || x.dtype == DType::Bool {
-            return Err(format!("select_and_scatter: source {s} does not match the windows of {x}"));
+            return Err(InferError::Shape(format!("select_and_scatter: source {s} does not match the windows of {x}")));
         }
         Ok(x.clone())
     }

@@ -3,10 +3,11 @@
 //! made explicit here (`broadcast_in_dim`), so the IR's elementwise ops see equal shapes.
 
 use lazuli_hlo::{
-    Binary, BinaryKind, BroadcastInDim, Compare, CompareDir, Constant, Convert, DType, DotGeneral, Iota, Loc, Op,
-    Reduce, ReduceKind, Reshape, Select, TensorType, Transpose, Unary, UnaryKind,
+    Binary, BinaryKind, BroadcastInDim, Compare, CompareDir, Constant, Convert, DType, DotGeneral, InferError, Iota,
+    Loc, Op, Reduce, ReduceKind, Reshape, Select, TensorType, Transpose, Unary, UnaryKind,
 };
 
+use crate::error::{Error, Result};
 use crate::graph::tensor::Tensor;
 
 /// A recording error is a programmer error: panic with the op's message and the user's line.
@@ -15,14 +16,47 @@ pub(crate) fn fail(loc: Loc, msg: impl std::fmt::Display) -> ! {
     panic!("lazuli: {msg}\n  recorded at {loc}")
 }
 
-/// Record `op` on `operands` at `loc`, inferring the result type by the op's rule.
+/// The panicking form of a `try_*` op: the same message as its `Err` (which names the user's line).
 #[track_caller]
-pub(crate) fn apply(op: Op, operands: &[&Tensor], loc: Loc) -> Tensor {
+pub(crate) fn raise(e: Error) -> ! {
+    panic!("lazuli: {e}")
+}
+
+/// The user-facing error for an op's shape rule refusing `operands` at `loc`.
+pub(crate) fn op_error(op: &Op, why: InferError, operands: &[&TensorType], loc: Loc) -> Error {
+    let op = op.name();
+    match why {
+        InferError::Shape(why) => {
+            let shapes = operands.iter().map(|t| t.dims.to_vec()).collect();
+            Error::ShapeMismatch { op, shapes, why, at: loc }
+        }
+        InferError::DType(why) => {
+            Error::WrongDType { op, dtypes: operands.iter().map(|t| t.dtype).collect(), why, at: loc }
+        }
+        InferError::Axis { axis, rank, message } => Error::BadAxis { op, axis, rank, why: message, at: loc },
+        InferError::Attribute(why) => Error::InvalidArgument { op, why, at: loc },
+    }
+}
+
+/// Record `op` on `operands` at `loc`, inferring the result type by the op's rule; the rule's refusal, or a
+/// result too large to address, is the `Err`.
+pub(crate) fn try_apply(op: Op, operands: &[&Tensor], loc: Loc) -> Result<Tensor> {
     let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|t| t.tensor_type()).collect();
     match op.infer(&tys) {
-        Ok(ty) => Tensor::record(op, operands.iter().map(|t| t.node.clone()).collect(), ty, loc),
-        Err(msg) => fail(loc, msg),
+        Ok(ty) => {
+            if let Some(why) = ty.addressable() {
+                return Err(Error::InvalidArgument { op: op.name(), why, at: loc });
+            }
+            Ok(Tensor::record(op, operands.iter().map(|t| t.node.clone()).collect(), ty, loc))
+        }
+        Err(why) => Err(op_error(&op, why, &tys, loc)),
     }
+}
+
+/// [`try_apply`], panicking at the user's line on bad operands.
+#[track_caller]
+pub(crate) fn apply(op: Op, operands: &[&Tensor], loc: Loc) -> Tensor {
+    try_apply(op, operands, loc).unwrap_or_else(|e| raise(e))
 }
 
 /// Record a fused elementwise expression on `operands` (same shape, or rank 0).
@@ -59,14 +93,20 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     Some(out)
 }
 
-/// Normalize a possibly negative axis.
-#[track_caller]
-pub(crate) fn axis(ax: isize, rank: usize, what: &str, loc: Loc) -> usize {
+/// Normalize a possibly negative axis of `op`'s operand of rank `rank`.
+pub(crate) fn try_axis(ax: isize, rank: usize, op: &'static str, loc: Loc) -> Result<usize> {
     let a = if ax < 0 { ax + rank as isize } else { ax };
     if a < 0 || a as usize >= rank {
-        fail(loc, format!("{what}: axis {ax} is out of range for a tensor of rank {rank}"));
+        let why = format!("{op}: axis {ax} is out of range for a tensor of rank {rank}");
+        return Err(Error::BadAxis { op, axis: ax as i64, rank, why, at: loc });
     }
-    a as usize
+    Ok(a as usize)
+}
+
+/// [`try_axis`], panicking at the user's line.
+#[track_caller]
+pub(crate) fn axis(ax: isize, rank: usize, op: &'static str, loc: Loc) -> usize {
+    try_axis(ax, rank, op, loc).unwrap_or_else(|e| raise(e))
 }
 
 /// Something usable as the second operand of a binary op: a tensor, or a host scalar that becomes a program
@@ -118,54 +158,92 @@ impl Tensor {
         self.broadcast_at(dims, Loc::caller())
     }
 
+    /// [`Tensor::broadcast_to`], with [`Error::ShapeMismatch`] when the shapes do not broadcast.
     #[track_caller]
-    pub(crate) fn broadcast_at(&self, dims: &[usize], loc: Loc) -> Tensor {
-        if self.dims() == dims {
-            return self.clone();
-        }
-        if dims.len() < self.rank() {
-            fail(loc, format!("broadcast: cannot broadcast {} to fewer dimensions {dims:?}", self.tensor_type()));
-        }
-        let map = (dims.len() - self.rank()..dims.len()).collect();
-        apply(Op::BroadcastInDim(BroadcastInDim { dims: dims.to_vec(), map }), &[self], loc)
+    pub fn try_broadcast_to(&self, dims: &[usize]) -> Result<Tensor> {
+        self.try_broadcast_at(dims, Loc::caller())
     }
 
-    /// Broadcast operands to one shape; they must share a dtype.
     #[track_caller]
-    fn broadcast_all(ts: &[&Tensor], what: &str, loc: Loc) -> Vec<Tensor> {
+    pub(crate) fn broadcast_at(&self, dims: &[usize], loc: Loc) -> Tensor {
+        self.try_broadcast_at(dims, loc).unwrap_or_else(|e| raise(e))
+    }
+
+    pub(crate) fn try_broadcast_at(&self, dims: &[usize], loc: Loc) -> Result<Tensor> {
+        if self.dims() == dims {
+            return Ok(self.clone());
+        }
+        if dims.len() < self.rank() {
+            let why = format!("broadcast: cannot broadcast {} to fewer dimensions {dims:?}", self.tensor_type());
+            return Err(Error::ShapeMismatch {
+                op: "broadcast",
+                shapes: vec![self.dims().to_vec(), dims.to_vec()],
+                why,
+                at: loc,
+            });
+        }
+        let map = (dims.len() - self.rank()..dims.len()).collect();
+        try_apply(Op::BroadcastInDim(BroadcastInDim { dims: dims.to_vec(), map }), &[self], loc)
+    }
+
+    /// Broadcast operands to one shape; they must share a dtype (but for `where`'s condition).
+    fn broadcast_all(ts: &[&Tensor], op: &'static str, loc: Loc) -> Result<Vec<Tensor>> {
         let mut dims = ts[0].dims().to_vec();
         for t in &ts[1..] {
-            if t.dtype() != ts[0].dtype() && what != "where" {
-                fail(
-                    loc,
-                    format!(
-                        "{what}: dtypes differ: {} vs {}; convert one with .to_dtype(…)",
-                        ts[0].tensor_type(),
-                        t.tensor_type()
-                    ),
-                );
+            if t.dtype() != ts[0].dtype() && op != "where" {
+                let (a, b) = (ts[0].tensor_type(), t.tensor_type());
+                let why = format!("{op}: dtypes differ: {a} vs {b}; convert one with .to_dtype(…)");
+                return Err(Error::WrongDType { op, dtypes: ts.iter().map(|t| t.dtype()).collect(), why, at: loc });
             }
             dims = match broadcast_shapes(&dims, t.dims()) {
                 Some(d) => d,
                 None => {
                     let all: Vec<String> = ts.iter().map(|t| t.tensor_type().to_string()).collect();
-                    fail(loc, format!("{what}: shapes {} do not broadcast", all.join(" and ")))
+                    let why = format!("{op}: shapes {} do not broadcast", all.join(" and "));
+                    let shapes = ts.iter().map(|t| t.dims().to_vec()).collect();
+                    return Err(Error::ShapeMismatch { op, shapes, why, at: loc });
                 }
             };
         }
-        ts.iter().map(|t| t.broadcast_at(&dims, loc)).collect()
+        ts.iter().map(|t| t.try_broadcast_at(&dims, loc)).collect()
     }
 
     #[track_caller]
     pub(crate) fn binary_at(&self, other: impl Operand, kind: BinaryKind, loc: Loc) -> Tensor {
+        self.try_binary_at(other, kind, loc).unwrap_or_else(|e| raise(e))
+    }
+
+    pub(crate) fn try_binary_at(&self, other: impl Operand, kind: BinaryKind, loc: Loc) -> Result<Tensor> {
         other.with_tensor(self.dtype(), loc, |other| {
             let op = Op::Binary(Binary { kind });
             if self.tensor_type() == other.tensor_type() {
-                return apply(op, &[self, other], loc);
+                return try_apply(op, &[self, other], loc);
             }
-            let v = Tensor::broadcast_all(&[self, other], op.name(), loc);
-            apply(op, &[&v[0], &v[1]], loc)
+            let v = Tensor::broadcast_all(&[self, other], op.name(), loc)?;
+            try_apply(op, &[&v[0], &v[1]], loc)
         })
+    }
+
+    /// `self + other`, broadcasting, with an `Err` ([`Error::ShapeMismatch`], [`Error::WrongDType`]) for operands
+    /// that do not fit, where `+` panics.
+    #[track_caller]
+    pub fn try_add(&self, other: impl Operand) -> Result<Tensor> {
+        self.try_binary_at(other, BinaryKind::Add, Loc::caller())
+    }
+    /// `self - other`, as [`Tensor::try_add`].
+    #[track_caller]
+    pub fn try_sub(&self, other: impl Operand) -> Result<Tensor> {
+        self.try_binary_at(other, BinaryKind::Sub, Loc::caller())
+    }
+    /// `self * other`, as [`Tensor::try_add`].
+    #[track_caller]
+    pub fn try_mul(&self, other: impl Operand) -> Result<Tensor> {
+        self.try_binary_at(other, BinaryKind::Mul, Loc::caller())
+    }
+    /// `self / other`, as [`Tensor::try_add`].
+    #[track_caller]
+    pub fn try_div(&self, other: impl Operand) -> Result<Tensor> {
+        self.try_binary_at(other, BinaryKind::Div, Loc::caller())
     }
 
     #[track_caller]
@@ -178,7 +256,7 @@ impl Tensor {
         let loc = Loc::caller();
         other.with_tensor(self.dtype(), loc, |other| {
             let op = Op::Compare(Compare { dir });
-            let v = Tensor::broadcast_all(&[self, other], op.name(), loc);
+            let v = Tensor::broadcast_all(&[self, other], op.name(), loc).unwrap_or_else(|e| raise(e));
             apply(op, &[&v[0], &v[1]], loc)
         })
     }
@@ -303,7 +381,7 @@ impl Tensor {
         if t.dtype() != f.dtype() {
             fail(loc, format!("select: branch dtypes differ: {} vs {}", t.tensor_type(), f.tensor_type()));
         }
-        let v = Tensor::broadcast_all(&[self, &t, &f], "where", loc);
+        let v = Tensor::broadcast_all(&[self, &t, &f], "where", loc).unwrap_or_else(|e| raise(e));
         apply(Op::Select(Select), &[&v[0], &v[1], &v[2]], loc)
     }
 
@@ -319,7 +397,20 @@ impl Tensor {
     /// Reshape (row-major); one dimension may be `-1` and is inferred.
     #[track_caller]
     pub fn reshape(&self, dims: &[isize]) -> Tensor {
-        let loc = Loc::caller();
+        self.try_reshape_at(dims, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::reshape`], with [`Error::ShapeMismatch`] when the element counts differ.
+    #[track_caller]
+    pub fn try_reshape(&self, dims: &[isize]) -> Result<Tensor> {
+        self.try_reshape_at(dims, Loc::caller())
+    }
+
+    pub(crate) fn try_reshape_at(&self, dims: &[isize], loc: Loc) -> Result<Tensor> {
+        let mismatch = |why: String| {
+            let asked = dims.iter().map(|&d| d.max(0) as usize).collect();
+            Error::ShapeMismatch { op: "reshape", shapes: vec![self.dims().to_vec(), asked], why, at: loc }
+        };
         let known = dims.iter().filter(|&&d| d >= 0).fold(1usize, |n, &d| n.saturating_mul(d as usize));
         let holes = dims.iter().filter(|&&d| d < 0).count();
         let fill = if holes == 1 && known > 0 && self.elements().is_multiple_of(known) {
@@ -327,16 +418,20 @@ impl Tensor {
         } else if holes == 0 {
             0
         } else {
-            fail(loc, format!("reshape: cannot reshape {} to {dims:?}", self.tensor_type()))
+            return Err(mismatch(format!("reshape: cannot reshape {} to {dims:?}", self.tensor_type())));
         };
         if dims.iter().any(|&d| d < -1) {
-            fail(loc, format!("reshape: invalid dimension in {dims:?}"));
+            let why = format!("reshape: invalid dimension in {dims:?}");
+            return Err(Error::InvalidArgument { op: "reshape", why, at: loc });
         }
         let dims: Vec<usize> = dims.iter().map(|&d| if d < 0 { fill } else { d as usize }).collect();
         if dims == self.dims() {
-            return self.clone();
+            return Ok(self.clone());
         }
-        apply(Op::Reshape(Reshape { dims }), &[self], loc)
+        try_apply(Op::Reshape(Reshape { dims }), &[self], loc).map_err(|e| match e {
+            Error::ShapeMismatch { why, .. } => mismatch(why),
+            other => other,
+        })
     }
 
     /// Permute dimensions: result dimension `i` is dimension `perm[i]` of `self` (negative axes allowed).
@@ -447,46 +542,72 @@ impl Tensor {
     /// Matrix product with numpy's rules: 1-D operands are vectors, batch dimensions broadcast.
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Tensor {
-        let loc = Loc::caller();
+        self.try_matmul_at(other, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::matmul`], with [`Error::ShapeMismatch`] when the inner or batch dimensions do not fit and
+    /// [`Error::WrongDType`] when the element types differ.
+    #[track_caller]
+    pub fn try_matmul(&self, other: &Tensor) -> Result<Tensor> {
+        self.try_matmul_at(other, Loc::caller())
+    }
+
+    fn try_matmul_at(&self, other: &Tensor, loc: Loc) -> Result<Tensor> {
         let (a, b) = (self, other);
+        let mismatch = |why: String| Error::ShapeMismatch {
+            op: "matmul",
+            shapes: vec![a.dims().to_vec(), b.dims().to_vec()],
+            why,
+            at: loc,
+        };
         if a.rank() == 0 || b.rank() == 0 {
-            fail(loc, format!("matmul: operands must have rank ≥ 1, got {} and {}", a.tensor_type(), b.tensor_type()));
+            let why = format!("matmul: operands must have rank ≥ 1, got {} and {}", a.tensor_type(), b.tensor_type());
+            return Err(mismatch(why));
         }
-        let a2 = if a.rank() == 1 { a.reshape(&[1, a.dims()[0] as isize]) } else { a.clone() };
-        let b2 = if b.rank() == 1 { b.reshape(&[b.dims()[0] as isize, 1]) } else { b.clone() };
+        let a2 = if a.rank() == 1 { a.try_reshape_at(&[1, a.dims()[0] as isize], loc)? } else { a.clone() };
+        let b2 = if b.rank() == 1 { b.try_reshape_at(&[b.dims()[0] as isize, 1], loc)? } else { b.clone() };
         let (ra, rb) = (a2.rank(), b2.rank());
         let (m, k1) = (a2.dims()[ra - 2], a2.dims()[ra - 1]);
         let (k2, n) = (b2.dims()[rb - 2], b2.dims()[rb - 1]);
         if k1 != k2 {
-            fail(loc, format!("matmul: inner dimensions differ: {} @ {}", a.tensor_type(), b.tensor_type()));
+            return Err(mismatch(format!(
+                "matmul: inner dimensions differ: {} @ {}",
+                a.tensor_type(),
+                b.tensor_type()
+            )));
         }
+        let precision = crate::graph::precision::precision_at(loc);
         if a.rank() == 2 && b.rank() == 2 {
             // The common case (a layer's product, and most of their gradients) without the batch path's lists.
-            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::graph::precision::precision_at(loc));
-            return apply(Op::DotGeneral(dot), &[&a2, &b2], loc);
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(precision);
+            return try_apply(Op::DotGeneral(dot), &[&a2, &b2], loc);
         }
         if ra > 2 && rb == 2 {
             // [..., m, k] @ [k, n]: one 2-D product over the flattened rows, not a broadcast of the matrix per batch.
             let rows: usize = a2.dims()[..ra - 1].iter().product(); // not elements / k: k may be 0
-            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(crate::graph::precision::precision_at(loc));
-            let r = apply(Op::DotGeneral(dot), &[&a2.reshape(&[rows as isize, k1 as isize]), &b2], loc);
+            let dot = DotGeneral::new(&[], &[], &[1], &[0]).with_precision(precision);
+            let r =
+                try_apply(Op::DotGeneral(dot), &[&a2.try_reshape_at(&[rows as isize, k1 as isize], loc)?, &b2], loc)?;
             let mut out: Vec<isize> = a2.dims()[..ra - 1].iter().map(|&d| d as isize).collect();
             out.push(n as isize);
-            return r.reshape(&out);
+            return r.try_reshape_at(&out, loc);
         }
         let Some(batch) = broadcast_shapes(&a2.dims()[..ra - 2], &b2.dims()[..rb - 2]) else {
-            fail(loc, format!("matmul: batch dimensions do not broadcast: {} @ {}", a.tensor_type(), b.tensor_type()))
+            return Err(mismatch(format!(
+                "matmul: batch dimensions do not broadcast: {} @ {}",
+                a.tensor_type(),
+                b.tensor_type()
+            )));
         };
         let nb = batch.len();
         let mut da = batch.clone();
         da.extend([m, k1]);
         let mut db = batch.clone();
         db.extend([k2, n]);
-        let (a3, b3) = (a2.broadcast_at(&da, loc), b2.broadcast_at(&db, loc));
+        let (a3, b3) = (a2.try_broadcast_at(&da, loc)?, b2.try_broadcast_at(&db, loc)?);
         let batch_dims: Vec<usize> = (0..nb).collect();
-        let dot = DotGeneral::new(&batch_dims, &batch_dims, &[nb + 1], &[nb])
-            .with_precision(crate::graph::precision::precision_at(loc));
-        let r = apply(Op::DotGeneral(dot), &[&a3, &b3], loc);
+        let dot = DotGeneral::new(&batch_dims, &batch_dims, &[nb + 1], &[nb]).with_precision(precision);
+        let r = try_apply(Op::DotGeneral(dot), &[&a3, &b3], loc)?;
         // Drop the unit dimensions that stood for vectors.
         let mut out: Vec<isize> = batch.iter().map(|&d| d as isize).collect();
         if a.rank() > 1 {
@@ -496,9 +617,9 @@ impl Tensor {
             out.push(n as isize);
         }
         if out.len() == r.rank() {
-            r
+            Ok(r)
         } else {
-            r.reshape(&out)
+            r.try_reshape_at(&out, loc)
         }
     }
 

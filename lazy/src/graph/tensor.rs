@@ -335,13 +335,29 @@ impl Tensor {
     /// of `dims`.
     #[track_caller]
     pub fn from_slice<T: Element>(data: &[T], dims: &[usize]) -> Tensor {
-        let loc = Loc::caller();
+        Tensor::from_slice_at(data, dims, Loc::caller()).unwrap_or_else(|e| crate::graph::record::raise(e))
+    }
+
+    /// [`Tensor::from_slice`], with [`Error::ShapeMismatch`](crate::Error::ShapeMismatch) when the data does not
+    /// fill `dims` (a file's records of another length, say).
+    #[track_caller]
+    pub fn try_from_slice<T: Element>(data: &[T], dims: &[usize]) -> crate::Result<Tensor> {
+        Tensor::from_slice_at(data, dims, Loc::caller())
+    }
+
+    fn from_slice_at<T: Element>(data: &[T], dims: &[usize], loc: Loc) -> crate::Result<Tensor> {
         let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
         if n != Some(data.len()) {
             let n = n.map_or("more than 2^64".to_string(), |n| n.to_string());
-            panic!("lazuli: from_slice at {loc}: {} values do not fill dims {dims:?} ({n} elements)", data.len());
+            let why = format!("from_slice: {} values do not fill dims {dims:?} ({n} elements)", data.len());
+            let shapes = vec![vec![data.len()], dims.to_vec()];
+            return Err(crate::Error::ShapeMismatch { op: "from_slice", shapes, why, at: loc });
         }
-        Tensor::host(TensorType::new(T::DTYPE, dims), to_bytes(data), loc)
+        let ty = TensorType::new(T::DTYPE, dims);
+        if let Some(why) = ty.addressable() {
+            return Err(crate::Error::InvalidArgument { op: "from_slice", why, at: loc });
+        }
+        Ok(Tensor::host(ty, to_bytes(data), loc))
     }
 
     /// A tensor from an ndarray array (any layout; copied in logical row-major order).

@@ -7,8 +7,9 @@ use lazuli_hlo::{
     Op, Pad, Reshape, Reverse, ScatterAdd, Slice, Take, TensorType,
 };
 
+use crate::error::{Error, Result};
 use crate::graph::constants::constant_like;
-use crate::graph::record::{apply, axis, fail, Operand};
+use crate::graph::record::{apply, axis, fail, raise, try_apply, try_axis, Operand};
 use crate::graph::tensor::Tensor;
 
 /// `iota` along `dim` of an i64 tensor of `dims`.
@@ -26,16 +27,27 @@ fn triangle(rows: usize, cols: usize, k: isize, lower: bool, loc: Loc) -> Tensor
 }
 
 /// `t` sliced along one axis, checked at `loc`.
-fn slice_at(t: &Tensor, ax: isize, start: usize, end: usize, step: usize, loc: Loc) -> Tensor {
-    let a = axis(ax, t.rank(), "slice", loc);
+fn slice_at(
+    t: &Tensor,
+    op: &'static str,
+    ax: isize,
+    (start, end, step): (usize, usize, usize),
+    loc: Loc,
+) -> Result<Tensor> {
+    let a = try_axis(ax, t.rank(), op, loc)?;
     let n = t.dims()[a];
-    if step == 0 || start > end || end > n {
-        fail(loc, format!("slice: {start}..{end} step {step} is out of range for axis {ax} of {}", t.tensor_type()));
+    if step == 0 {
+        let why = format!("{op}: step 0 along axis {ax} of {}", t.tensor_type());
+        return Err(Error::InvalidArgument { op, why, at: loc });
+    }
+    if start > end || end > n {
+        let why = format!("{op}: {start}..{end} step {step} is out of range for axis {ax} of {}", t.tensor_type());
+        return Err(Error::ShapeMismatch { op, shapes: vec![t.dims().to_vec()], why, at: loc });
     }
     if (start, end, step) == (0, n, 1) {
-        return t.clone();
+        return Ok(t.clone());
     }
-    apply(Op::Slice(Slice::along(t.dims(), a, start, end, step)), &[t], loc)
+    try_apply(Op::Slice(Slice::along(t.dims(), a, start, end, step)), &[t], loc)
 }
 
 /// Bool one-hot of the integer ids `t`: `t.dims() + [n]`.
@@ -77,50 +89,110 @@ impl Tensor {
     /// Elements `start..end` along `axis`. Panics if the range does not fit the dimension.
     #[track_caller]
     pub fn slice(&self, axis: isize, start: usize, end: usize) -> Tensor {
-        slice_at(self, axis, start, end, 1, Loc::caller())
+        slice_at(self, "slice", axis, (start, end, 1), Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::slice`], with [`Error::ShapeMismatch`] when the range does not fit the dimension and
+    /// [`Error::BadAxis`] for an axis out of range.
+    #[track_caller]
+    pub fn try_slice(&self, axis: isize, start: usize, end: usize) -> Result<Tensor> {
+        slice_at(self, "slice", axis, (start, end, 1), Loc::caller())
     }
 
     /// Elements `start, start+step, …` below `end` along `axis`.
     #[track_caller]
     pub fn slice_step(&self, axis: isize, start: usize, end: usize, step: usize) -> Tensor {
-        slice_at(self, axis, start, end, step, Loc::caller())
+        slice_at(self, "slice", axis, (start, end, step), Loc::caller()).unwrap_or_else(|e| raise(e))
     }
 
     /// `len` elements from `start` along `axis`.
     #[track_caller]
     pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Tensor {
-        let loc = Loc::caller();
-        let Some(end) = start.checked_add(len) else { fail(loc, format!("narrow: {start} + {len} overflows")) };
-        slice_at(self, axis, start, end, 1, loc)
+        self.narrow_at(axis, start, len, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::narrow`], with [`Error::ShapeMismatch`] when the range does not fit the dimension (a batch
+    /// window past the end of the data, say).
+    #[track_caller]
+    pub fn try_narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
+        self.narrow_at(axis, start, len, Loc::caller())
+    }
+
+    fn narrow_at(&self, axis: isize, start: usize, len: usize, loc: Loc) -> Result<Tensor> {
+        let Some(end) = start.checked_add(len) else {
+            let why = format!("narrow: {start} + {len} overflows");
+            return Err(Error::InvalidArgument { op: "narrow", why, at: loc });
+        };
+        slice_at(self, "narrow", axis, (start, end, 1), loc)
     }
 
     /// Join tensors along `axis`; they must share dtype, rank and every other dimension.
     #[track_caller]
     pub fn concat(tensors: &[&Tensor], axis: isize) -> Tensor {
-        let loc = Loc::caller();
-        let Some(first) = tensors.first() else { fail(loc, "concat: needs at least one tensor") };
-        let a = crate::graph::record::axis(axis, first.rank(), "concat", loc);
-        apply(Op::Concatenate(Concatenate { dim: a }), tensors, loc)
+        Tensor::concat_at(tensors, axis, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::concat`], with [`Error::ShapeMismatch`] or [`Error::WrongDType`] when the tensors do not fit
+    /// together.
+    #[track_caller]
+    pub fn try_concat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
+        Tensor::concat_at(tensors, axis, Loc::caller())
+    }
+
+    fn concat_at(tensors: &[&Tensor], axis: isize, loc: Loc) -> Result<Tensor> {
+        let Some(first) = tensors.first() else {
+            return Err(Error::InvalidArgument {
+                op: "concat",
+                why: "concat: needs at least one tensor".into(),
+                at: loc,
+            });
+        };
+        let a = try_axis(axis, first.rank(), "concat", loc)?;
+        try_apply(Op::Concatenate(Concatenate { dim: a }), tensors, loc)
     }
 
     /// Join tensors of one shape along a new dimension `axis` (`-1` appends it last).
     #[track_caller]
     pub fn stack(tensors: &[&Tensor], axis: isize) -> Tensor {
-        let loc = Loc::caller();
-        let Some(first) = tensors.first() else { fail(loc, "stack: needs at least one tensor") };
-        let a = crate::graph::record::axis(axis, first.rank() + 1, "stack", loc);
+        Tensor::stack_at(tensors, axis, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::stack`], with [`Error::ShapeMismatch`] or [`Error::WrongDType`] when the tensors differ.
+    #[track_caller]
+    pub fn try_stack(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
+        Tensor::stack_at(tensors, axis, Loc::caller())
+    }
+
+    fn stack_at(tensors: &[&Tensor], axis: isize, loc: Loc) -> Result<Tensor> {
+        let Some(first) = tensors.first() else {
+            return Err(Error::InvalidArgument {
+                op: "stack",
+                why: "stack: needs at least one tensor".into(),
+                at: loc,
+            });
+        };
+        let a = try_axis(axis, first.rank() + 1, "stack", loc)?;
         if let Some(t) = tensors.iter().find(|t| t.tensor_type() != first.tensor_type()) {
-            fail(
-                loc,
-                format!("stack: tensors must have one type, got {} and {}", first.tensor_type(), t.tensor_type()),
-            );
+            let why = format!("stack: tensors must have one type, got {} and {}", first.tensor_type(), t.tensor_type());
+            return Err(if t.dtype() != first.dtype() {
+                Error::WrongDType { op: "stack", dtypes: tensors.iter().map(|t| t.dtype()).collect(), why, at: loc }
+            } else {
+                Error::ShapeMismatch {
+                    op: "stack",
+                    shapes: tensors.iter().map(|t| t.dims().to_vec()).collect(),
+                    why,
+                    at: loc,
+                }
+            });
         }
         let mut dims = first.dims().to_vec();
         dims.insert(a, 1);
-        let expanded: Vec<Tensor> =
-            tensors.iter().map(|t| apply(Op::Reshape(Reshape { dims: dims.clone() }), &[t], loc)).collect();
+        let expanded = tensors
+            .iter()
+            .map(|t| try_apply(Op::Reshape(Reshape { dims: dims.clone() }), &[t], loc))
+            .collect::<Result<Vec<Tensor>>>()?;
         let refs: Vec<&Tensor> = expanded.iter().collect();
-        apply(Op::Concatenate(Concatenate { dim: a }), &refs, loc)
+        try_apply(Op::Concatenate(Concatenate { dim: a }), &refs, loc)
     }
 
     /// Pad every dimension with `(before, after)` elements of `value` (a host scalar becomes a program
@@ -157,9 +229,19 @@ impl Tensor {
     /// indices' dimensions. Out-of-range indices clamp to `[0, n-1]` (XLA's gather semantics; no error).
     #[track_caller]
     pub fn index_select(&self, axis: isize, indices: &Tensor) -> Tensor {
-        let loc = Loc::caller();
-        let a = crate::graph::record::axis(axis, self.rank(), "index_select", loc);
-        apply(Op::Take(Take { axis: a }), &[self, indices], loc)
+        self.index_select_at(axis, indices, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::index_select`], with [`Error::BadAxis`] or [`Error::WrongDType`] (indices that are not
+    /// integers) instead of a panic.
+    #[track_caller]
+    pub fn try_index_select(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
+        self.index_select_at(axis, indices, Loc::caller())
+    }
+
+    fn index_select_at(&self, axis: isize, indices: &Tensor, loc: Loc) -> Result<Tensor> {
+        let a = try_axis(axis, self.rank(), "index_select", loc)?;
+        try_apply(Op::Take(Take { axis: a }), &[self, indices], loc)
     }
 
     /// Rows of this `[vocab, d]` table for integer `ids` of any shape: `ids.dims() + [d]`.

@@ -11,8 +11,9 @@ use lazuli_kernels::Implementation;
 
 pub use lazuli_kernels::attention::Layout as AttentionLayout;
 
+use crate::error::{Error, Result};
 use crate::graph::constants::constant_like;
-use crate::graph::record::{apply, fail};
+use crate::graph::record::{apply, fail, raise, try_apply};
 use crate::graph::tensor::Tensor;
 use crate::runtime::runtime;
 
@@ -88,12 +89,24 @@ impl AttentionOptions {
 /// before the heads in all four. On NVIDIA GPUs it runs as one fused kernel where one applies (cuDNN for
 /// bf16/f16, lazuli's Triton kernel otherwise); elsewhere as lazuli's ops. `LAZULI_ATTENTION=auto|cudnn|triton|
 /// composite` forces a choice. Panics at the caller's line when the shapes do not fit, or when a forced
-/// implementation cannot apply.
+/// implementation cannot apply; [`try_scaled_dot_product_attention`] returns those as errors.
 #[track_caller]
 pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Tensor {
-    let loc = Loc::caller();
+    attention_at(q, k, v, opts, Loc::caller()).unwrap_or_else(|e| raise(e))
+}
+
+/// [`scaled_dot_product_attention`], with [`Error::ShapeMismatch`] when `q`, `k`, `v` (or the mask or bias) do
+/// not fit, [`Error::Unsupported`] when a forced implementation cannot run here (cuDNN on the CPU, say).
+#[track_caller]
+pub fn try_scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<Tensor> {
+    attention_at(q, k, v, opts, Loc::caller())
+}
+
+fn attention_at(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions, loc: Loc) -> Result<Tensor> {
+    const OP: &str = "attention";
     if opts.dropout != 0.0 {
-        fail(loc, "attention: dropout inside attention is not supported; apply nn::Dropout to its output");
+        let why = "attention: dropout inside attention is not supported; apply nn::Dropout to its output".into();
+        return Err(Error::InvalidArgument { op: OP, why, at: loc });
     }
     let mut spec = AttentionSpec {
         q: q.tensor_type().clone(),
@@ -106,19 +119,31 @@ pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &A
         layout: opts.layout,
         precision: crate::graph::precision::precision_at(loc),
     };
-    let d = spec.dims().unwrap_or_else(|e| fail(loc, e));
+    let shapes = || [q, k, v].iter().map(|t| t.dims().to_vec()).collect();
+    let d = spec.dims().map_err(|why| Error::ShapeMismatch { op: OP, shapes: shapes(), why, at: loc })?;
     let bias = combined_bias(opts, &[d.batch, d.heads, d.seq_q, d.seq_kv], loc);
     spec.bias = bias.as_ref().map(|b| b.tensor_type().clone());
-    let rt = runtime().unwrap_or_else(|e| fail(loc, format!("attention: {e}")));
+    let rt = runtime().map_err(|e| Error::Config(format!("attention recorded at {loc}: {e}")))?;
     let (want, by) = match (opts.implementation, SCOPED.get()) {
         (Some(i), _) => (i, "AttentionOptions::implementation"),
         (None, Some(i)) => (i, "with_attention"),
         (None, None) => (rt.config.attention, "LAZULI_ATTENTION"),
     };
-    let def = attention(&spec, &rt.target, want).unwrap_or_else(|e| fail(loc, format!("{e} (asked for by {by})")));
+    let def = attention(&spec, &rt.target, want).map_err(|e| {
+        let why = format!("{e} (asked for by {by})");
+        match want {
+            // The shapes fit (checked above): a forced kernel that cannot run on this device.
+            Implementation::Cudnn | Implementation::Triton => {
+                Error::Unsupported { op: OP, backend: rt.target.to_string(), why, at: loc }
+            }
+            Implementation::Auto | Implementation::Composite => {
+                Error::ShapeMismatch { op: OP, shapes: shapes(), why, at: loc }
+            }
+        }
+    })?;
     let mut operands = vec![q, k, v];
     operands.extend(bias.as_ref());
-    apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)
+    try_apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)
 }
 
 thread_local! {

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use lazuli_hlo::{Builder, Constant, DType, Gradient, KernelDef, KernelOp, Loc, Op, Parameter, Program, TensorType};
 use lazuli_kernels::custom::{define, CustomKernel};
 use lazuli_kernels::triton::TritonCall;
-use lazuli_kernels::Implementation;
+use lazuli_kernels::{Implementation, Target};
 
-use crate::graph::record::{apply, fail};
+use crate::error::{Error, Result};
+use crate::graph::record::{raise, try_apply};
 use crate::graph::tensor::{Data, Node, NodeMap, Tensor};
 use crate::runtime::runtime;
 
@@ -115,19 +116,44 @@ impl TritonKernel {
     }
 
     /// Call the kernel on `inputs`; one tensor per output. Panics at the caller's line if a launch parameter, the
-    /// IR's signature, or the composite does not fit.
+    /// IR's signature, or the composite does not fit; [`TritonKernel::try_call`] returns that as an error.
     #[track_caller]
     pub fn call(&self, inputs: &[&Tensor]) -> Vec<Tensor> {
-        let loc = Loc::caller();
+        self.call_at(inputs, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`TritonKernel::call`], with [`Error::InvalidArgument`] when the kernel's definition does not fit the
+    /// inputs, [`Error::Unsupported`] when the Triton call is forced off an NVIDIA GPU.
+    #[track_caller]
+    pub fn try_call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.call_at(inputs, Loc::caller())
+    }
+
+    fn call_at(&self, inputs: &[&Tensor], loc: Loc) -> Result<Vec<Tensor>> {
         let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type().clone()).collect();
         // Looked up first and the borrow ended: defining traces the closures, which may call kernels too.
         let made = self.made.borrow().get(&types).cloned();
-        let def = made.unwrap_or_else(|| {
-            let def = self.define(&types, loc).unwrap_or_else(|e| fail(loc, e));
-            self.made.borrow_mut().insert(types, def.clone());
-            def
-        });
-        (0..def.results.len()).map(|r| apply(Op::Kernel(KernelOp::new(def.clone(), r)), inputs, loc)).collect()
+        let def = match made {
+            Some(def) => def,
+            None => {
+                let def = self.define(&types, loc).map_err(|why| self.definition_error(why, loc))?;
+                self.made.borrow_mut().insert(types, def.clone());
+                def
+            }
+        };
+        (0..def.results.len()).map(|r| try_apply(Op::Kernel(KernelOp::new(def.clone(), r)), inputs, loc)).collect()
+    }
+
+    /// Why the kernel could not be defined, as the error for its kind: a Triton call forced where none runs, or
+    /// a definition that does not fit its inputs.
+    fn definition_error(&self, why: String, loc: Loc) -> Error {
+        let backend = runtime().map(|rt| rt.target.clone());
+        match backend {
+            Ok(target) if self.implementation == Implementation::Triton && !matches!(target, Target::Cuda { .. }) => {
+                Error::Unsupported { op: "custom_kernel", backend: target.to_string(), why, at: loc }
+            }
+            _ => Error::InvalidArgument { op: "custom_kernel", why, at: loc },
+        }
     }
 
     /// Trace the closures on inputs of `types` and make the kernel for the runtime's device.

@@ -20,7 +20,7 @@ fn need_float(t: &Tensor, what: &str, loc: Loc) {
 }
 
 /// Normalized, sorted, unique axes.
-fn axes_of(t: &Tensor, axes: &[isize], what: &str, loc: Loc) -> Vec<usize> {
+fn axes_of(t: &Tensor, axes: &[isize], what: &'static str, loc: Loc) -> Vec<usize> {
     let mut ax: Vec<usize> = axes.iter().map(|&a| axis(a, t.rank(), what, loc)).collect();
     ax.sort_unstable();
     ax.dedup();
