@@ -83,6 +83,15 @@ pub fn assert_close(what: &str, dtype: DType, got: &[f64], want: &[f64]) {
     }
 }
 
+/// proptest's settings for `cases` cases per property, with the failing cases it finds kept next to the test's
+/// source file, `<module>.proptest-regressions`, and run first every time. (By default they would be in
+/// `tests/proptest-regressions/`, since each test binary is a folder with a `main.rs`.)
+pub fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    use proptest::test_runner::{Config, FileFailurePersistence};
+    let next_to_the_source = FileFailurePersistence::WithSource("proptest-regressions");
+    Config { cases, failure_persistence: Some(Box::new(next_to_the_source)), ..Config::default() }
+}
+
 pub fn array(v: Vec<f64>, dims: &[usize]) -> ArrayD<f64> {
     ArrayD::from_shape_vec(IxDyn(dims), v).unwrap()
 }

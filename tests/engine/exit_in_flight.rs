@@ -1,0 +1,60 @@
+//! `sync()` only launches the step's program. A process that ends right after it (returning from `main`) must
+//! still exit cleanly. It crashed in the CPU plugin's teardown when the process ended during the first run of a
+//! new program; lazuli now waits for a new program's first run and, at exit, for programs still in flight, and
+//! keeps its launcher thread out of the plugin from then on. Both ways programs run on the CPU are checked: on
+//! the plugin's own threads (`LAZULI_CPU_ASYNC=1`) and queued on lazuli's launcher (the default).
+
+use std::process::Command;
+
+use lazuli::Tensor;
+
+const CHILD: &str = "LAZULI_TEST_EXIT_CHILD";
+
+#[test]
+fn exiting_right_after_sync_is_clean() {
+    if std::env::var_os(CHILD).is_some() {
+        // Enough work that the program is still running when the process exits. The first step (a new program)
+        // is waited for; the second reuses it and is in flight when the process ends.
+        let n = 384;
+        let mut kept = Vec::new();
+        for step in 0..2 {
+            let x = Tensor::from_slice(&vec![0.5f32; n * n], &[n, n]);
+            let mut y = x.clone();
+            for _ in 0..40 {
+                y = y.matmul(&x).tanh();
+            }
+            lazuli::sync().expect("launch");
+            assert_eq!(lazuli::metrics().executions, step + 1);
+            if std::env::var("LAZULI_CPU_LAUNCHER").as_deref() == Ok("always") {
+                assert_eq!(lazuli::metrics().queued, step + 1, "the program went to the launcher");
+            }
+            kept.push((x, y));
+        }
+        let (x, y) = kept.pop().expect("two steps");
+        drop(kept);
+        // Drop every buffer while the program may still run, then let the process end by returning from `main`.
+        drop((x, y));
+        return;
+    }
+    // The CPU client runs programs on its own threads only when asked to; the launcher queues them by default.
+    let test = crate::common::child::test_name(module_path!(), "exiting_right_after_sync_is_clean");
+    for mode in [("LAZULI_CPU_ASYNC", "1"), ("LAZULI_CPU_LAUNCHER", "always")].iter().flat_map(|m| [m; 3]) {
+        let out = Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", &test, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env_remove("LAZULI_CPU_ASYNC")
+            .env_remove("LAZULI_CPU_LAUNCHER")
+            .env(mode.0, mode.1)
+            .output()
+            .expect("run the child");
+        assert!(
+            out.status.success(),
+            "the child ({}={}) exited with {:?}\n{}",
+            mode.0,
+            mode.1,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+    }
+}

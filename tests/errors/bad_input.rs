@@ -1,0 +1,73 @@
+//! Bad input that used to abort or run away, now refused with a clear error before XLA sees it: shapes whose size
+//! overflows, programs that need more memory than the machine has, and graphs recorded without a step boundary.
+//! (Malformed settings: `tests/engine/runtime_config.rs`.)
+
+use lazuli::{DType, Tensor};
+
+use crate::common::child;
+
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("expected a panic");
+    err.downcast_ref::<String>().cloned().unwrap_or_default()
+}
+
+#[test]
+fn a_shape_whose_size_overflows_is_refused_at_the_callers_line() {
+    let huge = [1usize << 32, 1 << 32];
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(Tensor::zeros(&huge, DType::F32)));
+    assert!(msg.contains("f32[4294967296,4294967296] has more bytes than a 64-bit address space holds"), "{msg}");
+    assert!(msg.contains(&format!("tests/errors/bad_input.rs:{line}:")), "{msg}");
+    // An empty slice "fills" a shape whose element count wraps to 0.
+    let msg = panic_message(|| drop(Tensor::from_slice::<f32>(&[], &[1 << 32, 1 << 32])));
+    assert!(msg.contains("(more than 2^64 elements)"), "{msg}");
+    let x = Tensor::zeros(&[1 << 40], DType::U8);
+    let msg = panic_message(|| drop(x.broadcast_to(&[1 << 30, 1 << 40])));
+    assert!(msg.contains("has more bytes than a 64-bit address space holds"), "{msg}");
+}
+
+/// Bytes the host can still allocate (the CPU plugin's devices are the host's memory).
+fn available_bytes() -> usize {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:")).expect("MemAvailable");
+    line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 1024
+}
+
+#[test]
+fn a_program_larger_than_memory_is_an_error_before_it_runs() {
+    // Four times what the machine has, and 4 TB: refused with both sizes and the line, nothing allocated.
+    for elements in [available_bytes(), 1 << 40] {
+        let line = line!() + 1;
+        let x = Tensor::ones(&[elements], DType::F32);
+        let err = x.to_vec::<f32>().unwrap_err().to_string();
+        assert!(err.starts_with("out of memory: the program's outputs and uploads need "), "{err}");
+        assert!(err.contains("GiB free") && err.contains(&format!("tests/errors/bad_input.rs:{line}:")), "{err}");
+    }
+    // The runtime is still usable.
+    assert_eq!((Tensor::ones(&[3], DType::F32) * 2.0).to_vec::<f32>().unwrap(), vec![2.0; 3]);
+}
+
+#[test]
+fn a_graph_recorded_without_a_step_boundary_is_compiled_in_pieces() {
+    if child::alone(module_path!(), "a_graph_recorded_without_a_step_boundary_is_compiled_in_pieces") {
+        return; // captured events are process-wide: alone in a process of its own
+    }
+    // 60k ops and 40k host scalars with no boundary: more than MAX_GRAPH_NODES, computed in pieces, each a break.
+    let mut x = Tensor::from_slice(&[0.5f32, -0.25], &[2]);
+    let mut want = [0.5f64, -0.25];
+    for _ in 0..20_000 {
+        x = (&x * 0.999 + 0.001).tanh();
+        want = want.map(|v| (f64::from((v * 0.999) as f32) + 0.001).tanh());
+    }
+    lazuli::diagnostics::events::start_capture();
+    let got = x.to_vec::<f32>().unwrap();
+    let events = lazuli::diagnostics::events::take_captured();
+    for (g, w) in got.iter().zip(want) {
+        assert!((f64::from(*g) - w).abs() < 1e-4, "{got:?} vs {want:?}");
+    }
+    let pieces = events.iter().filter(|e| e.cause == "graph_size").count();
+    assert!(pieces >= 2, "{pieces} pieces: {:?}", events.iter().map(|e| (&e.cause, e.nodes)).collect::<Vec<_>>());
+    assert!(events.iter().all(|e| e.nodes <= lazuli_lazy::exec::MAX_GRAPH_NODES), "every piece is bounded");
+    let report = lazuli::diagnostics::report::render(&lazuli::diagnostics::report::analyse(&events));
+    assert!(report.contains("call lazuli::sync() inside the loop"), "{report}");
+}

@@ -1,0 +1,72 @@
+//! Bad input gets a clear error naming the user's line, before anything reaches XLA.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use std::sync::Mutex;
+
+use lazuli::{DType, Tensor};
+
+use crate::common::child;
+
+/// The compile counter is process-wide; the tests of this binary take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Run `f`, expect a panic, return its message.
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
+    err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap()
+}
+
+#[test]
+fn shape_mismatch_names_the_users_line() {
+    if child::alone(module_path!(), "shape_mismatch_names_the_users_line") {
+        return; // the compile counter is process-wide: alone in a process of its own
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let a = Tensor::from_slice(&[1.0f32; 6], &[2, 3]);
+    let b = Tensor::from_slice(&[1.0f32; 4], &[4]);
+    let before = lazuli::metrics();
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(&a + &b));
+    assert!(msg.contains("f32[2,3]") && msg.contains("f32[4]"), "{msg}");
+    assert!(msg.contains(&format!("{}:{line}:", file!())), "message must name {}:{line}: {msg}", file!());
+    assert_eq!((lazuli::metrics() - before).compiles, 0, "nothing reached XLA");
+
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(a.matmul(&a)));
+    assert!(msg.contains("matmul") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(a.sum(&[2])));
+    assert!(msg.contains("axis 2") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(a.reshape(&[4, 2])));
+    assert!(msg.contains("reshape") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+
+    let i = Tensor::from_slice(&[1i32; 6], &[2, 3]);
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(&a + &i));
+    assert!(msg.contains("dtypes differ") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(i.exp()));
+    assert!(msg.contains("floating-point") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(Tensor::from_slice(&[1.0f32; 5], &[2, 3])));
+    assert!(msg.contains("5 values") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+}
+
+#[test]
+fn typed_reads_check_the_dtype_and_the_element_count() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let a = Tensor::from_slice(&[1.0f32, 2.0], &[2]);
+    let line = line!() + 1;
+    let err = a.to_vec::<i32>().unwrap_err().to_string();
+    assert!(err.contains("f32") && err.contains("i32") && err.contains(&format!("{}:{line}", file!())), "{err}");
+    let err = a.item::<f32>().unwrap_err().to_string();
+    assert!(err.contains("2 elements"), "{err}");
+    assert_eq!(a.sum(&[0]).item::<f32>().unwrap(), 3.0);
+    assert_eq!(Tensor::zeros(&[2], DType::I64).to_vec::<i64>().unwrap(), vec![0, 0]);
+}

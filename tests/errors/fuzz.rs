@@ -1,0 +1,288 @@
+//! A fuzz harness over the public API: random op sequences on random shapes, dtypes and values (valid and
+//! invalid: empty and huge shapes, NaN and ±inf, out-of-range axes, slices and indices, mismatched operands).
+//! Each case must either match the reference interpreter or fail with a clear error naming the test's line, and
+//! never abort. Cases run in child processes (an abort or a signal takes only the child down; the parent then
+//! finds the first failing case alone and prints it), from seeds, so a failure reproduces with
+//! `LAZULI_FUZZ_SEEDS=N..N+1 cargo test --test errors -- --ignored --exact fuzz::fuzz_child --nocapture`.
+
+use crate::common;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use common::{child, Rng};
+use lazuli::{DType, Tensor};
+
+/// Cases per CI run (about 5 s on two cores), in children of this many cases each.
+const CASES: u64 = 600;
+const PER_CHILD: u64 = 200;
+
+/// What a case did.
+enum Outcome {
+    /// Computed: the device's values and the reference interpreter's, as f64 (NaN for NaN).
+    Values { got: Vec<f64>, want: Vec<f64>, dtype: DType },
+    /// Refused at recording with a panic message.
+    Refused(String),
+    /// Recorded, but reading failed with an error.
+    Failed(String),
+}
+
+struct Case {
+    rng: Rng,
+    log: Vec<String>,
+    /// A bf16 value was computed on the way: XLA may keep more precision than bf16 in between (as JAX allows by
+    /// default), while the reference rounds after every op, so the comparison uses bf16's tolerance.
+    bf16: bool,
+}
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::BF16];
+
+impl Case {
+    fn pick(&mut self, n: usize) -> usize {
+        (self.rng.next_u64() % n as u64) as usize
+    }
+
+    fn dims(&mut self) -> Vec<usize> {
+        let rank = self.pick(4);
+        (0..rank)
+            .map(|_| {
+                let choices = if self.pick(25) == 0 { 6 } else { 5 }; // now and then a vast dimension
+                [0, 1, 2, 3, 5, 1 << 40][self.pick(choices)]
+            })
+            .collect()
+    }
+
+    /// A leaf of `dims` with values that are sometimes NaN, ±inf or huge.
+    fn leaf(&mut self, dims: &[usize], dtype: DType) -> Tensor {
+        self.bf16 |= dtype == DType::BF16;
+        let n: usize = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
+        if n > 1 << 16 {
+            // Host data of a huge shape is not allocated: an overflowing or vast shape goes through `zeros`.
+            return Tensor::zeros(dims, dtype);
+        }
+        let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e30, -0.0, 300.0];
+        let v: Vec<f64> = (0..n)
+            .map(|_| if self.pick(8) == 0 { specials[self.pick(specials.len())] } else { self.rng.uniform(-3.0, 3.0) })
+            .collect();
+        let v: Vec<f64> =
+            v.into_iter().map(|x| if dtype.is_float() { x } else { x.clamp(-1e6, 1e6).round() }).collect();
+        common::tensor_of(dtype, &v.iter().map(|&x| dtype.round(x)).collect::<Vec<_>>(), dims)
+    }
+
+    /// One op on `x` (sometimes with a second operand); may panic, which is the point.
+    fn step(&mut self, x: &Tensor) -> Tensor {
+        let rank = x.rank() as isize;
+        let axis = self.pick(x.rank() + 2) as isize - 1; // sometimes out of range
+        match self.pick(14) {
+            0 => {
+                let f = self.pick(6);
+                self.log.push(format!("unary {f}"));
+                match f {
+                    0 => x.exp(),
+                    1 => x.log(),
+                    2 => x.sqrt(),
+                    3 => x.tanh(),
+                    4 => x.abs(),
+                    _ => x.neg(),
+                }
+            }
+            1 | 2 => {
+                let dims = if self.pick(4) == 0 { self.dims() } else { x.dims().to_vec() };
+                let y = self.leaf(&dims, x.dtype());
+                let f = self.pick(6);
+                self.log.push(format!("binary {f} with {dims:?}"));
+                match f {
+                    0 => x + &y,
+                    1 => x - &y,
+                    2 => x * &y,
+                    3 => x / &y,
+                    4 => x.maximum(&y),
+                    _ => x.minimum(&y),
+                }
+            }
+            3 => {
+                let f = self.pick(4);
+                self.log.push(format!("reduce {f} axis {axis}"));
+                match f {
+                    0 => x.sum(&[axis]),
+                    1 => x.max(&[axis]),
+                    2 => x.min(&[axis]),
+                    _ => x.mean(&[axis]),
+                }
+            }
+            4 => {
+                let dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
+                let dims = if self.pick(3) == 0 { vec![-1] } else { dims };
+                self.log.push(format!("reshape {dims:?}"));
+                x.reshape(&dims)
+            }
+            5 => {
+                let mut perm: Vec<isize> = (0..rank).rev().collect();
+                if self.pick(4) == 0 {
+                    perm.push(0);
+                }
+                self.log.push(format!("permute {perm:?}"));
+                x.permute(&perm)
+            }
+            6 => {
+                let (start, end) = (self.pick(4), self.pick(6));
+                self.log.push(format!("slice axis {axis} {start}..{end}"));
+                x.slice(axis, start, end)
+            }
+            7 => {
+                let n = self.pick(4);
+                let ids: Vec<i32> = (0..n).map(|_| self.pick(8) as i32 - 2).collect();
+                self.log.push(format!("index_select axis {axis} {ids:?}"));
+                x.index_select(axis, &Tensor::from_slice(&ids, &[n]))
+            }
+            8 => {
+                let dims = if self.pick(3) == 0 { self.dims() } else { x.dims().iter().rev().copied().collect() };
+                let y = self.leaf(&dims, x.dtype());
+                self.log.push(format!("matmul with {dims:?}"));
+                x.matmul(&y)
+            }
+            9 => {
+                let to = DTYPES[self.pick(DTYPES.len())];
+                self.bf16 |= to == DType::BF16;
+                self.log.push(format!("to_dtype {to}"));
+                x.to_dtype(to)
+            }
+            10 => {
+                self.log.push(format!("argmax axis {axis}"));
+                x.argmax(axis)
+            }
+            11 => {
+                self.log.push(format!("cumsum axis {axis}"));
+                x.cumsum(axis)
+            }
+            12 => {
+                self.log.push(format!("softmax axis {axis}"));
+                x.softmax(axis)
+            }
+            _ => {
+                let dims = self.dims();
+                self.log.push(format!("broadcast_to {dims:?}"));
+                x.broadcast_to(&dims)
+            }
+        }
+    }
+
+    /// Record and read the case's program.
+    fn run(&mut self) -> Outcome {
+        let recorded = catch_unwind(AssertUnwindSafe(|| {
+            let dims = self.dims();
+            let dtype = DTYPES[self.pick(DTYPES.len())];
+            self.log.push(format!("leaf {dtype}{dims:?}"));
+            let mut x = self.leaf(&dims, dtype);
+            for _ in 0..1 + self.pick(5) {
+                x = self.step(&x);
+            }
+            x
+        }));
+        let x = match recorded {
+            Ok(x) => x,
+            Err(e) => {
+                let msg =
+                    e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+                return Outcome::Refused(msg.unwrap_or_default());
+            }
+        };
+        // The reference first: reading computes the tensor and drops its recipe.
+        let want = match x.evaluate_reference() {
+            Ok(a) => a.iter().copied().collect(),
+            Err(e) => return Outcome::Failed(e.to_string()),
+        };
+        match x.to_f64_vec() {
+            Ok(got) => Outcome::Values { got, want, dtype: x.dtype() },
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+}
+
+/// Whether two results agree: equal, both NaN, or within the dtype's tolerance (XLA's fast transcendentals).
+fn agree(got: &[f64], want: &[f64], dtype: DType) -> bool {
+    let tol = match dtype {
+        DType::F64 => 1e-12,
+        DType::F32 => 2e-5,
+        DType::BF16 => 2e-2,
+        _ => 0.0,
+    };
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(&g, &w)| (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs().max(g.abs())))
+}
+
+/// The verdict on one seed: `None` when it kept lazuli's promise; `tally` counts computed, refused and failed
+/// cases.
+fn check(seed: u64, tally: &mut [usize; 3]) -> Option<String> {
+    let mut case = Case { rng: Rng::new(seed), log: Vec::new(), bf16: false };
+    let outcome = case.run();
+    tally[match outcome {
+        Outcome::Values { .. } => 0,
+        Outcome::Refused(_) => 1,
+        Outcome::Failed(_) => 2,
+    }] += 1;
+    let problem = match &outcome {
+        Outcome::Values { got, want, dtype } if !agree(got, want, if case.bf16 { DType::BF16 } else { *dtype }) => {
+            format!("device {got:?} but reference {want:?} ({dtype})")
+        }
+        Outcome::Refused(msg) if !(msg.starts_with("lazuli") && msg.contains("tests/errors/fuzz.rs:")) => {
+            format!("refused without naming the line: {msg:?}")
+        }
+        Outcome::Failed(msg) if !msg.contains("tests/errors/fuzz.rs:") => {
+            format!("failed without naming the line: {msg}")
+        }
+        _ => return None,
+    };
+    Some(format!("seed {seed}: {problem}\n  program: {}", case.log.join("; ")))
+}
+
+/// The cases of `LAZULI_FUZZ_SEEDS=a..b`, run by the parent test in a child process.
+#[test]
+#[ignore = "run by fuzz_never_aborts_and_matches_the_reference in a child process"]
+fn fuzz_child() {
+    let seeds = std::env::var("LAZULI_FUZZ_SEEDS").expect("LAZULI_FUZZ_SEEDS=a..b");
+    let (a, b) = seeds.split_once("..").expect("a..b");
+    let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {})); // refusals are expected; their messages are checked
+    let mut tally = [0; 3];
+    let failures: Vec<String> = (a..b).filter_map(|seed| check(seed, &mut tally)).collect();
+    std::panic::set_hook(quiet);
+    println!("cases {a}..{b}: {} computed, {} refused at recording, {} failed when read", tally[0], tally[1], tally[2]);
+    assert!(failures.is_empty(), "{} of {} cases broke a promise:\n{}", failures.len(), b - a, failures.join("\n"));
+}
+
+#[test]
+fn fuzz_never_aborts_and_matches_the_reference() {
+    let fuzz_child = child::test_name(module_path!(), "fuzz_child");
+    let mut problems = Vec::new();
+    for start in (0..CASES).step_by(PER_CHILD as usize) {
+        let seeds = format!("{start}..{}", start + PER_CHILD);
+        let out = child::run(&fuzz_child, &[("LAZULI_FUZZ_SEEDS", seeds.as_str()), ("LAZULI_COMPILE_CACHE", "off")]);
+        if out.status.success() {
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the cases");
+            continue;
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if out.status.code() == Some(101) && stdout.contains("broke a promise") {
+            problems.push(
+                stdout
+                    .lines()
+                    .filter(|l| l.starts_with("seed ") || l.starts_with("  program"))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            );
+            continue;
+        }
+        // The child died (an abort, a signal): find the case, alone in a child of its own.
+        let culprit = (start..start + PER_CHILD).find(|s| {
+            let one = format!("{s}..{}", s + 1);
+            let out = child::run(&fuzz_child, &[("LAZULI_FUZZ_SEEDS", one.as_str()), ("LAZULI_COMPILE_CACHE", "off")]);
+            !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("broke a promise")
+        });
+        problems.push(format!("seeds {seeds}: a child died ({}), first at seed {culprit:?}", out.status));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

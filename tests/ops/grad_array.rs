@@ -1,0 +1,109 @@
+//! Gradients of the array ops and nn functionals against central finite differences in f64, at several shapes.
+
+// `check_grad` takes owned inputs; `&[x.clone()]` reads better than `slice::from_ref(&x)`.
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
+use crate::common;
+
+use common::gradcheck::check_grad;
+use common::{array, values, Rng};
+use lazuli::{DType, Tensor};
+use ndarray::ArrayD;
+
+fn data(seed: u64, dims: &[usize], lo: f64, hi: f64) -> ArrayD<f64> {
+    let n = dims.iter().product();
+    array(values(&mut Rng::new(seed), DType::F64, n, lo, hi), dims)
+}
+
+#[test]
+fn slice_concat_stack_pad_flip_gradients() {
+    let x = data(1, &[3, 4, 5], -2.0, 2.0);
+    check_grad("slice", &[x.clone()], |t| t[0].slice(1, 1, 3));
+    check_grad("slice_step", &[x.clone()], |t| t[0].slice_step(2, 0, 5, 2));
+    check_grad("slice_step 3 from 1", &[x.clone()], |t| t[0].slice_step(-1, 1, 4, 3));
+    check_grad("narrow twice", &[x.clone()], |t| t[0].narrow(0, 1, 2).narrow(1, 0, 3));
+    let (a, b, c) = (data(2, &[2, 3], -1.0, 1.0), data(3, &[2, 1], -1.0, 1.0), data(4, &[2, 4], -1.0, 1.0));
+    check_grad("concat", &[a.clone(), b.clone(), c.clone()], |t| Tensor::concat(&[&t[0], &t[1], &t[2]], 1));
+    check_grad("concat same input twice", &[a.clone()], |t| Tensor::concat(&[&t[0], &t[0]], 0));
+    check_grad("stack", &[a.clone(), data(5, &[2, 3], -1.0, 1.0)], |t| Tensor::stack(&[&t[0], &t[1]], 1));
+    check_grad("pad", &[x.clone()], |t| t[0].pad(&[(1, 0), (0, 2), (2, 1)], 0.5));
+    // A padding value that is itself a gradient leaf receives the sum over the padded area.
+    check_grad("pad value", &[a.clone(), array(vec![0.3], &[])], |t| t[0].pad(&[(1, 1), (0, 2)], &t[1]).exp());
+    check_grad("flip", &[x.clone()], |t| t[0].flip(&[0, -1]));
+}
+
+#[test]
+fn index_select_embedding_scatter_add_gradients() {
+    let x = data(10, &[4, 3, 2], -1.0, 1.0);
+    // Repeated and clamped (out-of-range) indices: their cotangents accumulate on the clamped element.
+    let idx = Tensor::from_slice(&[1i32, 3, 1, -2, 7, 0], &[2, 3]);
+    check_grad("index_select axis 0", &[x.clone()], |t| t[0].index_select(0, &idx));
+    check_grad("index_select axis 1", &[x.clone()], |t| t[0].index_select(1, &idx));
+    check_grad("index_select axis -1", &[x.clone()], |t| t[0].index_select(-1, &Tensor::from_slice(&[1i64, 1], &[2])));
+    let ids = Tensor::from_slice(&[2u8, 0, 2, 4], &[4]);
+    check_grad("embedding", &[data(11, &[5, 3], -1.0, 1.0)], |t| t[0].embedding(&ids).tanh());
+    let upd = data(12, &[4, 2, 3, 2], -1.0, 1.0);
+    check_grad("scatter_add", &[x.clone(), upd], |t| t[0].scatter_add(1, &idx, &t[1]).sin());
+}
+
+#[test]
+fn cumsum_clamp_tri_gradients() {
+    for dims in [&[5][..], &[3, 4], &[2, 3, 4]] {
+        let x = data(20, dims, -2.0, 2.0);
+        for axis in 0..dims.len() as isize {
+            check_grad(&format!("cumsum {dims:?} axis {axis}"), &[x.clone()], |t| t[0].cumsum(axis).sin());
+        }
+    }
+    // Values kept away from the bounds (the kinks): inside passes g, outside gets 0.
+    let x = array(vec![-1.7, -0.4, 0.2, 0.9, 1.3, -1.1], &[2, 3]);
+    check_grad("clamp", &[x.clone()], |t| t[0].clamp(-1.0, 1.0));
+    check_grad("clamp by tensors", &[x.clone(), array(vec![-0.5, 0.0, 1.0], &[3])], |t| t[0].clamp(&t[1], 1.2));
+    check_grad("tril", &[data(21, &[2, 3, 4], -1.0, 1.0)], |t| t[0].tril(0));
+    check_grad("triu", &[data(22, &[3, 4], -1.0, 1.0)], |t| t[0].triu(1));
+}
+
+#[test]
+fn activation_gradients() {
+    // Kept away from 0, where relu has its kink.
+    let x = array(vec![-1.5, -0.3, 0.4, 2.0, -0.7, 1.1], &[2, 3]);
+    check_grad("relu", &[x.clone()], |t| t[0].relu());
+    for dims in [&[7][..], &[3, 4], &[2, 3, 4]] {
+        let x = data(30, dims, -3.0, 3.0);
+        check_grad(&format!("erf {dims:?}"), &[x.clone()], |t| t[0].erf());
+        check_grad(&format!("gelu {dims:?}"), &[x.clone()], |t| t[0].gelu());
+        check_grad(&format!("gelu_erf {dims:?}"), &[x.clone()], |t| t[0].gelu_erf());
+    }
+}
+
+#[test]
+fn softmax_family_gradients() {
+    for (dims, axes) in
+        [(&[6][..], &[0isize][..]), (&[3, 5], &[1]), (&[3, 5], &[0]), (&[2, 3, 4], &[-1]), (&[2, 3, 4], &[0, 2])]
+    {
+        let x = data(40 + dims.len() as u64, dims, -3.0, 3.0);
+        check_grad(&format!("logsumexp {dims:?} {axes:?}"), &[x.clone()], |t| t[0].logsumexp(axes));
+        if axes.len() == 1 {
+            check_grad(&format!("softmax {dims:?} {axes:?}"), &[x.clone()], |t| t[0].softmax(axes[0]));
+            check_grad(&format!("log_softmax {dims:?} {axes:?}"), &[x.clone()], |t| t[0].log_softmax(axes[0]));
+        }
+        check_grad(&format!("layer_norm {dims:?} {axes:?}"), &[x.clone()], |t| t[0].layer_norm(axes, 1e-5));
+    }
+    // Large logits: the max-shift keeps everything finite.
+    let big = data(50, &[2, 4], 500.0, 510.0);
+    check_grad("log_softmax large", &[big.clone()], |t| t[0].log_softmax(1));
+    check_grad("logsumexp large", &[big], |t| t[0].logsumexp(&[1]));
+}
+
+#[test]
+fn loss_gradients() {
+    for (n, c, seed) in [(1usize, 2usize, 60u64), (4, 3, 61), (6, 5, 62)] {
+        let logits = data(seed, &[n, c], -2.0, 2.0);
+        let targets: Vec<i64> = (0..n).map(|i| ((i * 7 + 3) % c) as i64).collect();
+        let t32: Vec<i32> = targets.iter().map(|&t| t as i32).collect();
+        let (ti64, ti32) = (Tensor::from_slice(&targets, &[n]), Tensor::from_slice(&t32, &[n]));
+        check_grad(&format!("cross_entropy [{n}, {c}] i64"), &[logits.clone()], |t| t[0].cross_entropy(&ti64));
+        check_grad(&format!("cross_entropy [{n}, {c}] i32"), &[logits], |t| t[0].cross_entropy(&ti32));
+    }
+    let (p, q) = (data(63, &[3, 4], -1.0, 1.0), data(64, &[3, 4], -1.0, 1.0));
+    check_grad("mse_loss", &[p, q], |t| t[0].mse_loss(&t[1]));
+}

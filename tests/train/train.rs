@@ -1,0 +1,258 @@
+//! Training steps: optimizer math against a host reference, one program per step after the first, and
+//! in-place updates (donated buffers). Tests that read the process-wide counters run alone in a child process
+//! (the other tests of the binary would add to them), and take turns on `SERIAL`.
+
+use crate::common;
+
+use std::sync::Mutex;
+
+use common::{array, values, Rng};
+use lazuli::nn::{Activation, HostRng, Linear, Mlp};
+use lazuli::{AdamW, DType, Module, Optimizer, Sgd, Tensor};
+use ndarray::{Array1, Array2, Axis};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Linear regression `y = x W + b`, loss = mean((y - t)²), data fixed.
+struct Problem {
+    x: Array2<f64>,
+    t: Array2<f64>,
+    w: Array2<f64>,
+    b: Array1<f64>,
+}
+
+fn problem() -> Problem {
+    let mut rng = Rng::new(42);
+    let m = |r: usize, c: usize, rng: &mut Rng| {
+        array(values(rng, DType::F64, r * c, -1.0, 1.0), &[r, c]).into_dimensionality().unwrap()
+    };
+    let x = m(8, 3, &mut rng);
+    let t = m(8, 2, &mut rng);
+    let w = m(3, 2, &mut rng);
+    let b = array(values(&mut rng, DType::F64, 2, -1.0, 1.0), &[2]).into_dimensionality().unwrap();
+    Problem { x, t, w, b }
+}
+
+/// Hand-derived gradients of the regression loss.
+fn grads(p: &Problem, w: &Array2<f64>, b: &Array1<f64>) -> (Array2<f64>, Array1<f64>) {
+    let y = p.x.dot(w) + b;
+    let d = (&y - &p.t) * (2.0 / y.len() as f64);
+    (p.x.t().dot(&d), d.sum_axis(Axis(0)))
+}
+
+fn run_lazuli(
+    p: &Problem,
+    make: impl Fn(Vec<(String, lazuli::Param)>) -> Box<dyn Optimizer>,
+    steps: usize,
+) -> Vec<f64> {
+    let layer = Linear::from_tensors(Tensor::from_ndarray(&p.w), Some(Tensor::from_ndarray(&p.b)));
+    let mut opt = make(layer.named_params());
+    let (x, t) = (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t));
+    for _ in 0..steps {
+        let loss = (layer.forward(&x) - &t).pow(2.0).mean_all();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync().unwrap();
+    }
+    let mut out = layer.weight.get().to_vec::<f64>().unwrap();
+    out.extend(layer.bias.as_ref().unwrap().get().to_vec::<f64>().unwrap());
+    out
+}
+
+fn assert_same(what: &str, got: &[f64], w: &Array2<f64>, b: &Array1<f64>) {
+    let want: Vec<f64> = w.iter().chain(b.iter()).copied().collect();
+    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+        assert!((g - e).abs() < 1e-12 * (1.0 + e.abs()), "{what}: element {i}: {g} vs {e}");
+    }
+}
+
+#[test]
+fn sgd_with_momentum_and_weight_decay_matches_the_host_reference() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = problem();
+    let (lr, mu, wd) = (0.1, 0.9, 0.01);
+    let got = run_lazuli(&p, |params| Box::new(Sgd::new(params, lr).momentum(mu).weight_decay(wd)), 5);
+    let (mut w, mut b) = (p.w.clone(), p.b.clone());
+    let (mut bw, mut bb) = (Array2::zeros(w.raw_dim()), Array1::zeros(b.raw_dim()));
+    for _ in 0..5 {
+        let (gw, gb) = grads(&p, &w, &b);
+        bw = bw * mu + gw + &w * wd;
+        bb = bb * mu + gb + &b * wd;
+        w = &w - &bw * lr;
+        b = &b - &bb * lr;
+    }
+    assert_same("sgd", &got, &w, &b);
+}
+
+#[test]
+fn adamw_matches_the_host_reference() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = problem();
+    let (lr, b1, b2, eps, wd) = (0.05, 0.9, 0.99, 1e-8, 0.1);
+    let got = run_lazuli(&p, |params| Box::new(AdamW::new(params, lr).betas(b1, b2).eps(eps).weight_decay(wd)), 6);
+    let (mut w, mut b) = (p.w.clone(), p.b.clone());
+    let (mut mw, mut vw) = (Array2::<f64>::zeros(w.raw_dim()), Array2::<f64>::zeros(w.raw_dim()));
+    let (mut mb, mut vb) = (Array1::<f64>::zeros(b.raw_dim()), Array1::<f64>::zeros(b.raw_dim()));
+    for t in 1..=6 {
+        let (gw, gb) = grads(&p, &w, &b);
+        let (c1, c2) = (1.0 - f64::powi(b1, t), 1.0 - f64::powi(b2, t));
+        mw = mw * b1 + &gw * (1.0 - b1);
+        vw = vw * b2 + &gw * &gw * (1.0 - b2);
+        mb = mb * b1 + &gb * (1.0 - b1);
+        vb = vb * b2 + &gb * &gb * (1.0 - b2);
+        w = &w * (1.0 - lr * wd) - (&mw / c1) / ((&vw / c2).mapv(f64::sqrt) + eps) * lr;
+        b = &b * (1.0 - lr * wd) - (&mb / c1) / ((&vb / c2).mapv(f64::sqrt) + eps) * lr;
+    }
+    // AdamW's update is a ratio of small numbers: allow a few ulps of reassociation.
+    let want: Vec<f64> = w.iter().chain(b.iter()).copied().collect();
+    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+        assert!((g - e).abs() < 1e-10, "adamw: element {i}: {g} vs {e}");
+    }
+}
+
+#[test]
+fn each_step_after_the_first_is_one_cached_program_updating_in_place() {
+    if common::child::alone(module_path!(), "each_step_after_the_first_is_one_cached_program_updating_in_place") {
+        return; // the counters and captured events are process-wide: alone in a process of its own
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = HostRng::new(7);
+    let model = Mlp::new(&mut rng, &[4, 16, 16, 3], Activation::Tanh, DType::F32);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let param_bytes: u64 = model.params().iter().map(|p| p.get().tensor_type().byte_size() as u64).sum();
+    // A fixed batch: three Gaussian blobs.
+    let n = 48;
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let c = i % 3;
+        for d in 0..4 {
+            xs.push(if d == c { 2.0f32 } else { 0.0 } + rng.normal() as f32 * 0.3);
+        }
+        ys.push(c);
+    }
+    let x = Tensor::from_slice(&xs, &[n, 4]);
+    let onehot: Vec<f32> = ys.iter().flat_map(|&c| (0..3).map(move |k| (k == c) as u8 as f32)).collect();
+    let target = Tensor::from_slice(&onehot, &[n, 3]);
+    let mut losses = Vec::new();
+    for step in 0..30 {
+        let before = lazuli::metrics();
+        let logits = model.forward(&x);
+        // Softmax cross-entropy written out: logsumexp(logits) - <target, logits>.
+        let m = logits.max_keepdim(&[1]);
+        let lse = (&logits - &m).exp().sum(&[1]).log() + m.reshape(&[-1]);
+        let loss = (lse - (&logits * &target).sum(&[1])).mean_all();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync().unwrap();
+        losses.push(loss.item::<f32>().unwrap());
+        let d = lazuli::metrics() - before;
+        if step >= 1 {
+            assert_eq!((d.compiles, d.executions), (0, 1), "step {step}: one cached program ({d})");
+            // Parameters and both Adam moments are donated to their new values.
+            assert!(
+                d.bytes_donated >= 3 * param_bytes,
+                "step {step}: {} donated < {}",
+                d.bytes_donated,
+                3 * param_bytes
+            );
+        }
+    }
+    assert!(losses[29] < 0.2 * losses[0], "loss falls: {losses:?}");
+    // The step's program outputs the loss, the new parameters and both moments: no stale gradients (they move
+    // with their parameter and `zero_grad()` clears them).
+    lazuli::diagnostics::events::start_capture();
+    let loss = {
+        let logits = model.forward(&x);
+        let m = logits.max_keepdim(&[1]);
+        let lse = (&logits - &m).exp().sum(&[1]).log() + m.reshape(&[-1]);
+        (lse - (&logits * &target).sum(&[1])).mean_all()
+    };
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    lazuli::sync().unwrap();
+    let ev = lazuli::diagnostics::events::take_captured();
+    let program = ev.iter().find(|e| e.cause == "sync" && e.kind == lazuli::diagnostics::EventKind::Program).unwrap();
+    assert_eq!(program.outputs, 1 + 3 * model.params().len(), "{program:?}");
+}
+
+#[test]
+fn donation_never_consumes_a_buffer_that_is_still_needed() {
+    if common::child::alone(module_path!(), "donation_never_consumes_a_buffer_that_is_still_needed") {
+        return; // the counters are process-wide: alone in a process of its own
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // The leaf behind `y` has no handle, but `y` (pending, held) still needs it after `a` is read.
+    let y = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]) * 2.0;
+    let a = &y + 1.0;
+    let b = &y + 2.0;
+    assert_eq!(a.to_vec::<f32>().unwrap(), vec![3.0, 5.0, 7.0]);
+    assert_eq!(b.to_vec::<f32>().unwrap(), vec![4.0, 6.0, 8.0]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
+
+    // A value rebound every iteration dies with its step: its buffer is reused for the new value.
+    let before = lazuli::metrics();
+    let mut x = Tensor::from_slice(&[1.0f32; 256], &[256]);
+    x.materialize().unwrap();
+    for _ in 0..4 {
+        x = &x * 2.0 + 1.0;
+        lazuli::sync().unwrap();
+    }
+    let d = lazuli::metrics() - before;
+    assert!(d.bytes_donated >= 4 * 1024, "the old x is donated each step: {d}");
+    assert!(x.to_vec::<f32>().unwrap().iter().all(|&v| v == 31.0));
+
+    // A clone the user still holds is never donated.
+    let keep = Tensor::from_slice(&[5.0f32; 4], &[4]);
+    let kept = keep.clone();
+    let next = &keep * 3.0;
+    drop(keep);
+    lazuli::sync().unwrap();
+    assert_eq!(next.to_vec::<f32>().unwrap(), vec![15.0; 4]);
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![5.0; 4]);
+}
+
+/// An optimizer's update is recorded at the training loop's `step()` line, for every optimizer, also behind `dyn`.
+#[test]
+fn updates_are_recorded_at_the_callers_step_line() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lin = Linear::new(&mut HostRng::new(3), 2, 2, true, DType::F32);
+    let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 3.0], &[2, 2]);
+    let mut opts: Vec<Box<dyn Optimizer>> =
+        vec![Box::new(Sgd::new(lin.named_params(), 0.1)), Box::new(AdamW::new(lin.named_params(), 0.1))];
+    for opt in &mut opts {
+        lin.forward(&x).sum_all().backward();
+        let line = line!() + 1;
+        opt.step();
+        let at = lin.weight.get().location();
+        assert_eq!((at.file, at.line), ("tests/train/train.rs", line), "recorded at {at}");
+        opt.zero_grad();
+    }
+}
+
+/// Batches uploaded step after step (their buffers reused once dropped) carry each step's values, also when a
+/// tensor of the batch's shape is a parameter whose buffer is donated to its update every step.
+#[test]
+fn each_steps_batch_holds_its_own_values() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = Tensor::from_slice(&[0.5f32; 6], &[2, 3]);
+    let mut w_ref = [0.5f64; 6];
+    for step in 0..6 {
+        let vals: Vec<f32> = (0..6).map(|k| (step * 10 + k) as f32).collect();
+        let x = Tensor::from_slice(&vals, &[2, 3]);
+        let kept = Tensor::from_slice(&[step as f32; 6], &[2, 3]);
+        let total = (&x * &w).sum_all();
+        w = &w - &x * 0.01;
+        lazuli::sync().unwrap();
+        let want: f64 = vals.iter().zip(&w_ref).map(|(&v, &wr)| v as f64 * wr).sum();
+        assert!((total.item::<f32>().unwrap() as f64 - want).abs() < 1e-3 * want.abs(), "step {step}");
+        for (wr, &v) in w_ref.iter_mut().zip(&vals) {
+            *wr -= v as f64 * 0.01;
+        }
+        let got = w.to_vec::<f32>().unwrap();
+        assert!(got.iter().zip(&w_ref).all(|(&g, &r)| (g as f64 - r).abs() < 1e-4), "step {step}: {got:?}");
+        assert_eq!(kept.to_vec::<f32>().unwrap(), vec![step as f32; 6], "step {step}");
+    }
+}
