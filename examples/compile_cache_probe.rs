@@ -6,7 +6,7 @@
 //! cargo run --example compile_cache_probe -- 2 3
 //! ```
 //! Output lines: `program rows=N got=<hex bits,…> expected=<f64,…>`, then
-//! `counters compiles=C disk_cache_hits=H disk_cache_misses=M`. `tests/compile_cache.rs` drives it.
+//! `counters compiles=C disk_cache_hits=H disk_cache_misses=M`. `tests/engine/compile_cache.rs` drives it.
 
 use lazuli::Tensor;
 

@@ -1,6 +1,6 @@
 //! Every environment variable lazuli reads, read here and nowhere else in the library, each with its accepted
 //! values, its default and its error for a bad value. [`VARIABLES`] lists them (the README's table lists the same
-//! ones: `tests/settings.rs` checks it). The runtime's [`Config`](crate::runtime::Config) is made from them
+//! ones: its unit test checks it). The runtime's [`Config`](crate::runtime::Config) is made from them
 //! (`Config::from_env`); what is needed before a runtime exists (the precision of products, the event file, strict
 //! mode) is read here on first use: they apply before a runtime exists (`diagnostics::strict_budget()`, a
 //! product's precision at its recording line). The library never sets an environment variable.

@@ -14,4 +14,5 @@ mod bad_input;
 mod diagnostics;
 mod errors;
 mod fuzz;
+mod try_ops;
 mod xla_errors;

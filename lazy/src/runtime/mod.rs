@@ -105,7 +105,7 @@ impl Config {
     /// CPU: YNNPACK runs single products only (upstream XLA's default). The default plugin's XLA (jaxlib 0.11.2)
     /// also hands the elementwise ops and reductions around a product to YNNPACK, and it then computes a batched
     /// product with a broadcast operand, multiplied and reduced, wrong by up to 1e242, with no error
-    /// (`tests/cpu_library_fusions.rs`). The cost, and why single products stay, is in
+    /// (`tests/ops/cpu_library_fusions.rs`). The cost, and why single products stay, is in
     /// `docs/perf-log/2026-11-30-ynnpack-fusions.md`.
     ///
     /// CPU and GPU: `max`/`min` (reductions, `maximum`, `minimum`, clamp, pooling) propagate NaN, as in JAX, which
@@ -269,7 +269,7 @@ fn kernel_target(client: &Client, device: &Device) -> Result<Target> {
 
 /// The backend default that a compile error says the plugin cannot apply, unless the user configured it too.
 /// XLA words it `No such compile option: 'NAME'`, or `While setting option NAME, …` for a value it does not know
-/// (both seen on the real plugin; `tests/runtime_config.rs` checks the first).
+/// (both seen on the real plugin; `tests/engine/runtime_config.rs` checks the first).
 fn unknown_default(config: &Config, message: &str) -> Option<String> {
     let configured = |name: &str| config.xla_options.iter().any(|(n, _)| n == name);
     let refused = |name: &str| {

@@ -20,8 +20,8 @@ fn without_line(msg: &str) -> &str {
 /// `err` was recorded on line `line` of this file, and the panicking form says the same.
 fn assert_at_with_panic(err: &Error, line: u32, panic: String) {
     let at = err.recorded_at().unwrap_or_else(|| panic!("{err:?} names no line"));
-    assert_eq!((at.file, at.line), ("tests/try_ops.rs", line), "{err}");
-    assert!(err.to_string().contains(&format!("recorded at tests/try_ops.rs:{line}:")), "{err}");
+    assert_eq!((at.file, at.line), ("tests/errors/try_ops.rs", line), "{err}");
+    assert!(err.to_string().contains(&format!("recorded at tests/errors/try_ops.rs:{line}:")), "{err}");
     assert_eq!(without_line(&panic), format!("lazuli: {}", without_line(&err.to_string())));
 }
 
