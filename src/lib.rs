@@ -76,6 +76,7 @@ pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};
 // The runtime: set-up, what it loaded, what it did.
 // (`metrics` by its path in the module: the crate's root name `metrics` is the module as well as the function.)
 pub use lazuli_lazy::metrics::{metrics, Metrics};
+pub use lazuli_lazy::profile;
 pub use lazuli_lazy::{
     init, memory_stats, platform, runtime_info, Backend, Config, CpuLauncher, MemoryStats, RuntimeInfo, XlaOption,
 };

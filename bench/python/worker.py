@@ -3,6 +3,7 @@
 The harness (bench/src) starts this script once per framework and talks to it in JSON lines on stdin/stdout:
   {"cmd": "setup", "workload": {...}, "weights": "file.safetensors"}  -> {"ok": true, "versions": {...}, ...}
   {"cmd": "run", "steps": K, "pipelined": B}                                        -> {"ok": true, "times": [...], "losses": [...]}
+  {"cmd": "profile", "steps": K, "dir": "out"}  -> {"ok": true}  (JAX: K steps under jax.profiler, trace in dir)
   {"cmd": "quit"}
 Weights and batches come from a safetensors file that lazuli wrote ("model.<name>", "extra.x", "extra.y"), so
 both sides start from the same values. Each step is timed from the call until its results are ready on the device.
@@ -229,6 +230,14 @@ class JaxSide:
             self.batch, self.t = batch, t
         return out
 
+    def profile(self, steps, out_dir):
+        """`steps` more steps under jax.profiler; it writes `*.xplane.pb` under `out_dir`."""
+        self.jax.profiler.start_trace(out_dir)
+        try:
+            self.run(steps)
+        finally:
+            self.jax.profiler.stop_trace()
+
     def peak_bytes(self):
         stats = self.device.memory_stats()  # None on the CPU
         return stats.get("peak_bytes_in_use") if stats else None
@@ -379,6 +388,11 @@ def main():
                 kw = {"empty": True} if msg.get("empty") else {}
                 times, losses = side.run(int(msg["steps"]), bool(msg.get("pipelined", False)), **kw)
                 reply({"ok": True, "times": times, "losses": losses, "peak_bytes": side.peak_bytes()})
+            elif msg["cmd"] == "profile":
+                if not hasattr(side, "profile"):
+                    raise NotImplementedError(f"no profile for {framework}")
+                side.profile(int(msg["steps"]), msg["dir"])
+                reply({"ok": True})
             elif msg["cmd"] == "quit":
                 reply({"ok": True})
                 return

@@ -22,11 +22,13 @@ pub struct Options {
     pub steps: Option<usize>,
     /// Steps back to back, one wait at the end (per-step time = total / steps), instead of waiting every step.
     pub pipelined: bool,
+    /// After the timed repetitions, profile one more repetition's kernels (GPU rows; lazuli and JAX).
+    pub profile: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { reps: 7, warmup: 3, steps: None, pipelined: false }
+        Options { reps: 7, warmup: 3, steps: None, pipelined: false, profile: false }
     }
 }
 
@@ -67,6 +69,8 @@ pub struct Side {
     pub empty_program: Spread,
     /// The device allocator's peak after the timed steps, where reported (GPU rows).
     pub peak_bytes: Option<f64>,
+    /// The device's kernels over one more repetition (`--profile`).
+    pub profile: Option<lazuli::diagnostics::DeviceProfile>,
 }
 
 #[derive(Clone, Debug)]

@@ -113,6 +113,7 @@ impl GpuJob {
             .args(["--reps", &self.opts.reps.to_string(), "--steps", &steps.to_string()])
             .args(["--warmup", &self.opts.warmup.to_string()])
             .args(self.opts.pipelined.then_some("--pipelined"))
+            .args(self.opts.profile.then_some("--profile"))
             .args(self.tiny.then_some("--tiny"))
             .env("LAZULI_DEVICE", &self.device)
             .stderr(Stdio::inherit())
@@ -170,12 +171,13 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
         splits.extend(r.split);
         peak_bytes = r.peak_bytes;
     }
+    let profile = if opts.profile { crate::profile::lazuli(&mut lz, steps, opts.pipelined) } else { None };
     let s = split_median(&splits).unwrap_or_default();
     let warmup_losses = [first.losses, rest.losses].concat();
     Ok(json!({
         "init_s": init_s, "first_s": first_s, "warmup_losses": warmup_losses,
         "reps": reps, "params": lz.num_params(), "runtime": lazuli::runtime_info()?.to_string(),
-        "peak_bytes": peak_bytes,
+        "peak_bytes": peak_bytes, "profile": profile,
         "split": {"record": s.record, "execute": s.execute, "programs_per_step": s.programs_per_step,
                   "compiles": s.compiles, "boundary": s.boundary, "upload": s.upload, "finish": s.finish, "wait": s.wait},
     }))
@@ -203,6 +205,7 @@ fn lazuli_side_from_json(name: String, v: &Value) -> Side {
         info: SetupInfo { framework: v["runtime"].as_str().unwrap_or("?").into(), ..SetupInfo::default() },
         error: v["error"].as_str().map(String::from),
         peak_bytes: v["peak_bytes"].as_f64(),
+        profile: crate::profile::from_json(&v["profile"]),
         ..Side::default()
     };
     for rep in v["reps"].as_array().into_iter().flatten() {
@@ -235,6 +238,9 @@ fn python_side(
         side.steps.push(median(&r.times));
         side.peak_bytes = r.peak_bytes;
     }
+    if opts.profile && fw == "jax" {
+        side.profile = crate::profile::jax(&mut worker, steps, &weights.with_extension("jax-profile"));
+    }
     Ok(())
 }
 
@@ -260,6 +266,9 @@ impl GpuRun {
         self.print_header(command);
         self.print_table();
         self.print_goal();
+        let profiles: Vec<(&str, &lazuli::diagnostics::DeviceProfile)> =
+            self.sides.iter().filter_map(|s| Some((s.side.name.as_str(), s.side.profile.as_ref()?))).collect();
+        crate::profile::print(&profiles);
         for s in self.sides.iter().filter(|s| s.framework == "lazuli") {
             if let (Some(split), None) = (s.side.split, &s.side.error) {
                 let phases: Vec<String> = split.phases().iter().map(|(n, t)| format!("{n} {}", duration(*t))).collect();

@@ -16,6 +16,7 @@ pub mod compare;
 pub mod compile;
 pub mod gpt_bf16;
 pub mod gpu;
+pub mod profile;
 pub mod pyenv;
 pub mod stats;
 pub mod trace;

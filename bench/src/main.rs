@@ -53,6 +53,10 @@ struct Common {
     /// every step's loss runs), instead of waiting for every step's results; on every side.
     #[arg(long)]
     pipelined: bool,
+    /// GPU rows: after the timed repetitions, one more under the profiler (lazuli's plugin profiler, JAX's
+    /// `jax.profiler`), and a table of where each side's device time goes.
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Subcommand)]
@@ -80,7 +84,7 @@ enum Cmd {
     Gpu {
         #[command(flatten)]
         common: Common,
-        /// Comparison frameworks after lazuli (which always runs), in order: jax, torch.
+        /// Comparison frameworks after lazuli (which always runs), in order: jax, torch (`""` for lazuli alone).
         #[arg(long, value_delimiter = ',', default_values_t = ["jax".to_string(), "torch".to_string()])]
         frameworks: Vec<String>,
         /// Attention variants for every framework, in order: fused (one attention op on bf16 q, k, v), written
@@ -129,7 +133,7 @@ enum Cmd {
 }
 
 fn options(c: &Common) -> Options {
-    Options { reps: c.reps, warmup: c.warmup, steps: c.steps, pipelined: c.pipelined }
+    Options { reps: c.reps, warmup: c.warmup, steps: c.steps, pipelined: c.pipelined, profile: c.profile }
 }
 
 /// A scratch directory for weights files and the worker script, removed at the end.
@@ -165,7 +169,10 @@ fn main() {
             lazuli_bench::compile::side(&Workload::gpt_tiny(), started).map(|v| println!("{v}"))
         }
         Cmd::Attention { iters, reps, python } => attention_cmd(iters, reps, python.as_deref()),
-        Cmd::Gpu { common, frameworks, attention, tiny, device } => gpu(&common, frameworks, attention, tiny, device),
+        Cmd::Gpu { common, mut frameworks, attention, tiny, device } => {
+            frameworks.retain(|f| !f.is_empty());
+            gpu(&common, frameworks, attention, tiny, device)
+        }
         Cmd::LazuliSide { workload, attention, weights, tiny, common } => {
             let w = Workload { attention, ..gpu_workload(tiny) };
             if workload != w.name {

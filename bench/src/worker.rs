@@ -151,6 +151,12 @@ impl Worker {
         self.run_program(steps, pipelined, true)
     }
 
+    /// Run `steps` more steps under the framework's profiler, which writes its trace under `dir` (JAX only).
+    pub fn profile(&mut self, steps: usize, dir: &Path) -> BenchResult<()> {
+        self.request(json!({"cmd": "profile", "steps": steps, "dir": dir}))?;
+        Ok(())
+    }
+
     fn run_program(&mut self, steps: usize, pipelined: bool, empty: bool) -> BenchResult<StepRun> {
         let r = self.request(json!({"cmd": "run", "steps": steps, "pipelined": pipelined, "empty": empty}))?;
         let floats = |v: &Value| -> Vec<f64> {

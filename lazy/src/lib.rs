@@ -28,7 +28,7 @@ pub use diagnostics::metrics::{self, metrics, Metrics};
 pub use diagnostics::Cause;
 pub use error::{Error, Result};
 pub use exec::read::sync;
-pub use exec::wait;
+pub use exec::{profile, wait};
 pub use graph::autodiff::{grad, grad_enabled, no_grad, value_and_grad};
 pub use graph::element::{self, Element};
 pub use graph::precision::{matmul_precision, set_matmul_precision, with_matmul_precision, Precision};

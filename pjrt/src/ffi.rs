@@ -6,6 +6,9 @@
 //! one alive and destroy it exactly once, and keep the client alive while anything made by it lives.
 
 mod layout;
+mod profiler;
+
+pub(crate) use profiler::{ProfilerApi, SessionHandle};
 
 use std::ffi::{c_char, c_void};
 use std::path::Path;

@@ -32,7 +32,9 @@ mod executable;
 #[allow(unsafe_code)]
 mod ffi;
 mod plugin;
+mod profiler;
 pub mod provision;
+mod trace;
 
 pub use buffer::Buffer;
 pub use client::{Client, Device, MemoryStats};
@@ -43,3 +45,5 @@ pub use error::{Error, ErrorCode, Result};
 pub use executable::{Completion, LoadedExecutable};
 pub use ffi::on_exit;
 pub use plugin::{AttrValue, Plugin};
+pub use profiler::Profiler;
+pub use trace::{Event, Line, Plane, Trace, TraceError};

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{f32_buffer, read_f32};
-use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
+use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin, Profiler};
 
 const ADD_MUL: &str = r#"
 func.func @main(%a: tensor<2x3xf32>, %b: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<2x3xbf16>) {
@@ -54,6 +54,20 @@ fn cuda_end_to_end() {
     assert_eq!(err.call(), Some("PJRT_LoadedExecutable_Execute"), "{err}");
     let err = client.compile("func.func @main(", &CompileOptions::default()).unwrap_err();
     assert_eq!(err.call(), Some("PJRT_Client_Compile"), "{err}");
+
+    // The plugin's profiler sees the program's kernels on the GPU's plane, each with a duration.
+    let profiler = Profiler::start(&plugin).unwrap();
+    for _ in 0..5 {
+        read_f32(&exe.execute(&[&a, &b]).unwrap()[0]);
+    }
+    let trace = profiler.finish().unwrap();
+    let kernels: Vec<_> = trace.events_on("/device:GPU:").filter(|(_, l, _)| l.name.contains("Stream")).collect();
+    eprintln!("profiler: planes {:?}", trace.planes.iter().map(|p| &p.name).collect::<Vec<_>>());
+    for (_, l, e) in kernels.iter().take(8) {
+        eprintln!("  {} | {} | {} ps | {:?}", l.name, e.name, e.duration_ps, e.stats);
+    }
+    assert!(kernels.len() >= 5, "{} kernel events on the GPU plane", kernels.len());
+    assert!(kernels.iter().all(|(_, _, e)| e.duration_ps > 0));
 
     // Host overhead of one small execution, for the report.
     let start = std::time::Instant::now();

@@ -235,3 +235,23 @@ fn kernels_forced_where_they_cannot_run_are_unsupported() {
     let wrong = Tensor::zeros(&[3], DType::F32);
     assert!(matches!(kernel(Implementation::Auto).try_call(&[&wrong]), Err(Error::InvalidArgument { .. })));
 }
+
+/// The CPU plugins have no profiler: `profile` says so at the caller's line and runs nothing. On a GPU the same
+/// call profiles a product and finds its matmul kernel.
+#[test]
+fn profiling_is_unsupported_on_the_cpu_and_finds_the_matmul_on_a_gpu() {
+    let (x, _) = matrix(64, 64, 0.5);
+    let line = line!() + 1;
+    let result = lazuli::profile(1, || x.matmul(&x).sum(&[0, 1]).item::<f32>());
+    if lazuli::platform().unwrap() != "cpu" {
+        let (value, profile) = result.unwrap();
+        assert!(value.unwrap().is_finite());
+        assert!(profile.busy > std::time::Duration::ZERO, "{profile}");
+        assert!(profile.kernels.iter().any(|k| k.kind == lazuli::diagnostics::KernelKind::Matmul), "{profile}");
+        return;
+    }
+    let err = result.err().expect("the CPU plugins have no profiler");
+    assert!(matches!(&err, Error::Unsupported { op: "profile", backend, .. } if backend == "cpu"), "{err:?}");
+    assert_eq!(err.recorded_at().map(|at| at.line), Some(line), "{err}");
+    assert!(err.to_string().contains("no profiler extension"), "{err}");
+}

@@ -5,11 +5,13 @@ mod compare;
 pub mod events;
 pub mod explain;
 pub mod metrics;
+pub mod profile;
 pub mod report;
 mod steps;
 
 pub use events::{Event, EventKind};
 pub use explain::{DiffKind, Difference};
+pub use profile::{DeviceProfile, KernelKind, KernelTime};
 pub use steps::{
     advice, cause_name, current_step, set_strict, strict_budget, strict_scope, unchecked, Budget, StrictScope,
 };

@@ -4,12 +4,14 @@
 //! the [`upload`] of its arguments, its [`launch`] (from this thread or on the CPU launcher), and the programs
 //! [`in_flight`] (bounded, waited for by reads, `wait()` and at exit). Beside them: [`read`] (what triggers a
 //! materialization: `item`, `to_vec`, printing, `sync`), `spmd` (layouts over a mesh), `reference` (the host
-//! interpreter instead of a device) and [`bench_hooks`] (the host-side stages timed without running).
+//! interpreter instead of a device), [`bench_hooks`] (the host-side stages timed without running) and
+//! [`profile()`] (the device's kernels while a closure runs, from the plugin's profiler).
 
 pub mod bench_hooks;
 pub(crate) mod in_flight;
 pub(crate) mod launch;
 pub(crate) mod plan;
+mod profile;
 pub(crate) mod program;
 pub mod read;
 pub(crate) mod reference;
@@ -23,6 +25,7 @@ use lazuli_hlo::Loc;
 
 pub use in_flight::wait;
 pub use plan::MAX_GRAPH_NODES;
+pub use profile::profile;
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::diagnostics::{self, cause_name, Cause, EventKind, ProgramCheck};
