@@ -15,6 +15,7 @@ pub mod infer_error;
 pub mod op;
 pub mod ops;
 pub mod program;
+pub mod repeats;
 pub mod shard;
 
 pub use builder::Builder;
@@ -42,4 +43,5 @@ pub use ops::slicing::{Concatenate, Pad, Reverse, Slice};
 pub use ops::special::Erf;
 pub use ops::window::{ReduceWindow, SelectAndScatter, WindowKind};
 pub use program::{BackendConfig, CustomCall, Program, Recorder, Step, Value, ValueId};
+pub use repeats::{find_repeats, Repeat};
 pub use shard::{DimShards, ShardIn};

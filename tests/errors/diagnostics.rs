@@ -5,8 +5,8 @@
 use std::sync::Mutex;
 
 use lazuli::diagnostics::{events, report, strict_scope, Budget, DiffKind, EventKind};
-use lazuli::nn::{Activation, HostRng, Mlp};
-use lazuli::{DType, Module, Optimizer, Sgd, Tensor};
+use lazuli::nn::{Activation, Gpt, GptConfig, HostRng, Mlp};
+use lazuli::{AdamW, DType, Module, Optimizer, Sgd, Tensor};
 
 use crate::common::child;
 
@@ -326,4 +326,51 @@ fn a_checkpoint_mid_step_is_reported_at_its_line() {
     let r = report::analyse(&ev);
     assert!(r.breaks.iter().any(|b| b.cause == "checkpoint" && b.site == site(l_save)), "{r:?}");
     assert!(report::render(&r).contains("save checkpoints right after lazuli::sync()"));
+}
+
+/// A GPT's step repeats its block: the forward's `n_layer` copies are found at the line that called the model (the
+/// `nn` layers pass their caller's line on), and the backward's and the optimizer's per-block runs as well (the
+/// block next to the head and the loss, and the first optimizer block, differ from the others: at least three
+/// copies); the report lists them. An MLP whose layers all differ in shape repeats nothing.
+#[test]
+fn repeated_layers_are_found_and_layers_of_other_shapes_are_not() {
+    if child::alone(module_path!(), "repeated_layers_are_found_and_layers_of_other_shapes_are_not") {
+        return; // the capture is process-wide
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg =
+        GptConfig { vocab: 32, block_size: 16, n_layer: 4, n_head: 2, d_model: 16, dropout: 0.0, dtype: DType::F32 };
+    let model = Gpt::new(&mut HostRng::new(3), cfg);
+    let mut opt = AdamW::new(model.named_params(), 1e-3);
+    let ids: Vec<i32> = (0..16).map(|i| (i * 7 % 32) as i32).collect();
+    let ids = Tensor::from_slice(&ids, &[2, 8]);
+    lazuli::sync().unwrap();
+    events::start_capture();
+    let l_loss = line!() + 1;
+    model.loss(&ids, &ids).backward();
+    opt.step();
+    opt.zero_grad();
+    lazuli::sync().unwrap();
+    let ev = events::take_captured();
+    let compiled: Vec<_> = ev.iter().filter(|e| e.kind == EventKind::Program && !e.cache_hit).collect();
+    assert_eq!(compiled.len(), 1);
+    let repeats = &compiled[0].repeats;
+    let forward = &repeats[0];
+    assert!(forward.starts_with("4 copies of ") && forward.contains(&site(l_loss)), "{repeats:#?}");
+    assert!(forward.contains("as one scanned body"), "{forward}");
+    let runs = repeats.iter().filter(|r| r.starts_with("4 copies") || r.starts_with("3 copies")).count();
+    assert!(runs >= 3, "forward, backward and optimizer: {repeats:#?}");
+    let text = report::render(&report::analyse(&ev));
+    assert!(text.contains("repeated structure") && text.contains(forward.as_str()), "{text}");
+
+    let widths = [3, 5, 7, 9, 11, 13, 1];
+    let mlp = Mlp::new(&mut HostRng::new(5), &widths, Activation::Tanh, DType::F32);
+    events::start_capture();
+    let x = Tensor::from_slice(&[0.5f32; 12], &[4, 3]);
+    mlp.forward(&x).pow(2.0).mean_all().backward();
+    lazuli::sync().unwrap();
+    let ev = events::take_captured();
+    let compiled: Vec<_> = ev.iter().filter(|e| e.kind == EventKind::Program && !e.cache_hit).collect();
+    assert_eq!(compiled.len(), 1);
+    assert_eq!(compiled[0].repeats, Vec::<String>::new());
 }

@@ -77,6 +77,10 @@ pub struct Event {
     /// (`attention at src/model.rs:42:9: cudnn (bf16, head dim 64, causal)`).
     #[serde(default)]
     pub kernels: Vec<String>,
+    /// For a compile: structure the program repeats (`12 copies of 310 nodes recorded at src/model.rs:40–58 (9
+    /// lines)`), the copies that a scanned body would compile once; the most nodes saved first.
+    #[serde(default)]
+    pub repeats: Vec<String>,
 }
 
 impl Event {
@@ -108,6 +112,7 @@ impl Event {
             explanation: Vec::new(),
             differences: Vec::new(),
             kernels: Vec::new(),
+            repeats: Vec::new(),
         }
     }
 

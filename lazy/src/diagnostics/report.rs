@@ -82,6 +82,8 @@ pub struct Report {
     pub recompile_sites: Vec<RecompileSite>,
     /// Every custom kernel compiled, with the implementation it runs and why, once each.
     pub kernels: Vec<String>,
+    /// Repeated structure in compiled programs (scan candidates), once each: where, and what scanning would save.
+    pub repeats: Vec<String>,
 }
 
 /// Parse JSON lines; a malformed line is an error naming its number.
@@ -242,6 +244,10 @@ pub fn analyse(events: &[Event]) -> Report {
             kernels.push(k.clone());
         }
     }
+    let mut repeats: Vec<String> = Vec::new();
+    for r in programs.iter().flat_map(|e| &e.repeats) {
+        push_new(&mut repeats, r.clone());
+    }
     let last_step = events.iter().map(|e| e.step + u64::from(e.kind == EventKind::StepEnd)).max().unwrap_or(0);
     Report {
         steps: last_step,
@@ -257,6 +263,7 @@ pub fn analyse(events: &[Event]) -> Report {
         breaks,
         recompile_sites,
         kernels,
+        repeats,
     }
 }
 
@@ -284,6 +291,12 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(s, "\ncustom kernels:");
         for k in &r.kernels {
             let _ = writeln!(s, "  {k}");
+        }
+    }
+    if !r.repeats.is_empty() {
+        let _ = writeln!(s, "\nrepeated structure (each copy compiled again; `lazuli::scan` runs one body K times):");
+        for line in &r.repeats {
+            let _ = writeln!(s, "  {line}");
         }
     }
     if r.breaks.is_empty() && r.recompile_sites.is_empty() {

@@ -126,6 +126,22 @@ fn finish(
     Ok(())
 }
 
+/// What the program repeats, for a compile's event: each run of identical copies, with what a scanned body saves.
+fn repeats(graph: &lazuli_hlo::Graph) -> Vec<String> {
+    let nodes = graph.nodes.len();
+    lazuli_hlo::find_repeats(graph)
+        .iter()
+        .map(|r| {
+            let saved = r.nodes_saved();
+            format!(
+                "{}: as one scanned body, {saved} of the program's {nodes} nodes fewer ({:.0}%)",
+                r.describe(),
+                100.0 * saved as f64 / nodes as f64
+            )
+        })
+        .collect()
+}
+
 /// The program's event: what ran, why, where, what it cost, and for a compile what changed and which kernels.
 fn emit_event(mut plan: Plan, check: ProgramCheck, cause: Cause, at: Loc, times: Times, uploaded: u64) {
     let hit = plan.cached.is_some();
@@ -138,6 +154,7 @@ fn emit_event(mut plan: Plan, check: ProgramCheck, cause: Cause, at: Loc, times:
     e.differences = check.differences;
     if !hit {
         e.kernels = program::kernel_choices(plan.walk.graph());
+        e.repeats = repeats(plan.walk.graph());
     }
     e.graph_hash = format!("{key:016x}");
     let w = &plan.walk;
