@@ -159,8 +159,7 @@ fn wiring(g: &Graph, a: usize, b: usize, len: usize) -> Option<Vec<isize>> {
 fn node_keys(g: &Graph) -> Vec<u64> {
     g.nodes
         .iter()
-        .enumerate()
-        .map(|(id, n)| {
+        .map(|n| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             leaf_key(&n.op).hash(&mut h);
             n.ty.hash(&mut h);

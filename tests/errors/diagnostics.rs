@@ -342,7 +342,7 @@ fn repeated_layers_are_found_and_layers_of_other_shapes_are_not() {
         GptConfig { vocab: 32, block_size: 16, n_layer: 4, n_head: 2, d_model: 16, dropout: 0.0, dtype: DType::F32 };
     let model = Gpt::new(&mut HostRng::new(3), cfg);
     let mut opt = AdamW::new(model.named_params(), 1e-3);
-    let ids: Vec<i32> = (0..16).map(|i| (i * 7 % 32) as i32).collect();
+    let ids: Vec<i32> = (0..16).map(|i| i * 7 % 32).collect();
     let ids = Tensor::from_slice(&ids, &[2, 8]);
     lazuli::sync().unwrap();
     events::start_capture();

@@ -250,7 +250,7 @@ fn profiling_is_unsupported_on_the_cpu_and_finds_the_matmul_on_a_gpu() {
         assert!(profile.kernels.iter().any(|k| k.kind == lazuli::diagnostics::KernelKind::Matmul), "{profile}");
         return;
     }
-    let err = result.err().expect("the CPU plugins have no profiler");
+    let err = result.expect_err("the CPU plugins have no profiler");
     assert!(matches!(&err, Error::Unsupported { op: "profile", backend, .. } if backend == "cpu"), "{err:?}");
     assert_eq!(err.recorded_at().map(|at| at.line), Some(line), "{err}");
     assert!(err.to_string().contains("no profiler extension"), "{err}");
