@@ -71,6 +71,8 @@ pub use lazuli_lazy::{
     scaled_dot_product_attention, try_scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions,
     Implementation, TritonKernel,
 };
+// Structured control flow: loops and branches with bodies as closures over tensors.
+pub use lazuli_lazy::{cond, scan, try_cond, try_scan, try_while_loop, while_loop, Scan};
 // Random numbers.
 pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};
 // The runtime: set-up, what it loaded, what it did.
