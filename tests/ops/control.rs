@@ -66,8 +66,8 @@ fn scanned(h0: &Tensor, xs: &Tensor, w: &Tensor, v: &Tensor, reverse: bool) -> (
             let (next, y) = cell(&c[0], &x[0], w, v);
             (vec![next], vec![y])
         },
-        &[h0.clone()],
-        &[xs.clone()],
+        std::slice::from_ref(h0),
+        std::slice::from_ref(xs),
     );
     (carry[0].clone(), ys[0].clone())
 }
@@ -145,7 +145,7 @@ fn while_loop_matches_the_rust_loop_and_the_reference() {
     let out = while_loop(
         |c| {
             let big = (&(&c[0] * &c[0]) - &a).abs().max(&[0]).gt(1e-12);
-            let more = c[1].lt(&Tensor::scalar(50i32));
+            let more = c[1].lt(Tensor::scalar(50i32));
             big.and(&more)
         },
         |c| vec![&(&c[0] + &(&a / &c[0])) * 0.5, &c[1] + &Tensor::scalar(1i32)],
@@ -167,7 +167,7 @@ fn while_loop_matches_the_rust_loop_and_the_reference() {
 fn while_loop_gradient_is_refused_naming_its_line() {
     let x = Tensor::from_slice(&[0.5f64], &[1]).requires_grad();
     let line = line!() + 1;
-    let out = while_loop(|c| c[0].sum_all().lt(10.0), |c| vec![&c[0] * 2.0], &[x.clone()]);
+    let out = while_loop(|c| c[0].sum_all().lt(10.0), |c| vec![&c[0] * 2.0], std::slice::from_ref(&x));
     let msg = panic_message(|| {
         lazuli::grad(&out[0].sum_all(), &[&x]);
     });
@@ -180,7 +180,7 @@ fn while_loop_gradient_is_refused_naming_its_line() {
 /// `x * w` if `sum(x) > 0`, else `sin(x) + b`; `w` and `b` are captured by the branches.
 fn branchy(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
     let pred = x.sum_all().gt(0.0);
-    cond(&pred, |a| vec![&a[0] * w], |a| vec![&a[0].sin() + b], &[x.clone()]).remove(0)
+    cond(&pred, |a| vec![&a[0] * w], |a| vec![&a[0].sin() + b], std::slice::from_ref(x)).remove(0)
 }
 
 #[test]
@@ -261,7 +261,7 @@ fn a_body_that_panics_names_its_own_line() {
     let line = line!() + 1;
     let body = |c: &[Tensor], x: &[Tensor]| (vec![c[0].matmul(&x[0])], vec![]);
     let msg = panic_message(|| {
-        scan(body, &[Tensor::zeros(&[2], DType::F64)], &[xs.clone()]);
+        scan(body, &[Tensor::zeros(&[2], DType::F64)], std::slice::from_ref(&xs));
     });
     assert!(msg.contains(&format!("control.rs:{line}:")), "names the body's line {line}: {msg}");
 }

@@ -344,9 +344,9 @@ fn slice_at(cx: &mut LowerCx<'_>, x: &str, ty: &TensorType, t: &str, zero: &str)
     sizes[0] = 1;
     let one = TensorType::new(ty.dtype, &sizes);
     let mut names = vec![x.to_string(), t.to_string()];
-    names.extend(std::iter::repeat(zero.to_string()).take(ty.rank() - 1));
+    names.extend(vec![zero.to_string(); ty.rank() - 1]);
     let mut tys = vec![ty];
-    tys.extend(std::iter::repeat(&idx).take(ty.rank()));
+    tys.extend(vec![&idx; ty.rank()]);
     let attrs = format!("slice_sizes = {}", i64_array(&sizes));
     let s = cx.op("stablehlo.dynamic_slice", &names, &tys, &attrs, None, &one);
     let step = step_of(ty);
@@ -362,9 +362,9 @@ fn update_at(cx: &mut LowerCx<'_>, acc: &str, ty: &TensorType, y: &str, t: &str,
     let step = step_of(ty);
     let y1 = cx.lower_op(&Op::Reshape(Reshape { dims }), vec![(y.to_string(), &step)], &one);
     let mut names = vec![acc.to_string(), y1, t.to_string()];
-    names.extend(std::iter::repeat(zero.to_string()).take(ty.rank() - 1));
+    names.extend(vec![zero.to_string(); ty.rank() - 1]);
     let mut tys = vec![ty, &one];
-    tys.extend(std::iter::repeat(&idx).take(ty.rank()));
+    tys.extend(vec![&idx; ty.rank()]);
     cx.op("stablehlo.dynamic_update_slice", &names, &tys, "", None, ty)
 }
 
