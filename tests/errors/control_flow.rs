@@ -77,27 +77,25 @@ fn a_scan_without_xs_needs_a_length() {
 
 #[test]
 fn xs_of_different_lengths_are_refused() {
-    let short = Tensor::zeros(&[2, 2], DType::F32);
+    let (short, h0) = (Tensor::zeros(&[2, 2], DType::F32), Tensor::zeros(&[], DType::F32));
+    let keep = |c: &[Tensor], _: &[Tensor]| (vec![c[0].clone()], vec![]);
     let line = line!() + 1;
-    let err =
-        try_scan(|c, _| (vec![c[0].clone()], vec![]), &[Tensor::zeros(&[], DType::F32)], &[xs(), short]).err().unwrap();
+    let err = try_scan(keep, &[h0], &[xs(), short]).unwrap_err();
     assert_at(&err, line);
     assert!(matches!(err, Error::ShapeMismatch { op: "scan", .. }), "{err:?}");
 }
 
 #[test]
 fn a_while_body_that_changes_the_carry_is_refused_at_the_call() {
-    let x = Tensor::zeros(&[2], DType::F32);
+    let x = [Tensor::zeros(&[2], DType::F32)];
+    let small = |c: &[Tensor]| c[0].sum_all().lt(3.0);
+    let grow = |c: &[Tensor]| vec![c[0].reshape(&[1, 2])];
     let line = line!() + 1;
-    let err = try_while_loop(|c| c[0].sum_all().lt(3.0), |c| vec![c[0].reshape(&[1, 2])], std::slice::from_ref(&x))
-        .err()
-        .unwrap();
+    let err = try_while_loop(small, grow, &x).unwrap_err();
     assert_at(&err, line);
     assert!(err.to_string().contains("carry 0 from f32[2] into f32[1,2]"), "{err}");
     let line = line!() + 1;
-    let msg = panic_message(|| {
-        drop(while_loop(|c| c[0].sum_all().lt(3.0), |c| vec![c[0].reshape(&[1, 2])], std::slice::from_ref(&x)))
-    });
+    let msg = panic_message(|| drop(while_loop(small, grow, &x)));
     assert_names_line(&msg, line);
 }
 
@@ -105,7 +103,7 @@ fn a_while_body_that_changes_the_carry_is_refused_at_the_call() {
 fn a_while_condition_must_be_a_bool_scalar() {
     let x = Tensor::zeros(&[2], DType::F32);
     let line = line!() + 1;
-    let err = try_while_loop(|c| c[0].lt(3.0), |c| vec![&c[0] + 1.0], &[x]).err().unwrap();
+    let err = try_while_loop(|c| c[0].lt(3.0), |c| vec![&c[0] + 1.0], &[x]).unwrap_err();
     assert_at(&err, line);
     assert!(err.to_string().contains("one bool scalar"), "{err}");
 }
@@ -114,14 +112,13 @@ fn a_while_condition_must_be_a_bool_scalar() {
 fn cond_branches_must_agree_and_the_predicate_be_a_bool_scalar() {
     let x = Tensor::zeros(&[2], DType::F32);
     let pred = x.sum_all().gt(0.0);
+    let (same, sum) = (|a: &[Tensor]| vec![a[0].clone()], |a: &[Tensor]| vec![a[0].sum_all()]);
     let line = line!() + 1;
-    let err =
-        try_cond(&pred, |a| vec![a[0].clone()], |a| vec![a[0].sum_all()], std::slice::from_ref(&x)).err().unwrap();
+    let err = try_cond(&pred, same, sum, std::slice::from_ref(&x)).unwrap_err();
     assert_at(&err, line);
     assert!(err.to_string().contains("the true branch returns (f32[2]), the false branch (f32[])"), "{err}");
     let line = line!() + 1;
-    let msg =
-        panic_message(|| drop(cond(&x, |a| vec![a[0].clone()], |a| vec![a[0].clone()], std::slice::from_ref(&x))));
+    let msg = panic_message(|| drop(cond(&x, same, same, std::slice::from_ref(&x))));
     assert_names_line(&msg, line);
     assert!(msg.contains("bool scalar"), "{msg}");
 }
