@@ -24,6 +24,8 @@
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
 //!   kernel of your own with [`TritonKernel`]; a fused elementwise expression with [`ir::FusedBuilder`].
+//! - Control flow: [`scan()`] (and [`Scan`] for its options), [`while_loop()`], [`cond()`], each with bodies as
+//!   closures over tensors, and their `try_` forms.
 //! - The runtime: [`init`] with a [`Config`], [`runtime_info()`], [`metrics()`], [`memory_stats()`].
 //! - When something goes wrong: [`Error`] (each names the line that caused it), [`diagnostics`] (graph breaks,
 //!   recompiles, strict mode, the report behind the `lazuli-report` tool).
