@@ -24,6 +24,8 @@
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
 //!   kernel of your own with [`TritonKernel`]; a fused elementwise expression with [`ir::FusedBuilder`].
+//! - Control flow: [`scan()`] (and [`Scan`] for its options), [`while_loop()`], [`cond()`], each with bodies as
+//!   closures over tensors, and their `try_` forms.
 //! - The runtime: [`init`] with a [`Config`], [`runtime_info()`], [`metrics()`], [`memory_stats()`].
 //! - When something goes wrong: [`Error`] (each names the line that caused it), [`diagnostics`] (graph breaks,
 //!   recompiles, strict mode, the report behind the `lazuli-report` tool).
@@ -71,6 +73,8 @@ pub use lazuli_lazy::{
     scaled_dot_product_attention, try_scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions,
     Implementation, TritonKernel,
 };
+// Structured control flow: loops and branches with bodies as closures over tensors.
+pub use lazuli_lazy::{cond, scan, try_cond, try_scan, try_while_loop, while_loop, Scan};
 // Random numbers.
 pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};
 // The runtime: set-up, what it loaded, what it did.

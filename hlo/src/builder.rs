@@ -27,6 +27,12 @@ pub trait Builder {
         true
     }
 
+    /// Stop: a gradient rule met an op it cannot differentiate (a `while_loop`'s reverse mode). The lazy
+    /// recorder names the forward op's line.
+    fn refuse(&mut self, why: &str) -> ! {
+        panic!("lazuli: {why}")
+    }
+
     // Helpers, all in terms of `op`.
 
     /// A constant with every element `value`, of type `ty`.

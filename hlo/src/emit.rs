@@ -81,6 +81,47 @@ impl<'a> LowerCx<'a> {
         names
     }
 
+    /// A region of one block, as the text an op's `region` takes: arguments of `arg_tys` (fresh names, passed to
+    /// `body`), the lines `body` writes, and a `stablehlo.return` of the values it returns. Shared lowerings do
+    /// not cross the region's edge: a value defined inside is not visible after it.
+    pub fn region(
+        &mut self,
+        arg_tys: &[&TensorType],
+        body: impl FnOnce(&mut LowerCx<'_>, Vec<String>) -> Vec<(String, TensorType)>,
+    ) -> String {
+        let names: Vec<String> = arg_tys.iter().map(|_| self.fresh()).collect();
+        let mut text = String::new();
+        let mut shared = HashMap::new();
+        let outs = {
+            let mut cx = LowerCx {
+                text: &mut text,
+                counter: &mut *self.counter,
+                args: Vec::new(),
+                out: self.out,
+                loc: self.loc,
+                shared: &mut shared,
+            };
+            body(&mut cx, names.clone())
+        };
+        let mut r = String::from("{\n");
+        if !names.is_empty() {
+            let params: Vec<String> = names.iter().zip(arg_tys).map(|(n, t)| format!("{n}: {}", t.mlir())).collect();
+            let _ = writeln!(r, "    ^bb0({}):", params.join(", "));
+        }
+        r.push_str(&text);
+        let vals: Vec<&str> = outs.iter().map(|o| o.0.as_str()).collect();
+        let tys: Vec<String> = outs.iter().map(|o| o.1.mlir()).collect();
+        let _ = writeln!(
+            r,
+            "    \"stablehlo.return\"({}) : ({}) -> () {}",
+            vals.join(", "),
+            tys.join(", "),
+            self.loc.mlir()
+        );
+        r.push_str("    }");
+        r
+    }
+
     /// A fresh SSA name.
     pub fn fresh(&mut self) -> String {
         *self.counter += 1;

@@ -10,6 +10,7 @@ use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
     activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad},
+    control::ControlOp,
     conv::Convolution,
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
@@ -94,6 +95,8 @@ pub enum Op {
     CrossEntropyGrad(CrossEntropyGrad),
     /// A custom kernel's result (`ops/kernel.rs`): its rules come from the kernel's programs.
     Kernel(KernelOp),
+    /// One result of a `scan`, `while_loop` or `cond` (`ops/control.rs`): its bodies are programs.
+    Control(ControlOp),
 }
 
 macro_rules! dispatch {
@@ -139,6 +142,7 @@ macro_rules! dispatch {
             Op::CrossEntropy($o) => $e,
             Op::CrossEntropyGrad($o) => $e,
             Op::Kernel($o) => $e,
+            Op::Control($o) => $e,
         }
     };
 }
@@ -224,7 +228,8 @@ impl Op {
             | Op::SoftmaxGrad(_)
             | Op::CrossEntropy(_)
             | Op::CrossEntropyGrad(_)
-            | Op::Kernel(_) => None,
+            | Op::Kernel(_)
+            | Op::Control(_) => None,
         }
     }
 }

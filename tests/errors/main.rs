@@ -1,4 +1,4 @@
-//! Errors and diagnostics: bad input refused at the caller's line, XLA's errors at the Rust line, graph breaks,
+//! Errors and diagnostics: bad input refused at the caller's line (control flow's too), XLA's errors at the Rust line, graph breaks,
 //! recompile explanations and strict mode, and the fuzz harness.
 //!
 //! One of the root package's four test binaries by theme (`tests/ops`, `tests/engine`, `tests/errors`,
@@ -11,6 +11,7 @@
 mod common;
 
 mod bad_input;
+mod control_flow;
 mod diagnostics;
 mod errors;
 mod fuzz;

@@ -1,6 +1,6 @@
 //! The ops: values against ndarray and the reference interpreter, gradients against finite differences, fused
-//! and custom kernels (`gpu_kernels`, ignored without an NVIDIA GPU), precision, random numbers, numerics, and
-//! generated shapes and programs.
+//! and custom kernels (`gpu_kernels`, ignored without an NVIDIA GPU), control flow, precision, random numbers,
+//! numerics, and generated shapes and programs.
 //!
 //! One of the root package's four test binaries by theme (`tests/ops`, `tests/engine`, `tests/errors`,
 //! `tests/train`), a module per topic, so that `cargo test` links the stack four times rather than once per file.
@@ -11,6 +11,7 @@
 mod common;
 
 mod attention;
+mod control;
 mod cpu_library_fusions;
 mod custom_kernel;
 mod fused;

@@ -12,4 +12,5 @@ mod common;
 
 mod checkpoint;
 mod gpt;
+mod scanned_gpt;
 mod train;

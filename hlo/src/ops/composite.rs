@@ -95,6 +95,9 @@ impl<B: Builder> Builder for Tape<'_, B> {
         self.ops.push((op, operands.iter().map(|t| t.id).collect()));
         Taped { v, id: self.values.len() - 1 }
     }
+    fn refuse(&mut self, why: &str) -> ! {
+        self.b.refuse(why)
+    }
 }
 
 /// The cotangents of `x` for the expansion `expand` whose result's cotangent is `g`: the expansion is recorded
@@ -105,12 +108,29 @@ pub(crate) fn vjp<B: Builder>(
     g: &B::V,
     expand: impl FnOnce(&mut Tape<'_, B>, &[Taped<B::V>]) -> Taped<B::V>,
 ) -> Vec<Option<B::V>> {
+    vjp_outputs(b, x, &[Some(g.clone())], |t, x| vec![expand(t, x)])
+}
+
+/// [`vjp`] for an expansion with several results, each with a cotangent or none (`seeds`, one per result).
+pub(crate) fn vjp_outputs<B: Builder>(
+    b: &mut B,
+    x: &[B::V],
+    seeds: &[Option<B::V>],
+    expand: impl FnOnce(&mut Tape<'_, B>, &[Taped<B::V>]) -> Vec<Taped<B::V>>,
+) -> Vec<Option<B::V>> {
     let args: Vec<Taped<B::V>> = x.iter().enumerate().map(|(id, v)| Taped { v: v.clone(), id }).collect();
     let mut tape = Tape { b, values: x.to_vec(), ops: Vec::new() };
-    let out = expand(&mut tape, &args);
+    let outs = expand(&mut tape, &args);
     let Tape { b, values, ops } = tape;
     let mut cot: Vec<Option<B::V>> = vec![None; values.len()];
-    cot[out.id] = Some(g.clone());
+    // Two results may be one value (or an operand): their cotangents add.
+    for (out, seed) in outs.iter().zip(seeds) {
+        let Some(seed) = seed else { continue };
+        cot[out.id] = Some(match cot[out.id].take() {
+            Some(prev) => b.add(&prev, seed),
+            None => seed.clone(),
+        });
+    }
     for (k, (op, ins)) in ops.iter().enumerate().rev() {
         let id = x.len() + k;
         let Some(gk) = cot[id].take() else { continue };
@@ -141,6 +161,9 @@ impl<V: Clone> Builder for AllGrads<'_, V> {
     }
     fn op(&mut self, op: Op, operands: &[&V]) -> V {
         self.0.op(op, operands)
+    }
+    fn refuse(&mut self, why: &str) -> ! {
+        self.0.refuse(why)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Op families, one file each; see [`crate::op::OpRules`] for what every family provides.
 pub mod activation;
 pub(crate) mod composite;
+pub mod control;
 pub mod conv;
 pub mod dot;
 pub mod elementwise;

@@ -56,6 +56,9 @@ impl Builder for Recorder {
             Err(msg) => fail(self.loc, msg),
         }
     }
+    fn refuse(&mut self, why: &str) -> ! {
+        fail(self.loc, why)
+    }
 }
 
 thread_local! {

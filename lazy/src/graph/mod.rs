@@ -1,5 +1,5 @@
 //! The lazy graph: `Tensor` handles to nodes (`tensor`), recording ops on them with their shape checks
-//! (`record`), the walk of a pending graph at a step boundary (`walk`), reverse-mode autodiff (`autodiff`), the
+//! (`record`), the walk of a pending graph at a step boundary (`walk`), reverse-mode autodiff (`autodiff`), closures read back as programs (`trace`), the
 //! precision products are recorded with (`precision`), and the Rust types at the host boundary (`element`).
 
 pub mod autodiff;
@@ -8,4 +8,5 @@ pub mod element;
 pub mod precision;
 pub mod record;
 pub mod tensor;
+pub(crate) mod trace;
 pub(crate) mod walk;

@@ -24,7 +24,11 @@ pub(crate) fn raise(e: Error) -> ! {
 
 /// The user-facing error for an op's shape rule refusing `operands` at `loc`.
 pub(crate) fn op_error(op: &Op, why: InferError, operands: &[&TensorType], loc: Loc) -> Error {
-    let op = op.name();
+    named_op_error(op.name(), why, operands, loc)
+}
+
+/// [`op_error`] for the op named `op` (one not yet made: a loop whose body does not fit).
+pub(crate) fn named_op_error(op: &'static str, why: InferError, operands: &[&TensorType], loc: Loc) -> Error {
     match why {
         InferError::Shape(why) => {
             let shapes = operands.iter().map(|t| t.dims.to_vec()).collect();

@@ -9,14 +9,15 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use lazuli_hlo::{Builder, Constant, DType, Gradient, KernelDef, KernelOp, Loc, Op, Parameter, Program, TensorType};
+use lazuli_hlo::{DType, Gradient, KernelDef, KernelOp, Loc, Op, TensorType};
 use lazuli_kernels::custom::{define, CustomKernel};
 use lazuli_kernels::triton::TritonCall;
 use lazuli_kernels::{Implementation, Target};
 
 use crate::error::{Error, Result};
 use crate::graph::record::{raise, try_apply};
-use crate::graph::tensor::{Data, Node, NodeMap, Tensor};
+use crate::graph::tensor::Tensor;
+use crate::graph::trace::{trace, Captures};
 use crate::runtime::runtime;
 
 type Composite = Rc<dyn Fn(&[Tensor]) -> Vec<Tensor>>;
@@ -165,7 +166,8 @@ impl TritonKernel {
         let composite = self.composite.as_ref().ok_or_else(|| {
             format!("{name}: a custom kernel needs a composite (.composite(|x| …)): it runs where Triton cannot")
         })?;
-        let composite = trace(types, loc, |x| composite(x).into_iter().map(Some).collect())
+        let composite = trace(types, loc, Captures::Refuse, |x| composite(x).into_iter().map(Some).collect())
+            .map(|t| t.program)
             .map_err(|e| format!("{name}: in the composite: {e}"))?;
         let gradients = (0..self.outputs.len())
             .map(|r| match &self.gradient {
@@ -174,7 +176,8 @@ impl TritonKernel {
                     let mut inputs = types.to_vec();
                     inputs.extend([self.outputs[r].clone(), self.outputs[r].clone()]);
                     let n = types.len();
-                    let p = trace(&inputs, loc, |x| f(&x[..n], r, &x[n], &x[n + 1]))
+                    let p = trace(&inputs, loc, Captures::Refuse, |x| f(&x[..n], r, &x[n], &x[n + 1]))
+                        .map(|t| t.program)
                         .map_err(|e| format!("{name}: in the gradient of output {r}: {e}"))?;
                     Ok(Gradient::Program(p))
                 }
@@ -204,83 +207,4 @@ fn intern(name: &str) -> &'static str {
     let n: &'static str = Box::leak(name.to_string().into_boxed_str());
     names.push(n);
     n
-}
-
-/// Record `f` on placeholder inputs of `types` and read what it recorded back as a program. A host scalar the
-/// closure used becomes a constant of the program; any other tensor from outside is an error (pass it as an
-/// input).
-fn trace(types: &[TensorType], loc: Loc, f: impl FnOnce(&[Tensor]) -> Vec<Option<Tensor>>) -> Result<Program, String> {
-    let placeholders: Vec<Tensor> = types
-        .iter()
-        .enumerate()
-        .map(|(index, ty)| {
-            let node = Tensor::record_node(Op::Parameter(Parameter { index }), Default::default(), ty.clone(), loc);
-            Tensor::structural(node)
-        })
-        .collect();
-    let outputs = crate::graph::autodiff::no_grad(|| f(&placeholders));
-    let mut input_of: NodeMap<usize> = NodeMap::default();
-    for (i, p) in placeholders.iter().enumerate() {
-        input_of.insert(Rc::as_ptr(&p.node), i);
-    }
-    let mut error = None;
-    let program = Program::record(types, |b, x| {
-        let mut seen: NodeMap<lazuli_hlo::Value> = NodeMap::default();
-        for (p, v) in placeholders.iter().zip(x) {
-            seen.insert(Rc::as_ptr(&p.node), v.clone());
-        }
-        let mut outs = Vec::new();
-        for o in &outputs {
-            match o {
-                None => outs.push(None),
-                Some(t) => match replay(b, &t.node, &mut seen) {
-                    Ok(v) => outs.push(Some(v)),
-                    Err(e) => {
-                        error.get_or_insert(e);
-                        outs.push(None);
-                    }
-                },
-            }
-        }
-        outs
-    })?;
-    match error {
-        Some(e) => Err(e),
-        None => Ok(program),
-    }
-}
-
-/// The program value of `node`, recording its recipe's ops (operands first) on `b`.
-fn replay(
-    b: &mut lazuli_hlo::Recorder,
-    node: &Rc<Node>,
-    seen: &mut NodeMap<lazuli_hlo::Value>,
-) -> Result<lazuli_hlo::Value, String> {
-    if let Some(v) = seen.get(&Rc::as_ptr(node)) {
-        return Ok(v.clone());
-    }
-    let (op, operands) = {
-        let state = node.lock();
-        match (&state.recipe, &state.data) {
-            (Some(r), _) => (r.op.clone(), r.operands.to_vec()),
-            (None, Some(Data::Host(bytes))) if node.ty.rank() == 0 => {
-                let value = crate::graph::element::bytes_to_f64(node.ty.dtype, bytes)[0];
-                (Op::Constant(Constant::new(value, node.ty.clone())), Vec::new())
-            }
-            _ => {
-                return Err(format!(
-                    "it uses a tensor recorded at {} that is not one of the kernel's inputs: pass it as an input",
-                    node.loc
-                ))
-            }
-        }
-    };
-    let mut args = Vec::with_capacity(operands.len());
-    for o in &operands {
-        args.push(replay(b, o, seen)?);
-    }
-    let refs: Vec<&lazuli_hlo::Value> = args.iter().collect();
-    let v = b.op(op, &refs);
-    seen.insert(Rc::as_ptr(node), v.clone());
-    Ok(v)
 }

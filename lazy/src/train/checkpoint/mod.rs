@@ -77,7 +77,7 @@ pub fn save(
         named.extend(opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
     }
     named.extend(extra.iter().map(|(n, t)| (format!("extra.{n}"), t.clone())));
-    let blobs = read_all(named, call.at)?;
+    let blobs = read_all(unstack(named), call.at)?;
 
     let mut meta: HashMap<String, String> = user.iter().map(|(k, v)| (format!("user.{k}"), v.clone())).collect();
     meta.insert("format".into(), FORMAT.into());
@@ -185,6 +185,14 @@ pub fn load(
         let ty = TensorType::new(dtype, view.shape());
         tensors.insert(name, Tensor::host(ty, view.data().to_vec(), call.at));
     }
+    let mut stacked: Vec<(String, TensorType)> =
+        model.named_params().into_iter().map(|(n, p)| (format!("model.{n}"), p.get().tensor_type().clone())).collect();
+    if let Some(opt) = optimizer.as_deref() {
+        stacked.extend(opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t.tensor_type().clone())));
+    }
+    for (name, ty) in &stacked {
+        restack(&mut tensors, name, ty).map_err(|e| call.err(e))?;
+    }
     let optim_state: HashMap<String, Tensor> =
         tensors.iter().filter_map(|(k, t)| k.strip_prefix("optim.").map(|k| (k.to_string(), t.clone()))).collect();
     check_fit(&call, &tensors, model, optimizer.as_deref(), &optim_state)?;
@@ -263,5 +271,57 @@ fn check_fit(
     if !unknown.is_empty() {
         return Err(call.err(format!("the model has no parameters named {unknown:?}")));
     }
+    Ok(())
+}
+
+/// The `*` segment of a stacked parameter's name (`blocks.*.ln1.weight`, `nn::ScannedBlocks`), as layer `i`.
+fn layer_name(name: &str, i: usize) -> Option<String> {
+    let star = crate::train::nn::scanned::STACKED;
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.contains(&star).then(|| {
+        let layer = i.to_string();
+        parts.iter().map(|p| if *p == star { layer.as_str() } else { p }).collect::<Vec<&str>>().join(".")
+    })
+}
+
+/// Stacked tensors (names with a `*` segment) as one tensor per layer, under the unrolled model's names.
+fn unstack(named: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    let mut out = Vec::with_capacity(named.len());
+    for (name, t) in named {
+        if layer_name(&name, 0).is_none() || t.rank() == 0 {
+            out.push((name, t));
+            continue;
+        }
+        let per_layer: Vec<isize> = t.dims()[1..].iter().map(|&d| d as isize).collect();
+        for i in 0..t.dims()[0] {
+            let layer = crate::graph::autodiff::no_grad(|| t.narrow(0, i, 1).reshape(&per_layer));
+            out.push((layer_name(&name, i).expect("a stacked name"), layer));
+        }
+    }
+    out
+}
+
+/// Where `name` is stacked and the file holds it per layer (a checkpoint of the unrolled model, or of a scanned
+/// one), replace those layers in `tensors` with their stack under `name`.
+fn restack(tensors: &mut HashMap<String, Tensor>, name: &str, ty: &TensorType) -> std::result::Result<(), String> {
+    if layer_name(name, 0).is_none() || ty.rank() == 0 || tensors.contains_key(name) {
+        return Ok(());
+    }
+    let layer_ty = TensorType::new(ty.dtype, &ty.dims[1..]);
+    let mut layers = Vec::with_capacity(ty.dims[0]);
+    for i in 0..ty.dims[0] {
+        let key = layer_name(name, i).expect("a stacked name");
+        let t = tensors.get(&key).ok_or_else(|| format!("{key:?} is missing"))?;
+        if *t.tensor_type() != layer_ty {
+            return Err(format!("{key:?} is {} in the file, {layer_ty} in the model", t.tensor_type()));
+        }
+        layers.push(t.clone());
+    }
+    for i in 0..ty.dims[0] {
+        tensors.remove(&layer_name(name, i).expect("a stacked name"));
+    }
+    let refs: Vec<&Tensor> = layers.iter().collect();
+    // Every layer has the same checked type, so the stack fits.
+    tensors.insert(name.to_string(), crate::graph::autodiff::no_grad(|| Tensor::stack(&refs, 0)));
     Ok(())
 }

@@ -5,6 +5,7 @@ use lazuli_hlo::DType;
 
 use super::init::{normal, HostRng};
 use super::layers::{Dropout, Embedding, LayerNorm, Linear};
+use super::scanned::ScannedBlocks;
 use super::{join, Module, Param};
 use crate::graph::constants::constant_like;
 use crate::graph::tensor::Tensor;
@@ -27,12 +28,25 @@ pub struct GptConfig {
     pub dropout: f64,
     /// Dtype of the weights and activations.
     pub dtype: DType,
+    /// Store the blocks' parameters stacked and run them with one `scan` ([`ScannedBlocks`]): one block's ops
+    /// in the graph instead of `n_layer` copies. Checkpoints keep the unrolled model's names. Needs `dropout`
+    /// 0 while training.
+    pub scan_blocks: bool,
 }
 
 impl GptConfig {
     /// GPT-2 small: 12 layers, 12 heads, d = 768, 1024 positions.
     pub fn gpt2_small(vocab: usize) -> GptConfig {
-        GptConfig { vocab, block_size: 1024, n_layer: 12, n_head: 12, d_model: 768, dropout: 0.0, dtype: DType::F32 }
+        GptConfig {
+            vocab,
+            block_size: 1024,
+            n_layer: 12,
+            n_head: 12,
+            d_model: 768,
+            dropout: 0.0,
+            dtype: DType::F32,
+            scan_blocks: false,
+        }
     }
 
     /// Training FLOPs per token at sequence length `seq`: 6 per parameter (the position table excluded; the
@@ -191,8 +205,10 @@ pub struct Gpt {
     pub wte: Embedding,
     /// Position embedding, `[block_size, d_model]`.
     pub wpe: Embedding,
-    /// The transformer blocks, in order.
+    /// The transformer blocks, in order (none with `scan_blocks`: they are in `scanned`).
     pub blocks: Vec<Block>,
+    /// The blocks stacked and scanned, with `GptConfig::scan_blocks`.
+    pub scanned: Option<ScannedBlocks>,
     /// The final normalization.
     pub ln_f: LayerNorm,
     /// Dropout on the embeddings.
@@ -205,10 +221,12 @@ impl Gpt {
         let c = &config;
         let wte = Embedding::new(rng, c.vocab, c.d_model, 0.02, c.dtype);
         let wpe = Embedding::new(rng, c.block_size, c.d_model, 0.01, c.dtype);
-        let blocks = (0..c.n_layer).map(|_| Block::new(rng, c)).collect();
+        let mut blocks: Vec<Block> = (0..c.n_layer).map(|_| Block::new(rng, c)).collect();
+        // Drawn as the unrolled model's, then stacked: the same seed gives the same weights either way.
+        let scanned = c.scan_blocks.then(|| ScannedBlocks::from_blocks(&std::mem::take(&mut blocks), c));
         let ln_f = LayerNorm::new(c.d_model, 1e-5, c.dtype);
         let emb_drop = Dropout::new(c.dropout);
-        Gpt { wte, wpe, blocks, ln_f, emb_drop, config }
+        Gpt { wte, wpe, blocks, scanned, ln_f, emb_drop, config }
     }
 
     /// `ids: [B, T]` integers → logits `[B, T, vocab]` (the head shares the token embedding's weights).
@@ -225,6 +243,16 @@ impl Gpt {
         let mut x = self.emb_drop.forward(&(self.wte.forward(ids) + self.wpe.forward(&pos)));
         for block in &self.blocks {
             x = block.forward(&x);
+        }
+        if let Some(scanned) = &self.scanned {
+            if self.config.dropout > 0.0 && self.emb_drop.is_training() {
+                crate::graph::record::fail(
+                    crate::Loc::caller(),
+                    "Gpt::forward: scanned blocks (GptConfig::scan_blocks) cannot apply dropout; set dropout to 0 \
+                     or switch to evaluation mode",
+                );
+            }
+            x = scanned.forward(&x);
         }
         self.ln_f.forward(&x).matmul(&self.wte.weight.get().t())
     }
@@ -244,6 +272,9 @@ impl Module for Gpt {
         self.wpe.visit_params(&join(prefix, "wpe"), f);
         for (i, b) in self.blocks.iter().enumerate() {
             b.visit_params(&join(prefix, &format!("blocks.{i}")), f);
+        }
+        if let Some(s) = &self.scanned {
+            s.visit_params(&join(prefix, "blocks"), f);
         }
         self.ln_f.visit_params(&join(prefix, "ln_f"), f);
     }

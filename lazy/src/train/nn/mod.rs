@@ -5,11 +5,13 @@ pub mod gpt;
 pub mod init;
 pub mod layers;
 pub mod param;
+pub mod scanned;
 
 pub use gpt::{Block, CausalSelfAttention, Gpt, GptConfig};
 pub use init::HostRng;
 pub use layers::{Activation, Conv2d, Dropout, Embedding, LayerNorm, Linear, Mlp};
 pub use param::Param;
+pub use scanned::ScannedBlocks;
 
 /// Something with parameters. Forward passes are inherent methods (their signatures differ by module).
 pub trait Module {

@@ -1,0 +1,759 @@
+//! Structured control flow as one op family: `scan` over a leading axis, `while_loop` and `cond`. Like a custom
+//! kernel (`kernel.rs`), each carries its bodies as data: [`Program`]s recorded once from the user's closures,
+//! so the graph hash, the emitter, the reference interpreter and autodiff can all read them. A loop with several
+//! results is one node per result ([`ControlOp::result`]); the emitter lowers it once per operand list
+//! (`LowerCx::shared`).
+//!
+//! - shape: a loop's body must give back its carry with the same shape and dtype (checked when the op is made,
+//!   so the error names the user's line); a `cond`'s branches must return the same types;
+//! - lowering: `stablehlo.while` (a scan adds a counter, takes step `t` of each `xs` with `dynamic_slice` and
+//!   writes step `t` of each `ys` with `dynamic_update_slice`); `stablehlo.case` for `cond`. Everything a loop
+//!   reads is part of its state, so its regions capture nothing from outside; a `case` branch reads the outer
+//!   values directly, as branches have no arguments;
+//! - reference: the loop run in Rust over the body's [`Program::evaluate`];
+//! - gradient: a scan's is a scan the other way round whose body is the forward body's gradient, reading the
+//!   carry each step started from (the forward scan saves them as extra results when it is recorded on a
+//!   gradient path, and is run again, saving them, when it was not); a `cond`'s is a `cond` over its branches'
+//!   gradients; a `while_loop` has none (reverse mode needs a trip count) and refuses, naming its line;
+//! - sharding: none (the loops run on whole operands; a mesh program replicates them).
+
+use std::hash::{Hash, Hasher};
+use std::ops::Range;
+use std::sync::Arc;
+
+use ndarray::{ArrayD, Axis, IxDyn};
+
+use crate::builder::Builder;
+use crate::dtype::{DType, TensorType};
+use crate::emit::{i64_array, LowerCx};
+use crate::infer_error::InferError;
+use crate::op::{Op, OpRules};
+use crate::ops::composite::vjp_outputs;
+use crate::ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert};
+use crate::ops::layout::Reshape;
+use crate::ops::leaf::Constant;
+use crate::program::{Program, Value};
+use crate::shard::{DimShards, ShardIn};
+
+/// Which construct, with its bodies and how its operands are laid out.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Control {
+    /// Operands: the carry (`carry` values), the `xs` (`xs` values, each with a leading axis of `length`), then
+    /// values the body captured. The body takes (carry, step `t` of each xs, captured) and returns (new carry,
+    /// `y_t`…). Results: the final carry, each `y` stacked along a new leading axis, and with `save` the carry
+    /// each step started from, stacked too (the gradient's residuals).
+    Scan { body: Program, carry: usize, xs: usize, length: usize, reverse: bool, save: bool },
+    /// Operands: the carry, the values the condition captured (`cond_captured`), then those the body captured.
+    /// `cond` takes (carry, its captured) and returns a bool scalar; `body` takes (carry, its captured) and
+    /// returns the new carry. Results: the final carry.
+    While { cond: Program, body: Program, carry: usize, cond_captured: usize },
+    /// Operands: the bool scalar predicate, the branches' operands (`operands`), the values the true branch
+    /// captured (`true_captured`), then those the false branch captured. Results: the branch's outputs.
+    Cond { on_true: Program, on_false: Program, operands: usize, true_captured: usize },
+}
+
+/// A control-flow op built for one signature; shared by the nodes of its results, hashed once.
+#[derive(Debug)]
+pub struct ControlDef {
+    pub control: Control,
+    pub operands: Vec<TensorType>,
+    pub results: Vec<TensorType>,
+    hash: u64,
+}
+
+/// `ty` with a new leading axis of `n`.
+fn stacked(n: usize, ty: &TensorType) -> TensorType {
+    let mut dims = vec![n];
+    dims.extend_from_slice(&ty.dims);
+    TensorType::new(ty.dtype, dims)
+}
+
+/// `ty` without its leading axis.
+fn step_of(ty: &TensorType) -> TensorType {
+    TensorType::new(ty.dtype, &ty.dims[1..])
+}
+
+fn list(tys: &[TensorType]) -> String {
+    let items: Vec<String> = tys.iter().map(|t| t.to_string()).collect();
+    format!("({})", items.join(", "))
+}
+
+/// A body's outputs, each present.
+fn outputs(name: &str, what: &str, p: &Program) -> Result<Vec<TensorType>, InferError> {
+    p.output_types()
+        .into_iter()
+        .map(|t| t.cloned().ok_or_else(|| InferError::Attribute(format!("{name}: the {what} leaves an output empty"))))
+        .collect()
+}
+
+/// A program takes exactly `want`.
+fn takes(name: &str, what: &str, p: &Program, want: &[TensorType]) -> Result<(), InferError> {
+    if p.inputs == want {
+        return Ok(());
+    }
+    Err(InferError::Attribute(format!("{name}: the {what} takes {}, the op gives it {}", list(&p.inputs), list(want))))
+}
+
+/// The body gives the carry back as it got it: same dtype and shape, value by value.
+fn keeps_carry(name: &str, carry: &[TensorType], out: &[TensorType]) -> Result<(), InferError> {
+    if out.len() != carry.len() {
+        return Err(InferError::Shape(format!(
+            "{name}: the body returns {} carry value(s) for a carry of {}",
+            out.len(),
+            carry.len()
+        )));
+    }
+    for (i, (a, b)) in carry.iter().zip(out).enumerate() {
+        let why =
+            format!("{name}: the body turns carry {i} from {a} into {b}; a loop's carry keeps its shape and dtype");
+        if a.dtype != b.dtype {
+            return Err(InferError::DType(why));
+        }
+        if a.dims != b.dims {
+            return Err(InferError::Shape(why));
+        }
+    }
+    Ok(())
+}
+
+impl ControlDef {
+    fn make(control: Control, operands: Vec<TensorType>, results: Vec<TensorType>) -> Arc<ControlDef> {
+        let mut h = std::hash::DefaultHasher::new();
+        (&control, &operands, &results).hash(&mut h);
+        Arc::new(ControlDef { control, operands, results, hash: h.finish() })
+    }
+
+    /// A scan of `body` over `operands` = (carry, xs, captured); see [`Control::Scan`].
+    pub fn scan(
+        body: Program,
+        operands: Vec<TensorType>,
+        carry: usize,
+        xs: usize,
+        length: usize,
+        reverse: bool,
+        save: bool,
+    ) -> Result<Arc<ControlDef>, InferError> {
+        if carry + xs > operands.len() {
+            return Err(InferError::Attribute(format!(
+                "scan: {carry} carry and {xs} xs in {} operands",
+                operands.len()
+            )));
+        }
+        for (i, t) in operands[carry..carry + xs].iter().enumerate() {
+            if t.rank() == 0 || t.dims[0] != length {
+                return Err(InferError::Shape(format!(
+                    "scan: xs {i} is {t}; every xs needs a leading axis of the scan's length {length}"
+                )));
+            }
+        }
+        let mut inputs = operands[..carry].to_vec();
+        inputs.extend(operands[carry..carry + xs].iter().map(step_of));
+        inputs.extend_from_slice(&operands[carry + xs..]);
+        takes("scan", "body", &body, &inputs)?;
+        let outs = outputs("scan", "body", &body)?;
+        keeps_carry("scan", &operands[..carry], &outs[..carry.min(outs.len())])?;
+        let mut results = operands[..carry].to_vec();
+        results.extend(outs[carry..].iter().map(|t| stacked(length, t)));
+        if save {
+            results.extend(operands[..carry].iter().map(|t| stacked(length, t)));
+        }
+        Ok(Self::make(Control::Scan { body, carry, xs, length, reverse, save }, operands, results))
+    }
+
+    /// A while loop over `operands` = (carry, the condition's captured, the body's captured).
+    pub fn while_loop(
+        cond: Program,
+        body: Program,
+        operands: Vec<TensorType>,
+        carry: usize,
+        cond_captured: usize,
+    ) -> Result<Arc<ControlDef>, InferError> {
+        if carry + cond_captured > operands.len() {
+            return Err(InferError::Attribute("while_loop: more carry and captured values than operands".into()));
+        }
+        let (init, rest) = operands.split_at(carry);
+        let (cond_caps, body_caps) = rest.split_at(cond_captured);
+        takes("while_loop", "condition", &cond, &[init, cond_caps].concat())?;
+        takes("while_loop", "body", &body, &[init, body_caps].concat())?;
+        let pred = outputs("while_loop", "condition", &cond)?;
+        if pred.len() != 1 || pred[0] != TensorType::scalar(DType::Bool) {
+            return Err(InferError::DType(format!(
+                "while_loop: the condition returns {}; it must return one bool scalar",
+                list(&pred)
+            )));
+        }
+        keeps_carry("while_loop", init, &outputs("while_loop", "body", &body)?)?;
+        let results = init.to_vec();
+        Ok(Self::make(Control::While { cond, body, carry, cond_captured }, operands, results))
+    }
+
+    /// A `cond` over `operands` = (predicate, the branches' operands, the true branch's captured, the false
+    /// branch's captured).
+    pub fn cond(
+        on_true: Program,
+        on_false: Program,
+        operands: Vec<TensorType>,
+        n: usize,
+        true_captured: usize,
+    ) -> Result<Arc<ControlDef>, InferError> {
+        if operands.is_empty() || 1 + n + true_captured > operands.len() {
+            return Err(InferError::Attribute("cond: more operands and captured values than the op has".into()));
+        }
+        if operands[0] != TensorType::scalar(DType::Bool) {
+            return Err(InferError::DType(format!("cond: the predicate is {}; it must be a bool scalar", operands[0])));
+        }
+        let ops = &operands[1..1 + n];
+        let (true_caps, false_caps) = operands[1 + n..].split_at(true_captured);
+        takes("cond", "true branch", &on_true, &[ops, true_caps].concat())?;
+        takes("cond", "false branch", &on_false, &[ops, false_caps].concat())?;
+        let (a, b) = (outputs("cond", "true branch", &on_true)?, outputs("cond", "false branch", &on_false)?);
+        if a.is_empty() {
+            return Err(InferError::Attribute("cond: the branches return nothing".into()));
+        }
+        if a != b {
+            let why = format!(
+                "cond: the true branch returns {}, the false branch {}; both must return the same types",
+                list(&a),
+                list(&b)
+            );
+            let same_shapes = a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.dims == y.dims);
+            return Err(if same_shapes { InferError::DType(why) } else { InferError::Shape(why) });
+        }
+        Ok(Self::make(Control::Cond { on_true, on_false, operands: n, true_captured }, operands, a))
+    }
+
+    /// How many results a user sees: a scan's saved carries are the gradient's.
+    pub fn visible_results(&self) -> usize {
+        match &self.control {
+            Control::Scan { carry, save: true, .. } => self.results.len() - carry,
+            _ => self.results.len(),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.control {
+            Control::Scan { .. } => "scan",
+            Control::While { .. } => "while_loop",
+            Control::Cond { .. } => "cond",
+        }
+    }
+}
+
+impl PartialEq for ControlDef {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && self.control == other.control
+            && self.operands == other.operands
+            && self.results == other.results
+    }
+}
+
+impl Eq for ControlDef {}
+
+/// One result of a control-flow op: the op of a node.
+#[derive(Clone, Debug)]
+pub struct ControlOp {
+    pub def: Arc<ControlDef>,
+    pub result: usize,
+}
+
+impl ControlOp {
+    pub fn new(def: Arc<ControlDef>, result: usize) -> ControlOp {
+        assert!(result < def.results.len(), "{} has {} results", def.name(), def.results.len());
+        ControlOp { def, result }
+    }
+}
+
+impl PartialEq for ControlOp {
+    fn eq(&self, other: &Self) -> bool {
+        self.result == other.result && (Arc::ptr_eq(&self.def, &other.def) || self.def == other.def)
+    }
+}
+
+impl Eq for ControlOp {}
+
+impl Hash for ControlOp {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.def.hash.hash(state);
+        self.result.hash(state);
+    }
+}
+
+impl OpRules for ControlOp {
+    fn name(&self) -> &'static str {
+        self.def.name()
+    }
+
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
+        let want = &self.def.operands;
+        if operands.len() != want.len() || operands.iter().zip(want).any(|(a, b)| *a != b) {
+            let got: Vec<TensorType> = operands.iter().map(|t| (*t).clone()).collect();
+            return Err(InferError::Shape(format!(
+                "{} was built for {}, got {}",
+                self.def.name(),
+                list(want),
+                list(&got)
+            )));
+        }
+        Ok(self.def.results[self.result].clone())
+    }
+
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        let key = format!("{:p}", Arc::as_ptr(&self.def));
+        let def = &self.def;
+        cx.shared(&key, |cx| def.lower_all(cx))[self.result].clone()
+    }
+
+    fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        self.def.evaluate(x).swap_remove(self.result)
+    }
+
+    fn vjp<B: Builder>(&self, b: &mut B, x: &[B::V], _out: &B::V, g: &B::V) -> Vec<Option<B::V>> {
+        match &self.def.control {
+            Control::Scan { .. } if self.result >= self.def.visible_results() => vec![None; x.len()],
+            Control::Scan { .. } => scan_vjp(&self.def, self.result, b, x, g),
+            Control::Cond { .. } => cond_vjp(&self.def, self.result, b, x, g),
+            Control::While { .. } => b.refuse(
+                "while_loop: reverse-mode gradients need the number of iterations, which a while loop does not \
+                 fix; write the loop as a scan (a fixed number of steps), or record it under no_grad",
+            ),
+        }
+    }
+
+    fn shard(&self, _x: &[ShardIn<'_>], _out: &TensorType) -> Option<DimShards> {
+        None
+    }
+}
+
+// Lowering.
+
+/// A constant `value` of type `ty`, lowered in place.
+fn constant(cx: &mut LowerCx<'_>, value: f64, ty: &TensorType) -> String {
+    cx.lower_op(&Op::Constant(Constant::new(value, ty.clone())), Vec::new(), ty)
+}
+
+/// The index type of the loops' counters.
+fn index() -> TensorType {
+    TensorType::scalar(DType::I64)
+}
+
+/// Step `t` of `x` (of type `ty`): `dynamic_slice` along the leading axis, then the axis dropped.
+fn slice_at(cx: &mut LowerCx<'_>, x: &str, ty: &TensorType, t: &str, zero: &str) -> String {
+    let idx = index();
+    let mut sizes = ty.dims.to_vec();
+    sizes[0] = 1;
+    let one = TensorType::new(ty.dtype, &sizes);
+    let mut names = vec![x.to_string(), t.to_string()];
+    names.extend(vec![zero.to_string(); ty.rank() - 1]);
+    let mut tys = vec![ty];
+    tys.extend(vec![&idx; ty.rank()]);
+    let attrs = format!("slice_sizes = {}", i64_array(&sizes));
+    let s = cx.op("stablehlo.dynamic_slice", &names, &tys, &attrs, None, &one);
+    let step = step_of(ty);
+    cx.lower_op(&Op::Reshape(Reshape { dims: step.dims.to_vec() }), vec![(s, &one)], &step)
+}
+
+/// `acc` (of type `ty`) with step `t` replaced by `y`: `dynamic_update_slice` along the leading axis.
+fn update_at(cx: &mut LowerCx<'_>, acc: &str, ty: &TensorType, y: &str, t: &str, zero: &str) -> String {
+    let idx = index();
+    let mut dims = ty.dims.to_vec();
+    dims[0] = 1;
+    let one = TensorType::new(ty.dtype, &dims);
+    let step = step_of(ty);
+    let y1 = cx.lower_op(&Op::Reshape(Reshape { dims }), vec![(y.to_string(), &step)], &one);
+    let mut names = vec![acc.to_string(), y1, t.to_string()];
+    names.extend(vec![zero.to_string(); ty.rank() - 1]);
+    let mut tys = vec![ty, &one];
+    tys.extend(vec![&idx; ty.rank()]);
+    cx.op("stablehlo.dynamic_update_slice", &names, &tys, "", None, ty)
+}
+
+/// The named values of a block with their types.
+fn typed(names: &[String], tys: &[TensorType]) -> Vec<(String, TensorType)> {
+    names.iter().cloned().zip(tys.iter().cloned()).collect()
+}
+
+impl ControlDef {
+    /// Lower the op on the node's operands; returns every result's SSA name.
+    fn lower_all(&self, cx: &mut LowerCx<'_>) -> Vec<String> {
+        let args: Vec<String> = (0..cx.num_args()).map(|i| cx.arg(i).to_string()).collect();
+        match &self.control {
+            Control::Scan { body, carry, xs, length, reverse, save } => {
+                self.lower_scan(cx, &args, body, (*carry, *xs, *length), *reverse, *save)
+            }
+            Control::While { cond, body, carry, cond_captured } => {
+                self.lower_while(cx, &args, cond, body, *carry, *cond_captured)
+            }
+            Control::Cond { on_true, on_false, operands, true_captured } => {
+                self.lower_cond(cx, &args, on_true, on_false, *operands, *true_captured)
+            }
+        }
+    }
+
+    /// A `stablehlo.while` whose state is (counter, carry, xs, captured, the stacked outputs being filled).
+    fn lower_scan(
+        &self,
+        cx: &mut LowerCx<'_>,
+        args: &[String],
+        body: &Program,
+        (carry, xs, length): (usize, usize, usize),
+        reverse: bool,
+        save: bool,
+    ) -> Vec<String> {
+        let ops = &self.operands;
+        let filled = &self.results[carry..];
+        let n_ys = filled.len() - if save { carry } else { 0 };
+        let idx = index();
+        let mut init = vec![constant(cx, 0.0, &idx)];
+        init.extend(args.iter().cloned());
+        for t in filled {
+            init.push(constant(cx, 0.0, t));
+        }
+        let state: Vec<TensorType> = [std::slice::from_ref(&idx), ops, filled].concat();
+        let state_refs: Vec<&TensorType> = state.iter().collect();
+        let cond = cx.region(&state_refs, |cx, a| {
+            let n = constant(cx, length as f64, &idx);
+            let pred = TensorType::scalar(DType::Bool);
+            let lt = Op::Compare(Compare { dir: CompareDir::Lt });
+            vec![(cx.lower_op(&lt, vec![(a[0].clone(), &idx), (n, &idx)], &pred), pred)]
+        });
+        let step = cx.region(&state_refs, |cx, a| {
+            let (i, rest) = a.split_first().expect("the counter");
+            let (loop_ops, acc) = rest.split_at(ops.len());
+            let t = if reverse {
+                let last = constant(cx, length as f64 - 1.0, &idx);
+                let sub = Op::Binary(Binary { kind: BinaryKind::Sub });
+                cx.lower_op(&sub, vec![(last, &idx), (i.clone(), &idx)], &idx)
+            } else {
+                i.clone()
+            };
+            let zero = constant(cx, 0.0, &idx);
+            let mut inputs = loop_ops[..carry].to_vec();
+            for (k, ty) in ops[carry..carry + xs].iter().enumerate() {
+                inputs.push(slice_at(cx, &loop_ops[carry + k], ty, &t, &zero));
+            }
+            inputs.extend_from_slice(&loop_ops[carry + xs..]);
+            let outs: Vec<String> = body
+                .lower(cx, inputs.clone())
+                .into_iter()
+                .map(|o| o.expect("a loop body returns every value"))
+                .collect();
+            let one = constant(cx, 1.0, &idx);
+            let add = Op::Binary(Binary { kind: BinaryKind::Add });
+            let next = cx.lower_op(&add, vec![(i.clone(), &idx), (one, &idx)], &idx);
+            let mut ret = vec![(next, idx.clone())];
+            ret.extend(typed(&outs[..carry], &ops[..carry]));
+            ret.extend(typed(&loop_ops[carry..], &ops[carry..]));
+            let mut written: Vec<&String> = outs[carry..].iter().collect();
+            if save {
+                written.extend(&inputs[..carry]);
+            }
+            for (k, y) in written.into_iter().enumerate() {
+                ret.push((update_at(cx, &acc[k], &filled[k], y, &t, &zero), filled[k].clone()));
+            }
+            debug_assert_eq!(ret.len(), 1 + ops.len() + n_ys + if save { carry } else { 0 });
+            ret
+        });
+        let outs =
+            cx.op_multi("stablehlo.while", &init, &state_refs, "", Some(&format!("{cond}, {step}")), &state_refs);
+        let mut results = outs[1..1 + carry].to_vec();
+        results.extend_from_slice(&outs[1 + ops.len()..]);
+        results
+    }
+
+    /// A `stablehlo.while` whose state is (carry, the condition's captured, the body's captured).
+    fn lower_while(
+        &self,
+        cx: &mut LowerCx<'_>,
+        args: &[String],
+        cond: &Program,
+        body: &Program,
+        carry: usize,
+        cond_captured: usize,
+    ) -> Vec<String> {
+        let ops = &self.operands;
+        let refs: Vec<&TensorType> = ops.iter().collect();
+        let reads = |a: &[String], caps: Range<usize>| -> Vec<String> { [&a[..carry], &a[caps]].concat() };
+        let body_caps = carry + cond_captured..ops.len();
+        let test = cx.region(&refs, |cx, a| {
+            let pred = cond.lower(cx, reads(&a, carry..carry + cond_captured)).remove(0).expect("a condition");
+            vec![(pred, TensorType::scalar(DType::Bool))]
+        });
+        let step = cx.region(&refs, |cx, a| {
+            let outs = body.lower(cx, reads(&a, body_caps.clone()));
+            let mut ret: Vec<(String, TensorType)> = outs
+                .into_iter()
+                .zip(&ops[..carry])
+                .map(|(o, t)| (o.expect("a loop body returns every value"), t.clone()))
+                .collect();
+            ret.extend(typed(&a[carry..], &ops[carry..]));
+            ret
+        });
+        let outs = cx.op_multi("stablehlo.while", args, &refs, "", Some(&format!("{test}, {step}")), &refs);
+        outs[..carry].to_vec()
+    }
+
+    /// A `stablehlo.case` on the predicate as an index: branch 0 is the false branch, 1 the true one. Branches
+    /// have no arguments and read the operands from outside.
+    fn lower_cond(
+        &self,
+        cx: &mut LowerCx<'_>,
+        args: &[String],
+        on_true: &Program,
+        on_false: &Program,
+        n: usize,
+        true_captured: usize,
+    ) -> Vec<String> {
+        let (pred, i32t) = (TensorType::scalar(DType::Bool), TensorType::scalar(DType::I32));
+        let convert = Op::Convert(Convert { from: DType::Bool, to: DType::I32 });
+        let index = cx.lower_op(&convert, vec![(args[0].clone(), &pred)], &i32t);
+        let ops = &args[1..1 + n];
+        let true_caps = &args[1 + n..1 + n + true_captured];
+        let false_caps = &args[1 + n + true_captured..];
+        let results = &self.results;
+        let branch = |cx: &mut LowerCx<'_>, p: &Program, caps: &[String]| {
+            cx.region(&[], |cx, _| {
+                let outs = p.lower(cx, [ops, caps].concat());
+                outs.into_iter()
+                    .zip(results)
+                    .map(|(o, t)| (o.expect("a branch returns every value"), t.clone()))
+                    .collect()
+            })
+        };
+        let f = branch(cx, on_false, false_caps);
+        let t = branch(cx, on_true, true_caps);
+        let out_refs: Vec<&TensorType> = results.iter().collect();
+        cx.op_multi("stablehlo.case", &[index], &[&i32t], "", Some(&format!("{f}, {t}")), &out_refs)
+    }
+}
+
+// Reference semantics.
+
+/// A program's outputs on `inputs`, each present (bodies return every value).
+fn run(p: &Program, inputs: &[&ArrayD<f64>]) -> Vec<ArrayD<f64>> {
+    p.evaluate(inputs).into_iter().map(|o| o.expect("a body returns every value")).collect()
+}
+
+impl ControlDef {
+    /// Every result on `x`, looping in Rust over the bodies' reference evaluation.
+    fn evaluate(&self, x: &[&ArrayD<f64>]) -> Vec<ArrayD<f64>> {
+        match &self.control {
+            Control::Scan { body, carry, xs, length, reverse, save } => {
+                let (carry, xs) = (*carry, *xs);
+                let mut state: Vec<ArrayD<f64>> = x[..carry].iter().map(|a| (*a).clone()).collect();
+                let mut filled: Vec<ArrayD<f64>> =
+                    self.results[carry..].iter().map(|t| ArrayD::zeros(IxDyn(&t.dims))).collect();
+                let n_ys = filled.len() - if *save { carry } else { 0 };
+                for s in 0..*length {
+                    let t = if *reverse { length - 1 - s } else { s };
+                    let steps: Vec<ArrayD<f64>> =
+                        x[carry..carry + xs].iter().map(|a| a.index_axis(Axis(0), t).to_owned()).collect();
+                    let mut inputs: Vec<&ArrayD<f64>> = state.iter().chain(&steps).collect();
+                    inputs.extend_from_slice(&x[carry + xs..]);
+                    let mut outs = run(body, &inputs);
+                    if *save {
+                        for (c, v) in state.iter().enumerate() {
+                            filled[n_ys + c].index_axis_mut(Axis(0), t).assign(v);
+                        }
+                    }
+                    for (k, y) in outs.drain(carry..).enumerate() {
+                        filled[k].index_axis_mut(Axis(0), t).assign(&y);
+                    }
+                    state = outs;
+                }
+                state.extend(filled);
+                state
+            }
+            Control::While { cond, body, carry, cond_captured } => {
+                let mut state: Vec<ArrayD<f64>> = x[..*carry].iter().map(|a| (*a).clone()).collect();
+                let (cond_caps, body_caps) = x[*carry..].split_at(*cond_captured);
+                loop {
+                    let mut inputs: Vec<&ArrayD<f64>> = state.iter().collect();
+                    inputs.extend_from_slice(cond_caps);
+                    if run(cond, &inputs)[0].iter().all(|&p| p == 0.0) {
+                        return state;
+                    }
+                    let mut inputs: Vec<&ArrayD<f64>> = state.iter().collect();
+                    inputs.extend_from_slice(body_caps);
+                    state = run(body, &inputs);
+                }
+            }
+            Control::Cond { on_true, on_false, operands, true_captured } => {
+                let ops = &x[1..1 + operands];
+                let (true_caps, false_caps) = x[1 + operands..].split_at(*true_captured);
+                let taken = x[0].iter().any(|&p| p != 0.0);
+                let (p, caps) = if taken { (on_true, true_caps) } else { (on_false, false_caps) };
+                run(p, &[ops, caps].concat())
+            }
+        }
+    }
+}
+
+// Gradients.
+
+/// A body's gradient as a program: on (`before`…, the body's inputs `primal`…, `after`…) it replays `body` on
+/// `primal`, seeds its outputs with `seeds(values)` and returns `finish(values, cotangents of primal)`.
+fn gradient_program(
+    inputs: &[TensorType],
+    primal: Range<usize>,
+    body: &Program,
+    seeds: impl FnOnce(&[Value]) -> Vec<Option<Value>>,
+    finish: impl FnOnce(&mut crate::program::Recorder, &[Value], Vec<Option<Value>>) -> Vec<Value>,
+) -> Program {
+    Program::record(inputs, |r, a| {
+        let seeds = seeds(a);
+        let d = vjp_outputs(r, &a[primal], &seeds, |t, p| {
+            body.replay(t, p, None).into_iter().map(|o| o.expect("a body returns every value")).collect()
+        });
+        finish(r, a, d).into_iter().map(Some).collect()
+    })
+    .expect("a body's gradient is well-typed")
+}
+
+/// `d`, or zeros of `ty` where the body gave no cotangent.
+fn or_zeros(r: &mut crate::program::Recorder, d: Option<Value>, ty: &TensorType) -> Value {
+    d.unwrap_or_else(|| r.constant(0.0, ty.clone()))
+}
+
+/// The indices in `range` of floating-point operands: the ones with cotangents.
+fn floats(tys: &[TensorType], range: Range<usize>) -> Vec<usize> {
+    range.filter(|&i| tys[i].dtype.is_float()).collect()
+}
+
+/// The cotangents of a scan's operands for the cotangent `g` of result `result` (a final carry or a stacked `y`):
+/// a scan the other way round, whose carry is the carry's cotangent and the captured values' accumulated
+/// cotangents, whose xs are the forward's xs, the carries each forward step started from and (for a `y`) `g`,
+/// and whose `ys` are the xs' cotangents.
+fn scan_vjp<B: Builder>(def: &Arc<ControlDef>, result: usize, b: &mut B, x: &[B::V], g: &B::V) -> Vec<Option<B::V>> {
+    let Control::Scan { body, carry, xs, length, reverse, save } = &def.control else { unreachable!("a scan") };
+    let (carry, xs, length) = (*carry, *xs, *length);
+    let ops = &def.operands;
+    let refs: Vec<&B::V> = x.iter().collect();
+    // The residuals: the carry each step started from. A scan recorded off a gradient path runs again, saving.
+    let saving = if *save {
+        def.clone()
+    } else {
+        ControlDef::scan(body.clone(), ops.clone(), carry, xs, length, *reverse, true).expect("the same scan, saving")
+    };
+    let first_saved = saving.results.len() - carry;
+    let saved: Vec<B::V> =
+        (0..carry).map(|c| b.op(Op::Control(ControlOp::new(saving.clone(), first_saved + c)), &refs)).collect();
+    let (fc, fx, fk) = (floats(ops, 0..carry), floats(ops, carry..carry + xs), floats(ops, carry + xs..ops.len()));
+    let seed_y = result.checked_sub(carry);
+
+    let mut operands: Vec<B::V> = Vec::new();
+    for &c in &fc {
+        operands.push(if c == result { g.clone() } else { b.constant(0.0, ops[c].clone()) });
+    }
+    for &k in &fk {
+        operands.push(b.constant(0.0, ops[k].clone()));
+    }
+    operands.extend_from_slice(&x[carry..carry + xs]);
+    operands.extend(saved);
+    operands.extend(seed_y.map(|_| g.clone()));
+    operands.extend_from_slice(&x[carry + xs..]);
+    let tys: Vec<TensorType> = operands.iter().map(|v| b.ty(v).clone()).collect();
+
+    // The backward body's inputs: (carry cotangents, accumulators, x_t…, carry_t…, [g_t], captured…); the
+    // forward body's inputs are (carry_t…, x_t…, captured…), so the forward's operand i is its input i.
+    let n_acc = fc.len() + fk.len();
+    let mut inputs: Vec<TensorType> = tys[..n_acc].to_vec();
+    inputs.extend(ops[carry..carry + xs].iter().map(step_of));
+    inputs.extend_from_slice(&ops[..carry]);
+    if let Some(y) = seed_y {
+        inputs.push(step_of(&def.results[carry + y]));
+    }
+    inputs.extend_from_slice(&ops[carry + xs..]);
+    let g_at = n_acc + xs + carry;
+    let caps_at = g_at + seed_y.is_some() as usize;
+    let primal_of =
+        |a: &[Value]| -> Vec<Value> { [&a[n_acc + xs..g_at], &a[n_acc..n_acc + xs], &a[caps_at..]].concat() };
+    let back_body = Program::record(&inputs, |r, a| {
+        let primal = primal_of(a);
+        let mut seeds: Vec<Option<Value>> = vec![None; body.outputs.len()];
+        for (j, &c) in fc.iter().enumerate() {
+            seeds[c] = Some(a[j].clone());
+        }
+        if let Some(y) = seed_y {
+            seeds[carry + y] = Some(a[g_at].clone());
+        }
+        let mut d = vjp_outputs(r, &primal, &seeds, |t, p| {
+            body.replay(t, p, None).into_iter().map(|o| o.expect("a body returns every value")).collect()
+        });
+        let mut outs = Vec::new();
+        for &c in &fc {
+            outs.push(Some(or_zeros(r, d[c].take(), &ops[c])));
+        }
+        for (j, &k) in fk.iter().enumerate() {
+            let acc = &a[fc.len() + j];
+            outs.push(Some(match d[k].take() {
+                Some(dk) => r.add(acc, &dk),
+                None => acc.clone(),
+            }));
+        }
+        for &i in &fx {
+            outs.push(Some(or_zeros(r, d[i].take(), &step_of(&ops[i]))));
+        }
+        outs
+    })
+    .expect("a scan body's gradient is well-typed");
+    let n_xs = xs + carry + seed_y.is_some() as usize;
+    let back = ControlDef::scan(back_body, tys, n_acc, n_xs, length, !reverse, false)
+        .expect("a scan's gradient is a well-typed scan");
+    let back_refs: Vec<&B::V> = operands.iter().collect();
+    let outs: Vec<B::V> =
+        (0..n_acc + fx.len()).map(|r| b.op(Op::Control(ControlOp::new(back.clone(), r)), &back_refs)).collect();
+    let mut grads = vec![None; ops.len()];
+    for (j, &i) in fc.iter().chain(&fk).chain(&fx).enumerate() {
+        grads[i] = Some(outs[j].clone());
+    }
+    grads
+}
+
+/// The cotangents of a `cond`'s operands for the cotangent `g` of result `result`: a `cond` on the same predicate
+/// over the branches' gradients, each on (operands, both branches' captured values, `g`).
+fn cond_vjp<B: Builder>(def: &Arc<ControlDef>, result: usize, b: &mut B, x: &[B::V], g: &B::V) -> Vec<Option<B::V>> {
+    let Control::Cond { on_true, on_false, operands: n, true_captured } = &def.control else { unreachable!("a cond") };
+    let ops = &def.operands;
+    let wanted = floats(ops, 1..ops.len());
+    let mut inputs: Vec<TensorType> = ops[1..].to_vec();
+    inputs.push(b.ty(g).clone());
+    let g_at = inputs.len() - 1;
+    // Operand `i` of the cond is input `i - 1` of a branch's gradient.
+    let branch = |p: &Program, caps: Range<usize>| {
+        let picked: Vec<usize> = (0..*n).chain(caps).collect();
+        let on_all = select_inputs(p, &inputs, &picked);
+        gradient_program(
+            &inputs,
+            0..inputs.len(),
+            &on_all,
+            |a| {
+                let mut seeds = vec![None; p.outputs.len()];
+                seeds[result] = Some(a[g_at].clone());
+                seeds
+            },
+            |r, _, mut d| wanted.iter().map(|&i| or_zeros(r, d[i - 1].take(), &ops[i])).collect(),
+        )
+    };
+    let t = branch(on_true, *n..*n + true_captured);
+    let f = branch(on_false, *n + true_captured..ops.len() - 1);
+    let mut tys = vec![ops[0].clone()];
+    tys.extend(inputs.iter().cloned());
+    let back = ControlDef::cond(t, f, tys, inputs.len(), 0).expect("a cond's gradient is a well-typed cond");
+    let mut operands: Vec<&B::V> = x.iter().collect();
+    operands.push(g);
+    let mut grads = vec![None; ops.len()];
+    for (j, &i) in wanted.iter().enumerate() {
+        grads[i] = Some(b.op(Op::Control(ControlOp::new(back.clone(), j)), &operands));
+    }
+    grads
+}
+
+/// `p` rewritten to take `all` as its inputs, reading its own input `j` from `all[picked[j]]` (the others unused).
+fn select_inputs(p: &Program, all: &[TensorType], picked: &[usize]) -> Program {
+    Program::record(all, |r, a| {
+        let mine: Vec<Value> = picked.iter().map(|&i| a[i].clone()).collect();
+        p.replay(r, &mine, None)
+    })
+    .expect("a branch replays on its own inputs")
+}

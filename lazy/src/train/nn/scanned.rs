@@ -1,0 +1,97 @@
+//! [`ScannedBlocks`]: N transformer blocks of one shape with their parameters stacked along a new leading axis
+//! and run with one [`scan`](crate::ops::control::scan): the graph holds one block's ops instead of N copies,
+//! so a deep model records, walks and compiles as fast as a shallow one.
+//!
+//! Its parameters are named `blocks.*.ln1.weight` and so on, `[N, …]` each; a checkpoint writes and reads them
+//! as the unrolled model's `blocks.0.ln1.weight`, `blocks.1.ln1.weight`, … (`checkpoint/mod.rs`), so the two
+//! forms load each other's files, optimizer state included.
+
+use super::gpt::{Block, CausalSelfAttention, GptConfig};
+use super::layers::{Dropout, LayerNorm, Linear};
+use super::{join, Module, Param};
+use crate::graph::tensor::Tensor;
+use crate::ops::control::scan;
+
+/// The segment that stands for the layer index in a stacked parameter's name.
+pub const STACKED: &str = "*";
+
+/// Blocks of one shape, stacked and scanned. Dropout inside the blocks is not supported (each step would draw
+/// the same mask): a `GptConfig` with dropout keeps its blocks unrolled while training.
+pub struct ScannedBlocks {
+    /// Each parameter of a block, by its name within the block, stacked over the blocks: `[N, …]`.
+    pub stacked: Vec<(String, Param)>,
+    /// Attention heads per block.
+    pub n_head: usize,
+}
+
+impl ScannedBlocks {
+    /// The blocks' parameters stacked in order (block 0 first).
+    pub fn from_blocks(blocks: &[Block], cfg: &GptConfig) -> ScannedBlocks {
+        let per_block: Vec<Vec<(String, Param)>> = blocks.iter().map(|b| b.named_params()).collect();
+        let stacked = per_block
+            .first()
+            .map(|first| {
+                (0..first.len())
+                    .map(|k| {
+                        let values: Vec<Tensor> = per_block.iter().map(|ps| ps[k].1.get()).collect();
+                        let refs: Vec<&Tensor> = values.iter().collect();
+                        (first[k].0.clone(), Param::new(crate::graph::autodiff::no_grad(|| Tensor::stack(&refs, 0))))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ScannedBlocks { stacked, n_head: cfg.n_head }
+    }
+
+    /// How many blocks.
+    pub fn len(&self) -> usize {
+        self.stacked.first().map_or(0, |(_, p)| p.get().dims()[0])
+    }
+
+    /// Whether there are no blocks.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `x: [batch, seq, d_model]` through every block in order.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        if self.is_empty() {
+            return x.clone();
+        }
+        let weights: Vec<Tensor> = self.stacked.iter().map(|(_, p)| p.get()).collect();
+        let n_head = self.n_head;
+        let (carry, _) =
+            scan(|h, w| (vec![block_of(w, n_head).forward(&h[0])], vec![]), std::slice::from_ref(x), &weights);
+        carry[0].clone()
+    }
+}
+
+/// A block whose parameters are `w`, in the order `Block::visit_params` names them, without dropout.
+fn block_of(w: &[Tensor], n_head: usize) -> Block {
+    let p = |i: usize| Param::new(w[i].clone());
+    let norm = |i: usize| LayerNorm { weight: p(i), bias: p(i + 1), eps: 1e-5 };
+    let linear = |i: usize| Linear { weight: p(i), bias: Some(p(i + 1)) };
+    Block {
+        ln1: norm(0),
+        attn: CausalSelfAttention {
+            qkv: linear(2),
+            proj: linear(4),
+            n_head,
+            attn_drop: Dropout::new(0.0),
+            resid_drop: Dropout::new(0.0),
+        },
+        ln2: norm(6),
+        fc: linear(8),
+        fc_proj: linear(10),
+        mlp_drop: Dropout::new(0.0),
+    }
+}
+
+impl Module for ScannedBlocks {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        for (name, p) in &self.stacked {
+            f(join(&join(prefix, STACKED), name), p);
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! A GPT whose blocks are stacked and scanned (`GptConfig::scan_blocks`) against the same GPT unrolled: the same
+//! seed gives the same weights, logits, gradients and training losses; checkpoints of either form load into the
+//! other under the unrolled model's names.
+
+use std::collections::BTreeMap;
+
+use lazuli::nn::{Gpt, GptConfig, HostRng};
+use lazuli::{checkpoint, AdamW, DType, Module, Optimizer, Tensor};
+
+use crate::common;
+
+fn config(scan_blocks: bool, n_layer: usize) -> GptConfig {
+    GptConfig {
+        vocab: 13,
+        block_size: 8,
+        n_layer,
+        n_head: 2,
+        d_model: 16,
+        dropout: 0.0,
+        dtype: DType::F32,
+        scan_blocks,
+    }
+}
+
+fn gpt(scan_blocks: bool, seed: u64) -> Gpt {
+    Gpt::new(&mut HostRng::new(seed), config(scan_blocks, 3))
+}
+
+fn batch() -> (Tensor, Tensor) {
+    let seq: Vec<i32> = (0..17).map(|i| (i * 7 % 11) + 1).collect();
+    let x = Tensor::from_slice(&[&seq[..8], &seq[8..16]].concat(), &[2, 8]);
+    let y = Tensor::from_slice(&[&seq[1..9], &seq[9..17]].concat(), &[2, 8]);
+    (x, y)
+}
+
+fn logits(m: &Gpt) -> Vec<f64> {
+    lazuli::no_grad(|| m.forward(&batch().0)).to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+}
+
+#[test]
+fn scanned_blocks_compute_what_the_unrolled_ones_do() {
+    let (unrolled, scanned) = (gpt(false, 5), gpt(true, 5));
+    assert!(scanned.blocks.is_empty() && scanned.scanned.as_ref().is_some_and(|s| s.len() == 3));
+    assert_eq!(scanned.num_params(), unrolled.num_params());
+    common::assert_close("logits", DType::F32, &logits(&scanned), &logits(&unrolled));
+    // Against the reference interpreter too.
+    let reference = lazuli::no_grad(|| scanned.forward(&batch().0)).evaluate_reference().unwrap();
+    common::assert_close("logits vs reference", DType::F32, reference.as_slice().unwrap(), &logits(&unrolled));
+}
+
+#[test]
+fn gradients_are_the_unrolled_gradients_stacked() {
+    let (unrolled, scanned) = (gpt(false, 6), gpt(true, 6));
+    let (x, y) = batch();
+    unrolled.loss(&x, &y).backward();
+    scanned.loss(&x, &y).backward();
+    lazuli::sync().unwrap(); // every gradient in one program, not one per read
+    let grads: BTreeMap<String, Vec<f64>> = unrolled
+        .named_params()
+        .into_iter()
+        .map(|(n, p)| (n, p.grad().unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()))
+        .collect();
+    for (name, p) in scanned.named_params() {
+        let got: Vec<f64> = p.grad().unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+        let want: Vec<f64> = match name.strip_prefix("blocks.*.") {
+            Some(rest) => (0..3).flat_map(|i| grads[&format!("blocks.{i}.{rest}")].clone()).collect(),
+            None => grads[&name].clone(),
+        };
+        common::assert_close(&format!("d/d {name}"), DType::F32, &got, &want);
+    }
+}
+
+/// Losses of `steps` AdamW steps.
+fn train(m: &Gpt, opt: &mut AdamW, steps: usize) -> Vec<f64> {
+    let (x, y) = batch();
+    (0..steps)
+        .map(|_| {
+            let loss = m.loss(&x, &y);
+            loss.backward();
+            opt.step();
+            opt.zero_grad();
+            lazuli::sync().unwrap();
+            loss.item::<f32>().unwrap() as f64
+        })
+        .collect()
+}
+
+#[test]
+fn training_and_checkpoints_agree_between_the_two_forms() {
+    let dir = std::env::temp_dir().join(format!("lazuli-scanned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (unrolled, scanned) = (gpt(false, 7), gpt(true, 7));
+    let (mut uo, mut so) = (AdamW::new(unrolled.named_params(), 1e-2), AdamW::new(scanned.named_params(), 1e-2));
+    let (lu, ls) = (train(&unrolled, &mut uo, 4), train(&scanned, &mut so, 4));
+    common::assert_close("losses", DType::F32, &ls, &lu);
+    assert!(ls[3] < ls[0], "it learns: {ls:?}");
+
+    // The scanned model's checkpoint, optimizer included, resumes the unrolled model, and the other way round.
+    let (from_scanned, from_unrolled) = (dir.join("scanned.safetensors"), dir.join("unrolled.safetensors"));
+    checkpoint::save(&from_scanned, &scanned, Some(&so), &[], &BTreeMap::new()).unwrap();
+    checkpoint::save(&from_unrolled, &unrolled, Some(&uo), &[], &BTreeMap::new()).unwrap();
+    let (u2, s2) = (gpt(false, 99), gpt(true, 99));
+    let (mut u2o, mut s2o) = (AdamW::new(u2.named_params(), 1e-2), AdamW::new(s2.named_params(), 1e-2));
+    checkpoint::load(&from_scanned, &u2, Some(&mut u2o)).unwrap();
+    checkpoint::load(&from_unrolled, &s2, Some(&mut s2o)).unwrap();
+    common::assert_close("unrolled from the scanned file", DType::F32, &logits(&u2), &logits(&unrolled));
+    common::assert_close("scanned from the unrolled file", DType::F32, &logits(&s2), &logits(&scanned));
+    let more = train(&unrolled, &mut uo, 2);
+    common::assert_close("resumed unrolled", DType::F32, &train(&u2, &mut u2o, 2), &more);
+    common::assert_close("resumed scanned", DType::F32, &train(&s2, &mut s2o, 2), &more);
+
+    // A file of a model with other sizes is refused, naming the layer.
+    let other = Gpt::new(&mut HostRng::new(1), config(true, 2));
+    let e = checkpoint::load(&from_unrolled, &other, None).unwrap_err().to_string();
+    assert!(e.contains("blocks.2."), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
