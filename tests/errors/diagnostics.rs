@@ -338,8 +338,16 @@ fn repeated_layers_are_found_and_layers_of_other_shapes_are_not() {
         return; // the capture is process-wide
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let cfg =
-        GptConfig { vocab: 32, block_size: 16, n_layer: 4, n_head: 2, d_model: 16, dropout: 0.0, dtype: DType::F32 };
+    let cfg = GptConfig {
+        vocab: 32,
+        block_size: 16,
+        n_layer: 4,
+        n_head: 2,
+        d_model: 16,
+        dropout: 0.0,
+        dtype: DType::F32,
+        scan_blocks: false,
+    };
     let model = Gpt::new(&mut HostRng::new(3), cfg);
     let mut opt = AdamW::new(model.named_params(), 1e-3);
     let ids: Vec<i32> = (0..16).map(|i| i * 7 % 32).collect();

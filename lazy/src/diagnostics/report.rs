@@ -294,7 +294,7 @@ pub fn render(r: &Report) -> String {
         }
     }
     if !r.repeats.is_empty() {
-        let _ = writeln!(s, "\nrepeated structure (each copy compiled again; `lazuli::scan` runs one body K times):");
+        let _ = writeln!(s, "\nrepeated structure (each copy compiled again; `lazuli::scan`, or `GptConfig::scan_blocks` for a GPT, compiles one body):");
         for line in &r.repeats {
             let _ = writeln!(s, "  {line}");
         }
