@@ -10,6 +10,7 @@ use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
     activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad},
+    checkpoint::Checkpoint,
     conv::Convolution,
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
@@ -94,6 +95,8 @@ pub enum Op {
     CrossEntropyGrad(CrossEntropyGrad),
     /// A custom kernel's result (`ops/kernel.rs`): its rules come from the kernel's programs.
     Kernel(KernelOp),
+    /// A checkpointed block's result, or the barrier its recomputation starts behind (`ops/checkpoint.rs`).
+    Checkpoint(Checkpoint),
 }
 
 macro_rules! dispatch {
@@ -139,6 +142,7 @@ macro_rules! dispatch {
             Op::CrossEntropy($o) => $e,
             Op::CrossEntropyGrad($o) => $e,
             Op::Kernel($o) => $e,
+            Op::Checkpoint($o) => $e,
         }
     };
 }
@@ -224,7 +228,8 @@ impl Op {
             | Op::SoftmaxGrad(_)
             | Op::CrossEntropy(_)
             | Op::CrossEntropyGrad(_)
-            | Op::Kernel(_) => None,
+            | Op::Kernel(_)
+            | Op::Checkpoint(_) => None,
         }
     }
 }
