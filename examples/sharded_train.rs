@@ -92,6 +92,7 @@ fn main() -> lazuli::Result<()> {
         d_model: args.dim,
         dropout: 0.0,
         dtype: DType::F32,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(1), cfg);
     let (b, t) = (args.batch, args.block);

@@ -75,6 +75,7 @@ fn main() -> lazuli::Result<()> {
         d_model: args.dim,
         dropout: args.dropout,
         dtype: DType::F32,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(1), config);
     let mut opt = AdamW::new(model.named_params(), args.lr).betas(0.9, 0.95).weight_decay(0.01);

@@ -18,8 +18,10 @@
 //! - Tensors: [`Tensor`] (constructors, reads, and every op as a method or operator), [`DType`], [`Element`]
 //!   (the Rust types a tensor is read as), [`Operand`] (what a binary op takes: a tensor or a host scalar).
 //! - Steps: [`sync()`] (the step boundary), [`wait()`]; gradients: [`Tensor::backward`], [`grad()`],
-//!   [`value_and_grad()`], [`no_grad()`].
-//! - Models and training: [`nn`] (modules, layers, the GPT), [`optim`] (SGD, AdamW, schedules), [`checkpoint`].
+//!   [`value_and_grad()`], [`no_grad()`], [`checkpoint()`] (recompute a block in the backward pass instead of
+//!   keeping its activations).
+//! - Models and training: [`nn`] (modules, layers, the GPT), [`optim`] (SGD, AdamW, schedules), [`checkpoint`](mod@checkpoint)
+//!   (saving and loading).
 //! - Several devices: [`sharding`] (meshes, partition specs, the planner).
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton

@@ -98,6 +98,7 @@ impl Workload {
             d_model: 64,
             dropout: 0.0,
             dtype: DType::F32,
+            checkpoint_blocks: false,
         };
         Workload {
             name: "gpt-tiny".into(),

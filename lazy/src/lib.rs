@@ -41,6 +41,7 @@ pub use lazuli_pjrt::XlaOption;
 pub use ops::attention::{
     scaled_dot_product_attention, try_scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions,
 };
+pub use ops::checkpoint::checkpoint;
 pub use ops::custom_kernel::TritonKernel;
 pub use ops::random::{manual_seed, rng_state, set_rng_state};
 pub use runtime::{init, memory_stats, platform, runtime_info, Config, RuntimeInfo};

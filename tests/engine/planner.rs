@@ -118,8 +118,16 @@ fn cpu_estimates_rank_sharded_train_plans_as_measured() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     eight_devices();
     let measured = ["dp", "fsdp", "2d", "tp"];
-    let cfg =
-        GptConfig { vocab: 123, block_size: 64, n_layer: 2, n_head: 4, d_model: 128, dropout: 0.0, dtype: DType::F32 };
+    let cfg = GptConfig {
+        vocab: 123,
+        block_size: 64,
+        n_layer: 2,
+        n_head: 4,
+        d_model: 128,
+        dropout: 0.0,
+        dtype: DType::F32,
+        checkpoint_blocks: false,
+    };
     let model = Gpt::new(&mut HostRng::new(1), cfg);
     let (b, t) = (32, 64);
     let ids: Vec<i32> = (0..b * t).map(|i| (i * 31 % 123) as i32).collect();
@@ -147,8 +155,16 @@ fn the_planner_counts_the_products_inside_fused_attention() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     eight_devices();
     let (vocab, t, layers, heads, d) = (96, 32, 2, 4, 64);
-    let cfg =
-        GptConfig { vocab, block_size: t, n_layer: layers, n_head: heads, d_model: d, dropout: 0.0, dtype: DType::F32 };
+    let cfg = GptConfig {
+        vocab,
+        block_size: t,
+        n_layer: layers,
+        n_head: heads,
+        d_model: d,
+        dropout: 0.0,
+        dtype: DType::F32,
+        checkpoint_blocks: false,
+    };
     let model = Gpt::new(&mut HostRng::new(3), cfg);
     let b = 16;
     let ids: Vec<i32> = (0..b * t).map(|i| (i * 7 % vocab) as i32).collect();

@@ -201,7 +201,16 @@ fn an_unsupported_head_dim_falls_back_to_the_composite_and_says_why() {
 
 /// Losses of 20 AdamW steps of a small GPT of `dtype`, attention by `implementation`.
 fn train(dtype: DType, implementation: Implementation) -> Vec<f64> {
-    let cfg = GptConfig { vocab: 96, block_size: 128, n_layer: 2, n_head: 2, d_model: 128, dropout: 0.0, dtype };
+    let cfg = GptConfig {
+        vocab: 96,
+        block_size: 128,
+        n_layer: 2,
+        n_head: 2,
+        d_model: 128,
+        dropout: 0.0,
+        dtype,
+        checkpoint_blocks: false,
+    };
     let model = Gpt::new(&mut HostRng::new(7), cfg);
     let mut opt = AdamW::new(model.named_params(), 1e-3);
     let tokens: Vec<i32> = (0..4 * 129).map(|i| (i * 37 + i / 5) % 96).collect();

@@ -10,7 +10,16 @@ use crate::common::child;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn tiny(dropout: f64) -> Gpt {
-    let cfg = GptConfig { vocab: 11, block_size: 8, n_layer: 2, n_head: 2, d_model: 16, dropout, dtype: DType::F32 };
+    let cfg = GptConfig {
+        vocab: 11,
+        block_size: 8,
+        n_layer: 2,
+        n_head: 2,
+        d_model: 16,
+        dropout,
+        dtype: DType::F32,
+        checkpoint_blocks: false,
+    };
     Gpt::new(&mut HostRng::new(3), cfg)
 }
 

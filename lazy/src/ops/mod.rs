@@ -1,8 +1,9 @@
 //! The op methods users call on tensors beyond `graph::record`'s core: array ops, activations and losses,
-//! operators, convolutions, random numbers, fused attention and custom Triton kernels.
+//! operators, convolutions, random numbers, fused attention, custom Triton kernels and gradient checkpointing.
 
 pub(crate) mod array_ops;
 pub mod attention;
+pub mod checkpoint;
 mod conv;
 pub mod custom_kernel;
 mod nn_functional;

@@ -27,12 +27,24 @@ pub struct GptConfig {
     pub dropout: f64,
     /// Dtype of the weights and activations.
     pub dtype: DType,
+    /// Recompute each block in the backward pass instead of keeping its activations ([`crate::checkpoint`]):
+    /// less memory for about one more forward pass of compute.
+    pub checkpoint_blocks: bool,
 }
 
 impl GptConfig {
     /// GPT-2 small: 12 layers, 12 heads, d = 768, 1024 positions.
     pub fn gpt2_small(vocab: usize) -> GptConfig {
-        GptConfig { vocab, block_size: 1024, n_layer: 12, n_head: 12, d_model: 768, dropout: 0.0, dtype: DType::F32 }
+        GptConfig {
+            vocab,
+            block_size: 1024,
+            n_layer: 12,
+            n_head: 12,
+            d_model: 768,
+            dropout: 0.0,
+            dtype: DType::F32,
+            checkpoint_blocks: false,
+        }
     }
 
     /// Training FLOPs per token at sequence length `seq`: 6 per parameter (the position table excluded; the
@@ -224,7 +236,7 @@ impl Gpt {
         let pos = Tensor::arange(t, DType::I32);
         let mut x = self.emb_drop.forward(&(self.wte.forward(ids) + self.wpe.forward(&pos)));
         for block in &self.blocks {
-            x = block.forward(&x);
+            x = if self.config.checkpoint_blocks { x.checkpoint(|x| block.forward(x)) } else { block.forward(&x) };
         }
         self.ln_f.forward(&x).matmul(&self.wte.weight.get().t())
     }

@@ -1,0 +1,197 @@
+//! Gradient checkpointing (`lazuli::checkpoint`, `GptConfig::checkpoint_blocks`): the same gradients and losses
+//! as without it, gradients against finite differences, and a program that really recomputes the block behind
+//! an optimization barrier.
+
+use std::sync::Mutex;
+
+use lazuli::nn::{Gpt, GptConfig, HostRng, Module};
+use lazuli::{AdamW, DType, Optimizer, Tensor};
+use ndarray::{ArrayD, IxDyn};
+
+use crate::common::{assert_close, child, gradcheck::check_grad, Rng};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn array(dims: &[usize], seed: u64, scale: f64) -> ArrayD<f64> {
+    let mut rng = Rng::new(seed);
+    let n = dims.iter().product();
+    ArrayD::from_shape_vec(IxDyn(dims), (0..n).map(|_| rng.uniform(-scale, scale)).collect()).unwrap()
+}
+
+/// A two-layer MLP block with a skip connection: `x + tanh(x·w1 + b1)·w2`.
+fn mlp(x: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor) -> Tensor {
+    x + (x.matmul(w1) + b1).tanh().matmul(w2)
+}
+
+/// The gradients of `sum(block(block(x)) * c)` with respect to `x` and the weights (the weights read from
+/// outside the checkpointed closure), with or without checkpointing each block.
+fn mlp_grads(checkpointed: bool) -> Vec<Vec<f64>> {
+    let leaf = |a: &ArrayD<f64>| Tensor::from_ndarray(a).requires_grad();
+    let x = leaf(&array(&[3, 4], 1, 1.0));
+    let (w1, b1, w2) = (leaf(&array(&[4, 6], 2, 0.7)), leaf(&array(&[6], 3, 0.5)), leaf(&array(&[6, 4], 4, 0.7)));
+    let c = Tensor::from_ndarray(&array(&[3, 4], 5, 1.0));
+    let block = |h: &Tensor| if checkpointed { h.checkpoint(|h| mlp(h, &w1, &b1, &w2)) } else { mlp(h, &w1, &b1, &w2) };
+    let loss = (&block(&block(&x)) * &c).sum_all();
+    let grads = lazuli::grad(&loss, &[&x, &w1, &b1, &w2]);
+    grads.iter().map(|g| g.to_vec::<f64>().unwrap()).collect()
+}
+
+#[test]
+fn mlp_gradients_equal_with_and_without_checkpoint() {
+    let (plain, checkpointed) = (mlp_grads(false), mlp_grads(true));
+    for (i, (p, c)) in plain.iter().zip(&checkpointed).enumerate() {
+        assert_close(&format!("gradient {i}"), DType::F64, c, p);
+    }
+}
+
+/// Both inputs and captured parameters get gradients that agree with central differences.
+#[test]
+fn checkpointed_mlp_gradients_match_finite_differences() {
+    let inputs = [array(&[3, 4], 1, 1.0), array(&[4, 6], 2, 0.7), array(&[6], 3, 0.5), array(&[6, 4], 4, 0.7)];
+    check_grad("checkpointed mlp", &inputs, |t| {
+        let (w1, b1, w2) = (&t[1], &t[2], &t[3]);
+        let h = lazuli::checkpoint(&[&t[0]], |x| vec![mlp(&x[0], w1, b1, w2)]).remove(0);
+        h.checkpoint(|h| mlp(h, w1, b1, w2).sin())
+    });
+}
+
+/// A block with two inputs and two results, one of them unused by the loss.
+#[test]
+fn several_inputs_and_results() {
+    let leaf = |a: &ArrayD<f64>| Tensor::from_ndarray(a).requires_grad();
+    let (a, b) = (leaf(&array(&[2, 3], 6, 1.0)), leaf(&array(&[2, 3], 7, 1.0)));
+    let run = |checkpointed: bool| {
+        let f = |x: &[Tensor]| vec![(&x[0] * &x[1]).exp(), &x[0] - &x[1], x[1].sin()];
+        let outs = if checkpointed { lazuli::checkpoint(&[&a, &b], f) } else { f(&[a.clone(), b.clone()]) };
+        let loss = outs[0].sum_all() + (&outs[2] * &outs[2]).sum_all();
+        let values: Vec<f64> = outs.iter().flat_map(|o| o.to_vec::<f64>().unwrap()).collect();
+        let grads = lazuli::grad(&loss, &[&a, &b]);
+        (values, grads.iter().map(|g| g.to_vec::<f64>().unwrap()).collect::<Vec<_>>())
+    };
+    let ((v0, g0), (v1, g1)) = (run(false), run(true));
+    assert_close("results", DType::F64, &v1, &v0);
+    for (i, (c, p)) in g1.iter().zip(&g0).enumerate() {
+        assert_close(&format!("gradient {i}"), DType::F64, c, p);
+    }
+}
+
+fn gpt(dtype: DType, dropout: f64, checkpoint_blocks: bool) -> Gpt {
+    let cfg =
+        GptConfig { vocab: 13, block_size: 8, n_layer: 2, n_head: 2, d_model: 16, dropout, dtype, checkpoint_blocks };
+    Gpt::new(&mut HostRng::new(5), cfg)
+}
+
+fn tokens() -> (Tensor, Tensor) {
+    let seq: Vec<i32> = (0..17).map(|i| (i * 7 + 3) % 13).collect();
+    (
+        Tensor::from_slice(&[&seq[..8], &seq[8..16]].concat(), &[2, 8]),
+        Tensor::from_slice(&[&seq[1..9], &seq[9..17]].concat(), &[2, 8]),
+    )
+}
+
+/// The loss and every parameter's gradient of a 2-layer GPT in f64, by name.
+fn gpt_grads(checkpoint_blocks: bool) -> (f64, Vec<(String, Vec<f64>)>) {
+    let model = gpt(DType::F64, 0.0, checkpoint_blocks);
+    let (x, y) = tokens();
+    let loss = model.loss(&x, &y);
+    loss.backward();
+    lazuli::sync().unwrap();
+    let grads = model
+        .named_params()
+        .into_iter()
+        .map(|(name, p)| {
+            let g = p.grad().unwrap_or_else(|| panic!("{name} has a gradient"));
+            (name, g.to_vec::<f64>().unwrap())
+        })
+        .collect();
+    (loss.item::<f64>().unwrap(), grads)
+}
+
+#[test]
+fn gpt_gradients_equal_with_checkpointed_blocks() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (l0, g0) = gpt_grads(false);
+    let (l1, g1) = gpt_grads(true);
+    assert_close("loss", DType::F64, &[l1], &[l0]);
+    assert_eq!(g0.len(), g1.len());
+    assert!(g0.len() > 20, "every parameter of 2 blocks: {}", g0.len());
+    for ((name, p), (_, c)) in g0.iter().zip(&g1) {
+        assert!(p.iter().any(|v| *v != 0.0), "{name}: a gradient to compare");
+        assert_close(name, DType::F64, c, p);
+    }
+}
+
+/// AdamW steps of a 2-layer GPT (with dropout: the recomputation must draw the same masks) give the same losses
+/// with checkpointed blocks as without.
+#[test]
+fn training_losses_equal_with_checkpointed_blocks() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let train = |checkpoint_blocks: bool| -> Vec<f64> {
+        let model = gpt(DType::F32, 0.1, checkpoint_blocks);
+        let mut opt = AdamW::new(model.named_params(), 1e-2);
+        lazuli::manual_seed(11);
+        let (x, y) = tokens();
+        (0..6)
+            .map(|_| {
+                let loss = model.loss(&x, &y);
+                loss.backward();
+                opt.step();
+                opt.zero_grad();
+                lazuli::sync().unwrap();
+                loss.item::<f32>().unwrap() as f64
+            })
+            .collect()
+    };
+    let (plain, checkpointed) = (train(false), train(true));
+    assert!(plain[5] < plain[0], "it learns: {plain:?}");
+    // XLA may fuse the two programs differently: equal up to f32 rounding.
+    for (step, (c, p)) in checkpointed.iter().zip(&plain).enumerate() {
+        assert!((c - p).abs() <= 1e-5 * p.abs(), "step {step}: {c} vs {p} ({checkpointed:?} vs {plain:?})");
+    }
+}
+
+/// Counts of `"stablehlo.<op>"` in every program dumped into `dir`, summed.
+fn count_in_dumps(dir: &std::path::Path, op: &str) -> usize {
+    let needle = format!("\"stablehlo.{op}\"");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap().matches(&needle).count())
+        .sum()
+}
+
+/// The emitted program of a checkpointed step holds the block's forward ops twice (the forward pass and the
+/// recomputation) and the barrier in front of the recomputation; without checkpointing, once and no barrier.
+#[test]
+fn a_checkpointed_step_recomputes_the_block_behind_a_barrier() {
+    const DUMP: &str = "LAZULI_DUMP_DIR";
+    let Ok(dir) = std::env::var(DUMP) else {
+        let test = child::test_name(module_path!(), "a_checkpointed_step_recomputes_the_block_behind_a_barrier");
+        for checkpointed in [false, true] {
+            let dir = std::env::temp_dir().join(format!("lazuli-remat-dump-{}-{checkpointed}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let on = if checkpointed { "1" } else { "0" };
+            child::passes(&test, &[(DUMP, dir.to_str().unwrap()), ("REMAT_TEST_CHECKPOINT", on)]);
+            let (tanh, barriers) = (count_in_dumps(&dir, "tanh"), count_in_dumps(&dir, "optimization_barrier"));
+            std::fs::remove_dir_all(&dir).unwrap();
+            if checkpointed {
+                assert_eq!((tanh, barriers), (2, 1), "forward and recomputed tanh, one barrier");
+            } else {
+                assert_eq!((tanh, barriers), (1, 0), "the gradient of tanh reads its result");
+            }
+        }
+        return;
+    };
+    // The child: one training step of the MLP block, one program.
+    assert!(std::path::Path::new(&dir).is_dir());
+    let checkpointed = std::env::var("REMAT_TEST_CHECKPOINT").as_deref() == Ok("1");
+    let leaf = |a: &ArrayD<f64>| Tensor::from_ndarray(a).requires_grad();
+    let x = Tensor::from_ndarray(&array(&[3, 4], 1, 1.0));
+    let (w1, b1, w2) = (leaf(&array(&[4, 6], 2, 0.7)), leaf(&array(&[6], 3, 0.5)), leaf(&array(&[6, 4], 4, 0.7)));
+    let y = if checkpointed { x.checkpoint(|x| mlp(x, &w1, &b1, &w2)) } else { mlp(&x, &w1, &b1, &w2) };
+    y.sum_all().backward();
+    let before = lazuli::metrics();
+    lazuli::sync().unwrap();
+    assert_eq!((lazuli::metrics() - before).compiles, 1, "one program");
+    assert!(w1.grad().unwrap().to_vec::<f64>().unwrap().iter().any(|v| *v != 0.0));
+}
