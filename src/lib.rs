@@ -26,7 +26,8 @@
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
 //!   kernel of your own with [`TritonKernel`]; a fused elementwise expression with [`ir::FusedBuilder`].
-//! - The runtime: [`init`] with a [`Config`], [`runtime_info()`], [`metrics()`], [`memory_stats()`].
+//! - The runtime: [`init`] with a [`Config`], [`runtime_info()`], [`metrics()`], [`memory_stats()`] (the device
+//!   allocator's, on GPUs), [`program_memory()`] (XLA's plan of the latest program: a step's peak).
 //! - When something goes wrong: [`Error`] (each names the line that caused it), [`diagnostics`] (graph breaks,
 //!   recompiles, strict mode, the report behind the `lazuli-report` tool).
 //!
@@ -79,7 +80,8 @@ pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};
 // (`metrics` by its path in the module: the crate's root name `metrics` is the module as well as the function.)
 pub use lazuli_lazy::metrics::{metrics, Metrics};
 pub use lazuli_lazy::{
-    init, memory_stats, platform, runtime_info, Backend, Config, CpuLauncher, MemoryStats, RuntimeInfo, XlaOption,
+    init, memory_stats, platform, program_memory, runtime_info, Backend, CompiledMemoryStats, Config, CpuLauncher,
+    MemoryStats, RuntimeInfo, XlaOption,
 };
 // Errors and the source locations they name.
 pub use lazuli_lazy::{Cause, Error, Loc, Result};
