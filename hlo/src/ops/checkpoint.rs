@@ -191,7 +191,7 @@ mod tests {
 
     /// `tanh(a · b) + a`, a block with a product, a nonlinearity and a skip connection.
     fn block(n: usize) -> Arc<BlockDef> {
-        let t = TensorType::new(DType::F64, &[n, n]);
+        let t = TensorType::new(DType::F64, [n, n]);
         let p = Program::record(&[t.clone(), t], |b, x| {
             let dot = Op::DotGeneral(crate::ops::dot::DotGeneral::new(&[], &[], &[1], &[0]));
             let y = b.op(dot, &[&x[0], &x[1]]);
@@ -226,7 +226,7 @@ mod tests {
     #[test]
     fn a_block_refuses_operands_it_was_not_recorded_for() {
         let op = Checkpoint::block(block(3), 0);
-        let wrong = TensorType::new(DType::F64, &[2, 2]);
+        let wrong = TensorType::new(DType::F64, [2, 2]);
         assert!(op.infer(&[&wrong, &wrong]).is_err());
     }
 }
