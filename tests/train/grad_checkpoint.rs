@@ -121,33 +121,53 @@ fn gpt_gradients_equal_with_checkpointed_blocks() {
     }
 }
 
+/// Six AdamW steps of a 2-layer GPT with dropout: each step's loss, and its compiles and executions (the counters
+/// are process-wide: only meaningful in a process of its own).
+fn train_gpt(checkpoint_blocks: bool) -> (Vec<f64>, Vec<(u64, u64)>) {
+    let model = gpt(DType::F32, 0.1, checkpoint_blocks);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    lazuli::manual_seed(11);
+    let (x, y) = tokens();
+    let mut programs = Vec::new();
+    let losses = (0..6)
+        .map(|_| {
+            let before = lazuli::metrics();
+            let loss = model.loss(&x, &y);
+            loss.backward();
+            opt.step();
+            opt.zero_grad();
+            lazuli::sync().unwrap();
+            let d = lazuli::metrics() - before;
+            programs.push((d.compiles, d.executions));
+            loss.item::<f32>().unwrap() as f64
+        })
+        .collect();
+    (losses, programs)
+}
+
 /// AdamW steps of a 2-layer GPT (with dropout: the recomputation must draw the same masks) give the same losses
 /// with checkpointed blocks as without.
 #[test]
 fn training_losses_equal_with_checkpointed_blocks() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let train = |checkpoint_blocks: bool| -> Vec<f64> {
-        let model = gpt(DType::F32, 0.1, checkpoint_blocks);
-        let mut opt = AdamW::new(model.named_params(), 1e-2);
-        lazuli::manual_seed(11);
-        let (x, y) = tokens();
-        (0..6)
-            .map(|_| {
-                let loss = model.loss(&x, &y);
-                loss.backward();
-                opt.step();
-                opt.zero_grad();
-                lazuli::sync().unwrap();
-                loss.item::<f32>().unwrap() as f64
-            })
-            .collect()
-    };
-    let (plain, checkpointed) = (train(false), train(true));
+    let ((plain, _), (checkpointed, _)) = (train_gpt(false), train_gpt(true));
     assert!(plain[5] < plain[0], "it learns: {plain:?}");
     // XLA may fuse the two programs differently: equal up to f32 rounding.
     for (step, (c, p)) in checkpointed.iter().zip(&plain).enumerate() {
         assert!((c - p).abs() <= 1e-5 * p.abs(), "step {step}: {c} vs {p} ({checkpointed:?} vs {plain:?})");
     }
+}
+
+/// A checkpointed training step with dropout is still one program, compiled once: the block is recorded anew
+/// each step with the same structure, and its random draws leave the generator's state in the step's program.
+#[test]
+fn a_checkpointed_training_step_is_one_cached_program() {
+    if child::alone(module_path!(), "a_checkpointed_training_step_is_one_cached_program") {
+        return; // the counters are process-wide: alone in a process of its own
+    }
+    let (_, programs) = train_gpt(true);
+    assert_eq!(programs[0].1, 1, "one program in the first step: {programs:?}");
+    assert!(programs[1..].iter().all(|&p| p == (0, 1)), "then no compile, one execution: {programs:?}");
 }
 
 /// Counts of `"stablehlo.<op>"` in every program dumped into `dir`, summed.

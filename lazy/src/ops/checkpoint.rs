@@ -14,6 +14,7 @@ use lazuli_hlo::{BlockDef, Checkpoint, Loc, Op, Parameter, Program, TensorType, 
 use crate::graph::autodiff::grad_enabled;
 use crate::graph::record::{apply, fail};
 use crate::graph::tensor::{Node, NodeMap, Tensor};
+use crate::ops::random;
 
 /// Run `f` on `inputs` as a checkpointed block: the forward pass computes what `f` computes, and the backward
 /// pass recomputes it from `inputs` (and the tensors `f` reads from outside) instead of keeping its
@@ -45,12 +46,17 @@ pub fn checkpoint(inputs: &[&Tensor], f: impl FnOnce(&[Tensor]) -> Vec<Tensor>) 
         let inputs: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
         return f(&inputs);
     }
+    let drawn = random::latest_draw();
     let (program, operands) = trace(inputs, f, loc).unwrap_or_else(|why| fail(loc, format!("checkpoint: {why}")));
     let def = BlockDef::new(program).unwrap_or_else(|why| fail(loc, format!("checkpoint: {why}")));
     let operands: Vec<&Tensor> = operands.iter().collect();
-    (0..def.program.outputs.len())
+    let results: Vec<Tensor> = (0..def.program.outputs.len())
         .map(|result| apply(Op::Checkpoint(Checkpoint::block(def.clone(), result)), &operands, loc))
-        .collect()
+        .collect();
+    if random::latest_draw() != drawn {
+        random::drawn_into(&results[0]);
+    }
+    results
 }
 
 impl Tensor {
