@@ -75,6 +75,36 @@ fn several_inputs_and_results() {
     }
 }
 
+/// A checkpointed block made of checkpointed blocks: the inner stand-ins are lifted into the outer block.
+#[test]
+fn nested_checkpoints_give_the_plain_gradients() {
+    let leaf = |a: &ArrayD<f64>| Tensor::from_ndarray(a).requires_grad();
+    let x = leaf(&array(&[3, 4], 1, 1.0));
+    let (w1, b1, w2) = (leaf(&array(&[4, 6], 2, 0.7)), leaf(&array(&[6], 3, 0.5)), leaf(&array(&[6, 4], 4, 0.7)));
+    let grads = |nested: bool| {
+        let two = |h: &Tensor| {
+            if nested {
+                h.checkpoint(|h| h.checkpoint(|h| mlp(h, &w1, &b1, &w2)).checkpoint(|h| mlp(h, &w1, &b1, &w2)))
+            } else {
+                mlp(&mlp(h, &w1, &b1, &w2), &w1, &b1, &w2)
+            }
+        };
+        let loss = two(&x).sin().sum_all();
+        let g = lazuli::grad(&loss, &[&x, &w1, &b1, &w2]);
+        g.iter().map(|g| g.to_vec::<f64>().unwrap()).collect::<Vec<_>>()
+    };
+    for (i, (c, p)) in grads(true).iter().zip(&grads(false)).enumerate() {
+        assert_close(&format!("gradient {i}"), DType::F64, c, p);
+    }
+}
+
+#[test]
+#[should_panic(expected = "checkpoint: the block returned no tensor")]
+fn a_block_without_results_is_refused_at_the_callers_line() {
+    let x = Tensor::from_slice(&[1.0f64, 2.0], &[2]).requires_grad();
+    let _ = lazuli::checkpoint(&[&x], |_| Vec::new());
+}
+
 fn gpt(dtype: DType, dropout: f64, checkpoint_blocks: bool) -> Gpt {
     let cfg =
         GptConfig { vocab: 13, block_size: 8, n_layer: 2, n_head: 2, d_model: 16, dropout, dtype, checkpoint_blocks };
