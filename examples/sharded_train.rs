@@ -93,6 +93,7 @@ fn main() -> lazuli::Result<()> {
         dropout: 0.0,
         dtype: DType::F32,
         scan_blocks: false,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(1), cfg);
     let (b, t) = (args.batch, args.block);

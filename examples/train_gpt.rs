@@ -76,6 +76,7 @@ fn main() -> lazuli::Result<()> {
         dropout: args.dropout,
         dtype: DType::F32,
         scan_blocks: false,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(1), config);
     let mut opt = AdamW::new(model.named_params(), args.lr).betas(0.9, 0.95).weight_decay(0.01);

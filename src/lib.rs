@@ -18,15 +18,19 @@
 //! - Tensors: [`Tensor`] (constructors, reads, and every op as a method or operator), [`DType`], [`Element`]
 //!   (the Rust types a tensor is read as), [`Operand`] (what a binary op takes: a tensor or a host scalar).
 //! - Steps: [`sync()`] (the step boundary), [`wait()`]; gradients: [`Tensor::backward`], [`grad()`],
-//!   [`value_and_grad()`], [`no_grad()`].
-//! - Models and training: [`nn`] (modules, layers, the GPT), [`optim`] (SGD, AdamW, schedules), [`checkpoint`].
+//!   [`value_and_grad()`], [`no_grad()`], [`checkpoint()`] (recompute a block in the backward pass instead of
+//!   keeping its activations).
+//! - Models and training: [`nn`] (modules, layers, the GPT), [`optim`] (SGD, AdamW, schedules), [`checkpoint`](mod@checkpoint)
+//!   (saving and loading).
 //! - Several devices: [`sharding`] (meshes, partition specs, the planner).
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
 //!   kernel of your own with [`TritonKernel`]; a fused elementwise expression with [`ir::FusedBuilder`].
 //! - Control flow: [`scan()`] (and [`Scan`] for its options), [`while_loop()`], [`cond()`], each with bodies as
 //!   closures over tensors, and their `try_` forms.
-//! - The runtime: [`init`] with a [`Config`], [`runtime_info()`], [`metrics()`], [`memory_stats()`].
+//! - The runtime: [`init`] with a [`Config`], [`runtime_info()`], [`metrics()`], [`memory_stats()`] (the device
+//!   allocator's, on GPUs), [`program_memory()`] (XLA's plan of the latest program: a step's peak), [`profile()`]
+//!   (the device's kernels).
 //! - When something goes wrong: [`Error`] (each names the line that caused it), [`diagnostics`] (graph breaks,
 //!   recompiles, strict mode, the report behind the `lazuli-report` tool).
 //!
@@ -82,7 +86,8 @@ pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};
 pub use lazuli_lazy::metrics::{metrics, Metrics};
 pub use lazuli_lazy::profile;
 pub use lazuli_lazy::{
-    init, memory_stats, platform, runtime_info, Backend, Config, CpuLauncher, MemoryStats, RuntimeInfo, XlaOption,
+    init, memory_stats, platform, program_memory, runtime_info, Backend, CompiledMemoryStats, Config, CpuLauncher,
+    MemoryStats, RuntimeInfo, XlaOption,
 };
 // Errors and the source locations they name.
 pub use lazuli_lazy::{Cause, Error, Loc, Result};

@@ -56,6 +56,8 @@ pub struct GpuJob {
     pub device: String,
     /// The dry-run model (`--tiny`), passed on to the lazuli processes.
     pub tiny: bool,
+    /// lazuli's side with checkpointed transformer blocks (`--checkpoint`).
+    pub checkpoint: bool,
 }
 
 /// One row: a framework with one attention variant.
@@ -98,7 +100,10 @@ impl GpuJob {
 
     /// lazuli's side: this binary again (`lazuli-side`), with `LAZULI_DEVICE` set; one JSON line back.
     fn lazuli_process(&self, attention: Attention, steps: usize) -> Side {
-        let name = side_name("lazuli", attention);
+        let mut name = side_name("lazuli", attention);
+        if self.checkpoint {
+            name.push_str(", checkpointed blocks");
+        }
         eprintln!("lazuli-bench: {name} on the {} ({} reps of {steps} steps)", self.device, self.opts.reps);
         let v = self.lazuli_command(attention, steps).unwrap_or_else(|e| json!({"error": e.to_string()}));
         let side = lazuli_side_from_json(name, &v);
@@ -115,6 +120,7 @@ impl GpuJob {
             .args(self.opts.pipelined.then_some("--pipelined"))
             .args(self.opts.profile.then_some("--profile"))
             .args(self.tiny.then_some("--tiny"))
+            .args(self.checkpoint.then_some("--checkpoint"))
             .env("LAZULI_DEVICE", &self.device)
             .stderr(Stdio::inherit())
             .output()?;

@@ -97,6 +97,10 @@ enum Cmd {
         /// lazuli's LAZULI_DEVICE for its side (`cpu` for a dry run without a GPU).
         #[arg(long, default_value = "gpu")]
         device: String,
+        /// lazuli's side recomputes each transformer block in the backward pass (`GptConfig::checkpoint_blocks`):
+        /// its peak memory and step time against the plain rows'.
+        #[arg(long)]
+        checkpoint: bool,
     },
     /// Attention alone at GPT-2 small's shapes (bf16, causal), forward and forward+backward: lazuli's cuDNN,
     /// Triton and composite implementations beside JAX's cuDNN call and PyTorch's SDPA.
@@ -127,6 +131,8 @@ enum Cmd {
         weights: PathBuf,
         #[arg(long)]
         tiny: bool,
+        #[arg(long)]
+        checkpoint: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -143,8 +149,11 @@ fn scratch() -> BenchResult<PathBuf> {
     Ok(dir)
 }
 
-fn gpu_workload(tiny: bool) -> Workload {
+fn gpu_workload(tiny: bool, checkpoint: bool) -> Workload {
     let mut w = Workload::gpt2_small_gpu();
+    if let lazuli_bench::workloads::Model::Gpt { config, .. } = &mut w.model {
+        config.checkpoint_blocks = checkpoint;
+    }
     if tiny {
         if let lazuli_bench::workloads::Model::Gpt { config, seq } = &mut w.model {
             (config.n_layer, config.d_model, config.n_head, config.vocab, *seq) = (2, 128, 4, 512, 64);
@@ -169,12 +178,12 @@ fn main() {
             lazuli_bench::compile::side(&Workload::gpt_tiny(), started).map(|v| println!("{v}"))
         }
         Cmd::Attention { iters, reps, python } => attention_cmd(iters, reps, python.as_deref()),
-        Cmd::Gpu { common, mut frameworks, attention, tiny, device } => {
+        Cmd::Gpu { common, mut frameworks, attention, tiny, device, checkpoint } => {
             frameworks.retain(|f| !f.is_empty());
-            gpu(&common, frameworks, attention, tiny, device)
+            gpu(&common, frameworks, attention, tiny, device, checkpoint)
         }
-        Cmd::LazuliSide { workload, attention, weights, tiny, common } => {
-            let w = Workload { attention, ..gpu_workload(tiny) };
+        Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, common } => {
+            let w = Workload { attention, ..gpu_workload(tiny, checkpoint) };
             if workload != w.name {
                 eprintln!("lazuli-bench: lazuli-side knows only {}", w.name);
                 std::process::exit(2);
@@ -404,10 +413,11 @@ fn gpu(
     attentions: Vec<Attention>,
     tiny: bool,
     device: String,
+    checkpoint: bool,
 ) -> BenchResult<()> {
     let python = pyenv::ensure(common.python.as_deref())?;
     let dir = scratch()?;
-    let workload = gpu_workload(tiny);
+    let workload = gpu_workload(tiny, checkpoint);
     let job = GpuJob {
         script: worker::write_script(&dir)?,
         weights: dir.join(format!("{}.safetensors", workload.name)),
@@ -418,6 +428,7 @@ fn gpu(
         opts: Options { steps: common.steps.or(Some(10)), ..options(common) },
         device,
         tiny,
+        checkpoint,
     };
     let run = job.run();
     let _ = std::fs::remove_dir_all(&dir);

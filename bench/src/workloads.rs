@@ -99,6 +99,7 @@ impl Workload {
             dropout: 0.0,
             dtype: DType::F32,
             scan_blocks: false,
+            checkpoint_blocks: false,
         };
         Workload {
             name: "gpt-tiny".into(),

@@ -25,6 +25,7 @@ pub use graph::{Graph, Loc, Node, NodeId};
 pub use infer_error::InferError;
 pub use op::{Op, OpRules};
 pub use ops::activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad};
+pub use ops::checkpoint::{BlockDef, Checkpoint};
 pub use ops::control::{Control, ControlDef, ControlOp};
 pub use ops::conv::Convolution;
 pub use ops::dot::{DotGeneral, Precision};

@@ -10,6 +10,7 @@ use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::ops::{
     activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad},
+    checkpoint::Checkpoint,
     control::ControlOp,
     conv::Convolution,
     dot::DotGeneral,
@@ -97,6 +98,8 @@ pub enum Op {
     Kernel(KernelOp),
     /// One result of a `scan`, `while_loop` or `cond` (`ops/control.rs`): its bodies are programs.
     Control(ControlOp),
+    /// A checkpointed block's result, or the barrier its recomputation starts behind (`ops/checkpoint.rs`).
+    Checkpoint(Checkpoint),
 }
 
 macro_rules! dispatch {
@@ -143,6 +146,7 @@ macro_rules! dispatch {
             Op::CrossEntropyGrad($o) => $e,
             Op::Kernel($o) => $e,
             Op::Control($o) => $e,
+            Op::Checkpoint($o) => $e,
         }
     };
 }
@@ -230,6 +234,7 @@ impl Op {
             | Op::CrossEntropyGrad(_)
             | Op::Kernel(_)
             | Op::Control(_) => None,
+            Op::Checkpoint(_) => None,
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::dtype::TensorType;
 use crate::emit::{LowerCx, MlirString};
 use crate::op::Op;
 use crate::ops::kernel::{KernelDef, KernelOp};
+use crate::shard::{DimShards, ShardIn};
 
 /// A value of a program: input `i` is value `i`; each step's results follow in order.
 pub type ValueId = usize;
@@ -179,6 +180,20 @@ impl Program {
             inputs.iter().zip(&self.inputs).map(|(a, t)| ((*a).clone(), t.clone())).collect();
         let outs = self.replay(&mut crate::ops::composite::Evaluating, &args, None);
         outs.into_iter().map(|o| o.map(|v| v.0)).collect()
+    }
+
+    /// How each output is split over a mesh when the inputs are split as `x`, through each op's sharding rule;
+    /// `None` (whole) from a custom call on.
+    pub fn shard_outputs(&self, x: &[ShardIn<'_>]) -> Vec<Option<DimShards>> {
+        let mut dims: Vec<Option<DimShards>> = x.iter().map(|s| s.dims.cloned()).collect();
+        for (step, args) in &self.steps {
+            let Step::Op(op) = step else { return vec![None; self.outputs.len()] };
+            let ins: Vec<ShardIn<'_>> =
+                args.iter().map(|&a| ShardIn { ty: &self.types[a], dims: dims[a].as_ref() }).collect();
+            let split = op.shard(&ins, &self.types[dims.len()]);
+            dims.push(split);
+        }
+        self.outputs.iter().map(|o| o.and_then(|v| dims[v].clone())).collect()
     }
 
     /// Write the program's StableHLO as part of the node being lowered; returns the outputs' SSA names.

@@ -36,14 +36,15 @@ pub use graph::record::{broadcast_shapes, Operand};
 pub use graph::tensor::Tensor;
 pub use lazuli_hlo::{DType, Loc};
 pub use lazuli_kernels::{Implementation, Target};
-pub use lazuli_pjrt::MemoryStats;
 pub use lazuli_pjrt::XlaOption;
+pub use lazuli_pjrt::{CompiledMemoryStats, MemoryStats};
 pub use ops::attention::{
     scaled_dot_product_attention, try_scaled_dot_product_attention, with_attention, AttentionLayout, AttentionOptions,
 };
+pub use ops::checkpoint::checkpoint;
 pub use ops::control::{cond, scan, try_cond, try_scan, try_while_loop, while_loop, Scan};
 pub use ops::custom_kernel::TritonKernel;
 pub use ops::random::{manual_seed, rng_state, set_rng_state};
-pub use runtime::{init, memory_stats, platform, runtime_info, Config, RuntimeInfo};
+pub use runtime::{init, memory_stats, platform, program_memory, runtime_info, Config, RuntimeInfo};
 pub use settings::{Backend, CompileCache, CpuLauncher};
 pub use train::{checkpoint, nn, optim};

@@ -11,6 +11,32 @@ use crate::ffi::{EventHandle, ExecHandle};
 /// An output's element type and dimensions.
 type OutputType = (ElementType, Vec<i64>);
 
+/// What a compiled program needs on its device, in bytes, as XLA's buffer assignment planned it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompiledMemoryStats {
+    /// The program's inputs.
+    pub argument_bytes: i64,
+    /// Its outputs.
+    pub output_bytes: i64,
+    /// Outputs written into donated inputs' buffers (counted in both of the above).
+    pub alias_bytes: i64,
+    /// Intermediate values live at once at the program's high-water mark (activations, gradients, scratch).
+    pub temp_bytes: i64,
+    /// The compiled code.
+    pub generated_code_bytes: i64,
+    /// XLA's own peak estimate, where the plugin reports one (PJRT API 0.6x and later).
+    pub reported_peak_bytes: Option<i64>,
+}
+
+impl CompiledMemoryStats {
+    /// The most the program holds at once while it runs: XLA's peak estimate where reported, else the sum of its
+    /// inputs, the outputs not written in place and its temporaries (an upper bound).
+    pub fn peak_bytes(&self) -> i64 {
+        let sum = self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes;
+        self.reported_peak_bytes.unwrap_or(sum)
+    }
+}
+
 /// A compiled program. Dropping it frees the executable; it keeps its client alive.
 pub struct LoadedExecutable {
     client: Arc<ClientInner>,
@@ -43,6 +69,11 @@ impl LoadedExecutable {
         }
         exe.num_outputs = api.executable_num_outputs(handle)?;
         Ok(exe)
+    }
+
+    /// XLA's estimate of the memory the program needs on its device, from its buffer assignment.
+    pub fn compiled_memory_stats(&self) -> Result<CompiledMemoryStats> {
+        self.client.api().executable_compiled_memory_stats(self.handle)
     }
 
     /// Outputs per device.

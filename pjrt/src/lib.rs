@@ -42,7 +42,7 @@ pub use client_options::ClientOptions;
 pub use compile_options::{CompileOptions, XlaOption};
 pub use element_type::ElementType;
 pub use error::{Error, ErrorCode, Result};
-pub use executable::{Completion, LoadedExecutable};
+pub use executable::{CompiledMemoryStats, Completion, LoadedExecutable};
 pub use ffi::on_exit;
 pub use plugin::{AttrValue, Plugin};
 pub use profiler::Profiler;

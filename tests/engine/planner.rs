@@ -127,6 +127,7 @@ fn cpu_estimates_rank_sharded_train_plans_as_measured() {
         dropout: 0.0,
         dtype: DType::F32,
         scan_blocks: false,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(1), cfg);
     let (b, t) = (32, 64);
@@ -164,6 +165,7 @@ fn the_planner_counts_the_products_inside_fused_attention() {
         dropout: 0.0,
         dtype: DType::F32,
         scan_blocks: false,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(3), cfg);
     let b = 16;

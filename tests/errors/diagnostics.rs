@@ -347,6 +347,7 @@ fn repeated_layers_are_found_and_layers_of_other_shapes_are_not() {
         dropout: 0.0,
         dtype: DType::F32,
         scan_blocks: false,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(3), cfg);
     let mut opt = AdamW::new(model.named_params(), 1e-3);

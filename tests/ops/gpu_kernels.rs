@@ -210,6 +210,7 @@ fn train(dtype: DType, implementation: Implementation) -> Vec<f64> {
         dropout: 0.0,
         dtype,
         scan_blocks: false,
+        checkpoint_blocks: false,
     };
     let model = Gpt::new(&mut HostRng::new(7), cfg);
     let mut opt = AdamW::new(model.named_params(), 1e-3);

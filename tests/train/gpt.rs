@@ -19,6 +19,7 @@ fn tiny(dropout: f64) -> Gpt {
         dropout,
         dtype: DType::F32,
         scan_blocks: false,
+        checkpoint_blocks: false,
     };
     Gpt::new(&mut HostRng::new(3), cfg)
 }

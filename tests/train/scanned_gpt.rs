@@ -19,6 +19,7 @@ fn config(scan_blocks: bool, n_layer: usize) -> GptConfig {
         dropout: 0.0,
         dtype: DType::F32,
         scan_blocks,
+        checkpoint_blocks: false,
     }
 }
 

@@ -230,15 +230,6 @@ impl OpRules for KernelOp {
         if self.def.device.is_some() {
             return None;
         }
-        let p = &self.def.composite;
-        let mut dims: Vec<Option<DimShards>> = x.iter().map(|s| s.dims.cloned()).collect();
-        for (step, args) in &p.steps {
-            let crate::program::Step::Op(op) = step else { return None };
-            let ins: Vec<ShardIn<'_>> =
-                args.iter().map(|&a| ShardIn { ty: &p.types[a], dims: dims[a].as_ref() }).collect();
-            let split = op.shard(&ins, &p.types[dims.len()]);
-            dims.push(split);
-        }
-        p.outputs[self.result].and_then(|v| dims[v].clone())
+        self.def.composite.shard_outputs(x).swap_remove(self.result)
     }
 }

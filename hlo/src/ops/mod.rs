@@ -1,5 +1,6 @@
 //! Op families, one file each; see [`crate::op::OpRules`] for what every family provides.
 pub mod activation;
+pub mod checkpoint;
 pub(crate) mod composite;
 pub mod control;
 pub mod conv;

@@ -61,6 +61,7 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     let t1 = Instant::now();
     Counters::add(&COUNTERS.upload_ns, (t1 - t0).as_nanos() as u64);
     let exe = program::executable(rt, &mut plan, at)?;
+    crate::runtime::note_launched(&exe);
     let t2 = Instant::now();
     let outputs = launch.run(rt, &plan, &exe, args, at)?;
     let t3 = Instant::now();

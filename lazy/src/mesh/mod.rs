@@ -190,7 +190,7 @@ fn forward_work(
 }
 
 /// Add one op's work to `w` (a custom kernel's as the ops of its composite, so fused attention costs what it
-/// computes); returns how its result is split and its elements per device.
+/// computes, and a checkpointed block's as its ops); returns how its result is split and its elements per device.
 fn op_work(
     op: &Op,
     x: &[ShardIn<'_>],
@@ -217,6 +217,7 @@ fn op_work(
             w.matmul_flops += 2.0 * (elems * k) as f64;
         }
         Op::Kernel(k) => kernel_work(&k.def.composite, x, size, w),
+        Op::Checkpoint(lazuli_hlo::Checkpoint::Block { def, .. }) => kernel_work(&def.program, x, size, w),
         Op::Constant(_) | Op::Reshape(_) | Op::BroadcastInDim(_) => {}
         _ => w.elementwise_bytes += (op.cost_weight() * elems * ty.dtype.byte_size()) as f64,
     }

@@ -1,9 +1,10 @@
 //! The op methods users call on tensors beyond `graph::record`'s core: array ops, activations and losses,
-//! operators, convolutions, random numbers, fused attention, custom Triton kernels and control flow (`scan`,
-//! `while_loop`, `cond`).
+//! operators, convolutions, random numbers, fused attention, custom Triton kernels, control flow (`scan`,
+//! `while_loop`, `cond`) and gradient checkpointing.
 
 pub(crate) mod array_ops;
 pub mod attention;
+pub mod checkpoint;
 pub mod control;
 mod conv;
 pub mod custom_kernel;

@@ -69,6 +69,22 @@ pub fn set_rng_state(state: &Tensor) {
     });
 }
 
+/// Where the latest draw's bits are: compared before and after recording a checkpointed block.
+pub(crate) fn latest_draw() -> *const Node {
+    GENERATOR.with_borrow(|g| g.as_ref().and_then(|g| g.last_bits.as_ref()).map_or(std::ptr::null(), Weak::as_ptr))
+}
+
+/// A checkpointed block drew numbers while it was recorded, whose bits nodes died with the recording: `result`
+/// computes them now (pending until the step's program, which computes the state too), so it tells from now on
+/// whether the state was left behind.
+pub(crate) fn drawn_into(result: &Tensor) {
+    GENERATOR.with_borrow_mut(|g| {
+        if let Some(g) = g {
+            g.last_bits = Some(Rc::downgrade(&result.node));
+        }
+    })
+}
+
 /// Record one draw of u32 bits and advance the state.
 fn draw_bits(dims: &[usize], loc: Loc) -> Tensor {
     with_generator(loc, |g| {

@@ -373,6 +373,26 @@ pub fn memory_stats() -> Result<Vec<lazuli_pjrt::MemoryStats>> {
     Ok(rt.client.devices().iter().map(|d| d.memory_stats()).collect::<std::result::Result<_, _>>()?)
 }
 
+thread_local! {
+    /// The latest program this thread launched, for [`program_memory`].
+    static LAST_PROGRAM: std::cell::RefCell<Option<Arc<lazuli_pjrt::LoadedExecutable>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Note the program this thread launches now (`exec::materialize`).
+pub(crate) fn note_launched(exe: &Arc<lazuli_pjrt::LoadedExecutable>) {
+    LAST_PROGRAM.with_borrow_mut(|last| *last = Some(exe.clone()));
+}
+
+/// XLA's memory plan of the latest program this thread launched (a training step's, right after its `sync()`):
+/// its inputs, outputs and the intermediate values live at its high-water mark, from the compiled program's
+/// buffer assignment. [`lazuli_pjrt::CompiledMemoryStats::peak_bytes`] is the most the step holds at once. Unlike
+/// [`memory_stats`] this is per program, and the CPU plugin reports it too. `None` before any program ran.
+pub fn program_memory() -> Result<Option<lazuli_pjrt::CompiledMemoryStats>> {
+    let exe = LAST_PROGRAM.with_borrow(|last| last.clone());
+    Ok(exe.map(|e| e.compiled_memory_stats()).transpose()?)
+}
+
 impl std::fmt::Display for RuntimeInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let file = self.plugin_path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();

@@ -4,6 +4,7 @@ use std::ptr::{self, NonNull};
 
 use super::{c, copy_slice, device_list, Api, BufferHandle, ClientHandle, DeviceHandle, EventHandle, ExecHandle};
 use crate::error::{Error, Result};
+use crate::executable::CompiledMemoryStats;
 
 impl Api {
     pub(crate) fn executable_destroy(self, exe: ExecHandle) {
@@ -44,6 +45,23 @@ impl Api {
             args.executable = e;
             call!(self, PJRT_Executable_NumOutputs, &mut args)?;
             Ok(args.num_outputs)
+        })
+    }
+
+    /// XLA's estimate of what the compiled program needs on its device (`xla::CompiledMemoryStats`).
+    pub(crate) fn executable_compiled_memory_stats(self, exe: ExecHandle) -> Result<CompiledMemoryStats> {
+        self.with_executable(exe, |e| {
+            let mut args = c::PJRT_Executable_GetCompiledMemoryStats_Args::new();
+            args.executable = e;
+            call!(self, PJRT_Executable_GetCompiledMemoryStats, &mut args)?;
+            Ok(CompiledMemoryStats {
+                argument_bytes: args.argument_size_in_bytes,
+                output_bytes: args.output_size_in_bytes,
+                alias_bytes: args.alias_size_in_bytes,
+                temp_bytes: args.temp_size_in_bytes,
+                generated_code_bytes: args.generated_code_size_in_bytes,
+                reported_peak_bytes: (args.peak_memory_in_bytes > 0).then_some(args.peak_memory_in_bytes),
+            })
         })
     }
 

@@ -195,6 +195,23 @@ pjrt_args!(PJRT_Device_MemoryStats_Args {
 
 pjrt_args!(PJRT_Executable_Destroy_Args { executable: *mut PJRT_Executable });
 pjrt_args!(PJRT_Executable_NumOutputs_Args { executable: *mut PJRT_Executable, num_outputs: usize });
+// With the two fields later headers appended: a plugin refuses a struct smaller than its own (0.115's ends at
+// `peak_memory_in_bytes`) and leaves fields it does not know at zero.
+pjrt_args!(PJRT_Executable_GetCompiledMemoryStats_Args {
+    executable: *mut PJRT_Executable,
+    generated_code_size_in_bytes: i64,
+    argument_size_in_bytes: i64,
+    output_size_in_bytes: i64,
+    alias_size_in_bytes: i64,
+    temp_size_in_bytes: i64,
+    host_generated_code_size_in_bytes: i64,
+    host_argument_size_in_bytes: i64,
+    host_output_size_in_bytes: i64,
+    host_alias_size_in_bytes: i64,
+    host_temp_size_in_bytes: i64,
+    peak_memory_in_bytes: i64,
+    total_size_in_bytes: i64,
+});
 pjrt_args!(PJRT_Executable_Serialize_Args {
     executable: *const PJRT_Executable,
     serialized_bytes: *const c_char,
@@ -372,6 +389,34 @@ pub(crate) struct PJRT_Api {
     pub PJRT_Buffer_IsOnCpu: Entry<PJRT_Buffer_IsOnCpu_Args>,
     pub PJRT_Buffer_ReadyEvent: Entry<PJRT_Buffer_ReadyEvent_Args>,
     pub PJRT_Buffer_UnsafePointer: Entry<PJRT_Buffer_UnsafePointer_Args>,
+    _PJRT_Buffer_IncreaseExternalReferenceCount: Unused,
+    _PJRT_Buffer_DecreaseExternalReferenceCount: Unused,
+    _PJRT_Buffer_OpaqueDeviceMemoryDataPointer: Unused,
+
+    _PJRT_CopyToDeviceStream_Destroy: Unused,
+    _PJRT_CopyToDeviceStream_AddChunk: Unused,
+    _PJRT_CopyToDeviceStream_TotalBytes: Unused,
+    _PJRT_CopyToDeviceStream_GranuleSize: Unused,
+    _PJRT_CopyToDeviceStream_CurrentBytes: Unused,
+
+    _PJRT_TopologyDescription_Create: Unused,
+    _PJRT_TopologyDescription_Destroy: Unused,
+    _PJRT_TopologyDescription_PlatformName: Unused,
+    _PJRT_TopologyDescription_PlatformVersion: Unused,
+    _PJRT_TopologyDescription_GetDeviceDescriptions: Unused,
+    _PJRT_TopologyDescription_Serialize: Unused,
+    _PJRT_TopologyDescription_Attributes: Unused,
+
+    _PJRT_Compile: Unused,
+
+    // Appended after 0.57 in this order.
+    _PJRT_Executable_OutputElementTypes: Unused,
+    _PJRT_Executable_OutputDimensions: Unused,
+    _PJRT_Buffer_CopyToMemory: Unused,
+    _PJRT_Client_CreateViewOfDeviceBuffer: Unused,
+    _PJRT_Executable_Fingerprint: Unused,
+    _PJRT_Client_TopologyDescription: Unused,
+    pub PJRT_Executable_GetCompiledMemoryStats: Entry<PJRT_Executable_GetCompiledMemoryStats_Args>,
 }
 
 #[cfg(test)]
@@ -408,6 +453,7 @@ mod tests {
             (PJRT_Device_MemoryStats_Args::STRUCT_SIZE, 185),
             (PJRT_Executable_Destroy_Args::STRUCT_SIZE, 24),
             (PJRT_Executable_NumOutputs_Args::STRUCT_SIZE, 32),
+            (PJRT_Executable_GetCompiledMemoryStats_Args::STRUCT_SIZE, 120),
             (PJRT_Executable_Serialize_Args::STRUCT_SIZE, 56),
             (PJRT_Executable_DeserializeAndLoad_Args::STRUCT_SIZE, 64),
             (PJRT_LoadedExecutable_Destroy_Args::STRUCT_SIZE, 24),
@@ -445,5 +491,6 @@ mod tests {
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_IsDeleted), 584);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_ToHostBuffer), 600);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Buffer_UnsafePointer), 624);
+        assert_eq!(offset_of!(PJRT_Api, PJRT_Executable_GetCompiledMemoryStats), 808);
     }
 }

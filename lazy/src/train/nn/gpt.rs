@@ -32,6 +32,9 @@ pub struct GptConfig {
     /// in the graph instead of `n_layer` copies. Checkpoints keep the unrolled model's names. Needs `dropout`
     /// 0 while training.
     pub scan_blocks: bool,
+    /// Recompute each block in the backward pass instead of keeping its activations ([`crate::checkpoint`]):
+    /// less memory for about one more forward pass of compute.
+    pub checkpoint_blocks: bool,
 }
 
 impl GptConfig {
@@ -46,6 +49,7 @@ impl GptConfig {
             dropout: 0.0,
             dtype: DType::F32,
             scan_blocks: false,
+            checkpoint_blocks: false,
         }
     }
 
@@ -242,7 +246,7 @@ impl Gpt {
         let pos = Tensor::arange(t, DType::I32);
         let mut x = self.emb_drop.forward(&(self.wte.forward(ids) + self.wpe.forward(&pos)));
         for block in &self.blocks {
-            x = block.forward(&x);
+            x = if self.config.checkpoint_blocks { x.checkpoint(|x| block.forward(x)) } else { block.forward(&x) };
         }
         if let Some(scanned) = &self.scanned {
             if self.config.dropout > 0.0 && self.emb_drop.is_training() {
