@@ -172,16 +172,27 @@ class JaxSide:
         hd = d // H
         x = p["wte.weight"][ids] + p["wpe.weight"][jnp.arange(T)]
         causal = jnp.tril(jnp.ones((T, T), bool))
-        for l in range(w["n_layer"]):
-            q = lambda n: p[f"blocks.{l}.{n}"]
-            h = self.layer_norm(x, q("ln1.weight"), q("ln1.bias"))
-            qkv = (self.mm(h, q("attn.qkv.weight")) + q("attn.qkv.bias")).reshape(B, T, 3, H, hd)
+
+        def block(x, q):
+            h = self.layer_norm(x, q["ln1.weight"], q["ln1.bias"])
+            qkv = (self.mm(h, q["attn.qkv.weight"]) + q["attn.qkv.bias"]).reshape(B, T, 3, H, hd)
             y = self.attend(qkv, causal).reshape(B, T, d)
-            x = x + (self.mm(y, q("attn.proj.weight")) + q("attn.proj.bias"))
-            h = self.layer_norm(x, q("ln2.weight"), q("ln2.bias"))
-            h = self.mm(h, q("fc.weight")) + q("fc.bias")
+            x = x + (self.mm(y, q["attn.proj.weight"]) + q["attn.proj.bias"])
+            h = self.layer_norm(x, q["ln2.weight"], q["ln2.bias"])
+            h = self.mm(h, q["fc.weight"]) + q["fc.bias"]
             h = gelu(h, jnp.tanh)
-            x = x + (self.mm(h, q("fc_proj.weight")) + q("fc_proj.bias"))
+            return x + (self.mm(h, q["fc_proj.weight"]) + q["fc_proj.bias"])
+
+        layers = [{k[len(f"blocks.{l}."):]: v for k, v in p.items() if k.startswith(f"blocks.{l}.")}
+                  for l in range(w["n_layer"])]
+        if w.get("scan_layers"):
+            # One block's program run n_layer times over the weights stacked per name (as a JAX user who scans
+            # over layers writes it; the stacking is part of the step here, since the weights are kept per layer).
+            stacked = {k: jnp.stack([layer[k] for layer in layers]) for k in layers[0]}
+            x, _ = self.jax.lax.scan(lambda x, q: (block(x, q), None), x, stacked)
+        else:
+            for q in layers:
+                x = block(x, q)
         x = self.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
         logits = self.mm(x, p["wte.weight"].T)
         return self.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))

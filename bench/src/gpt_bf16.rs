@@ -1,7 +1,9 @@
 //! `nn::Gpt`'s forward pass with bf16 matmuls: every matmul's operands are converted to bf16 and its result
 //! back to f32; weights, layer norms, softmax, residuals and the optimizer stay f32. Same layout and order of
 //! operations as `lazuli::nn::gpt` (and as the Python worker's model), so only the matmul precision differs.
-//! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]).
+//! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]). The blocks run
+//! unrolled, each recomputed in the backward pass (`GptConfig::checkpoint_blocks`), or as one scanned body over
+//! stacked weights (`GptConfig::scan_blocks`).
 
 use lazuli::nn::{Block, CausalSelfAttention, Gpt, LayerNorm, Linear};
 use lazuli::{DType, Tensor};
@@ -73,8 +75,22 @@ pub fn loss(g: &Gpt, ids: &Tensor, targets: &Tensor, attn: Attention) -> BenchRe
     let t = ids.dims()[1];
     let pos = Tensor::arange(t, DType::I32);
     let mut x = g.wte.forward(ids) + g.wpe.forward(&pos);
-    for blk in &g.blocks {
-        x = block(blk, &x, attn);
+    match &g.scanned {
+        // One block's ops in the graph, run once per layer on that layer's slice of the stacked weights.
+        Some(s) => {
+            let weights: Vec<Tensor> = s.stacked.iter().map(|(_, p)| p.get()).collect();
+            let body = |h: &[Tensor], w: &[Tensor]| (vec![block(&s.block(w), &h[0], attn)], vec![]);
+            x = lazuli::scan(body, std::slice::from_ref(&x), &weights).0.remove(0);
+        }
+        None => {
+            for blk in &g.blocks {
+                x = if g.config.checkpoint_blocks {
+                    x.checkpoint(|x| block(blk, x, attn))
+                } else {
+                    block(blk, &x, attn)
+                };
+            }
+        }
     }
     let logits = mm(&layer_norm(&g.ln_f, &x), &g.wte.weight.get().t());
     let v = g.config.vocab as isize;

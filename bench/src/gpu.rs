@@ -58,6 +58,8 @@ pub struct GpuJob {
     pub tiny: bool,
     /// lazuli's side with checkpointed transformer blocks (`--checkpoint`).
     pub checkpoint: bool,
+    /// lazuli's side with its blocks as one scanned body, JAX's with `lax.scan` (`--scan`).
+    pub scan: bool,
 }
 
 /// One row: a framework with one attention variant.
@@ -104,6 +106,9 @@ impl GpuJob {
         if self.checkpoint {
             name.push_str(", checkpointed blocks");
         }
+        if self.scan {
+            name.push_str(", scanned blocks");
+        }
         eprintln!("lazuli-bench: {name} on the {} ({} reps of {steps} steps)", self.device, self.opts.reps);
         let v = self.lazuli_command(attention, steps).unwrap_or_else(|e| json!({"error": e.to_string()}));
         let side = lazuli_side_from_json(name, &v);
@@ -121,6 +126,7 @@ impl GpuJob {
             .args(self.opts.profile.then_some("--profile"))
             .args(self.tiny.then_some("--tiny"))
             .args(self.checkpoint.then_some("--checkpoint"))
+            .args(self.scan.then_some("--scan"))
             .env("LAZULI_DEVICE", &self.device)
             .stderr(Stdio::inherit())
             .output()?;
@@ -134,7 +140,10 @@ impl GpuJob {
 
     /// One Python framework with one attention variant, in a worker process of its own.
     fn python_process(&self, fw: &str, attention: Attention, steps: usize) -> Side {
-        let name = side_name(fw, attention);
+        let mut name = side_name(fw, attention);
+        if self.scan && fw == "jax" {
+            name.push_str(", lax.scan");
+        }
         eprintln!("lazuli-bench: {name}");
         let mut side = Side { name, ..Side::default() };
         let mut w = self.workload.clone();
@@ -167,6 +176,7 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
     let t0 = Instant::now();
     let first = lz.run(1, false)?;
     let first_s = t0.elapsed().as_secs_f64();
+    let first_compile_ms = lazuli::metrics().compile_ms;
     let rest = lz.run(opts.warmup.saturating_sub(1), false)?;
     let mut reps = Vec::new();
     let mut splits = Vec::new();
@@ -181,7 +191,7 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
     let s = split_median(&splits).unwrap_or_default();
     let warmup_losses = [first.losses, rest.losses].concat();
     Ok(json!({
-        "init_s": init_s, "first_s": first_s, "warmup_losses": warmup_losses,
+        "init_s": init_s, "first_s": first_s, "compile_ms": first_compile_ms, "warmup_losses": warmup_losses,
         "reps": reps, "params": lz.num_params(), "runtime": lazuli::runtime_info()?.to_string(),
         "peak_bytes": peak_bytes, "profile": profile,
         "split": {"record": s.record, "execute": s.execute, "programs_per_step": s.programs_per_step,

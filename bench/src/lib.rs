@@ -14,6 +14,7 @@
 pub mod attention;
 pub mod compare;
 pub mod compile;
+pub mod depth;
 pub mod gpt_bf16;
 pub mod gpu;
 pub mod profile;

@@ -101,6 +101,10 @@ enum Cmd {
         /// its peak memory and step time against the plain rows'.
         #[arg(long)]
         checkpoint: bool,
+        /// lazuli's side stores the blocks stacked and runs them as one scanned body (`GptConfig::scan_blocks`),
+        /// and JAX's runs them with `lax.scan`: first step and step time against the unrolled rows'.
+        #[arg(long)]
+        scan: bool,
     },
     /// Attention alone at GPT-2 small's shapes (bf16, causal), forward and forward+backward: lazuli's cuDNN,
     /// Triton and composite implementations beside JAX's cuDNN call and PyTorch's SDPA.
@@ -133,8 +137,29 @@ enum Cmd {
         tiny: bool,
         #[arg(long)]
         checkpoint: bool,
+        #[arg(long)]
+        scan: bool,
+        /// Another depth than GPT-2 small's 12 layers.
+        #[arg(long)]
+        layers: Option<usize>,
         #[command(flatten)]
         common: Common,
+    },
+    /// How the GPT step's compile time, first step and step time grow with depth, its blocks unrolled and
+    /// scanned: GPT-2 small's width at each layer count, lazuli only, each in a new process without the
+    /// persistent compile cache.
+    Depth {
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 12, 24])]
+        layers: Vec<usize>,
+        /// The dry-run width (d=128, T=64, batch 2), for the CPU.
+        #[arg(long)]
+        tiny: bool,
+        /// lazuli's LAZULI_DEVICE.
+        #[arg(long, default_value = "gpu")]
+        device: String,
+        /// Timed steps after the first.
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
     },
 }
 
@@ -149,10 +174,11 @@ fn scratch() -> BenchResult<PathBuf> {
     Ok(dir)
 }
 
-fn gpu_workload(tiny: bool, checkpoint: bool) -> Workload {
+fn gpu_workload(tiny: bool, checkpoint: bool, scan: bool) -> Workload {
     let mut w = Workload::gpt2_small_gpu();
     if let lazuli_bench::workloads::Model::Gpt { config, .. } = &mut w.model {
         config.checkpoint_blocks = checkpoint;
+        config.scan_blocks = scan;
     }
     if tiny {
         if let lazuli_bench::workloads::Model::Gpt { config, seq } = &mut w.model {
@@ -178,12 +204,16 @@ fn main() {
             lazuli_bench::compile::side(&Workload::gpt_tiny(), started).map(|v| println!("{v}"))
         }
         Cmd::Attention { iters, reps, python } => attention_cmd(iters, reps, python.as_deref()),
-        Cmd::Gpu { common, mut frameworks, attention, tiny, device, checkpoint } => {
+        Cmd::Gpu { common, mut frameworks, attention, tiny, device, checkpoint, scan } => {
             frameworks.retain(|f| !f.is_empty());
-            gpu(&common, frameworks, attention, tiny, device, checkpoint)
+            gpu(&common, frameworks, attention, tiny, device, checkpoint, scan)
         }
-        Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, common } => {
-            let w = Workload { attention, ..gpu_workload(tiny, checkpoint) };
+        Cmd::Depth { layers, tiny, device, steps } => lazuli_bench::depth::run(&layers, tiny, &device, steps),
+        Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, scan, layers, common } => {
+            let mut w = Workload { attention, ..gpu_workload(tiny, checkpoint, scan) };
+            if let (Some(n), lazuli_bench::workloads::Model::Gpt { config, .. }) = (layers, &mut w.model) {
+                config.n_layer = n;
+            }
             if workload != w.name {
                 eprintln!("lazuli-bench: lazuli-side knows only {}", w.name);
                 std::process::exit(2);
@@ -414,10 +444,11 @@ fn gpu(
     tiny: bool,
     device: String,
     checkpoint: bool,
+    scan: bool,
 ) -> BenchResult<()> {
     let python = pyenv::ensure(common.python.as_deref())?;
     let dir = scratch()?;
-    let workload = gpu_workload(tiny, checkpoint);
+    let workload = gpu_workload(tiny, checkpoint, scan);
     let job = GpuJob {
         script: worker::write_script(&dir)?,
         weights: dir.join(format!("{}.safetensors", workload.name)),
@@ -429,6 +460,7 @@ fn gpu(
         device,
         tiny,
         checkpoint,
+        scan,
     };
     let run = job.run();
     let _ = std::fs::remove_dir_all(&dir);

@@ -139,7 +139,7 @@ impl Workload {
         let mut v = match &self.model {
             Model::Mlp { sizes } => json!({"kind": "mlp", "sizes": sizes}),
             Model::Gpt { config: c, seq } => json!({"kind": "gpt", "vocab": c.vocab, "n_layer": c.n_layer,
-                "n_head": c.n_head, "d_model": c.d_model, "seq": seq}),
+                "n_head": c.n_head, "d_model": c.d_model, "seq": seq, "scan_layers": c.scan_blocks}),
         };
         v["name"] = json!(self.name);
         v["batch"] = json!(self.batch);

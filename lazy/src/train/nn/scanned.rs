@@ -53,6 +53,12 @@ impl ScannedBlocks {
         self.len() == 0
     }
 
+    /// The block whose parameters are `w`, one layer's slices of [`Self::stacked`] in its order: for a forward
+    /// function of one's own inside [`scan`] (mixed precision, say), as `forward` runs `Block::forward`.
+    pub fn block(&self, w: &[Tensor]) -> Block {
+        block_of(w, self.n_head)
+    }
+
     /// `x: [batch, seq, d_model]` through every block in order.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
