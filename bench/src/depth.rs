@@ -10,12 +10,14 @@ use serde_json::Value;
 use crate::stats::{duration, machine, median, today};
 use crate::BenchResult;
 
-/// One process's result.
-struct Point {
-    compile_s: f64,
-    first_s: f64,
-    step_s: f64,
-    peak_bytes: Option<f64>,
+/// One `lazuli-side` process's result.
+pub struct Point {
+    pub compile_s: f64,
+    pub first_s: f64,
+    pub step_s: f64,
+    pub peak_bytes: Option<f64>,
+    /// What the device's allocator may use in all, where the plugin says.
+    pub bytes_limit: Option<f64>,
 }
 
 pub fn run(layers: &[usize], tiny: bool, device: &str, steps: usize) -> BenchResult<()> {
@@ -78,12 +80,20 @@ fn point(
     dir: &std::path::Path,
 ) -> BenchResult<Point> {
     eprintln!("lazuli-bench: {layers} layer(s), {}", if scan { "scanned" } else { "unrolled" });
+    let mut args = vec!["--layers".to_string(), layers.to_string()];
+    args.extend(scan.then(|| "--scan".to_string()));
+    args.extend(tiny.then(|| "--tiny".to_string()));
+    lazuli_side(&args, device, steps, dir)
+}
+
+/// The fused-attention GPT's `lazuli-side` in a new process with `args` added, one repetition of `steps` steps
+/// after one warm-up step, without the persistent compile cache.
+pub fn lazuli_side(args: &[String], device: &str, steps: usize, dir: &std::path::Path) -> BenchResult<Point> {
     let out = Command::new(std::env::current_exe()?)
         .args(["lazuli-side", "--workload", "gpt2-small", "--attention", "fused", "--weights"])
         .arg(dir.join("weights.safetensors"))
-        .args(["--reps", "1", "--warmup", "1", "--steps", &steps.to_string(), "--layers", &layers.to_string()])
-        .args(scan.then_some("--scan"))
-        .args(tiny.then_some("--tiny"))
+        .args(["--reps", "1", "--warmup", "1", "--steps", &steps.to_string()])
+        .args(args)
         .env("LAZULI_DEVICE", device)
         .env("LAZULI_COMPILE_CACHE", "off")
         .stderr(Stdio::inherit())
@@ -101,5 +111,68 @@ fn point(
         first_s: v["first_s"].as_f64().unwrap_or(f64::NAN),
         step_s: median(&times),
         peak_bytes: v["peak_bytes"].as_f64(),
+        bytes_limit: v["bytes_limit"].as_f64(),
     })
+}
+
+/// `lazuli-bench memory`: peak memory and step time with and without checkpointed blocks at each batch size; the
+/// largest batch that fits in the allocator's limit, on a line through the first and last batch's peaks.
+pub fn memory(batches: &[usize], device: &str, steps: usize) -> BenchResult<()> {
+    let dir = std::env::temp_dir().join(format!("lazuli-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut rows = Vec::new();
+    for &b in batches {
+        for checkpoint in [false, true] {
+            eprintln!("lazuli-bench: batch {b}, {}", if checkpoint { "checkpointed blocks" } else { "plain" });
+            let mut args = vec!["--batch".to_string(), b.to_string()];
+            args.extend(checkpoint.then(|| "--checkpoint".to_string()));
+            rows.push((b, checkpoint, lazuli_side(&args, device, steps, &dir)));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("## lazuli-bench memory, {}", today());
+    println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
+    println!("- host: {}; device: {device}", machine());
+    println!(
+        "- model: GPT-2 small (T=1024, bf16 matmuls, fused attention, AdamW); peak: the allocator's after the steps"
+    );
+    println!("\n| batch | plain: peak | step | checkpointed: peak | step | peak saved | step time added |");
+    println!("|---|---|---|---|---|---|---|");
+    let gib = |b: f64| format!("{:.2} GiB", b / (1u64 << 30) as f64);
+    let find = |b: usize, c: bool| rows.iter().find(|r| r.0 == b && r.1 == c).and_then(|r| r.2.as_ref().ok());
+    for &b in batches {
+        let (Some(p), Some(c)) = (find(b, false), find(b, true)) else {
+            let why = rows.iter().filter(|r| r.0 == b).find_map(|r| r.2.as_ref().err()).map(|e| e.to_string());
+            println!("| {b} | failed: {} | | | | | |", why.unwrap_or_default().lines().next().unwrap_or(""));
+            continue;
+        };
+        let (pp, cp) = (p.peak_bytes.unwrap_or(f64::NAN), c.peak_bytes.unwrap_or(f64::NAN));
+        println!(
+            "| {b} | {} | {} | {} | {} | {:.0}% | {:+.0}% |",
+            gib(pp),
+            duration(p.step_s),
+            gib(cp),
+            duration(c.step_s),
+            100.0 * (1.0 - cp / pp),
+            100.0 * (c.step_s / p.step_s - 1.0)
+        );
+    }
+    let limit = rows.iter().find_map(|r| r.2.as_ref().ok().and_then(|p| p.bytes_limit));
+    if let (Some(limit), [lo, .., hi]) = (limit, batches) {
+        for checkpoint in [false, true] {
+            let peak = |b: usize| find(b, checkpoint).and_then(|p| p.peak_bytes);
+            if let (Some(a), Some(z)) = (peak(*lo), peak(*hi)) {
+                let per_sequence = (z - a) / (*hi - *lo) as f64;
+                let fits = *lo as f64 + (limit - a) / per_sequence;
+                println!(
+                    "largest batch that fits, {}: about {:.0} (extrapolated to the allocator's {} limit; {} per sequence)",
+                    if checkpoint { "checkpointed blocks" } else { "plain" },
+                    fits.floor(),
+                    gib(limit),
+                    gib(per_sequence)
+                );
+            }
+        }
+    }
+    Ok(())
 }

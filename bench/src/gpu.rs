@@ -194,6 +194,7 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
         "init_s": init_s, "first_s": first_s, "compile_ms": first_compile_ms, "warmup_losses": warmup_losses,
         "reps": reps, "params": lz.num_params(), "runtime": lazuli::runtime_info()?.to_string(),
         "peak_bytes": peak_bytes, "profile": profile,
+        "bytes_limit": lazuli::memory_stats().ok().and_then(|s| s.first().and_then(|m| m.bytes_limit)),
         "split": {"record": s.record, "execute": s.execute, "programs_per_step": s.programs_per_step,
                   "compiles": s.compiles, "boundary": s.boundary, "upload": s.upload, "finish": s.finish, "wait": s.wait},
     }))

@@ -142,8 +142,22 @@ enum Cmd {
         /// Another depth than GPT-2 small's 12 layers.
         #[arg(long)]
         layers: Option<usize>,
+        /// Another batch than 8 sequences.
+        #[arg(long)]
+        batch: Option<usize>,
         #[command(flatten)]
         common: Common,
+    },
+    /// Gradient checkpointing's trade on GPT-2 small: peak device memory and step time with and without
+    /// recomputed blocks at each batch size, and the largest batch that fits, extrapolated linearly from the
+    /// peaks (lazuli only, GPUs).
+    Memory {
+        #[arg(long, value_delimiter = ',', default_values_t = [8usize, 32])]
+        batches: Vec<usize>,
+        #[arg(long, default_value = "gpu")]
+        device: String,
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
     },
     /// How the GPT step's compile time, first step and step time grow with depth, its blocks unrolled and
     /// scanned: GPT-2 small's width at each layer count, lazuli only, each in a new process without the
@@ -209,8 +223,10 @@ fn main() {
             gpu(&common, frameworks, attention, tiny, device, checkpoint, scan)
         }
         Cmd::Depth { layers, tiny, device, steps } => lazuli_bench::depth::run(&layers, tiny, &device, steps),
-        Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, scan, layers, common } => {
+        Cmd::Memory { batches, device, steps } => lazuli_bench::depth::memory(&batches, &device, steps),
+        Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, scan, layers, batch, common } => {
             let mut w = Workload { attention, ..gpu_workload(tiny, checkpoint, scan) };
+            w.batch = batch.unwrap_or(w.batch);
             if let (Some(n), lazuli_bench::workloads::Model::Gpt { config, .. }) = (layers, &mut w.model) {
                 config.n_layer = n;
             }
