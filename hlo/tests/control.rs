@@ -303,3 +303,20 @@ fn the_scan_gradient_reads_saved_residuals_and_recomputes_nothing_unless_asked()
         }
     }
 }
+
+#[test]
+fn a_program_restricted_to_some_inputs_keeps_the_steps_its_outputs_need() {
+    // (a, b, c) -> a * c; `b` and the sine of `b` are unused.
+    let p = Program::record(&[f64t(&[2]), f64t(&[2]), f64t(&[2])], |r, a| {
+        let _dead = r.unary(UnaryKind::Sin, &a[1]);
+        vec![Some(r.mul(&a[0], &a[2]))]
+    })
+    .unwrap();
+    assert_eq!(p.live(), [true, false, true, false, true]);
+    let q = p.restrict(&[2, 0]).unwrap();
+    assert_eq!((q.inputs.len(), q.steps.len()), (2, 1));
+    let (a, c) = (array![1.5, -2.0].into_dyn(), array![3.0, 0.5].into_dyn());
+    assert_eq!(q.evaluate(&[&c, &a])[0].as_ref().unwrap(), &array![4.5, -1.0].into_dyn());
+    let err = p.restrict(&[0, 1]).unwrap_err();
+    assert!(err.contains("value 2 (f64[2]) is read but not kept"), "{err}");
+}

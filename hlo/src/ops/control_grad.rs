@@ -44,8 +44,8 @@ impl ScanParts<'_> {
         (floats(self.ops, 0..c), floats(self.ops, c..x), floats(self.ops, x..self.ops.len()))
     }
 
-    /// The values of the body a backward step may take from the forward, by value id in order: every carry a step
-    /// started from and, unless recomputing, every op step whose value depends on the carry or the xs.
+    /// Every carry a step started from and, unless recomputing, every op step whose value depends on the carry
+    /// or the xs: the body values a backward step may take from the forward, by value id in order.
     fn candidates(&self) -> Vec<ValueId> {
         let mut out: Vec<ValueId> = (0..self.carry).collect();
         if self.remat || self.body.steps.iter().any(|(s, _)| !matches!(s, Step::Op(_))) {
@@ -60,6 +60,40 @@ impl ScanParts<'_> {
         out
     }
 
+    /// `values` without the [`layout_only`] steps whose operands a backward step has anyway (inputs, values it
+    /// reads from `values` by `live`, constants, or steps dropped so): those it runs again, which XLA fuses into
+    /// their readers, rather than storing another copy of a value per step.
+    fn without_layout_copies(&self, values: &[ValueId], live: &[bool]) -> Vec<ValueId> {
+        let n_in = self.body.inputs.len();
+        let mut has: Vec<bool> = vec![true; self.body.types.len()];
+        for &v in values {
+            has[v] = live[v];
+        }
+        let mut kept = Vec::new();
+        for &v in values {
+            let recompute = v >= n_in && {
+                let (step, args) = &self.body.steps[v - n_in];
+                matches!(step, Step::Op(op) if layout_only(op)) && args.iter().all(|&a| has[a])
+            };
+            has[v] = has[v] || recompute;
+            if !recompute {
+                kept.push(v);
+            }
+        }
+        kept
+    }
+
+    /// Which of `values` a backward body reading them as inputs (seeded on `ys`) depends on, by value id.
+    fn read(&self, values: &[ValueId], ys: &[usize]) -> Vec<bool> {
+        let live = self.backward_body(values, ys).live();
+        let saved_at = self.layout(values.len(), ys.len()).saved_at;
+        let mut read = vec![false; self.body.types.len()];
+        for (j, &v) in values.iter().enumerate() {
+            read[v] = live[saved_at + j];
+        }
+        read
+    }
+
     fn layout(&self, saved: usize, ys: usize) -> Layout {
         let (fc, _, fk) = self.float_operands();
         let xs_at = fc.len() + fk.len();
@@ -69,7 +103,8 @@ impl ScanParts<'_> {
 
     /// The backward body on (float carries' cotangents, float captured values' accumulated cotangents, x_t…,
     /// the values `saved` of the forward step…, the cotangent of each y in `ys`…, captured…), returning (float
-    /// carries' cotangents, accumulators, float xs' cotangents). `saved` starts with every carry.
+    /// carries' cotangents, accumulators, float xs' cotangents). `saved` starts with every carry; the body's
+    /// other steps run again.
     fn backward_body(&self, saved: &[ValueId], ys: &[usize]) -> Program {
         let (fc, _, fk) = self.float_operands();
         let (carry, xs, ops, body) = (self.carry, self.xs, self.ops, self.body);
@@ -121,21 +156,29 @@ impl ScanParts<'_> {
     }
 }
 
-/// The residuals a scan saves for its gradient (see [`Control::Scan`]): of the carries and the candidates, those
-/// the backward body reads when every float output has a cotangent.
+/// The residuals a scan saves for its gradient (see [`Control::Scan`]): the values the backward body reads when
+/// every float output has a cotangent, of the carries and the candidates worth storing.
 pub(crate) fn residuals(body: &Program, ops: &[TensorType], carry: usize, xs: usize, remat: bool) -> Vec<ValueId> {
     if refuses_gradient(body) {
         // Its gradient refuses, naming the loop, when one is asked; until then it runs as it is.
         return (0..carry).collect();
     }
     let parts = ScanParts { body, ops, carry, xs, remat };
-    let candidates = parts.candidates();
     let ys: Vec<usize> = (0..body.outputs.len() - carry)
         .filter(|&y| body.outputs[carry + y].is_some_and(|v| body.types[v].dtype.is_float()))
         .collect();
-    let live = parts.backward_body(&candidates, &ys).live();
-    let saved_at = parts.layout(candidates.len(), ys.len()).saved_at;
-    candidates.into_iter().enumerate().filter(|&(j, _)| live[saved_at + j]).map(|(_, v)| v).collect()
+    let mut values = parts.candidates();
+    let mut read = parts.read(&values, &ys);
+    if !remat {
+        values = parts.without_layout_copies(&values, &read);
+        read = parts.read(&values, &ys);
+    }
+    values.into_iter().filter(|&v| read[v]).collect()
+}
+
+/// Ops that move or retype their operand's elements without arithmetic (a bf16 copy of a weight, a head split).
+fn layout_only(op: &Op) -> bool {
+    matches!(op, Op::Convert(_) | Op::Reshape(_) | Op::Transpose(_) | Op::BroadcastInDim(_) | Op::Slice(_))
 }
 
 /// Whether a program holds a `while_loop`, whose gradient refuses, at any depth.
@@ -183,12 +226,12 @@ pub(crate) fn scan_vjp<B: Builder>(
     let Control::Scan { save: Some(saved), .. } = &saving.control else { unreachable!("a saving scan") };
     let ys: Vec<usize> = result.checked_sub(carry).into_iter().collect();
 
-    // The backward body on every candidate, narrowed to the saved values this cotangent reads.
-    let candidates = parts.candidates();
-    let full = parts.backward_body(&candidates, &ys);
+    // The backward body on every carry and the saved steps, narrowed to the saved values this cotangent reads.
+    let values: Vec<ValueId> = (0..carry).chain(saved.iter().copied().filter(|&v| v >= carry)).collect();
+    let full = parts.backward_body(&values, &ys);
     let live = full.live();
-    let at = parts.layout(candidates.len(), ys.len());
-    let position = |v: &ValueId| at.saved_at + candidates.binary_search(v).expect("a residual is a candidate");
+    let at = parts.layout(values.len(), ys.len());
+    let position = |v: &ValueId| at.saved_at + values.binary_search(v).expect("a residual is a carry or a step");
     let read: Vec<usize> = (0..saved.len()).filter(|&j| live[position(&saved[j])]).collect();
     let mut keep: Vec<usize> = (0..at.saved_at).collect();
     keep.extend(read.iter().map(|&j| position(&saved[j])));
