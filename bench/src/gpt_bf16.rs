@@ -3,7 +3,7 @@
 //! operations as `lazuli::nn::gpt` (and as the Python worker's model), so only the matmul precision differs.
 //! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]). The blocks run
 //! unrolled, each recomputed in the backward pass (`GptConfig::checkpoint_blocks`), or as one scanned body over
-//! stacked weights (`GptConfig::scan_blocks`).
+//! stacked weights (`GptConfig::scan_blocks`; with `checkpoint_blocks` too, the scan recomputes each block).
 
 use lazuli::nn::{Block, CausalSelfAttention, Gpt, LayerNorm, Linear};
 use lazuli::{DType, Tensor};
@@ -80,7 +80,7 @@ pub fn loss(g: &Gpt, ids: &Tensor, targets: &Tensor, attn: Attention) -> BenchRe
         Some(s) => {
             let weights: Vec<Tensor> = s.stacked.iter().map(|(_, p)| p.get()).collect();
             let body = |h: &[Tensor], w: &[Tensor]| (vec![block(&s.block(w), &h[0], attn)], vec![]);
-            x = lazuli::scan(body, std::slice::from_ref(&x), &weights).0.remove(0);
+            x = s.scan().run(body, std::slice::from_ref(&x), &weights).0.remove(0);
         }
         None => {
             for blk in &g.blocks {

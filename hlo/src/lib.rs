@@ -26,7 +26,7 @@ pub use infer_error::InferError;
 pub use op::{Op, OpRules};
 pub use ops::activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad};
 pub use ops::checkpoint::{BlockDef, Checkpoint};
-pub use ops::control::{Control, ControlDef, ControlOp};
+pub use ops::control::{Control, ControlDef, ControlOp, ScanGrad};
 pub use ops::conv::Convolution;
 pub use ops::dot::{DotGeneral, Precision};
 pub use ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind};

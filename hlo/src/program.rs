@@ -157,6 +157,17 @@ impl Program {
         inputs: &[B::V],
         parent: Option<(&Arc<KernelDef>, &[B::V])>,
     ) -> Vec<Option<B::V>> {
+        let values = self.replay_values(b, inputs, parent);
+        self.outputs.iter().map(|o| o.map(|v| values[v].clone())).collect()
+    }
+
+    /// [`Program::replay`], returning every value (inputs first, then each step's results) instead of the outputs.
+    pub fn replay_values<B: Builder>(
+        &self,
+        b: &mut B,
+        inputs: &[B::V],
+        parent: Option<(&Arc<KernelDef>, &[B::V])>,
+    ) -> Vec<B::V> {
         let mut values: Vec<B::V> = inputs.to_vec();
         for (step, args) in &self.steps {
             let operands: Vec<&B::V> = args.iter().map(|&a| &values[a]).collect();
@@ -171,7 +182,7 @@ impl Program {
             };
             values.push(v);
         }
-        self.outputs.iter().map(|o| o.map(|v| values[v].clone())).collect()
+        values
     }
 
     /// The outputs' reference values on `inputs` (each op's reference semantics, rounded to its dtype).
@@ -198,6 +209,12 @@ impl Program {
 
     /// Write the program's StableHLO as part of the node being lowered; returns the outputs' SSA names.
     pub(crate) fn lower(&self, cx: &mut LowerCx<'_>, inputs: Vec<String>) -> Vec<Option<String>> {
+        let names = self.lower_values(cx, inputs);
+        self.outputs.iter().map(|o| o.map(|v| names[v].clone())).collect()
+    }
+
+    /// [`Program::lower`], returning the SSA name of every value instead of the outputs'.
+    pub(crate) fn lower_values(&self, cx: &mut LowerCx<'_>, inputs: Vec<String>) -> Vec<String> {
         let mut names = inputs;
         for (step, args) in &self.steps {
             let arg_names: Vec<String> = args.iter().map(|&a| names[a].clone()).collect();
@@ -216,7 +233,68 @@ impl Program {
                 Step::Sibling(_) => panic!("a sibling step is replayed through a builder, never lowered directly"),
             }
         }
-        self.outputs.iter().map(|o| o.map(|v| names[v].clone())).collect()
+        names
+    }
+
+    /// The value id of each step's first result.
+    fn step_starts(&self) -> Vec<ValueId> {
+        let mut next = self.inputs.len();
+        self.steps
+            .iter()
+            .map(|(s, _)| {
+                next += s.result_count();
+                next - s.result_count()
+            })
+            .collect()
+    }
+
+    /// Which values the outputs depend on, by value id.
+    pub fn live(&self) -> Vec<bool> {
+        let mut live = vec![false; self.types.len()];
+        for &v in self.outputs.iter().flatten() {
+            live[v] = true;
+        }
+        for ((step, args), start) in self.steps.iter().zip(self.step_starts()).rev() {
+            if live[start..start + step.result_count()].iter().any(|&l| l) {
+                for &a in args {
+                    live[a] = true;
+                }
+            }
+        }
+        live
+    }
+
+    /// The program on inputs `keep` (ids of this program's inputs, in the new order) with only the steps its
+    /// outputs need; an error names a dropped input that one of them reads.
+    pub fn restrict(&self, keep: &[ValueId]) -> Result<Program, String> {
+        let live = self.live();
+        let mut new_id: Vec<Option<ValueId>> = vec![None; self.types.len()];
+        for (j, &i) in keep.iter().enumerate() {
+            new_id[i] = Some(j);
+        }
+        let map = |v: ValueId, new_id: &[Option<ValueId>]| {
+            new_id[v].ok_or_else(|| format!("value {v} ({}) is read but not kept", self.types[v]))
+        };
+        let mut p = Program {
+            inputs: keep.iter().map(|&i| self.types[i].clone()).collect(),
+            steps: Vec::new(),
+            types: keep.iter().map(|&i| self.types[i].clone()).collect(),
+            outputs: Vec::new(),
+        };
+        for ((step, args), start) in self.steps.iter().zip(self.step_starts()) {
+            let results = start..start + step.result_count();
+            if !live[results.clone()].iter().any(|&l| l) {
+                continue;
+            }
+            let args = args.iter().map(|&a| map(a, &new_id)).collect::<Result<Vec<_>, _>>()?;
+            for v in results {
+                new_id[v] = Some(p.types.len());
+                p.types.push(self.types[v].clone());
+            }
+            p.steps.push((step.clone(), args));
+        }
+        p.outputs = self.outputs.iter().map(|o| o.map(|v| map(v, &new_id)).transpose()).collect::<Result<_, _>>()?;
+        Ok(p)
     }
 }
 

@@ -4,8 +4,8 @@
 //! differences of the reference.
 
 use lazuli_hlo::{
-    emit, Binary, BinaryKind, Builder, ControlDef, ControlOp, DType, EmitOptions, Graph, Loc, Op, Program, TensorType,
-    UnaryKind,
+    emit, Binary, BinaryKind, Builder, Control, ControlDef, ControlOp, DType, DotGeneral, EmitOptions, Graph, Loc, Op,
+    OpRules, Program, ScanGrad, Step, TensorType, Unary, UnaryKind,
 };
 use ndarray::{array, ArrayD};
 
@@ -33,7 +33,9 @@ fn scan_graph(reverse: bool) -> Graph {
     let c = g.parameter(f64t(&[2]), AT);
     let xs = g.parameter(f64t(&[3, 2]), AT);
     let w = g.parameter(f64t(&[2]), AT);
-    let def = ControlDef::scan(body(), vec![f64t(&[2]), f64t(&[3, 2]), f64t(&[2])], 1, 1, 3, reverse, false).unwrap();
+    let def =
+        ControlDef::scan(body(), vec![f64t(&[2]), f64t(&[3, 2]), f64t(&[2])], 1, 1, 3, reverse, ScanGrad::default())
+            .unwrap();
     let carry = g.push(Op::Control(ControlOp::new(def.clone(), 0)), vec![c, xs, w], AT).unwrap();
     let ys = g.push(Op::Control(ControlOp::new(def, 1)), vec![c, xs, w], AT).unwrap();
     g.outputs = vec![carry, ys];
@@ -151,8 +153,8 @@ fn check_vjp(op: &Op, inputs: &[ArrayD<f64>], tys: &[TensorType]) {
 fn the_scan_gradient_rule_matches_finite_differences() {
     let tys = [f64t(&[2]), f64t(&[3, 2]), f64t(&[2])];
     for reverse in [false, true] {
-        for save in [false, true] {
-            let def = ControlDef::scan(body(), tys.to_vec(), 1, 1, 3, reverse, save).unwrap();
+        for (save, remat) in [(false, false), (true, false), (false, true), (true, true)] {
+            let def = ControlDef::scan(body(), tys.to_vec(), 1, 1, 3, reverse, ScanGrad { save, remat }).unwrap();
             for result in 0..2 {
                 check_vjp(&Op::Control(ControlOp::new(def.clone(), result)), &inputs(), &tys);
             }
@@ -205,9 +207,116 @@ fn a_body_that_changes_its_carry_is_refused_by_the_shape_rule() {
         vec![Some(y)]
     })
     .unwrap();
-    let err = ControlDef::scan(grow, vec![f64t(&[2]), f64t(&[4])], 1, 1, 4, false, false).unwrap_err();
+    let err = ControlDef::scan(grow, vec![f64t(&[2]), f64t(&[4])], 1, 1, 4, false, ScanGrad::default()).unwrap_err();
     assert_eq!(
         err.to_string(),
         "scan: the body turns carry 0 from f64[2] into f64[1,2]; a loop's carry keeps its shape and dtype"
     );
+}
+
+/// Body: (h, x_t, w) -> tanh(h @ w + x_t), the new carry and the step's y: a carry f64[2], xs f64[3,2], captured w
+/// f64[2,2].
+fn tanh_body() -> Program {
+    Program::record(&[f64t(&[2]), f64t(&[2]), f64t(&[2, 2])], |b, a| {
+        let hw = b.op(Op::DotGeneral(DotGeneral::new(&[], &[], &[0], &[0])), &[&a[0], &a[2]]);
+        let s = b.add(&hw, &a[1]);
+        let next = b.unary(UnaryKind::Tanh, &s);
+        vec![Some(next.clone()), Some(next)]
+    })
+    .unwrap()
+}
+
+/// A graph of the cotangents of (h0, xs, w) for `sum(final h * g)`, the scan recorded with `remat` as given:
+/// the forward scan and its gradient rule, recorded as one program.
+fn tanh_gradient_graph(remat: bool) -> (Graph, Program) {
+    let tys = [f64t(&[2]), f64t(&[3, 2]), f64t(&[2, 2]), f64t(&[2])];
+    let def = ControlDef::scan(tanh_body(), tys[..3].to_vec(), 1, 1, 3, false, ScanGrad { save: true, remat }).unwrap();
+    let op = ControlOp::new(def, 0);
+    let grads = Program::record(&tys, |r, a| {
+        let h = r.op(Op::Control(op.clone()), &[&a[0], &a[1], &a[2]]);
+        op.vjp(r, &a[..3], &h, &a[3])
+    })
+    .unwrap();
+    let mut g = Graph::new();
+    let mut nodes: Vec<_> = tys.iter().map(|t| g.parameter(t.clone(), AT)).collect();
+    for (step, args) in &grads.steps {
+        let Step::Op(op) = step else { unreachable!("ops only") };
+        nodes.push(g.push(op.clone(), args.iter().map(|&a| nodes[a]).collect(), AT).unwrap());
+    }
+    g.outputs = grads.outputs.iter().map(|o| nodes[o.unwrap()]).collect();
+    (g, grads)
+}
+
+/// The scans of a program, each with whether its body computes a tanh: (forward, backward) by direction.
+fn scan_bodies_with_tanh(p: &Program) -> Vec<(bool, bool)> {
+    let tanh = |b: &Program| b.steps.iter().any(|(s, _)| *s == Step::Op(Op::Unary(Unary { kind: UnaryKind::Tanh })));
+    let mut seen = Vec::new();
+    for (s, _) in &p.steps {
+        if let Step::Op(Op::Control(c)) = s {
+            if let Control::Scan { body, reverse, .. } = &c.def.control {
+                if !seen.iter().any(|(r, _)| r == reverse) {
+                    seen.push((*reverse, tanh(body)));
+                }
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_scan_gradient_reads_saved_residuals_and_recomputes_nothing_unless_asked() {
+    let (xs, h0, w, cot) = (
+        array![[0.1, 0.2], [0.5, -0.3], [-0.7, 0.9]].into_dyn(),
+        array![0.3, -0.4].into_dyn(),
+        array![[0.8, -0.5], [0.3, 1.1]].into_dyn(),
+        array![1.0, -2.0].into_dyn(),
+    );
+    // sum(final h * cot), unrolled by hand.
+    let objective = |h0: &ArrayD<f64>, xs: &ArrayD<f64>, w: &ArrayD<f64>| {
+        let mut h = h0.clone().into_dimensionality::<ndarray::Ix1>().unwrap();
+        let w = w.clone().into_dimensionality::<ndarray::Ix2>().unwrap();
+        for t in 0..3 {
+            let x = xs.index_axis(ndarray::Axis(0), t).into_dimensionality::<ndarray::Ix1>().unwrap();
+            h = (h.dot(&w) + x).mapv(f64::tanh);
+        }
+        (h.into_dyn() * &cot).sum()
+    };
+    for remat in [false, true] {
+        let (graph, program) = tanh_gradient_graph(remat);
+        // The forward scan's body computes tanh; the backward's reads the saved tanh, or recomputes it with remat.
+        assert_eq!(scan_bodies_with_tanh(&program), [(false, true), (true, remat)], "remat {remat}");
+        let text = emit(&graph, &EmitOptions::default());
+        assert_eq!(text.matches("\"stablehlo.while\"").count(), 2, "{text}");
+        assert_eq!(text.matches("\"stablehlo.tanh\"").count(), if remat { 2 } else { 1 }, "remat {remat}:\n{text}");
+        let got = graph.evaluate(&[h0.clone(), xs.clone(), w.clone(), cot.clone()]).unwrap();
+        for (i, x) in [&h0, &xs, &w].into_iter().enumerate() {
+            for k in 0..x.len() {
+                let nudge = |d: f64| {
+                    let mut ins = [h0.clone(), xs.clone(), w.clone()];
+                    ins[i].as_slice_mut().unwrap()[k] += d;
+                    objective(&ins[0], &ins[1], &ins[2])
+                };
+                let fd = (nudge(1e-6) - nudge(-1e-6)) / 2e-6;
+                let g = got[i].as_standard_layout().as_slice().unwrap()[k];
+                assert!((g - fd).abs() < 1e-7 * (1.0 + fd.abs()), "remat {remat}: d/d {i}[{k}]: {g} vs {fd}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_program_restricted_to_some_inputs_keeps_the_steps_its_outputs_need() {
+    // (a, b, c) -> a * c; `b` and the sine of `b` are unused.
+    let p = Program::record(&[f64t(&[2]), f64t(&[2]), f64t(&[2])], |r, a| {
+        let _dead = r.unary(UnaryKind::Sin, &a[1]);
+        vec![Some(r.mul(&a[0], &a[2]))]
+    })
+    .unwrap();
+    assert_eq!(p.live(), [true, false, true, false, true]);
+    let q = p.restrict(&[2, 0]).unwrap();
+    assert_eq!((q.inputs.len(), q.steps.len()), (2, 1));
+    let (a, c) = (array![1.5, -2.0].into_dyn(), array![3.0, 0.5].into_dyn());
+    assert_eq!(q.evaluate(&[&c, &a])[0].as_ref().unwrap(), &array![4.5, -1.0].into_dyn());
+    let err = p.restrict(&[0, 1]).unwrap_err();
+    assert!(err.contains("value 2 (f64[2]) is read but not kept"), "{err}");
 }

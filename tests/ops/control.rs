@@ -1,6 +1,7 @@
 //! Structured control flow (`scan`, `while_loop`, `cond`) on the CPU plugin: values against the reference
 //! interpreter and against the same computation written unrolled in Rust; gradients against the unrolled
-//! computation's gradients and against finite differences (f64); captured tensors lifted into the loop.
+//! computation's gradients and against finite differences (f64), with saved residuals and recomputed steps
+//! (`Scan::remat`) alike; captured tensors lifted into the loop.
 
 use crate::common::{self, gradcheck::check_grad, Rng};
 
@@ -59,9 +60,18 @@ fn unrolled(h0: &Tensor, xs: &Tensor, w: &Tensor, v: &Tensor, reverse: bool) -> 
     (h, Tensor::concat(&refs, 0))
 }
 
-/// The cell as a scan; `w` and `v` are captured by the body.
+/// The cell as a scan; `w` and `v` are captured by the body. Its gradient reads the activations it saved.
 fn scanned(h0: &Tensor, xs: &Tensor, w: &Tensor, v: &Tensor, reverse: bool) -> (Tensor, Tensor) {
-    let (carry, ys) = Scan::new().reverse(reverse).run(
+    scanned_with(Scan::new(), h0, xs, w, v, reverse)
+}
+
+/// [`scanned`] recomputing each step in the backward pass.
+fn scanned_remat(h0: &Tensor, xs: &Tensor, w: &Tensor, v: &Tensor, reverse: bool) -> (Tensor, Tensor) {
+    scanned_with(Scan::new().remat(true), h0, xs, w, v, reverse)
+}
+
+fn scanned_with(scan: Scan, h0: &Tensor, xs: &Tensor, w: &Tensor, v: &Tensor, reverse: bool) -> (Tensor, Tensor) {
+    let (carry, ys) = scan.reverse(reverse).run(
         |c, x| {
             let (next, y) = cell(&c[0], &x[0], w, v);
             (vec![next], vec![y])
@@ -116,10 +126,14 @@ fn scan_gradient_matches_the_unrolled_gradient() {
             let (h, ys) = f(&leaves[0], &leaves[1], &leaves[2], &leaves[3], reverse);
             &(&h * &h).sum_all() + &(&ys * &ys.sin()).sum_all()
         };
-        let got = lazuli::grad(&loss(scanned), &refs);
         let want = lazuli::grad(&loss(unrolled), &refs);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            common::assert_close(&format!("d/d input {i} (reverse {reverse})"), DType::F64, &vec_of(g), &vec_of(w));
+        let saved = lazuli::grad(&loss(scanned), &refs);
+        let remat = lazuli::grad(&loss(scanned_remat), &refs);
+        for (i, ((s, r), w)) in saved.iter().zip(&remat).zip(&want).enumerate() {
+            let what = format!("d/d input {i} (reverse {reverse})");
+            common::assert_close(&format!("{what}, saved"), DType::F64, &vec_of(s), &vec_of(w));
+            common::assert_close(&format!("{what}, remat"), DType::F64, &vec_of(r), &vec_of(w));
+            common::assert_close(&format!("{what}, saved vs remat"), DType::F64, &vec_of(s), &vec_of(r));
         }
     }
 }
@@ -136,6 +150,59 @@ fn scan_gradient_matches_finite_differences() {
         Tensor::concat(&[&h, &ys], 0)
     });
     check_grad("reverse scan", &inputs, |x| scanned(&x[0], &x[1], &x[2], &x[3], true).1);
+    check_grad("scan, remat", &inputs, |x| {
+        let (h, ys) = scanned_remat(&x[0], &x[1], &x[2], &x[3], false);
+        Tensor::concat(&[&h, &ys], 0)
+    });
+    check_grad("reverse scan, remat", &inputs, |x| scanned_remat(&x[0], &x[1], &x[2], &x[3], true).1);
+}
+
+/// A step with an integer counter in its carry, a leaky ReLU (a comparison the gradient reads), a scale from the
+/// counter and two ys: (h, n), x, w -> ((h', n + 1), (sum(h'²), sin(pre))).
+fn leaky_cell(c: &[Tensor], x: &Tensor, w: &Tensor) -> (Vec<Tensor>, Vec<Tensor>) {
+    let n = &c[1] + &Tensor::scalar(1i32);
+    let k = c[0].dims()[0] as isize;
+    let scale = &n.to_dtype(DType::F64) * 0.5;
+    let pre = &(&c[0].reshape(&[1, k]).matmul(w).reshape(&[k]) + x) * &scale;
+    let next = pre.gt(0.0).select(&pre, &(&pre * 0.1));
+    (vec![next.clone(), n], vec![(&next * &next).sum_all(), pre.sin()])
+}
+
+#[test]
+fn saved_residuals_recomputed_steps_and_the_unrolled_loop_give_one_gradient() {
+    let mut rng = Rng::new(4);
+    let [h0, xs, w] =
+        [rand(&mut rng, &[3]), rand(&mut rng, &[5, 3]), rand(&mut rng, &[3, 3])].map(|t| t.requires_grad());
+    let n0 = Tensor::zeros(&[], DType::I32);
+    let loss = |c: &[Tensor], ys: &[Tensor]| {
+        let a = (&c[0] * &c[0]).sum_all();
+        &(&a + &(&ys[0] * &ys[0]).sum_all()) + &ys[1].cos().sum_all()
+    };
+    let scan_loss = |scan: Scan| {
+        let (c, ys) = scan.run(|c, x| leaky_cell(c, &x[0], &w), &[h0.clone(), n0.clone()], std::slice::from_ref(&xs));
+        loss(&c, &ys)
+    };
+    let unrolled_loss = {
+        let mut c = vec![h0.clone(), n0.clone()];
+        let (mut y0, mut y1) = (Vec::new(), Vec::new());
+        for t in 0..5 {
+            let (next, ys) = leaky_cell(&c, &xs.slice(0, t, t + 1).reshape(&[3]), &w);
+            c = next;
+            y0.push(ys[0].reshape(&[1]));
+            y1.push(ys[1].reshape(&[1, 3]));
+        }
+        let ys = [Tensor::concat(&y0.iter().collect::<Vec<_>>(), 0), Tensor::concat(&y1.iter().collect::<Vec<_>>(), 0)];
+        loss(&c, &ys)
+    };
+    let refs = [&h0, &xs, &w];
+    let want = lazuli::grad(&unrolled_loss, &refs);
+    for remat in [false, true] {
+        let l = scan_loss(Scan::new().remat(remat));
+        common::assert_close(&format!("loss (remat {remat})"), DType::F64, &vec_of(&l), &vec_of(&unrolled_loss));
+        for (i, (g, w)) in lazuli::grad(&l, &refs).iter().zip(&want).enumerate() {
+            common::assert_close(&format!("d/d input {i} (remat {remat})"), DType::F64, &vec_of(g), &vec_of(w));
+        }
+    }
 }
 
 #[test]
@@ -264,4 +331,36 @@ fn a_body_that_panics_names_its_own_line() {
         scan(body, &[Tensor::zeros(&[2], DType::F64)], std::slice::from_ref(&xs));
     });
     assert!(msg.contains(&format!("control.rs:{line}:")), "names the body's line {line}: {msg}");
+}
+
+/// A scan whose body runs a scan (each row's running product of sines, summed into the carry): its gradient,
+/// saved and recomputed, against finite differences.
+#[test]
+fn a_scan_inside_a_scan_differentiates_in_both_modes() {
+    let mut rng = Rng::new(5);
+    let inputs: Vec<_> = [&[3][..], &[2, 3], &[3]]
+        .iter()
+        .map(|d| common::array(common::values(&mut rng, DType::F64, d.iter().product(), -1.0, 1.0), d))
+        .collect();
+    for remat in [false, true] {
+        check_grad(&format!("nested scan (remat {remat})"), &inputs, |x| {
+            let scan = Scan::new().remat(remat);
+            let (total, rows) = scan.run(
+                |c, row| {
+                    let (_, cum) = scan.run(
+                        |s, e| {
+                            let s2 = &s[0] * &(&e[0] + &c[0].sum_all()).sin();
+                            (vec![s2.clone()], vec![s2])
+                        },
+                        &[Tensor::ones(&[], DType::F64)],
+                        &[&row[0] * &x[2]],
+                    );
+                    (vec![(&c[0] + &cum[0]).tanh()], vec![cum[0].clone()])
+                },
+                &[x[0].clone()],
+                &[x[1].clone()],
+            );
+            Tensor::concat(&[&total[0], &rows[0].reshape(&[6])], 0)
+        });
+    }
 }

@@ -1,6 +1,7 @@
 //! A GPT whose blocks are stacked and scanned (`GptConfig::scan_blocks`) against the same GPT unrolled: the same
-//! seed gives the same weights, logits, gradients and training losses; checkpoints of either form load into the
-//! other under the unrolled model's names.
+//! seed gives the same weights, logits, gradients and training losses, whether the scan saves each block's
+//! activations or recomputes them (`checkpoint_blocks`); checkpoints of either form load into the other under the
+//! unrolled model's names.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +11,10 @@ use lazuli::{checkpoint, AdamW, DType, Module, Optimizer, Tensor};
 use crate::common;
 
 fn config(scan_blocks: bool, n_layer: usize) -> GptConfig {
+    config_remat(scan_blocks, false, n_layer)
+}
+
+fn config_remat(scan_blocks: bool, checkpoint_blocks: bool, n_layer: usize) -> GptConfig {
     GptConfig {
         vocab: 13,
         block_size: 8,
@@ -19,7 +24,7 @@ fn config(scan_blocks: bool, n_layer: usize) -> GptConfig {
         dropout: 0.0,
         dtype: DType::F32,
         scan_blocks,
-        checkpoint_blocks: false,
+        checkpoint_blocks,
     }
 }
 
@@ -51,7 +56,15 @@ fn scanned_blocks_compute_what_the_unrolled_ones_do() {
 
 #[test]
 fn gradients_are_the_unrolled_gradients_stacked() {
-    let (unrolled, scanned) = (gpt(false, 6), gpt(true, 6));
+    for remat in [false, true] {
+        let scanned = Gpt::new(&mut HostRng::new(6), config_remat(true, remat, 3));
+        assert_eq!(scanned.scanned.as_ref().map(|s| s.remat), Some(remat));
+        check_stacked_gradients(&gpt(false, 6), &scanned, remat);
+    }
+}
+
+/// The scanned model's gradients are the unrolled one's, stacked over the blocks.
+fn check_stacked_gradients(unrolled: &Gpt, scanned: &Gpt, remat: bool) {
     let (x, y) = batch();
     unrolled.loss(&x, &y).backward();
     scanned.loss(&x, &y).backward();
@@ -67,7 +80,7 @@ fn gradients_are_the_unrolled_gradients_stacked() {
             Some(rest) => (0..3).flat_map(|i| grads[&format!("blocks.{i}.{rest}")].clone()).collect(),
             None => grads[&name].clone(),
         };
-        common::assert_close(&format!("d/d {name}"), DType::F32, &got, &want);
+        common::assert_close(&format!("d/d {name} (remat {remat})"), DType::F32, &got, &want);
     }
 }
 

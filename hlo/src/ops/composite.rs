@@ -81,6 +81,9 @@ pub(crate) struct Tape<'b, B: Builder> {
     values: Vec<B::V>,
     /// Each recorded op with its operands' tape ids.
     ops: Vec<(Op, Vec<usize>)>,
+    /// Values known for the recorded ops, by their order of recording: the k-th op takes `given[k]` where it is
+    /// present instead of being recorded through `b` (a scan's gradient reads the forward's saved values so).
+    given: Vec<Option<B::V>>,
 }
 
 impl<B: Builder> Builder for Tape<'_, B> {
@@ -89,8 +92,13 @@ impl<B: Builder> Builder for Tape<'_, B> {
         self.b.ty(&v.v)
     }
     fn op(&mut self, op: Op, operands: &[&Self::V]) -> Self::V {
-        let ins: Vec<&B::V> = operands.iter().map(|t| &t.v).collect();
-        let v = self.b.op(op.clone(), &ins);
+        let v = match self.given.get(self.ops.len()).cloned().flatten() {
+            Some(v) => v,
+            None => {
+                let ins: Vec<&B::V> = operands.iter().map(|t| &t.v).collect();
+                self.b.op(op.clone(), &ins)
+            }
+        };
         self.values.push(v.clone());
         self.ops.push((op, operands.iter().map(|t| t.id).collect()));
         Taped { v, id: self.values.len() - 1 }
@@ -118,10 +126,22 @@ pub(crate) fn vjp_outputs<B: Builder>(
     seeds: &[Option<B::V>],
     expand: impl FnOnce(&mut Tape<'_, B>, &[Taped<B::V>]) -> Vec<Taped<B::V>>,
 ) -> Vec<Option<B::V>> {
+    vjp_outputs_with(b, x, seeds, Vec::new(), expand)
+}
+
+/// [`vjp_outputs`] where the k-th op the expansion records has the value `given[k]` where that is present: the op
+/// is not recorded again, and the rules of the ops read the given values (a forward pass's saved residuals).
+pub(crate) fn vjp_outputs_with<B: Builder>(
+    b: &mut B,
+    x: &[B::V],
+    seeds: &[Option<B::V>],
+    given: Vec<Option<B::V>>,
+    expand: impl FnOnce(&mut Tape<'_, B>, &[Taped<B::V>]) -> Vec<Taped<B::V>>,
+) -> Vec<Option<B::V>> {
     let args: Vec<Taped<B::V>> = x.iter().enumerate().map(|(id, v)| Taped { v: v.clone(), id }).collect();
-    let mut tape = Tape { b, values: x.to_vec(), ops: Vec::new() };
+    let mut tape = Tape { b, values: x.to_vec(), ops: Vec::new(), given };
     let outs = expand(&mut tape, &args);
-    let Tape { b, values, ops } = tape;
+    let Tape { b, values, ops, .. } = tape;
     let mut cot: Vec<Option<B::V>> = vec![None; values.len()];
     // Two results may be one value (or an operand): their cotangents add.
     for (out, seed) in outs.iter().zip(seeds) {

@@ -11,10 +11,11 @@
 //!   reads is part of its state, so its regions capture nothing from outside; a `case` branch reads the outer
 //!   values directly, as branches have no arguments;
 //! - reference: the loop run in Rust over the body's [`Program::evaluate`];
-//! - gradient: a scan's is a scan the other way round whose body is the forward body's gradient, reading the
-//!   carry each step started from (the forward scan saves them as extra results when it is recorded on a
-//!   gradient path, and is run again, saving them, when it was not); a `cond`'s is a `cond` over its branches'
-//!   gradients; a `while_loop` has none (reverse mode needs a trip count) and refuses, naming its line;
+//! - gradient (`control_grad.rs`): a scan's is a scan the other way round whose body runs the forward body's
+//!   rules backwards on the values each forward step saved (its residuals: extra results when it is recorded on a
+//!   gradient path; it is run again, saving, when it was not), or with [`ScanGrad::remat`] on the carry each step
+//!   started from, recomputing the step; a `cond`'s is a `cond` over its branches' gradients; a `while_loop` has
+//!   none (reverse mode needs a trip count) and refuses, naming its line;
 //! - sharding: none (the loops run on whole operands; a mesh program replicates them).
 
 use std::hash::{Hash, Hasher};
@@ -28,11 +29,12 @@ use crate::dtype::{DType, TensorType};
 use crate::emit::{i64_array, LowerCx};
 use crate::infer_error::InferError;
 use crate::op::{Op, OpRules};
-use crate::ops::composite::vjp_outputs;
+use crate::ops::composite::Evaluating;
+use crate::ops::control_grad::{cond_vjp, residuals, scan_vjp};
 use crate::ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert};
 use crate::ops::layout::Reshape;
 use crate::ops::leaf::Constant;
-use crate::program::{Program, Value};
+use crate::program::{Program, ValueId};
 use crate::shard::{DimShards, ShardIn};
 
 /// Which construct, with its bodies and how its operands are laid out.
@@ -40,9 +42,18 @@ use crate::shard::{DimShards, ShardIn};
 pub enum Control {
     /// Operands: the carry (`carry` values), the `xs` (`xs` values, each with a leading axis of `length`), then
     /// values the body captured. The body takes (carry, step `t` of each xs, captured) and returns (new carry,
-    /// `y_t`…). Results: the final carry, each `y` stacked along a new leading axis, and with `save` the carry
-    /// each step started from, stacked too (the gradient's residuals).
-    Scan { body: Program, carry: usize, xs: usize, length: usize, reverse: bool, save: bool },
+    /// `y_t`…). Results: the final carry, each `y` stacked along a new leading axis, and with `save` the body's
+    /// values it lists (by [`ValueId`]: an input is the carry a step started from, a step an intermediate), each
+    /// stacked too: the gradient's residuals, which `remat` limits to carries.
+    Scan {
+        body: Program,
+        carry: usize,
+        xs: usize,
+        length: usize,
+        reverse: bool,
+        remat: bool,
+        save: Option<Vec<ValueId>>,
+    },
     /// Operands: the carry, the values the condition captured (`cond_captured`), then those the body captured.
     /// `cond` takes (carry, its captured) and returns a bool scalar; `body` takes (carry, its captured) and
     /// returns the new carry. Results: the final carry.
@@ -50,6 +61,16 @@ pub enum Control {
     /// Operands: the bool scalar predicate, the branches' operands (`operands`), the values the true branch
     /// captured (`true_captured`), then those the false branch captured. Results: the branch's outputs.
     Cond { on_true: Program, on_false: Program, operands: usize, true_captured: usize },
+}
+
+/// What a scan keeps for its reverse-mode gradient.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScanGrad {
+    /// Return the residuals as extra results: the scan is recorded where a gradient may be asked of it.
+    pub save: bool,
+    /// Save only the carry each step started from and recompute the rest of the step in the backward pass: less
+    /// memory (one carry per step instead of every intermediate a rule reads) for one more forward pass.
+    pub remat: bool,
 }
 
 /// A control-flow op built for one signature; shared by the nodes of its results, hashed once.
@@ -62,14 +83,14 @@ pub struct ControlDef {
 }
 
 /// `ty` with a new leading axis of `n`.
-fn stacked(n: usize, ty: &TensorType) -> TensorType {
+pub(crate) fn stacked(n: usize, ty: &TensorType) -> TensorType {
     let mut dims = vec![n];
     dims.extend_from_slice(&ty.dims);
     TensorType::new(ty.dtype, dims)
 }
 
 /// `ty` without its leading axis.
-fn step_of(ty: &TensorType) -> TensorType {
+pub(crate) fn step_of(ty: &TensorType) -> TensorType {
     TensorType::new(ty.dtype, &ty.dims[1..])
 }
 
@@ -123,7 +144,8 @@ impl ControlDef {
         Arc::new(ControlDef { control, operands, results, hash: h.finish() })
     }
 
-    /// A scan of `body` over `operands` = (carry, xs, captured); see [`Control::Scan`].
+    /// A scan of `body` over `operands` = (carry, xs, captured); see [`Control::Scan`]. With `grad.save` it also
+    /// returns the residuals its gradient reads.
     pub fn scan(
         body: Program,
         operands: Vec<TensorType>,
@@ -131,7 +153,7 @@ impl ControlDef {
         xs: usize,
         length: usize,
         reverse: bool,
-        save: bool,
+        grad: ScanGrad,
     ) -> Result<Arc<ControlDef>, InferError> {
         if carry + xs > operands.len() {
             return Err(InferError::Attribute(format!(
@@ -154,10 +176,10 @@ impl ControlDef {
         keeps_carry("scan", &operands[..carry], &outs[..carry.min(outs.len())])?;
         let mut results = operands[..carry].to_vec();
         results.extend(outs[carry..].iter().map(|t| stacked(length, t)));
-        if save {
-            results.extend(operands[..carry].iter().map(|t| stacked(length, t)));
-        }
-        Ok(Self::make(Control::Scan { body, carry, xs, length, reverse, save }, operands, results))
+        let save = grad.save.then(|| residuals(&body, &operands, carry, xs, grad.remat));
+        results.extend(save.iter().flatten().map(|&v| stacked(length, &body.types[v])));
+        let control = Control::Scan { body, carry, xs, length, reverse, remat: grad.remat, save };
+        Ok(Self::make(control, operands, results))
     }
 
     /// A while loop over `operands` = (carry, the condition's captured, the body's captured).
@@ -222,10 +244,10 @@ impl ControlDef {
         Ok(Self::make(Control::Cond { on_true, on_false, operands: n, true_captured }, operands, a))
     }
 
-    /// How many results a user sees: a scan's saved carries are the gradient's.
+    /// How many results a user sees: a scan's residuals are the gradient's.
     pub fn visible_results(&self) -> usize {
         match &self.control {
-            Control::Scan { carry, save: true, .. } => self.results.len() - carry,
+            Control::Scan { body, .. } => body.outputs.len(),
             _ => self.results.len(),
         }
     }
@@ -378,8 +400,8 @@ impl ControlDef {
     fn lower_all(&self, cx: &mut LowerCx<'_>) -> Vec<String> {
         let args: Vec<String> = (0..cx.num_args()).map(|i| cx.arg(i).to_string()).collect();
         match &self.control {
-            Control::Scan { body, carry, xs, length, reverse, save } => {
-                self.lower_scan(cx, &args, body, (*carry, *xs, *length), *reverse, *save)
+            Control::Scan { body, carry, xs, length, reverse, save, .. } => {
+                self.lower_scan(cx, &args, body, (*carry, *xs, *length), *reverse, save.as_deref().unwrap_or(&[]))
             }
             Control::While { cond, body, carry, cond_captured } => {
                 self.lower_while(cx, &args, cond, body, *carry, *cond_captured)
@@ -390,7 +412,8 @@ impl ControlDef {
         }
     }
 
-    /// A `stablehlo.while` whose state is (counter, carry, xs, captured, the stacked outputs being filled).
+    /// A `stablehlo.while` whose state is (counter, carry, xs, captured, the stacked outputs being filled: the
+    /// ys, then the residuals `save`).
     fn lower_scan(
         &self,
         cx: &mut LowerCx<'_>,
@@ -398,11 +421,11 @@ impl ControlDef {
         body: &Program,
         (carry, xs, length): (usize, usize, usize),
         reverse: bool,
-        save: bool,
+        save: &[ValueId],
     ) -> Vec<String> {
         let ops = &self.operands;
         let filled = &self.results[carry..];
-        let n_ys = filled.len() - if save { carry } else { 0 };
+        let n_ys = filled.len() - save.len();
         let idx = index();
         let mut init = vec![constant(cx, 0.0, &idx)];
         init.extend(args.iter().cloned());
@@ -433,25 +456,20 @@ impl ControlDef {
                 inputs.push(slice_at(cx, &loop_ops[carry + k], ty, &t, &zero));
             }
             inputs.extend_from_slice(&loop_ops[carry + xs..]);
-            let outs: Vec<String> = body
-                .lower(cx, inputs.clone())
-                .into_iter()
-                .map(|o| o.expect("a loop body returns every value"))
-                .collect();
+            let values = body.lower_values(cx, inputs);
+            let outs: Vec<String> =
+                body.outputs.iter().map(|o| values[o.expect("a loop body returns every value")].clone()).collect();
             let one = constant(cx, 1.0, &idx);
             let add = Op::Binary(Binary { kind: BinaryKind::Add });
             let next = cx.lower_op(&add, vec![(i.clone(), &idx), (one, &idx)], &idx);
             let mut ret = vec![(next, idx.clone())];
             ret.extend(typed(&outs[..carry], &ops[..carry]));
             ret.extend(typed(&loop_ops[carry..], &ops[carry..]));
-            let mut written: Vec<&String> = outs[carry..].iter().collect();
-            if save {
-                written.extend(&inputs[..carry]);
-            }
-            for (k, y) in written.into_iter().enumerate() {
+            let written = outs[carry..].iter().chain(save.iter().map(|&v| &values[v]));
+            for (k, y) in written.enumerate() {
                 ret.push((update_at(cx, &acc[k], &filled[k], y, &t, &zero), filled[k].clone()));
             }
-            debug_assert_eq!(ret.len(), 1 + ops.len() + n_ys + if save { carry } else { 0 });
+            debug_assert_eq!(ret.len(), 1 + ops.len() + n_ys + save.len());
             ret
         });
         let outs =
@@ -534,28 +552,36 @@ fn run(p: &Program, inputs: &[&ArrayD<f64>]) -> Vec<ArrayD<f64>> {
     p.evaluate(inputs).into_iter().map(|o| o.expect("a body returns every value")).collect()
 }
 
+/// Every value of a program on `inputs` (inputs, then each step's), by the ops' reference semantics.
+fn run_values(p: &Program, inputs: &[&ArrayD<f64>]) -> Vec<ArrayD<f64>> {
+    let args: Vec<(ArrayD<f64>, TensorType)> =
+        inputs.iter().zip(&p.inputs).map(|(a, t)| ((*a).clone(), t.clone())).collect();
+    p.replay_values(&mut Evaluating, &args, None).into_iter().map(|v| v.0).collect()
+}
+
 impl ControlDef {
     /// Every result on `x`, looping in Rust over the bodies' reference evaluation.
     fn evaluate(&self, x: &[&ArrayD<f64>]) -> Vec<ArrayD<f64>> {
         match &self.control {
-            Control::Scan { body, carry, xs, length, reverse, save } => {
+            Control::Scan { body, carry, xs, length, reverse, save, .. } => {
                 let (carry, xs) = (*carry, *xs);
+                let save = save.as_deref().unwrap_or(&[]);
                 let mut state: Vec<ArrayD<f64>> = x[..carry].iter().map(|a| (*a).clone()).collect();
                 let mut filled: Vec<ArrayD<f64>> =
                     self.results[carry..].iter().map(|t| ArrayD::zeros(IxDyn(&t.dims))).collect();
-                let n_ys = filled.len() - if *save { carry } else { 0 };
+                let n_ys = filled.len() - save.len();
                 for s in 0..*length {
                     let t = if *reverse { length - 1 - s } else { s };
                     let steps: Vec<ArrayD<f64>> =
                         x[carry..carry + xs].iter().map(|a| a.index_axis(Axis(0), t).to_owned()).collect();
                     let mut inputs: Vec<&ArrayD<f64>> = state.iter().chain(&steps).collect();
                     inputs.extend_from_slice(&x[carry + xs..]);
-                    let mut outs = run(body, &inputs);
-                    if *save {
-                        for (c, v) in state.iter().enumerate() {
-                            filled[n_ys + c].index_axis_mut(Axis(0), t).assign(v);
-                        }
+                    let values = run_values(body, &inputs);
+                    for (j, &v) in save.iter().enumerate() {
+                        filled[n_ys + j].index_axis_mut(Axis(0), t).assign(&values[v]);
                     }
+                    let mut outs: Vec<ArrayD<f64>> =
+                        body.outputs.iter().map(|o| values[o.expect("a body returns every value")].clone()).collect();
                     for (k, y) in outs.drain(carry..).enumerate() {
                         filled[k].index_axis_mut(Axis(0), t).assign(&y);
                     }
@@ -587,173 +613,4 @@ impl ControlDef {
             }
         }
     }
-}
-
-// Gradients.
-
-/// A body's gradient as a program: on (`before`…, the body's inputs `primal`…, `after`…) it replays `body` on
-/// `primal`, seeds its outputs with `seeds(values)` and returns `finish(values, cotangents of primal)`.
-fn gradient_program(
-    inputs: &[TensorType],
-    primal: Range<usize>,
-    body: &Program,
-    seeds: impl FnOnce(&[Value]) -> Vec<Option<Value>>,
-    finish: impl FnOnce(&mut crate::program::Recorder, &[Value], Vec<Option<Value>>) -> Vec<Value>,
-) -> Program {
-    Program::record(inputs, |r, a| {
-        let seeds = seeds(a);
-        let d = vjp_outputs(r, &a[primal], &seeds, |t, p| {
-            body.replay(t, p, None).into_iter().map(|o| o.expect("a body returns every value")).collect()
-        });
-        finish(r, a, d).into_iter().map(Some).collect()
-    })
-    .expect("a body's gradient is well-typed")
-}
-
-/// `d`, or zeros of `ty` where the body gave no cotangent.
-fn or_zeros(r: &mut crate::program::Recorder, d: Option<Value>, ty: &TensorType) -> Value {
-    d.unwrap_or_else(|| r.constant(0.0, ty.clone()))
-}
-
-/// The indices in `range` of floating-point operands: the ones with cotangents.
-fn floats(tys: &[TensorType], range: Range<usize>) -> Vec<usize> {
-    range.filter(|&i| tys[i].dtype.is_float()).collect()
-}
-
-/// The cotangents of a scan's operands for the cotangent `g` of result `result` (a final carry or a stacked `y`):
-/// a scan the other way round, whose carry is the carry's cotangent and the captured values' accumulated
-/// cotangents, whose xs are the forward's xs, the carries each forward step started from and (for a `y`) `g`,
-/// and whose `ys` are the xs' cotangents.
-fn scan_vjp<B: Builder>(def: &Arc<ControlDef>, result: usize, b: &mut B, x: &[B::V], g: &B::V) -> Vec<Option<B::V>> {
-    let Control::Scan { body, carry, xs, length, reverse, save } = &def.control else { unreachable!("a scan") };
-    let (carry, xs, length) = (*carry, *xs, *length);
-    let ops = &def.operands;
-    let refs: Vec<&B::V> = x.iter().collect();
-    // The residuals: the carry each step started from. A scan recorded off a gradient path runs again, saving.
-    let saving = if *save {
-        def.clone()
-    } else {
-        ControlDef::scan(body.clone(), ops.clone(), carry, xs, length, *reverse, true).expect("the same scan, saving")
-    };
-    let first_saved = saving.results.len() - carry;
-    let saved: Vec<B::V> =
-        (0..carry).map(|c| b.op(Op::Control(ControlOp::new(saving.clone(), first_saved + c)), &refs)).collect();
-    let (fc, fx, fk) = (floats(ops, 0..carry), floats(ops, carry..carry + xs), floats(ops, carry + xs..ops.len()));
-    let seed_y = result.checked_sub(carry);
-
-    let mut operands: Vec<B::V> = Vec::new();
-    for &c in &fc {
-        operands.push(if c == result { g.clone() } else { b.constant(0.0, ops[c].clone()) });
-    }
-    for &k in &fk {
-        operands.push(b.constant(0.0, ops[k].clone()));
-    }
-    operands.extend_from_slice(&x[carry..carry + xs]);
-    operands.extend(saved);
-    operands.extend(seed_y.map(|_| g.clone()));
-    operands.extend_from_slice(&x[carry + xs..]);
-    let tys: Vec<TensorType> = operands.iter().map(|v| b.ty(v).clone()).collect();
-
-    // The backward body's inputs: (carry cotangents, accumulators, x_t…, carry_t…, [g_t], captured…); the
-    // forward body's inputs are (carry_t…, x_t…, captured…), so the forward's operand i is its input i.
-    let n_acc = fc.len() + fk.len();
-    let mut inputs: Vec<TensorType> = tys[..n_acc].to_vec();
-    inputs.extend(ops[carry..carry + xs].iter().map(step_of));
-    inputs.extend_from_slice(&ops[..carry]);
-    if let Some(y) = seed_y {
-        inputs.push(step_of(&def.results[carry + y]));
-    }
-    inputs.extend_from_slice(&ops[carry + xs..]);
-    let g_at = n_acc + xs + carry;
-    let caps_at = g_at + seed_y.is_some() as usize;
-    let primal_of =
-        |a: &[Value]| -> Vec<Value> { [&a[n_acc + xs..g_at], &a[n_acc..n_acc + xs], &a[caps_at..]].concat() };
-    let back_body = Program::record(&inputs, |r, a| {
-        let primal = primal_of(a);
-        let mut seeds: Vec<Option<Value>> = vec![None; body.outputs.len()];
-        for (j, &c) in fc.iter().enumerate() {
-            seeds[c] = Some(a[j].clone());
-        }
-        if let Some(y) = seed_y {
-            seeds[carry + y] = Some(a[g_at].clone());
-        }
-        let mut d = vjp_outputs(r, &primal, &seeds, |t, p| {
-            body.replay(t, p, None).into_iter().map(|o| o.expect("a body returns every value")).collect()
-        });
-        let mut outs = Vec::new();
-        for &c in &fc {
-            outs.push(Some(or_zeros(r, d[c].take(), &ops[c])));
-        }
-        for (j, &k) in fk.iter().enumerate() {
-            let acc = &a[fc.len() + j];
-            outs.push(Some(match d[k].take() {
-                Some(dk) => r.add(acc, &dk),
-                None => acc.clone(),
-            }));
-        }
-        for &i in &fx {
-            outs.push(Some(or_zeros(r, d[i].take(), &step_of(&ops[i]))));
-        }
-        outs
-    })
-    .expect("a scan body's gradient is well-typed");
-    let n_xs = xs + carry + seed_y.is_some() as usize;
-    let back = ControlDef::scan(back_body, tys, n_acc, n_xs, length, !reverse, false)
-        .expect("a scan's gradient is a well-typed scan");
-    let back_refs: Vec<&B::V> = operands.iter().collect();
-    let outs: Vec<B::V> =
-        (0..n_acc + fx.len()).map(|r| b.op(Op::Control(ControlOp::new(back.clone(), r)), &back_refs)).collect();
-    let mut grads = vec![None; ops.len()];
-    for (j, &i) in fc.iter().chain(&fk).chain(&fx).enumerate() {
-        grads[i] = Some(outs[j].clone());
-    }
-    grads
-}
-
-/// The cotangents of a `cond`'s operands for the cotangent `g` of result `result`: a `cond` on the same predicate
-/// over the branches' gradients, each on (operands, both branches' captured values, `g`).
-fn cond_vjp<B: Builder>(def: &Arc<ControlDef>, result: usize, b: &mut B, x: &[B::V], g: &B::V) -> Vec<Option<B::V>> {
-    let Control::Cond { on_true, on_false, operands: n, true_captured } = &def.control else { unreachable!("a cond") };
-    let ops = &def.operands;
-    let wanted = floats(ops, 1..ops.len());
-    let mut inputs: Vec<TensorType> = ops[1..].to_vec();
-    inputs.push(b.ty(g).clone());
-    let g_at = inputs.len() - 1;
-    // Operand `i` of the cond is input `i - 1` of a branch's gradient.
-    let branch = |p: &Program, caps: Range<usize>| {
-        let picked: Vec<usize> = (0..*n).chain(caps).collect();
-        let on_all = select_inputs(p, &inputs, &picked);
-        gradient_program(
-            &inputs,
-            0..inputs.len(),
-            &on_all,
-            |a| {
-                let mut seeds = vec![None; p.outputs.len()];
-                seeds[result] = Some(a[g_at].clone());
-                seeds
-            },
-            |r, _, mut d| wanted.iter().map(|&i| or_zeros(r, d[i - 1].take(), &ops[i])).collect(),
-        )
-    };
-    let t = branch(on_true, *n..*n + true_captured);
-    let f = branch(on_false, *n + true_captured..ops.len() - 1);
-    let mut tys = vec![ops[0].clone()];
-    tys.extend(inputs.iter().cloned());
-    let back = ControlDef::cond(t, f, tys, inputs.len(), 0).expect("a cond's gradient is a well-typed cond");
-    let mut operands: Vec<&B::V> = x.iter().collect();
-    operands.push(g);
-    let mut grads = vec![None; ops.len()];
-    for (j, &i) in wanted.iter().enumerate() {
-        grads[i] = Some(b.op(Op::Control(ControlOp::new(back.clone(), j)), &operands));
-    }
-    grads
-}
-
-/// `p` rewritten to take `all` as its inputs, reading its own input `j` from `all[picked[j]]` (the others unused).
-fn select_inputs(p: &Program, all: &[TensorType], picked: &[usize]) -> Program {
-    Program::record(all, |r, a| {
-        let mine: Vec<Value> = picked.iter().map(|&i| a[i].clone()).collect();
-        p.replay(r, &mine, None)
-    })
-    .expect("a branch replays on its own inputs")
 }

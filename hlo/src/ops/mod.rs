@@ -3,6 +3,7 @@ pub mod activation;
 pub mod checkpoint;
 pub(crate) mod composite;
 pub mod control;
+mod control_grad;
 pub mod conv;
 pub mod dot;
 pub mod elementwise;

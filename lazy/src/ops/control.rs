@@ -7,7 +7,7 @@
 //! into extra operands of the loop: computed once before it, passed to every step unchanged, and given
 //! gradients like any operand.
 
-use lazuli_hlo::{ControlDef, ControlOp, Loc, Op, TensorType};
+use lazuli_hlo::{ControlDef, ControlOp, Loc, Op, ScanGrad, TensorType};
 
 use crate::error::{Error, Result};
 use crate::graph::autodiff::grad_enabled;
@@ -15,8 +15,8 @@ use crate::graph::record::{named_op_error, raise, try_apply};
 use crate::graph::tensor::Tensor;
 use crate::graph::trace::{trace, Captures, Traced};
 
-/// A scan's options: direction and, where there are no `xs`, the number of steps. [`scan`] is
-/// `Scan::new().run(…)`.
+/// A scan's options: direction, where there are no `xs` the number of steps, and how its gradient gets each
+/// step's intermediate values. [`scan`] is `Scan::new().run(…)`.
 ///
 /// ```no_run
 /// use lazuli_lazy::{Scan, Tensor};
@@ -35,6 +35,7 @@ use crate::graph::trace::{trace, Captures, Traced};
 pub struct Scan {
     reverse: bool,
     length: Option<usize>,
+    remat: bool,
 }
 
 impl Scan {
@@ -52,6 +53,16 @@ impl Scan {
     /// The number of steps: needed without `xs`, checked against them otherwise.
     pub fn length(mut self, n: usize) -> Scan {
         self.length = Some(n);
+        self
+    }
+
+    /// Recompute each step's intermediates in the backward pass instead of saving them. By default a scan on a
+    /// gradient path saves, per step, the values its ops' gradient rules read (as the unrolled loop keeps its
+    /// activations), so the backward pass runs no forward op again; with `remat` it saves only the carry each
+    /// step started from and runs the step again from it: memory of one carry per step instead of every
+    /// activation, for about one more forward pass of compute (gradient checkpointing per step).
+    pub fn remat(mut self, on: bool) -> Scan {
+        self.remat = on;
         self
     }
 
@@ -110,8 +121,8 @@ impl Scan {
             return Err(invalid(format!("scan: the body returns {returned} carry value(s) for a carry of {nc}")));
         }
         let operands: Vec<&Tensor> = carry.iter().chain(xs).chain(&traced.captured).collect();
-        let save = on_gradient_path(&operands);
-        let def = ControlDef::scan(traced.program, tys(&operands), nc, nx, length, self.reverse, save)
+        let grad = ScanGrad { save: on_gradient_path(&operands), remat: self.remat };
+        let def = ControlDef::scan(traced.program, tys(&operands), nc, nx, length, self.reverse, grad)
             .map_err(|why| named_op_error("scan", why, &type_refs(&operands), loc))?;
         let mut results = record(&def, &operands, loc)?;
         let ys = results.split_off(nc);

@@ -33,7 +33,8 @@ pub struct GptConfig {
     /// 0 while training.
     pub scan_blocks: bool,
     /// Recompute each block in the backward pass instead of keeping its activations ([`crate::checkpoint`]):
-    /// less memory for about one more forward pass of compute.
+    /// less memory for about one more forward pass of compute. With `scan_blocks`, the scan saves only each
+    /// block's input and recomputes the block from it ([`crate::Scan::remat`]); without, its activations.
     pub checkpoint_blocks: bool,
 }
 

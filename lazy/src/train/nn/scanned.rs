@@ -10,18 +10,22 @@ use super::gpt::{Block, CausalSelfAttention, GptConfig};
 use super::layers::{Dropout, LayerNorm, Linear};
 use super::{join, Module, Param};
 use crate::graph::tensor::Tensor;
-use crate::ops::control::scan;
+use crate::ops::control::Scan;
 
 /// The segment that stands for the layer index in a stacked parameter's name.
 pub const STACKED: &str = "*";
 
 /// Blocks of one shape, stacked and scanned. Dropout inside the blocks is not supported (each step would draw
-/// the same mask): a `GptConfig` with dropout keeps its blocks unrolled while training.
+/// the same mask): a `GptConfig` with dropout keeps its blocks unrolled while training. The backward pass reads
+/// each block's activations saved by the forward scan, or with `remat` (`GptConfig::checkpoint_blocks`)
+/// recomputes each block from its input ([`Scan::remat`]).
 pub struct ScannedBlocks {
     /// Each parameter of a block, by its name within the block, stacked over the blocks: `[N, …]`.
     pub stacked: Vec<(String, Param)>,
     /// Attention heads per block.
     pub n_head: usize,
+    /// Recompute each block in the backward pass instead of saving its activations.
+    pub remat: bool,
 }
 
 impl ScannedBlocks {
@@ -40,7 +44,7 @@ impl ScannedBlocks {
                     .collect()
             })
             .unwrap_or_default();
-        ScannedBlocks { stacked, n_head: cfg.n_head }
+        ScannedBlocks { stacked, n_head: cfg.n_head, remat: cfg.checkpoint_blocks }
     }
 
     /// How many blocks.
@@ -54,7 +58,7 @@ impl ScannedBlocks {
     }
 
     /// The block whose parameters are `w`, one layer's slices of [`Self::stacked`] in its order: for a forward
-    /// function of one's own inside [`scan`] (mixed precision, say), as `forward` runs `Block::forward`.
+    /// function of one's own inside [`Self::scan`] (mixed precision, say), as `forward` runs `Block::forward`.
     pub fn block(&self, w: &[Tensor]) -> Block {
         block_of(w, self.n_head)
     }
@@ -67,9 +71,17 @@ impl ScannedBlocks {
         }
         let weights: Vec<Tensor> = self.stacked.iter().map(|(_, p)| p.get()).collect();
         let n_head = self.n_head;
-        let (carry, _) =
-            scan(|h, w| (vec![block_of(w, n_head).forward(&h[0])], vec![]), std::slice::from_ref(x), &weights);
+        let (carry, _) = self.scan().run(
+            |h, w| (vec![block_of(w, n_head).forward(&h[0])], vec![]),
+            std::slice::from_ref(x),
+            &weights,
+        );
         carry[0].clone()
+    }
+
+    /// The scan the blocks run with: recomputing in the backward pass with [`Self::remat`].
+    pub fn scan(&self) -> Scan {
+        Scan::new().remat(self.remat)
     }
 }
 
