@@ -17,6 +17,7 @@ pub mod compile;
 pub mod depth;
 pub mod gpt_bf16;
 pub mod gpu;
+pub mod nan;
 pub mod profile;
 pub mod pyenv;
 pub mod stats;

@@ -159,6 +159,41 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         steps: usize,
     },
+    /// The same planted NaN caught by lazuli (`LAZULI_CHECK_FINITE=stop`), PyTorch (`detect_anomaly`) and JAX
+    /// (`jax_debug_nans`): step time without and with checking, time from the bad step to the error, and whether
+    /// the error names the planted line.
+    Nan {
+        #[arg(long, default_value_t = 1024)]
+        batch: usize,
+        #[arg(long, default_value_t = 1024)]
+        dim: usize,
+        #[arg(long, default_value_t = 12)]
+        layers: usize,
+        /// The layer whose `log` goes NaN.
+        #[arg(long, default_value_t = 5)]
+        planted: usize,
+        /// Timed steps per measurement.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+        #[arg(long, default_value = "gpu")]
+        device: String,
+        /// A Python with PyTorch and JAX, instead of the harness's own environment.
+        #[arg(long)]
+        python: Option<PathBuf>,
+    },
+    /// (internal) lazuli's side of `nan`, under the process's `LAZULI_CHECK_FINITE`; prints one JSON line.
+    NanSide {
+        #[arg(long)]
+        batch: usize,
+        #[arg(long)]
+        dim: usize,
+        #[arg(long)]
+        layers: usize,
+        #[arg(long)]
+        planted: usize,
+        #[arg(long)]
+        steps: usize,
+    },
     /// How the GPT step's compile time, first step and step time grow with depth, its blocks unrolled and
     /// scanned: GPT-2 small's width at each layer count, lazuli only, each in a new process without the
     /// persistent compile cache.
@@ -224,6 +259,16 @@ fn main() {
         }
         Cmd::Depth { layers, tiny, device, steps } => lazuli_bench::depth::run(&layers, tiny, &device, steps),
         Cmd::Memory { batches, device, steps } => lazuli_bench::depth::memory(&batches, &device, steps),
+        Cmd::Nan { batch, dim, layers, planted, steps, device, python } => {
+            let cfg = lazuli_bench::nan::NanConfig { batch, dim, layers, planted, steps };
+            pyenv::ensure(python.as_deref()).and_then(|py| lazuli_bench::nan::run(cfg, &py, &device))
+        }
+        Cmd::NanSide { batch, dim, layers, planted, steps } => {
+            let cfg = lazuli_bench::nan::NanConfig { batch, dim, layers, planted, steps };
+            lazuli_bench::nan::side(cfg)
+                .inspect_err(|e| println!("{}", serde_json::json!({"error": e.to_string()})))
+                .map(|v| println!("{v}"))
+        }
         Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, scan, layers, batch, common } => {
             let mut w = Workload { attention, ..gpu_workload(tiny, checkpoint, scan) };
             w.batch = batch.unwrap_or(w.batch);
