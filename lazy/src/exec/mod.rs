@@ -135,7 +135,8 @@ fn finish(
 /// A checked program's last output is its counts of non-finite values: kept, with the step's IR and inputs, as the
 /// pending check (`finite`), never given to a tensor. The IR is taken before the targets drop their recipes.
 fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
-    let counts = outputs.pop().ok_or_else(|| crate::error::Error::Internal("a checked program without its check".into()))?;
+    let counts =
+        outputs.pop().ok_or_else(|| crate::error::Error::Internal("a checked program without its check".into()))?;
     let graph = plan.walk.graph().clone();
     let inputs = plan.walk.leaves.iter().map(|l| l.lock().data.clone()).collect::<Option<Vec<Data>>>();
     let inputs = inputs.ok_or_else(|| crate::error::Error::Internal("a checked step's input has no value".into()))?;

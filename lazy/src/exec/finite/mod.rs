@@ -125,6 +125,9 @@ fn counts(p: &Pending) -> Result<Vec<u64>> {
     Ok(bytes_to_f64(lazuli_hlo::DType::I32, &bytes).into_iter().map(|c| c as u64).collect())
 }
 
+/// The outputs a report lists (a model's weights all go non-finite together; the first few say enough).
+const SHOWN: usize = 6;
+
 /// The report of a trip: the step, the outputs with non-finite values, and where they came from.
 fn report(p: &Pending, counts: &[u64], located: &Result<Option<locate::Located>>) -> String {
     let bad: Vec<String> = p
@@ -134,9 +137,15 @@ fn report(p: &Pending, counts: &[u64], located: &Result<Option<locate::Located>>
         .filter(|(_, &c)| c > 0)
         .map(|((ty, loc), c)| format!("    {ty} recorded at {loc}: {c} of {} non-finite", ty.elements()))
         .collect();
-    let mut out = format!("  step {}: {} of its {} floating-point outputs\n", p.step, bad.len(), p.checked.len());
-    out += &bad.join("\n");
-    out += "\n";
+    let (n, total) = (bad.len(), p.checked.len());
+    let mut out = format!("  step {}: {n} of its {total} floating-point outputs hold non-finite values\n", p.step);
+    for line in bad.iter().take(SHOWN) {
+        out += line;
+        out += "\n";
+    }
+    if n > SHOWN {
+        out += &format!("    … and {} more\n", n - SHOWN);
+    }
     match located {
         Ok(Some(l)) => out += &l.describe(),
         Ok(None) => out += "  no op of the step made a non-finite value when it ran again on the same inputs",
