@@ -10,6 +10,7 @@
 pub mod builder;
 pub mod dtype;
 pub mod emit;
+pub mod finite;
 pub mod graph;
 pub mod infer_error;
 pub mod op;

@@ -138,6 +138,21 @@ pub enum Error {
     /// A program would need more memory than the device has free (checked before it is compiled).
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// With `LAZULI_CHECK_FINITE=stop`: a step's outputs held NaN or infinite values. The report names the step,
+    /// each such output with its line, and the first op that made a non-finite value from finite operands, with
+    /// its line and its operands' ranges (`exec/finite/`).
+    #[error("non-finite values in the step materialized at {at}:\n{report}")]
+    NonFinite {
+        /// The line whose materialization ran the step.
+        at: Loc,
+        /// The line of the first op whose result was non-finite while its floating-point operands were finite, if
+        /// it was found.
+        op_at: Option<Loc>,
+        /// That op's name (`log`, `div`, …).
+        op: Option<&'static str>,
+        /// The whole report.
+        report: String,
+    },
     /// A broken invariant of lazuli itself; please report it.
     #[error("lazuli internal error: {0}")]
     Internal(String),

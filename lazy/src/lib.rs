@@ -46,5 +46,5 @@ pub use ops::control::{cond, scan, try_cond, try_scan, try_while_loop, while_loo
 pub use ops::custom_kernel::TritonKernel;
 pub use ops::random::{manual_seed, rng_state, set_rng_state};
 pub use runtime::{init, memory_stats, platform, program_memory, runtime_info, Config, RuntimeInfo};
-pub use settings::{Backend, CompileCache, CpuLauncher};
+pub use settings::{Backend, CheckFinite, CompileCache, CpuLauncher};
 pub use train::{checkpoint, nn, optim};

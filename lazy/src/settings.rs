@@ -48,6 +48,7 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_DONATE", "donation of dying inputs' buffers to outputs", "1, 0", "1"),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
+    v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, log", "off"),
 ];
 
 /// The value of `name` if set and not empty. The only place the library reads its environment.
@@ -110,6 +111,22 @@ impl Default for CpuLauncher {
             CpuLauncher::Off
         }
     }
+}
+
+/// What a step whose outputs hold NaN or infinite values does (`LAZULI_CHECK_FINITE`). When on, every
+/// single-device program computes one more, tiny output (each floating-point output's count of non-finite
+/// elements), read at the next step boundary, `wait()` or read; buffer donation is off, so that a trip can be
+/// located by running the step again on its inputs (`exec/finite/`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CheckFinite {
+    /// No check (the default): programs are as recorded.
+    #[default]
+    Off,
+    /// A trip is an [`Error::NonFinite`] from the next call that reads the check, naming the first op that made a
+    /// non-finite value from finite operands and its line.
+    Stop,
+    /// A trip's report is printed to stderr once and the program carries on.
+    Log,
 }
 
 /// The most virtual CPU devices one process may ask for: beyond a few thousand the plugin's per-device state
@@ -184,6 +201,18 @@ pub(crate) fn attention() -> Result<Implementation> {
 pub(crate) fn donate() -> Result<bool> {
     switch("LAZULI_DONATE", true)
         .map_err(|_| bad("LAZULI_DONATE", &var("LAZULI_DONATE").unwrap_or_default(), "1 (default) or 0"))
+}
+
+pub(crate) fn check_finite() -> Result<CheckFinite> {
+    match var("LAZULI_CHECK_FINITE") {
+        None => Ok(CheckFinite::Off),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "off" | "0" => Ok(CheckFinite::Off),
+            "stop" => Ok(CheckFinite::Stop),
+            "log" => Ok(CheckFinite::Log),
+            _ => Err(bad("LAZULI_CHECK_FINITE", &v, "off, stop or log")),
+        },
+    }
 }
 
 /// A directory lazuli can create (it is created here).

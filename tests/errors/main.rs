@@ -14,6 +14,7 @@ mod bad_input;
 mod control_flow;
 mod diagnostics;
 mod errors;
+mod finite;
 mod fuzz;
 mod try_ops;
 mod xla_errors;

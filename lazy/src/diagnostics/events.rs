@@ -19,6 +19,8 @@ pub enum EventKind {
     Read,
     /// A step boundary (`lazuli::sync()`) completed.
     StepEnd,
+    /// A step's outputs held NaN or infinite values (`LAZULI_CHECK_FINITE`); `explanation` holds the report.
+    NonFinite,
 }
 
 /// One event. Times are milliseconds; `start_us` counts from the process's first event.

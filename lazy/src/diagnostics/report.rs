@@ -84,6 +84,9 @@ pub struct Report {
     pub kernels: Vec<String>,
     /// Repeated structure in compiled programs (scan candidates), once each: where, and what scanning would save.
     pub repeats: Vec<String>,
+    /// Steps whose outputs held non-finite values (`LAZULI_CHECK_FINITE`): the step and the first line of where
+    /// it started, one entry per trip.
+    pub non_finite: Vec<String>,
 }
 
 /// Parse JSON lines; a malformed line is an error naming its number.
@@ -264,7 +267,20 @@ pub fn analyse(events: &[Event]) -> Report {
         recompile_sites,
         kernels,
         repeats,
+        non_finite: non_finite(events),
     }
+}
+
+/// One line per trip of the finite check: its step and the report's line naming the first non-finite value.
+fn non_finite(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.kind == EventKind::NonFinite)
+        .map(|e| {
+            let first = e.explanation.iter().find(|l| l.contains("first non-finite value")).map(|l| l.trim());
+            format!("step {} at {}: {}", e.step, e.site(), first.unwrap_or("not located"))
+        })
+        .collect()
 }
 
 /// The report as text for a terminal.
@@ -296,6 +312,12 @@ pub fn render(r: &Report) -> String {
     if !r.repeats.is_empty() {
         let _ = writeln!(s, "\nrepeated structure (each copy compiled again; `lazuli::scan`, or `GptConfig::scan_blocks` for a GPT, compiles one body):");
         for line in &r.repeats {
+            let _ = writeln!(s, "  {line}");
+        }
+    }
+    if !r.non_finite.is_empty() {
+        let _ = writeln!(s, "\nnon-finite values (LAZULI_CHECK_FINITE):");
+        for line in &r.non_finite {
             let _ = writeln!(s, "  {line}");
         }
     }
@@ -373,6 +395,9 @@ pub fn chrome_trace(events: &[Event]) -> serde_json::Value {
                 span(format!("execute ({} at {})", e.cause, e.site()), 2, e.execute_ms);
             }
             EventKind::Read => span(format!("read ({} at {})", e.cause, e.site()), 3, e.transfer_ms),
+            EventKind::NonFinite => out.push(
+                json!({"name": format!("non-finite values in step {}", e.step), "ph": "i", "s": "g", "ts": t, "pid": 1, "tid": 2}),
+            ),
             EventKind::StepEnd => out.push(
                 json!({"name": format!("end of step {}", e.step), "ph": "i", "s": "g", "ts": t, "pid": 1, "tid": 2}),
             ),

@@ -8,6 +8,7 @@
 //! [`profile()`] (the device's kernels while a closure runs, from the plugin's profiler).
 
 pub mod bench_hooks;
+pub(crate) mod finite;
 pub(crate) mod in_flight;
 pub(crate) mod launch;
 pub(crate) mod plan;
@@ -23,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use lazuli_hlo::Loc;
 
-pub use in_flight::wait;
 pub use plan::MAX_GRAPH_NODES;
 pub use profile::profile;
 
@@ -40,6 +40,8 @@ use plan::Plan;
 /// [`MAX_GRAPH_NODES`]. `cause` and `at` say why and where, for diagnostics and errors.
 pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
     let started = Instant::now();
+    // The previous step's check, before anything new is launched (reads come here too).
+    finite::check_pending()?;
     if !targets.iter().any(|t| t.is_pending()) {
         return Ok(());
     }
@@ -78,7 +80,7 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
 /// plans of threads' own graphs run in parallel; `pjrt` itself keeps reused upload buffers away from running
 /// programs, so this only keeps programs of different threads from interleaving their launches, as the in-flight
 /// queue and the CPU launcher's demand tracking expect.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -93,8 +95,8 @@ struct Times {
 /// After the launch: donated inputs give up their buffers, targets take their values (dropping their recipes,
 /// which frees the graph above them), a new program's first run is waited for, and the event is sent.
 fn finish(
-    plan: Plan,
-    outputs: Vec<Data>,
+    mut plan: Plan,
+    mut outputs: Vec<Data>,
     check: ProgramCheck,
     cause: Cause,
     at: Loc,
@@ -106,6 +108,9 @@ fn finish(
         let leaf = &plan.walk.leaves[i];
         Counters::add(&COUNTERS.bytes_donated, leaf.ty.byte_size() as u64);
         leaf.take_data();
+    }
+    if plan.checked {
+        keep_check(&mut plan, &mut outputs, at)?;
     }
     for (node, data) in plan.walk.targets.iter().zip(outputs) {
         node.set_data(data);
@@ -125,6 +130,27 @@ fn finish(
         emit_event(plan, check, cause, at, times, uploaded);
     }
     Ok(())
+}
+
+/// A checked program's last output is its counts of non-finite values: kept, with the step's IR and inputs, as the
+/// pending check (`finite`), never given to a tensor. The IR is taken before the targets drop their recipes.
+fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
+    let counts =
+        outputs.pop().ok_or_else(|| crate::error::Error::Internal("a checked program without its check".into()))?;
+    let graph = plan.walk.graph().clone();
+    let inputs = plan.walk.leaves.iter().map(|l| l.lock().data.clone()).collect::<Option<Vec<Data>>>();
+    let inputs = inputs.ok_or_else(|| crate::error::Error::Internal("a checked step's input has no value".into()))?;
+    finite::keep(counts, graph, inputs, at);
+    Ok(())
+}
+
+/// Wait until every launched program has finished on its devices, then read the last step's finite check (with
+/// `LAZULI_CHECK_FINITE`). `sync()` only enqueues the step; reads (`item`, `to_vec`, checkpoints) wait for what they
+/// read. Use this to time steps or to surface a runtime error at a known point. An error names the line whose
+/// materialization launched the failing program.
+pub fn wait() -> Result<()> {
+    in_flight::wait()?;
+    finite::check_pending()
 }
 
 /// What the program repeats, for a compile's event: each run of identical copies, with what a scanned body saves.
@@ -159,7 +185,8 @@ fn emit_event(mut plan: Plan, check: ProgramCheck, cause: Cause, at: Loc, times:
     }
     e.graph_hash = format!("{key:016x}");
     let w = &plan.walk;
-    (e.nodes, e.inputs, e.outputs) = (w.len(), w.params.len(), w.outputs.len());
+    // A checked program has one more output than it has targets: its counts of non-finite values.
+    (e.nodes, e.inputs, e.outputs) = (w.len(), w.params.len(), w.outputs.len() + plan.checked as usize);
     e.cache_hit = hit;
     e.disk_hit = !hit && compile_cache::loaded_from_disk(key);
     e.compile_ms = if hit { 0.0 } else { times.compile.as_secs_f64() * 1e3 };

@@ -10,7 +10,7 @@ use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, Device, LoadedExe
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
-pub use crate::settings::{Backend, CompileCache, CpuLauncher};
+pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher};
 use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
@@ -53,6 +53,9 @@ pub struct Config {
     /// (`LAZULI_COMPILE_CACHE_LIMIT`, default 2 GiB).
     pub compile_cache: CompileCache,
     pub compile_cache_limit: u64,
+    /// Count each step's non-finite output values in the step's own program, and stop or log on a trip
+    /// (`LAZULI_CHECK_FINITE`, default off). Turns buffer donation off while on.
+    pub check_finite: CheckFinite,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             dump_dir: None,
             compile_cache: CompileCache::Default,
             compile_cache_limit: 2 << 30,
+            check_finite: CheckFinite::Off,
         }
     }
 }
@@ -92,6 +96,7 @@ impl Config {
             dump_dir: settings::dump_dir()?,
             compile_cache: settings::compile_cache(),
             compile_cache_limit: settings::compile_cache_limit()?,
+            check_finite: settings::check_finite()?,
         })
     }
 

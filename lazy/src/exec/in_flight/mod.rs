@@ -84,10 +84,8 @@ pub(crate) fn wait_at_exit() {
     launcher::shutdown();
 }
 
-/// Wait until every launched program has finished on its devices. `sync()` only enqueues the step; reads
-/// (`item`, `to_vec`, checkpoints) wait for what they read. Use this to time steps or to surface a runtime error
-/// at a known point. An error names the line whose materialization launched the failing program.
-pub fn wait() -> Result<()> {
+/// Wait until every launched program has finished on its devices (`exec::wait` is the public form).
+pub(crate) fn wait() -> Result<()> {
     launcher::note_wait();
     launcher::flush_graves();
     throttle(0)

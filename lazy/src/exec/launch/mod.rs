@@ -43,7 +43,8 @@ impl Launch {
         }
     }
 
-    /// Start `exe` on `args` (one list per device); the targets' values in output order. At most
+    /// Start `exe` on `args` (one list per device); the targets' values in output order (then a checked
+    /// program's counts of non-finite values, `exec/finite/`). At most
     /// `in_flight::MAX_IN_FLIGHT` programs are in flight: older ones are waited for (and their errors reported)
     /// first.
     pub fn run(
@@ -55,8 +56,8 @@ impl Launch {
         at: Loc,
     ) -> Result<Vec<Data>> {
         let n_out = exe.num_outputs().map_err(|source| Error::Execute { at, source })?;
-        if n_out != plan.walk.targets.len() {
-            let expected = plan.walk.targets.len();
+        let expected = plan.walk.targets.len() + plan.checked as usize;
+        if n_out != expected {
             return Err(Error::Internal(format!("the program has {n_out} outputs, {expected} expected")));
         }
         in_flight::throttle(in_flight::MAX_IN_FLIGHT - 1)?;

@@ -32,6 +32,9 @@ pub(crate) struct Plan {
     pub donated: Vec<usize>,
     pub key: u64,
     pub cached: Option<Arc<LoadedExecutable>>,
+    /// The program also counts its floating-point outputs' non-finite values (`exec/finite/`), in one extra
+    /// output after the targets'.
+    pub checked: bool,
 }
 
 /// A sharded program's mesh, with each parameter's and each output's layout.
@@ -60,23 +63,26 @@ pub(crate) fn plan(rt: &Runtime, targets: &[Rc<Node>], at: Loc) -> Result<Option
 
 /// Layouts, donations, key and cache lookup of a walked graph.
 pub(crate) fn plan_walk(rt: &Runtime, walk: Walk) -> Result<Plan> {
-    let mut plan = prepare(walk, rt.config.donate)?;
+    let mut plan = prepare(walk, rt.config.donate, crate::exec::finite::enabled(rt.config.check_finite))?;
     lookup(rt, &mut plan);
     Ok(plan)
 }
 
 /// Everything but the cache lookup: the mesh and its layouts (parameters keep their placement, outputs get the
-/// shardings the ops' rules propagate), the donations, and the key they all enter.
-pub(crate) fn prepare(mut walk: Walk, donate: bool) -> Result<Plan> {
+/// shardings the ops' rules propagate), the donations, and the key they all enter. With `check` a single-device
+/// program is checked for non-finite outputs: it donates nothing (a trip is located by running the step again on
+/// its inputs) and has a key of its own.
+pub(crate) fn prepare(mut walk: Walk, donate: bool, check: bool) -> Result<Plan> {
     let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.has_constraint)?;
     let mesh = mesh.map(|m| {
         let leaves = walk.leaves.clone();
         let (params, outputs) = crate::exec::spmd::annotate(walk.graph(), &leaves, &m);
         Placement { mesh: m, params, outputs }
     });
-    let donated = plan_donation(&mut walk, donate);
-    let key = walk.key();
-    Ok(Plan { walk, mesh, donated, key, cached: None })
+    let checked = check && mesh.is_none();
+    let donated = plan_donation(&mut walk, donate && !checked);
+    let key = if checked { crate::exec::finite::key(walk.key()) } else { walk.key() };
+    Ok(Plan { walk, mesh, donated, key, cached: None, checked })
 }
 
 /// The executable cache's answer for the plan's key.

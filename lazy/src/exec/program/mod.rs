@@ -33,8 +33,13 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
         None => CompileOptions { xla_options: rt.xla_options(), ..CompileOptions::default() },
     };
     let key = plan.key;
+    let checked = plan.checked;
     let graph = plan.walk.graph();
-    let text = emit(graph, &EmitOptions::default());
+    let text = if checked {
+        emit(&super::finite::with_check(graph)?, &EmitOptions::default())
+    } else {
+        emit(graph, &EmitOptions::default())
+    };
     dump_program(rt, key, &text);
     let exe = loop {
         match compile_cache::compile(rt, &text, &options, key) {

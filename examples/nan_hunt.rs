@@ -1,0 +1,40 @@
+//! Finding where a NaN came from. A small regression MLP is trained with AdamW on a Gaussian likelihood whose noise
+//! variance is annealed towards zero on the host; at step 5 it reaches zero and `log` of it goes to -inf, making
+//! the loss and every gradient non-finite from then on. With `LAZULI_CHECK_FINITE=stop` the step's own program
+//! counts its outputs' non-finite values, and the next read (here the loss) returns an error naming the first op
+//! that made one from finite operands, with its line; the example prints it and exits normally.
+//!
+//! LAZULI_CHECK_FINITE=stop cargo run --release --example nan_hunt
+
+use lazuli::nn::{Activation, HostRng, Mlp};
+use lazuli::{AdamW, DType, Error, Module, Optimizer, Tensor};
+
+fn main() -> lazuli::Result<()> {
+    let mut rng = HostRng::new(7);
+    let model = Mlp::new(&mut rng, &[2, 16, 1], Activation::Tanh, DType::F32);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let xs: Vec<f32> = (0..64).map(|_| rng.normal() as f32).collect();
+    let ys: Vec<f32> = xs.chunks(2).map(|p| (p[0] * 1.5 - p[1]).sin()).collect();
+    let (x, y) = (Tensor::from_slice(&xs, &[32, 2]), Tensor::from_slice(&ys, &[32, 1]));
+    for step in 0..10u32 {
+        // The noise variance, annealed on the host: 0.5, 0.4, …, 0 at step 5, then negative.
+        let variance = Tensor::full(&[], 0.5 - 0.1 * step as f64, DType::F32);
+        let mse = (&model.forward(&x) - &y).pow(2.0).mean_all();
+        let log_var = variance.log(); // the planted op: log(0) = -inf at step 5
+        let loss = &mse * (-&log_var).exp() + &log_var;
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()?;
+        match loss.item::<f32>() {
+            Ok(value) => println!("step {step}: loss {value:.4}"),
+            Err(e @ Error::NonFinite { .. }) => {
+                println!("step {step}: {e}");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    println!("no error: run with LAZULI_CHECK_FINITE=stop to locate the first non-finite value");
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! Counting non-finite values inside a program: the nodes `LAZULI_CHECK_FINITE` adds to a step's graph (one
+//! count per floating-point output) and to the graph that locates a trip (one count per floating-point node).
+//! lazuli's op set has no `is_finite`; `|x| < inf` is the same test (false for NaN and ±inf) from ops that every
+//! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
+
+use crate::dtype::DType;
+use crate::graph::{Graph, Loc, NodeId};
+use crate::op::Op;
+use crate::ops::elementwise::{Compare, CompareDir, Select, Unary, UnaryKind};
+use crate::ops::layout::Reshape;
+use crate::ops::leaf::Constant;
+use crate::ops::reduce::{Reduce, ReduceKind};
+use crate::ops::slicing::Concatenate;
+
+/// Add nodes to `g` computing, for each of `of` (floating-point nodes), its number of non-finite elements, as one
+/// `i32[of.len()]` vector in that order; returns the vector's node, or `None` when `of` is empty. The new nodes
+/// carry `loc`. Counts saturate nowhere: a tensor of more than `i32::MAX` elements would wrap.
+pub fn count_nonfinite(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Option<NodeId>, String> {
+    let counts = of.iter().map(|&x| count_one(g, x, loc)).collect::<Result<Vec<_>, _>>()?;
+    if counts.is_empty() {
+        return Ok(None);
+    }
+    if counts.len() == 1 {
+        return Ok(Some(counts[0]));
+    }
+    g.push(Op::Concatenate(Concatenate { dim: 0 }), counts, loc).map(Some)
+}
+
+/// `i32[1]`: how many elements of node `x` are NaN or infinite.
+fn count_one(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String> {
+    let ty = g.nodes[x].ty.clone();
+    if !ty.dtype.is_float() {
+        return Err(format!("counting non-finite values of {ty}, which is not floating-point"));
+    }
+    let splat = |v: f64, dtype: DType| Op::Constant(Constant::new(v, ty.with_dtype(dtype)));
+    let abs = g.push(Op::Unary(Unary { kind: UnaryKind::Abs }), vec![x], loc)?;
+    let inf = g.push(splat(f64::INFINITY, ty.dtype), vec![], loc)?;
+    let finite = g.push(Op::Compare(Compare { dir: CompareDir::Lt }), vec![abs, inf], loc)?;
+    let zero = g.push(splat(0.0, DType::I32), vec![], loc)?;
+    let one = g.push(splat(1.0, DType::I32), vec![], loc)?;
+    let mut count = g.push(Op::Select(Select), vec![finite, zero, one], loc)?;
+    if ty.rank() > 0 {
+        let axes = (0..ty.rank()).collect();
+        count = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes, keep: false }), vec![count], loc)?;
+    }
+    g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![count], loc)
+}
+
+/// The floating-point nodes of `g` among `ids`.
+pub fn floating(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<NodeId> {
+    ids.into_iter().filter(|&i| g.nodes[i].ty.dtype.is_float()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::TensorType;
+    use ndarray::{ArrayD, IxDyn};
+
+    /// The reference interpreter counts NaN and both infinities, per node, in order.
+    #[test]
+    fn counts_by_the_reference() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let a = g.parameter(TensorType::new(DType::F32, [2, 3]), loc);
+        let b = g.parameter(TensorType::new(DType::F16, []), loc);
+        let counts = count_nonfinite(&mut g, &[a, b], loc).unwrap().unwrap();
+        g.outputs = vec![counts];
+        let av = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, f64::NAN, f64::INFINITY, -f64::INFINITY, 0.0, 3.0]);
+        let bv = ArrayD::from_elem(IxDyn(&[]), 70000.0); // past f16's largest: rounds to inf
+        let out = g.evaluate(&[av.unwrap(), bv]).unwrap();
+        assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0]);
+    }
+}

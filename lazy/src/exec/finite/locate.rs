@@ -1,0 +1,155 @@
+//! Locating a trip: the first node, in program order, whose result holds non-finite values while its
+//! floating-point operands are all finite. The step's IR runs again on its kept inputs, once with every
+//! floating-point node's count of non-finite elements as outputs (one vector), then once with that node's operands
+//! as outputs, whose ranges the report shows. Both programs are compiled here and not cached: a trip is rare.
+
+use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, TensorType};
+use lazuli_pjrt::{Buffer, CompileOptions};
+
+use crate::error::{Error, Result};
+use crate::exec::upload::element_type;
+use crate::graph::element::bytes_to_f64;
+use crate::graph::tensor::Data;
+use crate::runtime::Runtime;
+
+/// The op a trip started at.
+pub(crate) struct Located {
+    pub op: &'static str,
+    pub loc: Loc,
+    pub ty: TensorType,
+    /// Its non-finite elements.
+    pub nonfinite: u64,
+    /// Each operand's type and, for a floating-point one, its statistics.
+    pub operands: Vec<(TensorType, Option<Stats>)>,
+}
+
+/// A floating-point value's range and its non-finite elements.
+pub(crate) struct Stats {
+    pub min: f64,
+    pub max: f64,
+    pub nan: usize,
+    pub inf: usize,
+}
+
+impl Located {
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "  first non-finite value: {} at {} -> {} ({} of {} non-finite), from finite operands:",
+            self.op,
+            self.loc,
+            self.ty,
+            self.nonfinite,
+            self.ty.elements()
+        );
+        for (i, (ty, stats)) in self.operands.iter().enumerate() {
+            out += &format!("\n    operand {i}: {ty}");
+            if let Some(s) = stats {
+                out += &format!(": min {:e}, max {:e}, {} NaN, {} inf", s.min, s.max, s.nan, s.inf);
+            }
+        }
+        out
+    }
+}
+
+/// The first node of `graph` that made a non-finite value from finite operands, run on `inputs`; `None` when
+/// running the step again made none.
+pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Option<Located>> {
+    let _one = crate::exec::one_at_a_time();
+    let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
+    let mut counting = graph.clone();
+    let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
+    let Some(counts) = lazuli_hlo::finite::count_nonfinite(&mut counting, &floats, loc).map_err(Error::Internal)?
+    else {
+        return Ok(None);
+    };
+    counting.outputs = vec![counts];
+    let host = run(rt, &counting, inputs)?;
+    let mut nonfinite = vec![0u64; graph.nodes.len()];
+    for (&id, c) in floats.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
+        nonfinite[id] = c as u64;
+    }
+    let finite_operands = |id: NodeId| graph.nodes[id].operands.iter().all(|&o| nonfinite[o] == 0);
+    let Some(first) = floats.iter().copied().find(|&id| nonfinite[id] > 0 && finite_operands(id)) else {
+        return Ok(None);
+    };
+    let node = &graph.nodes[first];
+    Ok(Some(Located {
+        op: node.op.name(),
+        loc: node.loc,
+        ty: node.ty.clone(),
+        nonfinite: nonfinite[first],
+        operands: operand_stats(rt, graph, first, inputs)?,
+    }))
+}
+
+/// The types of node `id`'s operands, with statistics of the floating-point ones.
+fn operand_stats(rt: &Runtime, graph: &Graph, id: NodeId, inputs: &[Data]) -> Result<Vec<(TensorType, Option<Stats>)>> {
+    let operands = graph.nodes[id].operands.clone();
+    if operands.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut reading = graph.clone();
+    reading.outputs = operands.clone();
+    let host = run(rt, &reading, inputs)?;
+    Ok(operands
+        .iter()
+        .zip(host)
+        .map(|(&o, bytes)| {
+            let ty = graph.nodes[o].ty.clone();
+            let stats = ty.dtype.is_float().then(|| stats(&bytes_to_f64(ty.dtype, &bytes)));
+            (ty, stats)
+        })
+        .collect())
+}
+
+fn stats(values: &[f64]) -> Stats {
+    let numbers = || values.iter().copied().filter(|v| !v.is_nan());
+    Stats {
+        min: numbers().fold(f64::INFINITY, f64::min),
+        max: numbers().fold(f64::NEG_INFINITY, f64::max),
+        nan: values.iter().filter(|v| v.is_nan()).count(),
+        inf: values.iter().filter(|v| v.is_infinite()).count(),
+    }
+}
+
+/// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes.
+fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
+    let mut graph = graph.clone();
+    graph.aliases.clear();
+    let text = emit(&graph, &EmitOptions::default());
+    let options = CompileOptions { xla_options: rt.xla_options(), ..CompileOptions::default() };
+    let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
+    let exe = loop {
+        match rt.client.compile(&text, &options) {
+            Err(source) if rt.drop_unknown_default(&source) => continue,
+            done => break done.map_err(|source| Error::Compile { at, source })?,
+        }
+    };
+    let uploaded = upload(rt, &graph, inputs)?;
+    let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
+    for (data, up) in inputs.iter().zip(&uploaded) {
+        args.push(match (data, up) {
+            (_, Some(b)) => b,
+            (Data::Device(v), None) => v.buffer()?,
+            _ => return Err(Error::Internal("a kept input has no buffer".into())),
+        });
+    }
+    let outs = exe.execute(&args).map_err(|source| Error::Execute { at, source })?;
+    Ok(outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?)
+}
+
+/// Device copies of the inputs that are not single device buffers (host data, shards).
+fn upload(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Option<Buffer>>> {
+    let mut out = Vec::with_capacity(inputs.len());
+    for (data, &p) in inputs.iter().zip(&graph.params) {
+        if let Data::Device(_) = data {
+            out.push(None);
+            continue;
+        }
+        let ty = &graph.nodes[p].ty;
+        let bytes = data.to_host(ty)?;
+        let dims: Vec<i64> = ty.dims.iter().map(|&d| d as i64).collect();
+        out.push(Some(rt.client.buffer_from_host(&bytes, element_type(ty.dtype), &dims, &rt.device)?));
+    }
+    Ok(out)
+}

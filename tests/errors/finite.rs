@@ -1,0 +1,196 @@
+//! The finite check (`LAZULI_CHECK_FINITE`): a step whose outputs hold NaN or infinities is reported at the next
+//! call that reads its check, with the first op that made a non-finite value from finite operands and its line. The
+//! check is part of the runtime's configuration, so each test runs alone in a child process with its own runtime.
+
+use lazuli::diagnostics::{events, EventKind};
+use lazuli::nn::{Activation, HostRng, Mlp, Param};
+use lazuli::{AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, Tensor};
+
+use crate::common::child;
+
+/// The runtime of this child process, with the check in `mode`.
+fn init(mode: CheckFinite) {
+    lazuli::init(Config { check_finite: mode, ..Config::from_env().unwrap() }).unwrap();
+}
+
+/// The error's op and line.
+fn located(e: &Error) -> (&'static str, Loc, &str) {
+    match e {
+        Error::NonFinite { op: Some(op), op_at: Some(at), report, .. } => (op, *at, report),
+        other => panic!("expected a located NonFinite error, got {other}"),
+    }
+}
+
+/// `log(w)` where `w` counts down 2, 1, 0, -1, …: the third step (step 2) makes `-inf`. Returns the result of each
+/// step's `sync()` and the line of the `log`.
+fn count_down_to_log_of_zero(steps: usize) -> (Vec<lazuli::Result<()>>, u32, Tensor) {
+    let mut w = Tensor::from_slice(&[3.0f32, 4.0], &[2]);
+    let mut results = Vec::new();
+    let mut y = w.clone();
+    let line = line!() + 4;
+    for _ in 0..steps {
+        w = &w - 1.0;
+        // The planted op: its line is `line`.
+        y = w.log();
+        let _total = y.sum_all();
+        results.push(lazuli::sync());
+    }
+    (results, line, y)
+}
+
+#[test]
+fn a_forward_op_is_located_at_its_line() {
+    if child::alone(module_path!(), "a_forward_op_is_located_at_its_line") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    let (results, line, _) = count_down_to_log_of_zero(5);
+    // Step 2 made -inf; its check is read by step 3's `sync()`, before step 3 runs.
+    assert!(results[..3].iter().all(|r| r.is_ok()));
+    let e = results[3].as_ref().unwrap_err();
+    let (op, at, report) = located(e);
+    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert!(report.contains("step 2: 2 of its 3 floating-point outputs hold non-finite values"), "{report}");
+    assert!(report.contains(&format!("f32[2] recorded at {}:{line}", file!())), "{report}");
+    assert!(report.contains("1 of 2 non-finite"), "{report}");
+    // The operand of the log: w = [0, 1], finite.
+    assert!(report.contains("operand 0: f32[2]: min 0e0, max 1e0, 0 NaN, 0 inf"), "{report}");
+    let message = e.to_string();
+    assert!(message.starts_with("non-finite values in the step materialized at"), "{message}");
+    // Reported once: the next step runs (and makes NaN from log(-1), reported at the step after).
+    assert!(results[4].is_ok());
+    let (op, at, _) = located(&lazuli::wait().unwrap_err());
+    assert_eq!((op, at.line), ("log", line));
+}
+
+#[test]
+fn a_gradient_op_is_located_at_the_forward_line() {
+    if child::alone(module_path!(), "a_gradient_op_is_located_at_the_forward_line") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    let x = Tensor::from_slice(&[0.0f32, 4.0], &[2]).requires_grad();
+    // sqrt is finite at 0; its gradient 1 / (2 sqrt(x)) is not. Gradient ops carry their forward op's line.
+    let line = line!() + 1;
+    let y = x.sqrt();
+    y.sum_all().backward();
+    let g = x.grad().unwrap();
+    lazuli::sync().unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("div", file!(), line), "{report}");
+    assert!(report.contains("1 of 2 non-finite"), "{report}");
+    // The check is read once; the values are there.
+    lazuli::wait().unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![f32::INFINITY, 0.25]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
+}
+
+#[test]
+fn an_optimizer_update_is_located_at_the_step_line() {
+    if child::alone(module_path!(), "an_optimizer_update_is_located_at_the_step_line") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    let w = Param::new(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]));
+    // With eps = 0, a parameter whose gradient is 0 gets 0 / 0 in AdamW's update.
+    let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.1).eps(0.0);
+    let loss = (&w.get() * 0.0).sum_all();
+    loss.backward();
+    let line = line!() + 1;
+    opt.step();
+    opt.zero_grad();
+    lazuli::sync().unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("adamw_update", file!(), line), "{report}");
+    assert!(report.contains("3 of 3 non-finite"), "{report}");
+    assert!(w.get().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn log_mode_reports_and_carries_on() {
+    if child::alone(module_path!(), "log_mode_reports_and_carries_on") {
+        return; // the runtime's configuration and the captured events are process-wide
+    }
+    init(CheckFinite::Log);
+    events::start_capture();
+    let (results, line, y) = count_down_to_log_of_zero(5);
+    lazuli::wait().unwrap();
+    assert!(results.iter().all(|r| r.is_ok()));
+    // Steps 2 (-inf) to 4 (NaN from log of negatives) tripped; only the first is located.
+    let trips: Vec<_> = events::take_captured().into_iter().filter(|e| e.kind == EventKind::NonFinite).collect();
+    assert_eq!(trips.iter().map(|e| e.step).collect::<Vec<_>>(), vec![2, 3, 4]);
+    let first = trips[0].explanation.join("\n");
+    assert!(first.contains(&format!("first non-finite value: log at {}:{line}", file!())), "{first}");
+    assert!(trips[1].explanation[0].contains("not located"));
+    let report = lazuli::diagnostics::report::render(&lazuli::diagnostics::report::analyse(&trips));
+    assert!(report.contains(&format!("step 2 at {}:", file!())) && report.contains("log at"), "{report}");
+    assert!(y.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn off_adds_no_output_and_never_trips() {
+    if child::alone(module_path!(), "off_adds_no_output_and_never_trips") {
+        return; // the runtime's configuration and the captured events are process-wide
+    }
+    init(CheckFinite::Off);
+    events::start_capture();
+    let (results, _, y) = count_down_to_log_of_zero(5);
+    lazuli::wait().unwrap();
+    assert!(results.iter().all(|r| r.is_ok()));
+    let ev = events::take_captured();
+    assert!(ev.iter().all(|e| e.kind != EventKind::NonFinite));
+    // w, log(w) and its sum: three outputs, no check.
+    let programs: Vec<_> = ev.iter().filter(|e| e.kind == EventKind::Program).collect();
+    assert_eq!(programs.len(), 5);
+    assert!(programs.iter().all(|e| e.outputs == 3), "{programs:?}");
+    assert!(y.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn a_clean_training_loop_never_trips() {
+    if child::alone(module_path!(), "a_clean_training_loop_never_trips") {
+        return; // the runtime's configuration and the captured events are process-wide
+    }
+    init(CheckFinite::Stop);
+    events::start_capture();
+    let model = Mlp::new(&mut HostRng::new(5), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5, 0.75, 0.5, -0.25, -1.0, 1.0, 0.1], &[4, 3]);
+    let target = Tensor::from_slice(&[1.0f32, -1.0, 0.5, 0.0], &[4, 1]);
+    let mut losses = Vec::new();
+    for step in 0..40 {
+        let loss = (&model.forward(&x) - &target).pow(2.0).mean_all();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync().unwrap();
+        if step % 10 == 0 || step == 39 {
+            losses.push(loss.item::<f32>().unwrap());
+        }
+    }
+    lazuli::wait().unwrap();
+    assert!(losses.last().unwrap() < &(losses[0] * 0.5), "{losses:?}");
+    let ev = events::take_captured();
+    assert!(ev.iter().all(|e| e.kind != EventKind::NonFinite));
+    // Every step's program counted its outputs' non-finite values in one more output.
+    let step = ev.iter().rfind(|e| e.kind == EventKind::Program && e.cause == "sync").unwrap();
+    assert!(step.outputs > 1 && step.cache_hit);
+}
+
+#[test]
+fn a_malformed_setting_names_the_variable() {
+    let test = child::test_name(module_path!(), "a_malformed_setting_names_the_variable");
+    match std::env::var("LAZULI_CHECK_FINITE").ok().as_deref() {
+        None => {
+            child::passes(&test, &[("LAZULI_CHECK_FINITE", "sometimes")]);
+            child::passes(&test, &[("LAZULI_CHECK_FINITE", "log")]);
+        }
+        Some("sometimes") => {
+            let e = Config::from_env().unwrap_err().to_string();
+            assert!(e.contains("LAZULI_CHECK_FINITE=\"sometimes\": expected off, stop or log"), "{e}");
+        }
+        Some(_) => assert_eq!(Config::from_env().unwrap().check_finite, CheckFinite::Log),
+    }
+}
