@@ -43,7 +43,8 @@ thread_local! {
 /// `log(y * y + poison)`, recorded at the caller's line (the ops take their line from their caller).
 #[track_caller]
 fn planted_log(y: &Tensor, poison: f64) -> Tensor {
-    PLANTED_LINE.with(|l| l.set(std::panic::Location::caller().line()));
+    let line = std::panic::Location::caller().line();
+    PLANTED_LINE.with(|l| l.set(line));
     (y * y + poison).log()
 }
 
