@@ -19,8 +19,9 @@ import numpy as np
 def weights(cfg):
     rng = np.random.default_rng(1)
     d = cfg["dim"]
-    return [(rng.standard_normal((d, 2 * d), dtype=np.float32) * (0.5 / np.sqrt(d)),
-             rng.standard_normal((2 * d, d), dtype=np.float32) * (0.5 / np.sqrt(2 * d)))
+    f32 = np.float32
+    return [((rng.standard_normal((d, 2 * d)) * (0.5 / np.sqrt(d))).astype(f32),
+             (rng.standard_normal((2 * d, d)) * (0.5 / np.sqrt(2 * d))).astype(f32))
             for _ in range(cfg["layers"])]
 
 
