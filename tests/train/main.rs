@@ -16,3 +16,4 @@ mod gpt;
 mod grad_checkpoint;
 mod scanned_gpt;
 mod train;
+mod weights;
