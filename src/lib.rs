@@ -22,7 +22,7 @@
 //!   keeping its activations).
 //! - Models and training: [`nn`] (modules, layers, the GPT, loading by name), [`optim`] (SGD, AdamW, schedules),
 //!   [`checkpoint`](mod@checkpoint) (saving and loading), [`safetensors`] (any safetensors file: weights from
-//!   and for other frameworks; GPT-2).
+//!   and for other frameworks; GPT-2's in [`nn::gpt2`]).
 //! - Several devices: [`sharding`] (meshes, partition specs, the planner).
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton

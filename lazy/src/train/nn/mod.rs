@@ -2,6 +2,7 @@
 //! checkpoints, and switch between training and evaluation mode.
 
 pub mod gpt;
+pub mod gpt2;
 pub mod init;
 pub mod layers;
 pub mod load;
