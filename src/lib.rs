@@ -20,8 +20,9 @@
 //! - Steps: [`sync()`] (the step boundary), [`wait()`]; gradients: [`Tensor::backward`], [`grad()`],
 //!   [`value_and_grad()`], [`no_grad()`], [`checkpoint()`] (recompute a block in the backward pass instead of
 //!   keeping its activations).
-//! - Models and training: [`nn`] (modules, layers, the GPT), [`optim`] (SGD, AdamW, schedules), [`checkpoint`](mod@checkpoint)
-//!   (saving and loading).
+//! - Models and training: [`nn`] (modules, layers, the GPT, loading by name), [`optim`] (SGD, AdamW, schedules),
+//!   [`checkpoint`](mod@checkpoint) (saving and loading), [`safetensors`] (any safetensors file: weights from
+//!   and for other frameworks; GPT-2's in [`nn::gpt2`]).
 //! - Several devices: [`sharding`] (meshes, partition specs, the planner).
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
@@ -54,7 +55,7 @@
 pub mod ir;
 
 #[doc(inline)]
-pub use lazuli_lazy::{checkpoint, diagnostics, nn, optim};
+pub use lazuli_lazy::{checkpoint, diagnostics, nn, optim, safetensors};
 
 #[doc(inline)]
 pub use lazuli_lazy::mesh as sharding;

@@ -135,6 +135,10 @@ pub enum Error {
     /// A checkpoint could not be written or does not match what it is loaded into.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A safetensors file could not be read or written, or named tensors do not fit the module they are loaded
+    /// into (`lazuli::safetensors`, `nn::load_named`, `nn::gpt2`).
+    #[error("weights: {0}")]
+    Weights(String),
     /// A program would need more memory than the device has free (checked before it is compiled).
     #[error("out of memory: {0}")]
     OutOfMemory(String),

@@ -13,6 +13,8 @@ mod common;
 
 mod checkpoint;
 mod gpt;
+mod gpt2;
 mod grad_checkpoint;
 mod scanned_gpt;
 mod train;
+mod weights;

@@ -23,7 +23,7 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Write `header` and then `parts` to `path` atomically, first removing stale temp files of `path`. The error
 /// says which step failed.
-pub(super) fn write_atomically(path: &Path, header: &[u8], parts: &[&[u8]]) -> Result<(), String> {
+pub(crate) fn write_atomically(path: &Path, header: &[u8], parts: &[&[u8]]) -> Result<(), String> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or("the path does not name a file")?;
     remove_stale(dir, name);

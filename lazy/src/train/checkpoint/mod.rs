@@ -13,7 +13,7 @@
 //! saving again writes them with checksums. The marker changed with the checksums so that a current file
 //! stripped of them is refused rather than loaded unverified; a marker newer than these is refused too.
 
-mod files;
+pub(crate) mod files;
 mod integrity;
 mod signals;
 
@@ -36,7 +36,7 @@ const FORMAT: &str = "lazuli-checkpoint-2";
 /// The format before checksums: loaded without verification.
 const FORMAT_UNCHECKED: &str = "lazuli-checkpoint-1";
 /// safetensors refuses to read headers longer than this.
-const MAX_HEADER: usize = 100_000_000;
+pub(crate) const MAX_HEADER: usize = 100_000_000;
 
 /// Everything a checkpoint holds besides tensors: the optimizer's step count and free-form user entries.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -48,15 +48,17 @@ pub struct CheckpointMeta {
 }
 
 /// A save or load in progress: its errors name the file and the user's line.
-struct Call<'a> {
-    doing: &'static str,
-    path: &'a Path,
-    at: Loc,
+pub(crate) struct Call<'a> {
+    pub doing: &'static str,
+    pub path: &'a Path,
+    pub at: Loc,
+    /// The error kind: `Error::Checkpoint` here, `Error::Weights` for plain safetensors files.
+    pub kind: fn(String) -> Error,
 }
 
 impl Call<'_> {
-    fn err(&self, msg: impl Display) -> Error {
-        Error::Checkpoint(format!("{} {} (at {}): {msg}", self.doing, self.path.display(), self.at))
+    pub fn err(&self, msg: impl Display) -> Error {
+        (self.kind)(format!("{} {} (at {}): {msg}", self.doing, self.path.display(), self.at))
     }
 }
 
@@ -70,7 +72,7 @@ pub fn save(
     extra: &[(&str, Tensor)],
     user: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let call = Call { doing: "saving", path: path.as_ref(), at: Loc::caller() };
+    let call = Call { doing: "saving", path: path.as_ref(), at: Loc::caller(), kind: Error::Checkpoint };
     let mut named: Vec<(String, Tensor)> =
         model.named_params().into_iter().map(|(n, p)| (format!("model.{n}"), p.get())).collect();
     if let Some(opt) = optimizer {
@@ -83,17 +85,17 @@ pub fn save(
     meta.insert("format".into(), FORMAT.into());
     meta.insert("optimizer_steps".into(), optimizer.map(|o| o.steps()).unwrap_or(0).to_string());
     integrity::seal(&blobs.iter().map(Blob::described).collect::<Vec<_>>(), &mut meta);
-    let header = header(&blobs, meta).map_err(|e| call.err(e))?;
+    let header = header(&blobs, Some(meta)).map_err(|e| call.err(e))?;
     let parts: Vec<&[u8]> = blobs.iter().map(|b| b.bytes.as_slice()).collect();
     files::write_atomically(call.path, &header, &parts).map_err(|e| call.err(e))
 }
 
 /// A tensor read back for saving.
-struct Blob {
+pub(crate) struct Blob {
     name: String,
     dtype: Dtype,
     shape: Vec<usize>,
-    bytes: Arc<Vec<u8>>,
+    pub bytes: Arc<Vec<u8>>,
 }
 
 impl Blob {
@@ -104,7 +106,7 @@ impl Blob {
 
 /// Compute whatever is still pending in one program, then read each tensor once, in file order
 /// (safetensors' own: larger dtypes first, then by name).
-fn read_all(named: Vec<(String, Tensor)>, at: Loc) -> Result<Vec<Blob>> {
+pub(crate) fn read_all(named: Vec<(String, Tensor)>, at: Loc) -> Result<Vec<Blob>> {
     let nodes: Vec<_> = named.iter().map(|(_, t)| t.node.clone()).collect();
     crate::exec::materialize(&nodes, crate::Cause::Checkpoint, at)?;
     let mut blobs = Vec::with_capacity(named.len());
@@ -117,7 +119,7 @@ fn read_all(named: Vec<(String, Tensor)>, at: Loc) -> Result<Vec<Blob>> {
 
 /// The file's header for `blobs` (in file order) and `meta`: length (u64, little-endian), then JSON padded with
 /// spaces to a multiple of 8 bytes, as safetensors writes it.
-fn header(blobs: &[Blob], meta: HashMap<String, String>) -> std::result::Result<Vec<u8>, String> {
+pub(crate) fn header(blobs: &[Blob], meta: Option<HashMap<String, String>>) -> std::result::Result<Vec<u8>, String> {
     let mut offset = 0;
     let mut infos = Vec::with_capacity(blobs.len());
     for b in blobs {
@@ -126,7 +128,7 @@ fn header(blobs: &[Blob], meta: HashMap<String, String>) -> std::result::Result<
             .push((b.name.clone(), TensorInfo { dtype: b.dtype, shape: b.shape.clone(), data_offsets: (offset, end) }));
         offset = end;
     }
-    let layout = Metadata::new(Some(meta), infos).map_err(|e| format!("{e}"))?;
+    let layout = Metadata::new(meta, infos).map_err(|e| format!("{e}"))?;
     let mut json = serde_json::to_vec(&layout).map_err(|e| format!("{e}"))?;
     json.resize(json.len().next_multiple_of(8), b' ');
     if json.len() > MAX_HEADER {
@@ -137,7 +139,7 @@ fn header(blobs: &[Blob], meta: HashMap<String, String>) -> std::result::Result<
     Ok(out)
 }
 
-fn st_dtype(d: DType) -> Dtype {
+pub(crate) fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::F32 => Dtype::F32,
         DType::F64 => Dtype::F64,
@@ -165,7 +167,7 @@ pub fn load(
     model: &dyn Module,
     optimizer: Option<&mut dyn Optimizer>,
 ) -> Result<(HashMap<String, Tensor>, CheckpointMeta)> {
-    let call = Call { doing: "loading", path: path.as_ref(), at: Loc::caller() };
+    let call = Call { doing: "loading", path: path.as_ref(), at: Loc::caller(), kind: Error::Checkpoint };
     let data = std::fs::read(call.path).map_err(|e| call.err(format!("reading failed: {e}")))?;
     let st = SafeTensors::deserialize(&data)
         .map_err(|e| call.err(format!("not a valid safetensors file ({e}); is it truncated?")))?;
@@ -275,7 +277,7 @@ fn check_fit(
 }
 
 /// The `*` segment of a stacked parameter's name (`blocks.*.ln1.weight`, `nn::ScannedBlocks`), as layer `i`.
-fn layer_name(name: &str, i: usize) -> Option<String> {
+pub(crate) fn layer_name(name: &str, i: usize) -> Option<String> {
     let star = crate::train::nn::scanned::STACKED;
     let parts: Vec<&str> = name.split('.').collect();
     parts.contains(&star).then(|| {
@@ -285,7 +287,7 @@ fn layer_name(name: &str, i: usize) -> Option<String> {
 }
 
 /// Stacked tensors (names with a `*` segment) as one tensor per layer, under the unrolled model's names.
-fn unstack(named: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+pub(crate) fn unstack(named: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
     let mut out = Vec::with_capacity(named.len());
     for (name, t) in named {
         if layer_name(&name, 0).is_none() || t.rank() == 0 {

@@ -2,14 +2,17 @@
 //! checkpoints, and switch between training and evaluation mode.
 
 pub mod gpt;
+pub mod gpt2;
 pub mod init;
 pub mod layers;
+pub mod load;
 pub mod param;
 pub mod scanned;
 
 pub use gpt::{Block, CausalSelfAttention, Gpt, GptConfig};
 pub use init::HostRng;
 pub use layers::{Activation, Conv2d, Dropout, Embedding, LayerNorm, Linear, Mlp};
+pub use load::{load_named, LoadReport, Mismatch, Strict};
 pub use param::Param;
 pub use scanned::ScannedBlocks;
 
