@@ -54,7 +54,7 @@
 pub mod ir;
 
 #[doc(inline)]
-pub use lazuli_lazy::{checkpoint, diagnostics, nn, optim};
+pub use lazuli_lazy::{checkpoint, data, diagnostics, nn, optim};
 
 #[doc(inline)]
 pub use lazuli_lazy::mesh as sharding;
