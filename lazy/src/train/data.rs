@@ -137,7 +137,7 @@ impl TokenFile {
                 start + count
             ))
         };
-        if start.checked_add(count).map_or(true, |end| end > self.len) {
+        if !matches!(start.checked_add(count), Some(end) if end <= self.len) {
             return Err(err(format!("past the end of the file's {} ids", self.len)));
         }
         let w = self.width.bytes();
