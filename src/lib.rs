@@ -21,7 +21,7 @@
 //!   [`value_and_grad()`], [`no_grad()`], [`checkpoint()`] (recompute a block in the backward pass instead of
 //!   keeping its activations).
 //! - Models and training: [`nn`] (modules, layers, the GPT), [`optim`] (SGD, AdamW, schedules), [`checkpoint`](mod@checkpoint)
-//!   (saving and loading).
+//!   (saving and loading), [`data`] (token files, seeded batches, prefetching).
 //! - Several devices: [`sharding`] (meshes, partition specs, the planner).
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton

@@ -148,6 +148,17 @@ fn bad_files_are_clear_errors_naming_the_callers_line() {
     assert!(e.contains("past the end"), "{e}");
 }
 
+#[test]
+fn a_file_truncated_under_the_prefetching_thread_is_an_error_not_a_hang() {
+    let path = scratch("truncated.bin");
+    TokenFile::write(&path, &tokens(1000, 60_000), TokenWidth::U16).unwrap();
+    let file = TokenFile::open(&path, TokenWidth::U16).unwrap();
+    let batches = Batches::new(&file, 8, 64, 3).unwrap();
+    std::fs::write(&path, [0u8; 20]).unwrap(); // 10 ids left of the 1000 the file was opened with
+    let e = batches.prefetch(2).next().unwrap().unwrap_err().to_string();
+    assert!(e.contains("truncated.bin") && e.contains("tests/train/data.rs:"), "{e}");
+}
+
 /// The span names a subscriber sees, in order, across threads (a process-wide subscriber: hence a child process).
 mod spans {
     use std::sync::atomic::{AtomicU64, Ordering};
