@@ -1,5 +1,6 @@
 //! Train a character-level GPT on a text file (default: a corpus made of this repository's own sources and docs),
-//! with AdamW and one compiled program per step; optionally sample from it.
+//! with AdamW and one compiled program per step; optionally sample from it. The text becomes a token file that
+//! `lazuli::data` reads batches from at random offsets, a step ahead on a background thread.
 //!
 //! cargo run --release --example train_gpt -- [--data file.txt] [--steps N] [--save c.safetensors] [--resume c.safetensors] [--sample 300]
 
@@ -10,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::Parser;
+use lazuli::data::Batches;
 use lazuli::nn::{Gpt, GptConfig, HostRng};
 use lazuli::{checkpoint, AdamW, DType, Module, Optimizer, Schedule, Tensor};
 
@@ -53,6 +55,9 @@ struct Args {
     dropout: f64,
     #[arg(long, default_value_t = 50)]
     log_every: u64,
+    /// Seed of the batches' offsets.
+    #[arg(long, default_value_t = 20_000)]
+    data_seed: u64,
 }
 
 fn main() -> lazuli::Result<()> {
@@ -62,11 +67,9 @@ fn main() -> lazuli::Result<()> {
         Some(p) => std::fs::read(p).map_err(|e| lazuli::Error::Config(format!("reading {}: {e}", p.display())))?,
         None => common::default_corpus(),
     };
-    if text.len() < args.block + 2 {
-        return Err(lazuli::Error::Config(format!("the text has {} bytes; need more than --block", text.len())));
-    }
     let (symbols, index, entropy) = common::vocabulary(&text);
-    let ids: Vec<i32> = text.iter().map(|&b| index[b as usize] as i32).collect();
+    let ids: Vec<u32> = text.iter().map(|&b| index[b as usize] as u32).collect();
+    let tokens = common::token_file(&ids)?;
     let config = GptConfig {
         vocab: symbols.len(),
         block_size: args.block,
@@ -82,8 +85,9 @@ fn main() -> lazuli::Result<()> {
     let mut opt = AdamW::new(model.named_params(), args.lr).betas(0.9, 0.95).weight_decay(0.01);
     let schedule = Schedule::WarmupCosine { peak: args.lr, min: args.lr / 10.0, warmup: 30, total: args.steps };
     println!(
-        "corpus: {} bytes, vocabulary {}, unigram entropy {entropy:.3} nats; model: {} parameters",
+        "corpus: {} bytes as {} u16 tokens, vocabulary {}, unigram entropy {entropy:.3} nats; model: {} parameters",
         text.len(),
+        tokens.len(),
         symbols.len(),
         model.num_params()
     );
@@ -100,18 +104,14 @@ fn main() -> lazuli::Result<()> {
 
     let (b, t) = (args.batch, args.block);
     let end = args.stop_at.unwrap_or(args.steps).min(args.steps);
-    let mut log = common::StepLog::new(start, args.steps);
+    // Batch k is a function of the seed and k alone: a resumed run starts at its step and sees the same data.
+    let mut batches = Batches::new(&tokens, b, t, args.data_seed)?.starting_at(start).prefetch(2);
+    let mut log = common::StepLog::new(start, args.steps).throughput((b * t) as u64, "tokens").every(args.log_every);
     let mut last_loss = f32::NAN;
-    for step in start..end {
-        let mut rng = HostRng::new(20_000 + step);
-        let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
-        for _ in 0..b {
-            let o = rng.below((ids.len() - t - 1) as u64) as usize;
-            x.extend_from_slice(&ids[o..o + t]);
-            y.extend_from_slice(&ids[o + 1..o + t + 1]);
-        }
+    for (step, batch) in (start..end).zip(&mut batches) {
+        let (x, y) = batch?;
         opt.set_lr(schedule.at(step));
-        let loss = model.loss(&Tensor::from_slice(&x, &[b, t]), &Tensor::from_slice(&y, &[b, t]));
+        let loss = model.loss(&x, &y);
         let logged = common::finish_step(&mut opt, &loss, step % args.log_every == 0 || step + 1 == end)?;
         if let Some(l) = logged {
             last_loss = l;
@@ -130,7 +130,8 @@ fn main() -> lazuli::Result<()> {
     model.set_training(false);
     if let Some(n) = args.sample {
         // Sampling is not a training step: keep it out of the step accounting (and strict mode).
-        let text = lazuli::diagnostics::unchecked(|| sample(&model, &ids[..t / 2], &symbols, n))?;
+        let prompt = tokens.read(0, t / 2)?;
+        let text = lazuli::diagnostics::unchecked(|| sample(&model, &prompt, &symbols, n))?;
         println!("--- sample ---\n{text}\n--------------");
     }
     if !regular {

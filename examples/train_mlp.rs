@@ -88,7 +88,8 @@ fn main() -> lazuli::Result<()> {
     }
     println!("model: {} parameters; {n} points; batch {}", model.num_params(), args.batch);
 
-    let mut log = common::StepLog::new(start, args.steps);
+    let mut log =
+        common::StepLog::new(start, args.steps).throughput(args.batch as u64, "samples").every(args.log_every);
     let mut last_loss = f32::NAN;
     let end = args.stop_at.unwrap_or(args.steps).min(args.steps);
     for step in start..end {

@@ -22,7 +22,7 @@
 //!   keeping its activations).
 //! - Models and training: [`nn`] (modules, layers, the GPT, loading by name), [`optim`] (SGD, AdamW, schedules),
 //!   [`checkpoint`](mod@checkpoint) (saving and loading), [`safetensors`] (any safetensors file: weights from
-//!   and for other frameworks; GPT-2's in [`nn::gpt2`]).
+//!   and for other frameworks; GPT-2's in [`nn::gpt2`]), [`data`] (token files, seeded batches, prefetching).
 //! - Several devices: [`sharding`] (meshes, partition specs, the planner).
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
@@ -55,7 +55,7 @@
 pub mod ir;
 
 #[doc(inline)]
-pub use lazuli_lazy::{checkpoint, diagnostics, nn, optim, safetensors};
+pub use lazuli_lazy::{checkpoint, data, diagnostics, nn, optim, safetensors};
 
 #[doc(inline)]
 pub use lazuli_lazy::mesh as sharding;

@@ -47,4 +47,4 @@ pub use ops::custom_kernel::TritonKernel;
 pub use ops::random::{manual_seed, rng_state, set_rng_state};
 pub use runtime::{init, memory_stats, platform, program_memory, runtime_info, Config, RuntimeInfo};
 pub use settings::{Backend, CheckFinite, CompileCache, CpuLauncher};
-pub use train::{checkpoint, nn, optim, safetensors};
+pub use train::{checkpoint, data, nn, optim, safetensors};

@@ -1,6 +1,6 @@
 //! Training: optimizers against host references, one program per step and donation, the GPT model, gradient
 //! checkpointing (recomputing blocks in the backward pass), and checkpoints (resume, damaged files, saves
-//! interrupted by signals in child processes).
+//! interrupted by signals in child processes), training data (token files, batches, prefetching) and tracing spans.
 //!
 //! One of the root package's four test binaries by theme (`tests/ops`, `tests/engine`, `tests/errors`,
 //! `tests/train`), a module per topic, so that `cargo test` links the stack four times rather than once per file.
@@ -12,6 +12,7 @@
 mod common;
 
 mod checkpoint;
+mod data;
 mod gpt;
 mod gpt2;
 mod grad_checkpoint;

@@ -114,6 +114,9 @@ impl Tensor {
 #[track_caller]
 pub fn sync() -> Result<()> {
     let at = Loc::caller();
+    // A span, not an event: the events (`diagnostics::events`) already report each program; the span gives a
+    // subscriber the step boundary's extent, with what it compiled or saved nested inside.
+    let _span = tracing::info_span!(target: "lazuli", "sync", step = crate::diagnostics::current_step()).entered();
     let t0 = std::time::Instant::now();
     let live = live_pending();
     Counters::add(&COUNTERS.boundary_ns, t0.elapsed().as_nanos() as u64);

@@ -41,6 +41,8 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
         emit(graph, &EmitOptions::default())
     };
     dump_program(rt, key, &text);
+    let _span = tracing::info_span!(target: "lazuli", "compile", graph_hash = %format_args!("{key:016x}"), site = %at)
+        .entered();
     let exe = loop {
         match compile_cache::compile(rt, &text, &options, key) {
             Err(source) if rt.drop_unknown_default(&source) => continue,

@@ -73,6 +73,7 @@ pub fn save(
     user: &BTreeMap<String, String>,
 ) -> Result<()> {
     let call = Call { doing: "saving", path: path.as_ref(), at: Loc::caller(), kind: Error::Checkpoint };
+    let _span = tracing::info_span!(target: "lazuli", "checkpoint_save", path = %call.path.display()).entered();
     let mut named: Vec<(String, Tensor)> =
         model.named_params().into_iter().map(|(n, p)| (format!("model.{n}"), p.get())).collect();
     if let Some(opt) = optimizer {
