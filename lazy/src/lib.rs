@@ -32,7 +32,7 @@ pub use exec::{profile, wait};
 pub use graph::autodiff::{grad, grad_enabled, no_grad, value_and_grad};
 pub use graph::element::{self, Element};
 pub use graph::precision::{matmul_precision, set_matmul_precision, with_matmul_precision, Precision};
-pub use graph::record::{broadcast_shapes, Operand};
+pub use graph::record::{broadcast_shapes, where_, Operand};
 pub use graph::tensor::Tensor;
 pub use lazuli_hlo::{DType, Loc};
 pub use lazuli_kernels::{Implementation, Target};

@@ -51,6 +51,7 @@ fn select_convert_layout_gradients() {
     let a = data(7, &[3, 4], -2.0, 2.0);
     let b = data(8, &[4], -2.0, 2.0);
     check_grad("select", &[a.clone(), b.clone()], |t| t[0].gt(0.0).select(&t[0], &t[1]));
+    check_grad("where_", &[a.clone(), b.clone()], |t| lazuli::where_(&t[0].gt(0.0), &t[1], &t[0]));
     // Through f32, finite differences drown in rounding; the gradient of a conversion is the cotangent converted
     // back, so d/dx sum(f32(x) * w) = w exactly.
     let x = Tensor::from_slice(&[0.25f64, -1.5, 3.0], &[3]).requires_grad();

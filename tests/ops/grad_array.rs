@@ -82,6 +82,7 @@ fn softmax_family_gradients() {
     {
         let x = data(40 + dims.len() as u64, dims, -3.0, 3.0);
         check_grad(&format!("logsumexp {dims:?} {axes:?}"), &[x.clone()], |t| t[0].logsumexp(axes));
+        check_grad(&format!("logsumexp_keepdim {dims:?} {axes:?}"), &[x.clone()], |t| t[0].logsumexp_keepdim(axes));
         if axes.len() == 1 {
             check_grad(&format!("softmax {dims:?} {axes:?}"), &[x.clone()], |t| t[0].softmax(axes[0]));
             check_grad(&format!("log_softmax {dims:?} {axes:?}"), &[x.clone()], |t| t[0].log_softmax(axes[0]));

@@ -167,6 +167,22 @@ fn comparisons_and_select_every_dtype() {
             .and(&ba.broadcast(IxDyn(&[4, 5])).unwrap())
             .map_collect(|&c, &x, &y| if c != 0.0 { x } else { y });
         checks.push(Check { name: format!("select {dt}"), dtype: dt, got: c.select(&a, &b), want });
+        // `where_` is `select` under numpy's name: the function and the method, branches swapped, a host scalar.
+        let swapped = Zip::from(&ca.broadcast(IxDyn(&[4, 5])).unwrap())
+            .and(&aa)
+            .and(&ba.broadcast(IxDyn(&[4, 5])).unwrap())
+            .map_collect(|&c, &x, &y| if c != 0.0 { y } else { x });
+        checks.push(Check { name: format!("where_ {dt}"), dtype: dt, got: lazuli::where_(&c, &b, &a), want: swapped });
+        if dt != DType::Bool {
+            let left = ca.broadcast(IxDyn(&[4, 5])).unwrap().to_owned();
+            let scalar = Zip::from(&left).and(&aa).map_collect(|&c, &x| if c != 0.0 { x } else { 2.0 });
+            checks.push(Check {
+                name: format!("Tensor::where_ {dt}"),
+                dtype: dt,
+                got: c.where_(&a, 2.0),
+                want: scalar,
+            });
+        }
     }
     run(checks);
 }

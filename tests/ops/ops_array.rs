@@ -330,7 +330,14 @@ fn functionals_every_float_dtype() {
                 (0..3).flat_map(|i| (0..5).map(move |k| (i, k))).map(|(i, k)| xa[[i, ix[0], k]]).collect();
             reference::logsumexp(&v)
         });
-        push("logsumexp [0, 2]", x.logsumexp(&[0, -1]), lse2);
+        push("logsumexp [0, 2]", x.logsumexp(&[0, -1]), lse2.clone());
+        push(
+            "logsumexp_keepdim [0, 2]",
+            x.logsumexp_keepdim(&[0, -1]),
+            lse2.into_shape_with_order(vec![1, 4, 1]).unwrap(),
+        );
+        let lse1 = xa.map_axis(Axis(1), |lane| reference::logsumexp(&lane.to_vec())).insert_axis(Axis(1));
+        push("logsumexp_keepdim 1", x.logsumexp_keepdim(&[1]), lse1);
         let ninf = tensor_of(dt, &[f64::NEG_INFINITY, f64::NEG_INFINITY, 0.0, 1.0], &[2, 2]);
         push(
             "logsumexp -inf row",
@@ -428,6 +435,9 @@ fn bad_input_names_the_callers_line() {
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).softmax(0)))),
         (line!(), "at least one axis", panic_message(|| drop(x.layer_norm(&[], 1e-5)))),
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).gelu()))),
+        (line!(), "bool", panic_message(|| drop(lazuli::where_(&x, &x, &x)))),
+        (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).logsumexp_keepdim(&[0])))),
+        (line!(), "axis 2", panic_message(|| drop(x.logsumexp_keepdim(&[2])))),
         (line!(), "argmax", panic_message(|| drop(Tensor::from_slice(&[true], &[1]).argmax(0)))),
     ];
     for (line, needle, msg) in cases {

@@ -80,6 +80,16 @@ impl Tensor {
     }
 }
 
+/// `numpy.where(cond, on_true, on_false)`: elements of `on_true` where the bool `cond` is true, of `on_false`
+/// elsewhere, all three broadcast together by numpy's rules. A thin alias of [`Tensor::select`] (the same op
+/// and gradient: `on_true` gets the cotangent where `cond` holds, `on_false` elsewhere, `cond` none). A host
+/// scalar `on_false` becomes a program parameter of `on_true`'s dtype; a host scalar `on_true` one of f32. Panics at
+/// the caller's line when `cond` is not bool, the branches' dtypes differ or the shapes do not broadcast.
+#[track_caller]
+pub fn where_(cond: &Tensor, on_true: impl Operand, on_false: impl Operand) -> Tensor {
+    cond.select(on_true, on_false)
+}
+
 /// Numpy's broadcast of two shapes, or `None`.
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
@@ -387,6 +397,13 @@ impl Tensor {
         }
         let v = Tensor::broadcast_all(&[self, &t, &f], "where", loc).unwrap_or_else(|e| raise(e));
         apply(Op::Select(Select), &[&v[0], &v[1], &v[2]], loc)
+    }
+
+    /// `where(self, on_true, on_false)`, numpy's and PyTorch's name for [`Tensor::select`] (the same op):
+    /// `self` is the bool condition; the three broadcast together by numpy's rules.
+    #[track_caller]
+    pub fn where_(&self, on_true: impl Operand, on_false: impl Operand) -> Tensor {
+        self.select(on_true, on_false)
     }
 
     /// Convert the element type.

@@ -63,6 +63,20 @@ fn compare(t: &Tensor, other: &Tensor, dir: CompareDir, loc: Loc) -> Tensor {
     apply(Op::Compare(lazuli_hlo::Compare { dir }), &[&a, &b], loc)
 }
 
+/// `log(sum(exp(x)))` over `axes`, kept as size 1 or removed.
+fn logsumexp_at(x: &Tensor, axes: &[isize], keep: bool, loc: Loc) -> Tensor {
+    need_float(x, "logsumexp", loc);
+    let ax = axes_of(x, axes, "logsumexp", loc);
+    let m = shift_for(x, &ax, loc);
+    let e = unary(&x.binary_at(&m, BinaryKind::Sub, loc), UnaryKind::Exp, loc);
+    let lse = unary(&sum_kept(&e, &ax, loc), UnaryKind::Log, loc).binary_at(&m, BinaryKind::Add, loc);
+    if keep {
+        return lse;
+    }
+    let out: Vec<usize> = x.dims().iter().enumerate().filter(|(i, _)| !ax.contains(i)).map(|(_, &d)| d).collect();
+    apply(Op::Reshape(lazuli_hlo::Reshape { dims: out }), &[&lse], loc)
+}
+
 impl Tensor {
     /// `max(x, 0)`; the gradient at 0 is 0.
     #[track_caller]
@@ -89,18 +103,18 @@ impl Tensor {
         half_x.binary_at(with_constant(&e, BinaryKind::Add, 1.0, loc), BinaryKind::Mul, loc)
     }
 
-    /// `log(sum(exp(x)))` over `axes`, which are removed; stable for large inputs (max-shifted).
+    /// `log(sum(exp(x)))` over `axes`, which are removed; stable for large inputs (max-shifted). A slice that is
+    /// all `-inf` gives `-inf`.
     #[track_caller]
     pub fn logsumexp(&self, axes: &[isize]) -> Tensor {
-        let loc = Loc::caller();
-        need_float(self, "logsumexp", loc);
-        let ax = axes_of(self, axes, "logsumexp", loc);
-        let m = shift_for(self, &ax, loc);
-        let e = unary(&self.binary_at(&m, BinaryKind::Sub, loc), UnaryKind::Exp, loc);
-        let lse = unary(&sum_kept(&e, &ax, loc), UnaryKind::Log, loc).binary_at(&m, BinaryKind::Add, loc);
-        let out: Vec<usize> =
-            self.dims().iter().enumerate().filter(|(i, _)| !ax.contains(i)).map(|(_, &d)| d).collect();
-        apply(Op::Reshape(lazuli_hlo::Reshape { dims: out }), &[&lse], loc)
+        logsumexp_at(self, axes, false, Loc::caller())
+    }
+
+    /// [`Tensor::logsumexp`], keeping `axes` with size 1 (as [`Tensor::sum_keepdim`] does), so the result
+    /// broadcasts against `self`: `x - x.logsumexp_keepdim(&[-1])` is the log-softmax.
+    #[track_caller]
+    pub fn logsumexp_keepdim(&self, axes: &[isize]) -> Tensor {
+        logsumexp_at(self, axes, true, Loc::caller())
     }
 
     /// `exp(x) / sum(exp(x))` along `axis` (max-shifted).
