@@ -61,7 +61,7 @@ pub use lazuli_lazy::{checkpoint, data, diagnostics, nn, optim, safetensors};
 pub use lazuli_lazy::mesh as sharding;
 
 // Tensors and their element types.
-pub use lazuli_lazy::{broadcast_shapes, where_, DType, Element, Operand, Tensor};
+pub use lazuli_lazy::{broadcast_shapes, where_, CrossEntropyOptions, DType, Element, Operand, Tensor};
 // The step boundary and waiting for the device.
 pub use lazuli_lazy::{sync, wait};
 // Gradients.

@@ -108,3 +108,22 @@ fn loss_gradients() {
     let (p, q) = (data(63, &[3, 4], -1.0, 1.0), data(64, &[3, 4], -1.0, 1.0));
     check_grad("mse_loss", &[p, q], |t| t[0].mse_loss(&t[1]));
 }
+
+#[test]
+fn cross_entropy_options_gradients() {
+    use lazuli::CrossEntropyOptions;
+    let x = data(65, &[2, 3, 4], -2.0, 2.0);
+    let ids = Tensor::from_slice(&[3i64, -100, 1, 0, 2, 1], &[2, 3]);
+    let none = CrossEntropyOptions::default();
+    for (name, opts) in [
+        ("ignore -100", none.ignore_index(-100)),
+        ("ignore class 1", none.ignore_index(1)),
+        ("smoothing 0.2", none.label_smoothing(0.2)),
+        ("ignore -100, smoothing 0.1", none.ignore_index(-100).label_smoothing(0.1)),
+        ("smoothing 1", none.label_smoothing(1.0)),
+    ] {
+        check_grad(&format!("cross_entropy_with {name}"), &[x.clone()], |t| t[0].cross_entropy_with(&ids, &opts));
+    }
+    let ok = Tensor::from_slice(&[3i32, 2, 1, 0, 2, 1], &[2, 3]);
+    check_grad("cross_entropy [2, 3, 4]", &[x], |t| t[0].cross_entropy(&ok));
+}

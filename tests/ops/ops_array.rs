@@ -418,6 +418,8 @@ fn panic_message(f: impl FnOnce()) -> String {
 fn bad_input_names_the_callers_line() {
     let x = Tensor::from_slice(&[1.0f32; 12], &[3, 4]);
     let here = |line: u32| format!("{}:{line}:", file!());
+    let (t3, smooth) =
+        (Tensor::from_slice(&[0i32; 3], &[3]), lazuli::CrossEntropyOptions::default().label_smoothing(1.5));
     let cases: Vec<(u32, &str, String)> = vec![
         (line!(), "out of range", panic_message(|| drop(x.slice(1, 2, 5)))),
         (line!(), "out of range", panic_message(|| drop(x.slice(1, 3, 2)))),
@@ -438,6 +440,8 @@ fn bad_input_names_the_callers_line() {
         (line!(), "bool", panic_message(|| drop(lazuli::where_(&x, &x, &x)))),
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).logsumexp_keepdim(&[0])))),
         (line!(), "axis 2", panic_message(|| drop(x.logsumexp_keepdim(&[2])))),
+        (line!(), "leading shape", panic_message(|| drop(x.cross_entropy(&Tensor::from_slice(&[0i32; 4], &[4]))))),
+        (line!(), "label_smoothing", panic_message(|| drop(x.cross_entropy_with(&t3, &smooth)))),
         (line!(), "argmax", panic_message(|| drop(Tensor::from_slice(&[true], &[1]).argmax(0)))),
     ];
     for (line, needle, msg) in cases {
@@ -486,4 +490,66 @@ proptest! {
         prop_assert_eq!(got.dims(), want.shape());
         prop_assert_eq!(got.to_f64_vec().unwrap(), want.iter().copied().collect::<Vec<_>>());
     }
+}
+
+/// PyTorch's `cross_entropy` with the mean reduction, written out on ndarray: `[..., C]` logits, `[...]` targets.
+fn cross_entropy_reference(x: &ArrayD<f64>, targets: &[i64], ignore: Option<i64>, eps: f64) -> f64 {
+    let c = *x.shape().last().unwrap();
+    let rows = x.to_shape((targets.len(), c)).unwrap();
+    let (mut sum, mut count) = (0.0, 0usize);
+    for (i, &t) in targets.iter().enumerate() {
+        if Some(t) == ignore {
+            continue;
+        }
+        let row: Vec<f64> = rows.row(i).to_vec();
+        let lse = reference::logsumexp(&row);
+        let q = |k: usize| (1.0 - eps) * ((k as i64 == t) as u8 as f64) + eps / c as f64;
+        sum -= (0..c).map(|k| q(k) * (row[k] - lse)).sum::<f64>();
+        count += 1;
+    }
+    sum / count as f64
+}
+
+#[test]
+fn cross_entropy_options_every_float_dtype() {
+    use lazuli::CrossEntropyOptions;
+    let mut rng = Rng::new(8);
+    let mut checks = Vec::new();
+    // [2, 3] positions of 5 classes; -100 and class 1 appear as targets so that either can be the ignored one.
+    let ids = [3i64, -100, 1, 0, 4, 1];
+    let none = CrossEntropyOptions::default();
+    let cases: [(&str, CrossEntropyOptions); 5] = [
+        ("plain", none),
+        ("ignore -100", none.ignore_index(-100)),
+        ("ignore class 1", none.ignore_index(1)),
+        ("smoothing 0.1", CrossEntropyOptions { ignore_index: None, label_smoothing: 0.1 }),
+        ("ignore -100, smoothing 0.25", none.ignore_index(-100).label_smoothing(0.25)),
+    ];
+    for dt in FLOATS {
+        let (x, xa) = input(&mut rng, dt, &[2, 3, 5], -3.0, 3.0);
+        let mut push = |name: String, got: Tensor, want: f64| {
+            checks.push(Check { name, got, want: array(vec![want], &[]), slack: 4.0 });
+        };
+        for tdt in [DType::I64, DType::I32] {
+            let t = Tensor::from_slice(&ids, &[2, 3]).to_dtype(tdt);
+            for (name, opts) in cases {
+                // Without ignore_index, -100 is a target out of range: no one-hot term, counted in the mean (as
+                // cross_entropy documents); the reference treats it as a class that matches none.
+                let want = cross_entropy_reference(&xa, &ids, opts.ignore_index, opts.label_smoothing);
+                push(format!("cross_entropy {name} {dt} {tdt}"), x.cross_entropy_with(&t, &opts), want);
+            }
+        }
+        // Leading shape [2, 3] through plain cross_entropy, targets all in range: PyTorch's value.
+        let ok = [3i64, 2, 1, 0, 4, 1];
+        let want = cross_entropy_reference(&xa, &ok, None, 0.0);
+        push(format!("cross_entropy [2, 3, 5] {dt}"), x.cross_entropy(&Tensor::from_slice(&ok, &[2, 3])), want);
+        // Every position ignored: 0/0, NaN as in PyTorch.
+        let all = CrossEntropyOptions::default().ignore_index(7).label_smoothing(0.1);
+        push(
+            format!("cross_entropy all ignored {dt}"),
+            x.cross_entropy_with(&Tensor::from_slice(&[7i64; 6], &[2, 3]), &all),
+            f64::NAN,
+        );
+    }
+    run(checks);
 }

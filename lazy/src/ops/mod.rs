@@ -8,6 +8,6 @@ pub mod checkpoint;
 pub mod control;
 mod conv;
 pub mod custom_kernel;
-mod nn_functional;
+pub(crate) mod nn_functional;
 mod operators;
 pub mod random;

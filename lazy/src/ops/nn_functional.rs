@@ -5,7 +5,7 @@
 //! the program; `logsumexp`'s max-shift is recorded without a gradient, which is exact because it does not change
 //! when its input is shifted.
 
-use lazuli_hlo::{BinaryKind, CompareDir, Loc, Op, Reduce, ReduceKind, UnaryKind};
+use lazuli_hlo::{BinaryKind, CompareDir, DType, Loc, Op, Reduce, ReduceKind, UnaryKind};
 
 use crate::graph::autodiff::no_grad;
 use crate::graph::constants::constant_like;
@@ -61,6 +61,111 @@ fn compare(t: &Tensor, other: &Tensor, dir: CompareDir, loc: Loc) -> Tensor {
     });
     let (a, b) = (t.broadcast_at(&dims, loc), other.broadcast_at(&dims, loc));
     apply(Op::Compare(lazuli_hlo::Compare { dir }), &[&a, &b], loc)
+}
+
+/// Options of [`Tensor::cross_entropy_with`], PyTorch's names and meanings; the default is plain
+/// [`Tensor::cross_entropy`]. Build with the methods or set the fields:
+/// `CrossEntropyOptions::default().ignore_index(-100).label_smoothing(0.1)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CrossEntropyOptions {
+    /// Positions whose target equals this add nothing and are left out of the mean (PyTorch uses -100).
+    pub ignore_index: Option<i64>,
+    /// ε in `[0, 1]`: the target distribution is `(1 - ε)·onehot + ε/C`.
+    pub label_smoothing: f64,
+}
+
+impl CrossEntropyOptions {
+    /// Ignore positions whose target is `id`.
+    pub fn ignore_index(mut self, id: i64) -> Self {
+        self.ignore_index = Some(id);
+        self
+    }
+    /// Smooth the targets by `eps` (in `[0, 1]`).
+    pub fn label_smoothing(mut self, eps: f64) -> Self {
+        self.label_smoothing = eps;
+        self
+    }
+}
+
+/// Cross-entropy of `[..., C]` logits flattened to `[N, C]`. Without options it is the `CrossEntropy` node; with
+/// them it stays one: ignored positions get target -1, which that node counts as 0 (value and gradient), its mean
+/// is scaled from `N` to the positions kept, and the smoothing term `Σ_i (lse_i - mean_c x_ic)` over kept
+/// positions is added as a composite.
+fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, loc: Loc) -> Tensor {
+    need_float(x, "cross_entropy", loc);
+    let r = x.rank();
+    if r == 0 || targets.dims() != &x.dims()[..r - 1] {
+        fail(
+            loc,
+            format!(
+                "cross_entropy: needs logits [..., C] and targets [...] of their leading shape, got {} and {}",
+                x.tensor_type(),
+                targets.tensor_type()
+            ),
+        );
+    }
+    if !targets.dtype().is_int() {
+        fail(loc, format!("cross_entropy: targets must have an integer dtype, got {}", targets.tensor_type()));
+    }
+    let eps = opts.label_smoothing;
+    if !(0.0..=1.0).contains(&eps) {
+        fail(loc, format!("cross_entropy: label_smoothing must be in [0, 1], got {eps}"));
+    }
+    let c = x.dims()[r - 1];
+    let n: usize = targets.dims().iter().product();
+    let reshape = |t: &Tensor, dims: Vec<usize>| {
+        if t.dims() == dims {
+            t.clone()
+        } else {
+            apply(Op::Reshape(lazuli_hlo::Reshape { dims }), &[t], loc)
+        }
+    };
+    let (x2, t2) = (reshape(x, vec![n, c]), reshape(targets, vec![n]));
+    let ce = |t: &Tensor| apply(Op::CrossEntropy(lazuli_hlo::CrossEntropy), &[&x2, t], loc);
+    if opts.ignore_index.is_none() && eps == 0.0 {
+        return ce(&t2);
+    }
+    let convert = |t: &Tensor, to: DType| {
+        if t.dtype() == to {
+            t.clone()
+        } else {
+            apply(Op::Convert(lazuli_hlo::Convert { from: t.dtype(), to }), &[t], loc)
+        }
+    };
+    // Counts in f32 at least: a sum of ones in half precision stops being exact at 256 (bf16) or 2048 (f16).
+    let wide = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    let sum_all = |t: &Tensor| {
+        let all: Vec<usize> = (0..t.rank()).collect();
+        apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: all, keep: false }), &[t], loc)
+    };
+    // `kept`: bool [N], the positions not ignored; `count`: how many, as a scalar of `wide`.
+    let (t2, kept, count) = match opts.ignore_index {
+        Some(id) => {
+            let t64 = convert(&t2, DType::I64);
+            let id = constant_like(id as f64, DType::I64, &[n], loc);
+            let kept = compare(&t64, &id, CompareDir::Ne, loc);
+            let minus_one = constant_like(-1.0, DType::I64, &[n], loc);
+            let t = apply(Op::Select(lazuli_hlo::Select), &[&kept, &t64, &minus_one], loc);
+            let count = sum_all(&convert(&kept, wide));
+            (t, Some(kept), count)
+        }
+        None => (t2, None, constant_like(n as f64, wide, &[], loc)),
+    };
+    // CrossEntropy is the mean over all N positions, ignored ones adding 0: times N is the sum over kept ones.
+    let mut total = with_constant(&ce(&t2), BinaryKind::Mul, (1.0 - eps) * n as f64, loc);
+    if eps > 0.0 {
+        // -Σ_c (ε/C) log_softmax(x)_c = ε (lse - mean_c x_c), per position.
+        let lse = logsumexp_at(&x2, &[1], false, loc);
+        let mean = with_constant(&sum_kept(&x2, &[1], loc), BinaryKind::Div, c as f64, loc);
+        let mean = reshape(&mean, vec![n]);
+        let mut smooth = lse.binary_at(&mean, BinaryKind::Sub, loc);
+        if let Some(kept) = &kept {
+            let zero = constant_like(0.0, x.dtype(), &[n], loc);
+            smooth = apply(Op::Select(lazuli_hlo::Select), &[kept, &smooth, &zero], loc);
+        }
+        total = total.binary_at(&with_constant(&sum_all(&smooth), BinaryKind::Mul, eps, loc), BinaryKind::Add, loc);
+    }
+    convert(&convert(&total, wide).binary_at(&count, BinaryKind::Div, loc), x.dtype())
 }
 
 /// `log(sum(exp(x)))` over `axes`, kept as size 1 or removed.
@@ -145,27 +250,33 @@ impl Tensor {
         apply(Op::Normalize(lazuli_hlo::Normalize(lazuli_hlo::NormSpec::new(ax, eps))), &[self], loc)
     }
 
-    /// Mean cross-entropy of `[N, C]` logits against integer class `targets` `[N]`: `-mean(log_softmax(x)[i, t_i])`.
-    /// A target outside `0..C` contributes 0 to the sum (it still counts in N).
+    /// Mean cross-entropy of `[..., C]` logits against integer class `targets` of the leading shape `[...]`:
+    /// `-mean(log_softmax(x, -1)[..., t])` over every position (`[N, C]` with `[N]` is the usual case). A target
+    /// outside `0..C` contributes 0 to the sum (it still counts in the mean). One node, and one for its
+    /// gradient; [`Tensor::cross_entropy_with`] adds PyTorch's `ignore_index` and `label_smoothing`.
     #[track_caller]
     pub fn cross_entropy(&self, targets: &Tensor) -> Tensor {
-        let loc = Loc::caller();
-        need_float(self, "cross_entropy", loc);
-        if self.rank() != 2 || targets.rank() != 1 || targets.dims()[0] != self.dims()[0] {
-            fail(
-                loc,
-                format!(
-                    "cross_entropy: needs logits [N, C] and targets [N], got {} and {}",
-                    self.tensor_type(),
-                    targets.tensor_type()
-                ),
-            );
-        }
-        if !targets.dtype().is_int() {
-            fail(loc, format!("cross_entropy: targets must have an integer dtype, got {}", targets.tensor_type()));
-        }
-        // One node (and one for its gradient); see `lazuli_hlo::CrossEntropy`.
-        apply(Op::CrossEntropy(lazuli_hlo::CrossEntropy), &[self, targets], loc)
+        cross_entropy_at(self, targets, &CrossEntropyOptions::default(), Loc::caller())
+    }
+
+    /// [`Tensor::cross_entropy`] with options, as PyTorch's `cross_entropy(..., ignore_index, label_smoothing)`
+    /// with the mean reduction computes it: position `i` with target `t` (not ignored) adds
+    /// `-Σ_c q_c log_softmax(x_i)_c` with `q = (1 - ε)·onehot(t) + ε/C`, and the sum is divided by the number of
+    /// positions that are not ignored. Positions whose target is `ignore_index` add nothing, to the loss or to its
+    /// gradient; when every position is ignored the result is NaN (0/0, as in PyTorch). A target outside `0..C`
+    /// that is not `ignore_index` has no one-hot term (only the smoothing term) and still counts. Panics at the
+    /// caller's line for shapes that do not fit, non-integer targets, or `label_smoothing` outside `[0, 1]`.
+    ///
+    /// ```no_run
+    /// # use lazuli_lazy::{CrossEntropyOptions, DType, Tensor};
+    /// let logits = Tensor::zeros(&[2, 7, 10], DType::F32);
+    /// let targets = Tensor::from_slice(&[3i64, -100, 1, 2, 0, 9, 9, 4, -100, 5, 6, 7, 8, 1], &[2, 7]);
+    /// let opts = CrossEntropyOptions::default().ignore_index(-100).label_smoothing(0.1);
+    /// let loss = logits.cross_entropy_with(&targets, &opts);
+    /// ```
+    #[track_caller]
+    pub fn cross_entropy_with(&self, targets: &Tensor, options: &CrossEntropyOptions) -> Tensor {
+        cross_entropy_at(self, targets, options, Loc::caller())
     }
 
     /// Mean squared error against `target` of the same type.
