@@ -127,3 +127,17 @@ fn cross_entropy_options_gradients() {
     let ok = Tensor::from_slice(&[3i32, 2, 1, 0, 2, 1], &[2, 3]);
     check_grad("cross_entropy [2, 3, 4]", &[x], |t| t[0].cross_entropy(&ok));
 }
+
+#[test]
+fn take_along_axis_gradients() {
+    let x = data(66, &[3, 4], -2.0, 2.0);
+    // Repeated, negative and out-of-range indices: the cotangent accumulates where they land.
+    let idx = Tensor::from_slice(&[0i64, 0, 3, -1, 2, 9, 1, 1, -7], &[3, 3]);
+    check_grad("take_along_axis axis 1", &[x.clone()], |t| t[0].take_along_axis(&idx, 1));
+    let rows = Tensor::from_slice(&[2i32, 0, 1, 2, 2, 0, 1, 1], &[2, 4]);
+    check_grad("take_along_axis axis 0", &[x.clone()], |t| t[0].take_along_axis(&rows, 0));
+    // x broadcast beside the axis: its gradient sums over the broadcast copies.
+    let b = data(67, &[1, 4], -2.0, 2.0);
+    let picks = Tensor::from_slice(&[3i64, 1, 0, 0, 2, 2], &[3, 2]);
+    check_grad("take_along_axis broadcast", &[b], |t| t[0].take_along_axis(&picks, -1));
+}

@@ -442,6 +442,10 @@ fn bad_input_names_the_callers_line() {
         (line!(), "axis 2", panic_message(|| drop(x.logsumexp_keepdim(&[2])))),
         (line!(), "leading shape", panic_message(|| drop(x.cross_entropy(&Tensor::from_slice(&[0i32; 4], &[4]))))),
         (line!(), "label_smoothing", panic_message(|| drop(x.cross_entropy_with(&t3, &smooth)))),
+        (line!(), "integer", panic_message(|| drop(x.take_along_axis(&x, 1)))),
+        (line!(), "rank", panic_message(|| drop(x.take_along_axis(&Tensor::from_slice(&[0i32; 3], &[3]), 1)))),
+        (line!(), "broadcast", panic_message(|| drop(x.take_along_axis(&Tensor::from_slice(&[0i32; 2], &[2, 1]), 1)))),
+        (line!(), "axis 2", panic_message(|| drop(x.take_along_axis(&Tensor::from_slice(&[0i32; 2], &[2, 1]), 2)))),
         (line!(), "argmax", panic_message(|| drop(Tensor::from_slice(&[true], &[1]).argmax(0)))),
     ];
     for (line, needle, msg) in cases {
@@ -550,6 +554,63 @@ fn cross_entropy_options_every_float_dtype() {
             x.cross_entropy_with(&Tensor::from_slice(&[7i64; 6], &[2, 3]), &all),
             f64::NAN,
         );
+    }
+    run(checks);
+}
+
+/// numpy's `take_along_axis` on ndarray, negative indices from the end, the rest clamped to `[0, n-1]`.
+fn take_along_axis_reference(x: &ArrayD<f64>, idx: &ArrayD<i64>, axis: usize) -> ArrayD<f64> {
+    let r = x.ndim();
+    let out: Vec<usize> =
+        (0..r).map(|d| if d == axis { idx.shape()[d] } else { x.shape()[d].max(idx.shape()[d]) }).collect();
+    let n = x.shape()[axis] as i64;
+    ArrayD::from_shape_fn(IxDyn(&out), |ix| {
+        let at = |a: &[usize], d: usize| if a[d] == 1 { 0 } else { ix[d] };
+        let ii: Vec<usize> = (0..r).map(|d| at(idx.shape(), d)).collect();
+        let mut k = idx[IxDyn(&ii)];
+        if k < 0 {
+            k += n;
+        }
+        let mut xi: Vec<usize> = (0..r).map(|d| at(x.shape(), d)).collect();
+        xi[axis] = k.clamp(0, n - 1) as usize;
+        x[IxDyn(&xi)]
+    })
+}
+
+#[test]
+fn take_along_axis_every_dtype() {
+    let mut rng = Rng::new(9);
+    let mut checks = Vec::new();
+    // (x dims, index dims, axis, index values drawn from): same shape, fewer and more picks than the axis,
+    // broadcasting either way beside the axis, negative and out-of-range indices.
+    let cases: [(&[usize], &[usize], isize); 6] = [
+        (&[3, 4], &[3, 4], 1),
+        (&[3, 4], &[3, 2], -1),
+        (&[3, 4], &[5, 4], 0),
+        (&[2, 3, 5], &[2, 3, 1], 2),
+        (&[2, 1, 5], &[1, 4, 3], -1),
+        (&[2, 3, 4], &[2, 6, 4], 1),
+    ];
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::I32, DType::I64, DType::U8] {
+        for (k, &(xd, id, axis)) in cases.iter().enumerate() {
+            let (x, xa) = whole(&mut rng, dt, xd, 0.0, 50.0);
+            let a = axis.rem_euclid(xd.len() as isize) as usize;
+            let n = xd[a] as f64;
+            let iv: Vec<i64> = values(&mut rng, DType::F64, id.iter().product(), -n - 2.0, n + 2.0)
+                .into_iter()
+                .map(|v| v.floor() as i64)
+                .collect();
+            let ia = ArrayD::from_shape_vec(IxDyn(id), iv.clone()).unwrap();
+            let want = take_along_axis_reference(&xa, &ia, a);
+            for idt in [DType::I64, DType::I32] {
+                let it = Tensor::from_slice(&iv, id).to_dtype(idt);
+                checks.push(check(
+                    format!("take_along_axis {k} {dt} by {idt}"),
+                    x.take_along_axis(&it, axis),
+                    want.clone(),
+                ));
+            }
+        }
     }
     run(checks);
 }

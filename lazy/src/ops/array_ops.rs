@@ -244,6 +244,98 @@ impl Tensor {
         try_apply(Op::Take(Take { axis: a }), &[self, indices], loc)
     }
 
+    /// numpy's `take_along_axis(x, indices, axis)`: `out[..., j, ...] = x[..., indices[..., j, ...], ...]` along
+    /// `axis`. `indices` is an integer tensor of `x`'s rank; its other dimensions broadcast against `x`'s (numpy's
+    /// rules), so the result has the broadcast shape with `indices`' length along `axis`. Negative indices count
+    /// from the end as in numpy (-1 is the last); indices still outside `[-n, n)` clamp to `[0, n-1]`, as
+    /// [`Tensor::index_select`]'s do (no error: the device cannot raise one). The gradient adds the cotangent
+    /// back at the indices (repeated indices accumulate). For example
+    /// `logits.take_along_axis(&targets.reshape(&[b, t, 1]), -1)` is each position's target logit, `[b, t, 1]`.
+    ///
+    /// Recorded as a gather from the flattened `x` at computed linear indices (`index_select`'s op), so its
+    /// lowering, reference and gradient are that op's.
+    #[track_caller]
+    pub fn take_along_axis(&self, indices: &Tensor, axis: isize) -> Tensor {
+        self.take_along_axis_at(indices, axis, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::take_along_axis`], with [`Error::BadAxis`], [`Error::WrongDType`] (indices that are not
+    /// integers), [`Error::ShapeMismatch`] (ranks differ, shapes do not broadcast) or [`Error::InvalidArgument`]
+    /// (indices into an empty axis) instead of a panic.
+    #[track_caller]
+    pub fn try_take_along_axis(&self, indices: &Tensor, axis: isize) -> Result<Tensor> {
+        self.take_along_axis_at(indices, axis, Loc::caller())
+    }
+
+    fn take_along_axis_at(&self, indices: &Tensor, axis: isize, loc: Loc) -> Result<Tensor> {
+        let op = "take_along_axis";
+        let a = try_axis(axis, self.rank(), op, loc)?;
+        let (x, i) = (self.tensor_type(), indices.tensor_type());
+        if !indices.dtype().is_int() {
+            let why = format!("{op}: indices must have an integer dtype, got {i}");
+            return Err(Error::WrongDType { op, dtypes: vec![self.dtype(), indices.dtype()], why, at: loc });
+        }
+        let mismatch = |why: String| Error::ShapeMismatch {
+            op,
+            shapes: vec![self.dims().to_vec(), indices.dims().to_vec()],
+            why,
+            at: loc,
+        };
+        if indices.rank() != self.rank() {
+            return Err(mismatch(format!("{op}: indices must have the rank of x, got {x} and {i}")));
+        }
+        let mut out = Vec::with_capacity(self.rank());
+        for (d, (&xd, &id)) in self.dims().iter().zip(indices.dims()).enumerate() {
+            out.push(match (xd, id) {
+                _ if d == a => id,
+                (p, q) if p == q => p,
+                (1, q) => q,
+                (p, 1) => p,
+                _ => return Err(mismatch(format!("{op}: {x} and {i} do not broadcast beside axis {axis}"))),
+            });
+        }
+        let n = self.dims()[a];
+        let count: usize = out.iter().product();
+        if n == 0 && count > 0 {
+            let why = format!("{op}: indices into axis {axis} of {x}, which is empty");
+            return Err(Error::InvalidArgument { op, why, at: loc });
+        }
+        let mut xdims = out.clone();
+        xdims[a] = n;
+        let xb = self.try_broadcast_at(&xdims, loc)?;
+        let ib = indices.try_broadcast_at(&out, loc)?;
+        let ib = if ib.dtype() == DType::I64 {
+            ib
+        } else {
+            try_apply(Op::Convert(lazuli_hlo::Convert { from: ib.dtype(), to: DType::I64 }), &[&ib], loc)?
+        };
+        // numpy's negative indices, then index_select's clamp.
+        let zero = constant_like(0.0, DType::I64, &out, loc);
+        let negative = apply(Op::Compare(Compare { dir: CompareDir::Lt }), &[&ib, &zero], loc);
+        let wrapped = ib.binary_at(constant_like(n as f64, DType::I64, &out, loc), BinaryKind::Add, loc);
+        let ib = apply(Op::Select(lazuli_hlo::Select), &[&negative, &wrapped, &ib], loc);
+        let ib = ib.binary_at(&zero, BinaryKind::Max, loc).binary_at(
+            constant_like(n.saturating_sub(1) as f64, DType::I64, &out, loc),
+            BinaryKind::Min,
+            loc,
+        );
+        // Row-major linear index into the broadcast x.
+        let strides: Vec<usize> = (0..xdims.len()).map(|d| xdims[d + 1..].iter().product()).collect();
+        let scaled = |t: Tensor, stride: usize| {
+            if stride == 1 {
+                t
+            } else {
+                t.binary_at(constant_like(stride as f64, DType::I64, &out, loc), BinaryKind::Mul, loc)
+            }
+        };
+        let mut lin = scaled(ib, strides[a]);
+        for d in (0..out.len()).filter(|&d| d != a && out[d] > 1) {
+            lin = lin.binary_at(&scaled(iota(&out, d, loc), strides[d]), BinaryKind::Add, loc);
+        }
+        let flat = try_apply(Op::Reshape(Reshape { dims: vec![xb.elements()] }), &[&xb], loc)?;
+        try_apply(Op::Take(Take { axis: 0 }), &[&flat, &lin], loc)
+    }
+
     /// Rows of this `[vocab, d]` table for integer `ids` of any shape: `ids.dims() + [d]`.
     #[track_caller]
     pub fn embedding(&self, ids: &Tensor) -> Tensor {
