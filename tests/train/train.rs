@@ -256,3 +256,65 @@ fn each_steps_batch_holds_its_own_values() {
         assert_eq!(kept.to_vec::<f32>().unwrap(), vec![step as f32; 6], "step {step}");
     }
 }
+
+/// `clip_grad_norm` against the host: the returned norm is the L2 norm of all gradients together, each gradient is
+/// scaled by `min(1, max_norm / (norm + 1e-6))`, and nothing is read before the caller reads (all pending). One
+/// f64 problem (hand-derived gradients) and one mixed-precision model (gradients read back before clipping).
+#[test]
+fn clip_grad_norm_matches_the_host_and_stays_on_the_device() {
+    let p = problem();
+    let (gw, gb) = grads(&p, &p.w, &p.b);
+    let norm = gw.iter().chain(gb.iter()).map(|g| g * g).sum::<f64>().sqrt();
+    for max_norm in [0.1 * norm, norm * 10.0, 0.0] {
+        let layer = Linear::from_tensors(Tensor::from_ndarray(&p.w), Some(Tensor::from_ndarray(&p.b)));
+        let (x, t) = (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t));
+        (layer.forward(&x) - &t).pow(2.0).mean_all().backward();
+        let total = lazuli::optim::clip_grad_norm(&layer.params(), max_norm);
+        assert!(total.is_pending(), "the norm is a tensor of the step, not a host number");
+        assert!(layer.weight.grad().unwrap().is_pending(), "the scaled gradient is pending");
+        assert_eq!(total.dtype(), DType::F64);
+        let got = total.item::<f64>().unwrap();
+        assert!((got - norm).abs() < 1e-12 * norm, "norm {got} vs {norm}");
+        let coef = (max_norm / (norm + 1e-6)).min(1.0);
+        let w = layer.weight.grad().unwrap().to_vec::<f64>().unwrap();
+        let b = layer.bias.as_ref().unwrap().grad().unwrap().to_vec::<f64>().unwrap();
+        assert_same(&format!("clipped to {max_norm}"), &[w, b].concat(), &(&gw * coef), &(&gb * coef));
+    }
+
+    // f32 and bf16 gradients: the norm is accumulated in f32 and each gradient keeps its dtype.
+    let a = Linear::new(&mut HostRng::new(5), 4, 3, true, DType::F32);
+    let b = Linear::new(&mut HostRng::new(6), 3, 2, false, DType::BF16);
+    let x = Tensor::from_slice(&[0.5f32, -1.0, 2.0, 0.25, 1.5, -0.5, 0.75, 1.0], &[2, 4]);
+    let h = a.forward(&x).to_dtype(DType::BF16);
+    b.forward(&h).to_dtype(DType::F32).pow(2.0).sum_all().backward();
+    let params: Vec<lazuli::Param> = a.params().into_iter().chain(b.params()).collect();
+    let before: Vec<Vec<f64>> = params.iter().map(|p| p.grad().unwrap().to_f64_vec().unwrap()).collect();
+    let norm = before.iter().flatten().map(|g| g * g).sum::<f64>().sqrt();
+    let total = lazuli::optim::clip_grad_norm(&params, 0.5);
+    assert_eq!(total.dtype(), DType::F32);
+    let got = total.item::<f32>().unwrap() as f64;
+    assert!((got - norm).abs() < 1e-5 * norm, "norm {got} vs {norm}");
+    let coef = (0.5 / (norm + 1e-6)).min(1.0);
+    assert!(coef < 1.0, "this case clips");
+    for (p, g0) in params.iter().zip(&before) {
+        let g = p.grad().unwrap();
+        let dt = g.dtype();
+        let tol = if dt == DType::BF16 { 1e-2 } else { 1e-5 };
+        for (x, y) in g.to_f64_vec().unwrap().iter().zip(g0) {
+            assert!((x - y * coef).abs() <= tol * (1e-3 + (y * coef).abs()), "{dt}: {x} vs {}", y * coef);
+        }
+    }
+    // Nothing to clip: 0.
+    let none = Linear::new(&mut HostRng::new(7), 2, 2, true, DType::F32);
+    assert_eq!(lazuli::optim::clip_grad_norm(&none.params(), 1.0).item::<f32>().unwrap(), 0.0);
+}
+
+#[test]
+fn clip_grad_norm_refuses_a_negative_max_norm_at_the_callers_line() {
+    let params = Linear::new(&mut HostRng::new(8), 2, 2, true, DType::F32).params();
+    let params = std::panic::AssertUnwindSafe(&params);
+    let line = line!() + 1;
+    let err = std::panic::catch_unwind(|| lazuli::optim::clip_grad_norm(&params, -1.0)).expect_err("panics");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("max_norm") && msg.contains(&format!("tests/train/train.rs:{line}:")), "{msg}");
+}

@@ -61,6 +61,11 @@ impl Param {
         self.slot.borrow().grad()
     }
 
+    /// Replace the gradient (gradient clipping scales it).
+    pub(crate) fn set_grad(&self, g: Tensor) {
+        self.slot.borrow().put_grad(g)
+    }
+
     /// Forget the gradient (`grad()` is `None` until the next `backward()`).
     pub fn zero_grad(&self) {
         self.slot.borrow().zero_grad()

@@ -4,6 +4,7 @@
 //! place: the old buffers are donated to the outputs (see `exec/plan`).
 
 pub mod adamw;
+mod clip;
 pub mod schedule;
 pub mod sgd;
 
@@ -12,6 +13,7 @@ use std::collections::HashMap;
 use lazuli_hlo::DType;
 
 pub use adamw::AdamW;
+pub use clip::clip_grad_norm;
 pub use schedule::Schedule;
 pub use sgd::Sgd;
 
