@@ -330,7 +330,7 @@ impl Tensor {
         };
         let mut lin = scaled(ib, strides[a]);
         for d in (0..out.len()).filter(|&d| d != a && out[d] > 1) {
-            lin = lin.binary_at(&scaled(iota(&out, d, loc), strides[d]), BinaryKind::Add, loc);
+            lin = lin.binary_at(scaled(iota(&out, d, loc), strides[d]), BinaryKind::Add, loc);
         }
         let flat = try_apply(Op::Reshape(Reshape { dims: vec![xb.elements()] }), &[&xb], loc)?;
         try_apply(Op::Take(Take { axis: 0 }), &[&flat, &lin], loc)

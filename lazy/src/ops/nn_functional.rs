@@ -163,7 +163,7 @@ fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, lo
             let zero = constant_like(0.0, x.dtype(), &[n], loc);
             smooth = apply(Op::Select(lazuli_hlo::Select), &[kept, &smooth, &zero], loc);
         }
-        total = total.binary_at(&with_constant(&sum_all(&smooth), BinaryKind::Mul, eps, loc), BinaryKind::Add, loc);
+        total = total.binary_at(with_constant(&sum_all(&smooth), BinaryKind::Mul, eps, loc), BinaryKind::Add, loc);
     }
     convert(&convert(&total, wide).binary_at(&count, BinaryKind::Div, loc), x.dtype())
 }

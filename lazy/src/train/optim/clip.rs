@@ -54,7 +54,7 @@ pub fn clip_grad_norm(params: &[Param], max_norm: f64) -> Tensor {
             .binary_at(total.binary_at(constant(1e-6), BinaryKind::Add, loc), BinaryKind::Div, loc)
             .binary_at(constant(1.0), BinaryKind::Min, loc);
         for (p, g) in &grads {
-            let scaled = g.binary_at(&convert(&coef, g.dtype()), BinaryKind::Mul, loc);
+            let scaled = g.binary_at(convert(&coef, g.dtype()), BinaryKind::Mul, loc);
             p.set_grad(scaled);
         }
         total
