@@ -240,6 +240,17 @@ impl Op {
 }
 
 /// Check an operand count; every family's `infer` starts with this.
+/// The shape rule of an op made for one signature (a kernel, a loop, a checkpointed block): its operands must be
+/// exactly the types it was built for.
+pub(crate) fn signature(name: &str, want: &[TensorType], operands: &[&TensorType]) -> Result<(), InferError> {
+    if operands.len() == want.len() && operands.iter().zip(want).all(|(a, b)| *a == b) {
+        return Ok(());
+    }
+    let got: Vec<String> = operands.iter().map(|t| t.to_string()).collect();
+    let want: Vec<String> = want.iter().map(|t| t.to_string()).collect();
+    Err(InferError::Shape(format!("{name} was built for ({}), got ({})", want.join(", "), got.join(", "))))
+}
+
 pub(crate) fn arity(name: &str, operands: &[&TensorType], n: usize) -> Result<(), InferError> {
     if operands.len() == n {
         Ok(())

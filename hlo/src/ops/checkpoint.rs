@@ -97,17 +97,7 @@ impl OpRules for Checkpoint {
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         match self {
             Checkpoint::Block { def, result } => {
-                let want = &def.program.inputs;
-                if operands.len() != want.len() || operands.iter().zip(want).any(|(a, b)| *a != b) {
-                    let list = |ts: &mut dyn Iterator<Item = &TensorType>| {
-                        ts.map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
-                    };
-                    return Err(InferError::Shape(format!(
-                        "checkpoint: the block was recorded for ({}), got ({})",
-                        list(&mut want.iter()),
-                        list(&mut operands.iter().copied())
-                    )));
-                }
+                crate::op::signature("checkpoint", &def.program.inputs, operands)?;
                 let ty = def.result_type(*result);
                 ty.cloned()
                     .ok_or_else(|| InferError::Attribute(format!("checkpoint: the block has no result {result}")))

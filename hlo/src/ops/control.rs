@@ -34,6 +34,7 @@ use crate::ops::control_grad::{cond_vjp, residuals, scan_vjp};
 use crate::ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert};
 use crate::ops::layout::Reshape;
 use crate::ops::leaf::Constant;
+use crate::ops::result_of::{ResultOf, SharedDef};
 use crate::program::{Program, ValueId};
 use crate::shard::{DimShards, ShardIn};
 
@@ -272,34 +273,20 @@ impl PartialEq for ControlDef {
 
 impl Eq for ControlDef {}
 
+impl SharedDef for ControlDef {
+    fn def_name(&self) -> &'static str {
+        self.name()
+    }
+    fn result_count(&self) -> usize {
+        self.results.len()
+    }
+    fn content_hash(&self) -> u64 {
+        self.hash
+    }
+}
+
 /// One result of a control-flow op: the op of a node.
-#[derive(Clone, Debug)]
-pub struct ControlOp {
-    pub def: Arc<ControlDef>,
-    pub result: usize,
-}
-
-impl ControlOp {
-    pub fn new(def: Arc<ControlDef>, result: usize) -> ControlOp {
-        assert!(result < def.results.len(), "{} has {} results", def.name(), def.results.len());
-        ControlOp { def, result }
-    }
-}
-
-impl PartialEq for ControlOp {
-    fn eq(&self, other: &Self) -> bool {
-        self.result == other.result && (Arc::ptr_eq(&self.def, &other.def) || self.def == other.def)
-    }
-}
-
-impl Eq for ControlOp {}
-
-impl Hash for ControlOp {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.def.hash.hash(state);
-        self.result.hash(state);
-    }
-}
+pub type ControlOp = ResultOf<ControlDef>;
 
 impl OpRules for ControlOp {
     fn name(&self) -> &'static str {
@@ -307,16 +294,7 @@ impl OpRules for ControlOp {
     }
 
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
-        let want = &self.def.operands;
-        if operands.len() != want.len() || operands.iter().zip(want).any(|(a, b)| *a != b) {
-            let got: Vec<TensorType> = operands.iter().map(|t| (*t).clone()).collect();
-            return Err(InferError::Shape(format!(
-                "{} was built for {}, got {}",
-                self.def.name(),
-                list(want),
-                list(&got)
-            )));
-        }
+        crate::op::signature(self.def.name(), &self.def.operands, operands)?;
         Ok(self.def.results[self.result].clone())
     }
 

@@ -25,6 +25,7 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::emit::LowerCx;
 use crate::op::OpRules;
+use crate::ops::result_of::{ResultOf, SharedDef};
 use crate::program::Program;
 use crate::shard::{DimShards, ShardIn};
 
@@ -151,34 +152,20 @@ impl PartialEq for KernelDef {
 
 impl Eq for KernelDef {}
 
+impl SharedDef for KernelDef {
+    fn def_name(&self) -> &'static str {
+        self.name
+    }
+    fn result_count(&self) -> usize {
+        self.results.len()
+    }
+    fn content_hash(&self) -> u64 {
+        self.hash
+    }
+}
+
 /// One result of a kernel call: the op of a node.
-#[derive(Clone, Debug)]
-pub struct KernelOp {
-    pub def: Arc<KernelDef>,
-    pub result: usize,
-}
-
-impl KernelOp {
-    pub fn new(def: Arc<KernelDef>, result: usize) -> KernelOp {
-        assert!(result < def.results.len(), "{} has {} results", def.name, def.results.len());
-        KernelOp { def, result }
-    }
-}
-
-impl PartialEq for KernelOp {
-    fn eq(&self, other: &Self) -> bool {
-        self.result == other.result && (Arc::ptr_eq(&self.def, &other.def) || self.def == other.def)
-    }
-}
-
-impl Eq for KernelOp {}
-
-impl Hash for KernelOp {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.def.hash.hash(state);
-        self.result.hash(state);
-    }
-}
+pub type KernelOp = ResultOf<KernelDef>;
 
 impl OpRules for KernelOp {
     fn name(&self) -> &'static str {
@@ -186,17 +173,7 @@ impl OpRules for KernelOp {
     }
 
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
-        let want = &self.def.operands;
-        if operands.len() != want.len() || operands.iter().zip(want).any(|(a, b)| *a != b) {
-            let got: Vec<String> = operands.iter().map(|t| t.to_string()).collect();
-            let want: Vec<String> = want.iter().map(|t| t.to_string()).collect();
-            return Err(InferError::Shape(format!(
-                "{} was built for ({}), got ({})",
-                self.def.name,
-                want.join(", "),
-                got.join(", ")
-            )));
-        }
+        crate::op::signature(self.def.name, &self.def.operands, operands)?;
         Ok(self.def.results[self.result].clone())
     }
 

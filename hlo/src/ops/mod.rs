@@ -16,6 +16,7 @@ pub mod loss;
 pub mod norm;
 pub mod random;
 pub mod reduce;
+pub mod result_of;
 pub mod scan;
 pub mod sharding;
 pub mod slicing;
