@@ -301,10 +301,7 @@ impl Iterator for Batches {
 
     #[track_caller]
     fn next(&mut self) -> Option<Self::Item> {
-        Some(match self.next_host() {
-            Ok(b) => Ok(b.tensors()),
-            Err(e) => Err(e),
-        })
+        Some(self.next_host().map(|b| b.tensors()))
     }
 }
 
@@ -353,10 +350,7 @@ impl Iterator for Prefetch {
 
     #[track_caller]
     fn next(&mut self) -> Option<Self::Item> {
-        Some(match self.next_host() {
-            Ok(b) => Ok(b.tensors()),
-            Err(e) => Err(e),
-        })
+        Some(self.next_host().map(|b| b.tensors()))
     }
 }
 
