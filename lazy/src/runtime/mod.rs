@@ -107,6 +107,11 @@ impl Config {
     /// device starts; launching kernels one by one starts the device at once. Measured in
     /// `docs/perf-log/2026-11-29-composite-ops.md`.
     ///
+    /// GPU: scanned loops' stacked results start uninitialized instead of zero-filled when every iteration writes
+    /// its slice (XLA's `dus_accumulator_zero_init_elimination`, off by default in the plugin): the scanned GPT-2
+    /// step filled its saved activations and stacked gradients with zeros on every step. Measured in
+    /// `docs/perf-log/2026-12-01-xla-options.md`.
+    ///
     /// CPU: YNNPACK runs single products only (upstream XLA's default). The default plugin's XLA (jaxlib 0.11.2)
     /// also hands the elementwise ops and reductions around a product to YNNPACK, and it then computes a batched
     /// product with a broadcast operand, multiplied and reduced, wrong by up to 1e242, with no error
@@ -127,6 +132,7 @@ impl Config {
             Backend::Gpu => vec![
                 ("xla_gpu_enable_command_buffer".into(), XlaOption::Str(String::new())),
                 ("xla_gpu_enable_fast_min_max".into(), XlaOption::Bool(false)),
+                ("xla_gpu_enable_dus_accumulator_zero_init_elimination".into(), XlaOption::Bool(true)),
             ],
             Backend::Cpu => vec![
                 ("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into())),
