@@ -48,6 +48,46 @@ pub fn from_hf(tensors: &[(String, Tensor)], config: GptConfig) -> Result<Gpt> {
     Ok(model)
 }
 
+/// The [`GptConfig`] of the GPT-2 weights `tensors`: vocabulary and positions from `wte` and `wpe`, width,
+/// depth (the highest `h.N.` + 1) and dtype from the same tensors; the heads, which no shape records, are
+/// `n_head` (12 for GPT-2 small). Dropout 0, blocks unrolled: set those fields after, as the run wants.
+#[track_caller]
+pub fn config_of(tensors: &[(String, Tensor)], n_head: usize) -> Result<GptConfig> {
+    let find =
+        |name: &str| tensors.iter().find(|(n, _)| n.strip_prefix("transformer.").unwrap_or(n) == name).map(|(_, t)| t);
+    let matrix = |name: &str| match find(name) {
+        Some(t) if t.dims().len() == 2 => Ok(t),
+        Some(t) => Err(Error::Weights(format!("GPT-2 weights: {name} is {}, not a matrix", t.tensor_type()))),
+        None => Err(Error::Weights(format!("GPT-2 weights: no {name} among {} tensors", tensors.len()))),
+    };
+    let (wte, wpe) = (matrix("wte.weight")?, matrix("wpe.weight")?);
+    let layers = tensors
+        .iter()
+        .filter_map(|(n, _)| n.strip_prefix("transformer.").unwrap_or(n).strip_prefix("h.")?.split_once('.'))
+        .filter_map(|(layer, _)| layer.parse::<usize>().ok())
+        .max()
+        .map_or(0, |last| last + 1);
+    let d_model = wte.dims()[1];
+    if n_head == 0 || d_model % n_head != 0 || wpe.dims()[1] != d_model {
+        return Err(Error::Weights(format!(
+            "GPT-2 weights: width {d_model} (wte {:?}, wpe {:?}) does not split into {n_head} heads",
+            wte.dims(),
+            wpe.dims()
+        )));
+    }
+    Ok(GptConfig {
+        vocab: wte.dims()[0],
+        block_size: wpe.dims()[0],
+        n_layer: layers,
+        n_head,
+        d_model,
+        dropout: 0.0,
+        dtype: wte.dtype(),
+        scan_blocks: false,
+        checkpoint_blocks: false,
+    })
+}
+
 /// [`from_hf`] of the safetensors file at `path`.
 #[track_caller]
 pub fn load_hf(path: impl AsRef<Path>, config: GptConfig) -> Result<Gpt> {
