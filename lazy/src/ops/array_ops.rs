@@ -267,7 +267,7 @@ impl Tensor {
         self.take_along_axis_at(indices, axis, Loc::caller())
     }
 
-    fn take_along_axis_at(&self, indices: &Tensor, axis: isize, loc: Loc) -> Result<Tensor> {
+    pub(crate) fn take_along_axis_at(&self, indices: &Tensor, axis: isize, loc: Loc) -> Result<Tensor> {
         let op = "take_along_axis";
         let a = try_axis(axis, self.rank(), op, loc)?;
         let (x, i) = (self.tensor_type(), indices.tensor_type());
@@ -350,7 +350,10 @@ impl Tensor {
     /// shape of `self.index_select(axis, indices)`; out-of-range indices clamp like `index_select`'s.
     #[track_caller]
     pub fn scatter_add(&self, axis: isize, indices: &Tensor, updates: &Tensor) -> Tensor {
-        let loc = Loc::caller();
+        self.scatter_add_at(axis, indices, updates, Loc::caller())
+    }
+
+    pub(crate) fn scatter_add_at(&self, axis: isize, indices: &Tensor, updates: &Tensor, loc: Loc) -> Tensor {
         let a = crate::graph::record::axis(axis, self.rank(), "scatter_add", loc);
         apply(Op::ScatterAdd(ScatterAdd { axis: a }), &[self, indices, updates], loc)
     }
