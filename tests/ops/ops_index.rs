@@ -1,6 +1,6 @@
-//! Sorting, multi-axis slicing, scatter variants, einsum and the name aliases, on the real PJRT CPU plugin: each
-//! result against an ndarray computation written here and the reference interpreter; bad input names the
-//! caller's line.
+//! Sorting, multi-axis slicing, scatter variants, checked indexing, einsum and the name aliases, on the real PJRT
+//! CPU plugin: each result against an ndarray computation written here and the reference interpreter; bad input
+//! names the caller's line (checked indices: at the read of the step that computed them).
 
 use crate::common;
 
@@ -328,4 +328,61 @@ fn new_ops_bad_input_names_the_callers_line() {
         assert!(msg.contains(needle), "line {line}: expected {needle:?} in {msg}");
         assert!(msg.contains(&here(line)), "line {line}: message must name {}: {msg}", here(line));
     }
+}
+
+#[test]
+fn checked_index_select_reports_the_first_bad_index_at_the_read() {
+    let table = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]);
+    let ok = Tensor::from_slice(&[2i32, 0, 1], &[3]);
+    let good = table.index_select_checked(0, &ok);
+    assert_eq!(good.to_vec::<f32>().unwrap(), [4.0, 5.0, 0.0, 1.0, 2.0, 3.0]);
+
+    let ids = Tensor::from_slice(&[0i64, 2, 1, -1, 3, 7], &[2, 3]);
+    let line = line!() + 1;
+    let rows = table.index_select_checked(0, &ids);
+    let err = rows.to_vec::<f32>().unwrap_err();
+    let msg = err.to_string();
+    match err {
+        lazuli::Error::IndexOutOfRange { index, position, size, count, total, at, .. } => {
+            assert_eq!((index, position, size, count, total), (-1, vec![1, 0], 3, 3, 6), "{msg}");
+            assert_eq!((at.file, at.line), (file!(), line), "{msg}");
+        }
+        other => panic!("expected IndexOutOfRange, got {other}"),
+    }
+    assert!(msg.contains("valid: 0 to 3 exclusive") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+    // Reported once: the values (clamped, as XLA gathers) read fine afterwards.
+    assert_eq!(rows.to_vec::<f32>().unwrap()[6..8], [0.0, 1.0]);
+
+    // Not read directly: the next step's materialization reports it; `sync()` computes it with the step.
+    let line = line!() + 1;
+    let later = table.index_select_checked(1, &Tensor::from_slice(&[1u8, 2], &[2]));
+    lazuli::sync().unwrap();
+    drop(later);
+    let err = (&good * 2.0).sum_all().item::<f32>().unwrap_err();
+    assert!(matches!(err, lazuli::Error::IndexOutOfRange { index: 2, size: 2, .. }), "{err}");
+    assert!(err.to_string().contains(&format!("{}:{line}:", file!())), "{err}");
+}
+
+#[test]
+fn check_indices_setting_checks_index_select_and_embedding() {
+    let test = common::child::test_name(module_path!(), "check_indices_setting_checks_index_select_and_embedding");
+    if std::env::var("LAZULI_CHECK_INDICES").is_err() {
+        common::child::passes(&test, &[("LAZULI_CHECK_INDICES", "1")]);
+        // A malformed value stops at the first indexing op's line.
+        let out = common::child::run(&test, &[("LAZULI_CHECK_INDICES", "maybe")]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}");
+        let line = format!("{}:{}:", file!(), FIRST_INDEXING_LINE);
+        assert!(text.contains("LAZULI_CHECK_INDICES=\"maybe\": expected 1 or 0") && text.contains(&line), "{text}");
+        return;
+    }
+    let table = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0], &[2, 2]);
+    let line = line!() + 2;
+    const FIRST_INDEXING_LINE: u32 = line!() + 1;
+    let err = table.embedding(&Tensor::from_slice(&[1i32, 5], &[2])).to_vec::<f32>().unwrap_err();
+    assert!(matches!(err, lazuli::Error::IndexOutOfRange { op: "embedding", index: 5, .. }), "{err}");
+    assert!(err.to_string().contains(&format!("{}:{line}:", file!())), "{err}");
+    let err = table.index_select(1, &Tensor::from_slice(&[-3i64], &[1])).to_vec::<f32>().unwrap_err();
+    assert!(matches!(err, lazuli::Error::IndexOutOfRange { op: "index_select", index: -3, .. }), "{err}");
+    assert_eq!(table.index_select(0, &Tensor::from_slice(&[1i64], &[1])).to_vec::<f32>().unwrap(), [2.0, 3.0]);
 }
