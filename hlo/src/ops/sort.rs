@@ -112,8 +112,7 @@ impl OpRules for Sort {
         // Every lane is sorted whole: the sorted axis cannot stay split, the others can.
         let mut d = x[0].dims?.clone();
         d.get_mut(self.axis)?.clear();
-        let whole = TensorType::new(out.dtype, x[0].ty.dims.clone());
-        crate::shard::keep_unchanged(&crate::shard::ShardIn { ty: &whole, dims: Some(&d) }, out)
+        crate::shard::keep_unchanged(&crate::shard::ShardIn { ty: x[0].ty, dims: Some(&d) }, out)
     }
 }
 
@@ -189,4 +188,25 @@ pub fn scatter_along_axis<B: Builder>(b: &mut B, g: &B::V, indices: &B::V, axis:
     let zeros = b.constant(0.0, TensorType::new(ty.dtype, vec![n]));
     let flat = b.op(Op::ScatterAdd(ScatterAdd { axis: 0 }), &[&zeros, &flat_linear, &flat_g]);
     b.reshape(&flat, &ty.dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::ShardIn;
+
+    /// Lanes are sorted whole: a split of the sorted axis is dropped, the others stay, for both results.
+    #[test]
+    fn the_sorted_axis_is_not_split() {
+        let ty = TensorType::new(DType::F32, [4, 6]);
+        let split = vec![vec![0], vec![1]];
+        for result in [SortResult::Values, SortResult::Indices] {
+            let sort = Sort { axis: 1, descending: false, result };
+            let out = sort.infer(&[&ty]).unwrap();
+            let got = sort.shard(&[ShardIn { ty: &ty, dims: Some(&split) }], &out);
+            assert_eq!(got, Some(vec![vec![0], vec![]]), "{result:?}");
+            let only_sorted = vec![vec![], vec![1]];
+            assert_eq!(sort.shard(&[ShardIn { ty: &ty, dims: Some(&only_sorted) }], &out), None);
+        }
+    }
 }
