@@ -314,6 +314,7 @@ fn new_ops_bad_input_names_the_callers_line() {
         (line!(), "updates must be", panic_message(|| drop(x.scatter(1, &i, &u)))),
         (line!(), "not defined for bool", panic_message(|| drop(x.gt(0.0).scatter(0, &i, &u)))),
         (line!(), "integer", panic_message(|| drop(x.scatter_max(0, &u, &u)))),
+        (line!(), "indices integers", panic_message(|| drop(x.scatter(0, &u, &u)))),
         (line!(), "axis 2", panic_message(|| drop(x.scatter_min(2, &i, &u)))),
         (line!(), "diagonal", panic_message(|| drop(lazuli::einsum("ii->i", &[&x])))),
         (line!(), "'...'", panic_message(|| drop(lazuli::einsum("...ij->ij", &[&x])))),

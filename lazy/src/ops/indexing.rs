@@ -166,11 +166,8 @@ impl Tensor {
     pub fn swapaxes(&self, a: isize, b: isize) -> Tensor {
         let loc = Loc::caller();
         let r = self.rank();
-        let (a, b) = (try_axis(a, r, "swapaxes", loc), try_axis(b, r, "swapaxes", loc));
-        let (a, b) = match (a, b) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => raise(e),
-        };
+        let axis = |ax| try_axis(ax, r, "swapaxes", loc).unwrap_or_else(|e| raise(e));
+        let (a, b) = (axis(a), axis(b));
         let mut perm: Vec<isize> = (0..r as isize).collect();
         perm.swap(a, b);
         self.permute_at(&perm, loc)

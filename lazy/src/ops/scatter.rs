@@ -28,50 +28,52 @@ fn scatter_reduce_at(x: &Tensor, ax: isize, idx: &Tensor, upd: &Tensor, kind: Sc
 /// winners scattered by `scatter_add` into zeros, and a select against `x`; so the gradient is those ops': the
 /// cotangent of `x` where nothing landed, of each winning update where it landed, zero for the losers.
 fn scatter_replace_at(x: &Tensor, ax: isize, idx: &Tensor, upd: &Tensor, loc: Loc) -> Result<Tensor> {
-    let op = "scatter";
-    let axis = try_axis(ax, x.rank(), op, loc)?;
-    if x.dtype() == DType::Bool {
-        let why = format!("{op} is not defined for {}", x.tensor_type());
-        return Err(Error::WrongDType { op, dtypes: vec![x.dtype()], why, at: loc });
-    }
-    if !idx.dtype().is_int() {
-        let why = format!("{op}: indices must have an integer dtype, got {}", idx.tensor_type());
-        return Err(Error::WrongDType { op, dtypes: vec![x.dtype(), idx.dtype()], why, at: loc });
-    }
-    let want = [&x.dims()[..axis], idx.dims(), &x.dims()[axis + 1..]].concat();
-    if upd.dtype() != x.dtype() || upd.dims() != want {
-        let want = TensorType::new(x.dtype(), want);
-        let why = format!(
-            "{op}: updates must be {want} for {} indexed by {}, got {}",
-            x.tensor_type(),
-            idx.tensor_type(),
-            upd.tensor_type()
-        );
-        return Err(Error::ShapeMismatch {
-            op,
-            shapes: vec![x.dims().to_vec(), idx.dims().to_vec(), upd.dims().to_vec()],
-            why,
-            at: loc,
-        });
-    }
-    let zeros = constant_like(0.0, x.dtype(), x.dims(), loc);
-    let scatter_add = Op::ScatterAdd(ScatterAdd { axis });
-    let n = x.dims()[axis];
-    let m = idx.elements();
-    let positions = try_apply(Op::Iota(Iota { dim: 0, ty: TensorType::new(DType::I64, [m]) }), &[], loc)?;
-    let positions = try_apply(Op::Reshape(Reshape { dims: idx.dims().to_vec() }), &[&positions], loc)?;
-    let none = constant_like(-1.0, DType::I64, &[n], loc);
-    let last = scatter_reduce_at(&none, 0, idx, &positions, ScatterKind::Max, loc)?;
-    let winner_there = try_apply(Op::Take(Take { axis: 0 }), &[&last, idx], loc)?;
-    let compare = |dir, a: &Tensor, b: &Tensor| try_apply(Op::Compare(Compare { dir }), &[a, b], loc);
-    let wins = compare(CompareDir::Eq, &winner_there, &positions)?;
-    let hit = compare(CompareDir::Ge, &last, &constant_like(0.0, DType::I64, &[n], loc))?;
+    let axis = try_axis(ax, x.rank(), "scatter", loc)?;
+    check_operands(x, axis, idx, upd, loc)?;
+    let (wins, hit) = last_writers(x.dims()[axis], idx, loc)?;
     let wins = spread(&wins, upd.dims(), (axis..axis + idx.rank()).collect(), loc)?;
     let hit = spread(&hit, x.dims(), vec![axis], loc)?;
     let upd_zeros = constant_like(0.0, x.dtype(), upd.dims(), loc);
     let winners = try_apply(Op::Select(Select), &[&wins, upd, &upd_zeros], loc)?;
-    let written = try_apply(scatter_add, &[&zeros, idx, &winners], loc)?;
+    let zeros = constant_like(0.0, x.dtype(), x.dims(), loc);
+    let written = try_apply(Op::ScatterAdd(ScatterAdd { axis }), &[&zeros, idx, &winners], loc)?;
     try_apply(Op::Select(Select), &[&hit, &written, x], loc)
+}
+
+/// `scatter`'s operands, checked here so that errors name `scatter` rather than the ops it records.
+fn check_operands(x: &Tensor, axis: usize, idx: &Tensor, upd: &Tensor, loc: Loc) -> Result<()> {
+    let op = "scatter";
+    let (xt, it, ut) = (x.tensor_type(), idx.tensor_type(), upd.tensor_type());
+    if x.dtype() == DType::Bool || !idx.dtype().is_int() {
+        let why = format!("{op} is not defined for {xt} indexed by {it}: x must be numbers, indices integers");
+        return Err(Error::WrongDType { op, dtypes: vec![x.dtype(), idx.dtype(), upd.dtype()], why, at: loc });
+    }
+    let shapes = vec![x.dims().to_vec(), idx.dims().to_vec(), upd.dims().to_vec()];
+    if x.dims()[axis] == 0 {
+        let why = format!("{op}: cannot index the empty axis {axis} of {xt}");
+        return Err(Error::ShapeMismatch { op, shapes, why, at: loc });
+    }
+    let want = TensorType::new(x.dtype(), [&x.dims()[..axis], idx.dims(), &x.dims()[axis + 1..]].concat());
+    if *ut != want {
+        let why = format!("{op}: updates must be {want} for {xt} indexed by {it}, got {ut}");
+        return Err(Error::ShapeMismatch { op, shapes, why, at: loc });
+    }
+    Ok(())
+}
+
+/// For indices into an axis of size `n`: whether each index's update is the last one to its slot (bool, the
+/// indices' shape), and whether each slot is written at all (bool `[n]`).
+fn last_writers(n: usize, idx: &Tensor, loc: Loc) -> Result<(Tensor, Tensor)> {
+    let m = idx.elements();
+    let positions = try_apply(Op::Iota(Iota { dim: 0, ty: TensorType::new(DType::I64, [m]) }), &[], loc)?;
+    let positions = try_apply(Op::Reshape(Reshape { dims: idx.dims().to_vec() }), &[&positions], loc)?;
+    let nobody = constant_like(-1.0, DType::I64, &[n], loc);
+    let last = scatter_reduce_at(&nobody, 0, idx, &positions, ScatterKind::Max, loc)?;
+    let last_at_index = try_apply(Op::Take(Take { axis: 0 }), &[&last, idx], loc)?;
+    let compare = |dir, a: &Tensor, b: &Tensor| try_apply(Op::Compare(Compare { dir }), &[a, b], loc);
+    let wins = compare(CompareDir::Eq, &last_at_index, &positions)?;
+    let hit = compare(CompareDir::Ge, &last, &constant_like(0.0, DType::I64, &[n], loc))?;
+    Ok((wins, hit))
 }
 
 impl Tensor {
