@@ -252,7 +252,7 @@ fn einsum_against_every_assignment() {
     let mut rng = Rng::new(34);
     let mut checks = Vec::new();
     // (spec given, the same with its output written out, operand shapes)
-    let cases: [(&str, &str, &[&[usize]]); 10] = [
+    let cases: [(&str, &str, &[&[usize]]); 13] = [
         ("ij,jk->ik", "ij,jk->ik", &[&[2, 3], &[3, 4]]),
         ("bij,bjk->bik", "bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 2]]),
         ("ij->ji", "ij->ji", &[&[2, 3]]),
@@ -263,6 +263,9 @@ fn einsum_against_every_assignment() {
         ("i,j->ij", "i,j->ij", &[&[3], &[2]]),
         ("ijk,ikl,lm->mj", "ijk,ikl,lm->mj", &[&[2, 3, 2], &[2, 2, 3], &[3, 2]]),
         (" bhqd, bhkd -> bhqk ", "bhqd,bhkd->bhqk", &[&[1, 2, 3, 4], &[1, 2, 2, 4]]),
+        ("ij,ij->ij", "ij,ij->ij", &[&[2, 3], &[2, 3]]),
+        ("ij,ij", "ij,ij->", &[&[2, 3], &[2, 3]]),
+        (",i->i", ",i->i", &[&[], &[4]]),
     ];
     for dt in [DType::F32, DType::F64] {
         for (spec, full, shapes) in cases {
