@@ -173,5 +173,10 @@ fn slice_axes_scatter_and_einsum_gradients() {
     let b = data(77, &[2, 4, 3], -2.0, 2.0);
     let c = data(78, &[3, 2], -2.0, 2.0);
     check_grad("einsum batched", &[a.clone(), b.clone()], |t| lazuli::einsum("bij,bjk->bik", &[&t[0], &t[1]]));
-    check_grad("einsum three operands", &[a, b, c], |t| lazuli::einsum("bij,bjk,kl->lbi", &[&t[0], &t[1], &t[2]]));
+    check_grad("einsum three operands", &[a.clone(), b, c], |t| {
+        lazuli::einsum("bij,bjk,kl->lbi", &[&t[0], &t[1], &t[2]])
+    });
+    // A size-1 `...` dimension broadcast against another operand's: its gradient sums over the copies.
+    let d = data(79, &[2, 1, 4], -2.0, 2.0);
+    check_grad("einsum broadcast", &[a, d], |t| lazuli::einsum("...ij,...j->...i", &[&t[0], &t[1]]));
 }

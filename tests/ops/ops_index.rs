@@ -225,9 +225,10 @@ fn einsum_reference(spec: &str, xs: &[&ArrayD<f64>]) -> ArrayD<f64> {
     let mut letters: Vec<char> = ins.iter().flatten().copied().collect();
     letters.sort_unstable();
     letters.dedup();
+    // A letter's size is its largest: a size-1 axis broadcasts (read at 0), as under NumPy's `...`.
     let size = |c: char| {
-        let (k, a) = ins.iter().enumerate().find_map(|(k, t)| t.iter().position(|&d| d == c).map(|a| (k, a))).unwrap();
-        xs[k].shape()[a]
+        let axes = ins.iter().zip(xs).filter_map(|(t, x)| t.iter().position(|&d| d == c).map(|a| x.shape()[a]));
+        axes.max().unwrap()
     };
     let sizes: Vec<usize> = letters.iter().map(|&c| size(c)).collect();
     let odims: Vec<usize> = out.iter().map(|&c| size(c)).collect();
@@ -240,8 +241,11 @@ fn einsum_reference(spec: &str, xs: &[&ArrayD<f64>]) -> ArrayD<f64> {
             flat /= sizes[l];
         }
         let at = |c: char| value[letters.iter().position(|&d| d == c).unwrap()];
-        let term: f64 =
-            ins.iter().zip(xs).map(|(t, x)| x[IxDyn(&t.iter().map(|&c| at(c)).collect::<Vec<_>>())]).product();
+        let entry = |t: &Vec<char>, x: &ArrayD<f64>| {
+            let ix: Vec<usize> = t.iter().zip(x.shape()).map(|(&c, &n)| at(c).min(n - 1)).collect();
+            x[IxDyn(&ix)]
+        };
+        let term: f64 = ins.iter().zip(xs).map(|(t, x)| entry(t, x)).product();
         result[IxDyn(&out.iter().map(|&c| at(c)).collect::<Vec<_>>())] += term;
     }
     result
@@ -252,7 +256,7 @@ fn einsum_against_every_assignment() {
     let mut rng = Rng::new(34);
     let mut checks = Vec::new();
     // (spec given, the same with its output written out, operand shapes)
-    let cases: [(&str, &str, &[&[usize]]); 13] = [
+    let cases: [(&str, &str, &[&[usize]]); 18] = [
         ("ij,jk->ik", "ij,jk->ik", &[&[2, 3], &[3, 4]]),
         ("bij,bjk->bik", "bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 2]]),
         ("ij->ji", "ij->ji", &[&[2, 3]]),
@@ -266,6 +270,12 @@ fn einsum_against_every_assignment() {
         ("ij,ij->ij", "ij,ij->ij", &[&[2, 3], &[2, 3]]),
         ("ij,ij", "ij,ij->", &[&[2, 3], &[2, 3]]),
         (",i->i", ",i->i", &[&[], &[4]]),
+        // `...`: aligned from the right, size 1 broadcasting, first in an implicit output.
+        ("...ij,...jk->...ik", "xyij,yjk->xyik", &[&[2, 3, 2, 4], &[3, 4, 2]]),
+        ("...ij,...jk", "xyij,yjk->xyik", &[&[2, 1, 2, 4], &[3, 4, 2]]),
+        ("i...->...", "iy->y", &[&[3, 4]]),
+        ("...,...->...", "xy,y->xy", &[&[2, 3], &[3]]),
+        ("b...d,b...d->b...", "bxd,bxd->bx", &[&[2, 1, 3], &[2, 4, 3]]),
     ];
     for dt in [DType::F32, DType::F64] {
         for (spec, full, shapes) in cases {
@@ -320,7 +330,9 @@ fn new_ops_bad_input_names_the_callers_line() {
         (line!(), "indices integers", panic_message(|| drop(x.scatter(0, &u, &u)))),
         (line!(), "axis 2", panic_message(|| drop(x.scatter_min(2, &i, &u)))),
         (line!(), "diagonal", panic_message(|| drop(lazuli::einsum("ii->i", &[&x])))),
-        (line!(), "'...'", panic_message(|| drop(lazuli::einsum("...ij->ij", &[&x])))),
+        (line!(), "must place", panic_message(|| drop(lazuli::einsum("...ij->ij", &[&x.reshape(&[1, 3, 4])])))),
+        (line!(), "more axes than its rank", panic_message(|| drop(lazuli::einsum("...ijk->i", &[&x])))),
+        (line!(), "do not broadcast", panic_message(|| drop(lazuli::einsum("...j,...j", &[&x, &x.slice(0, 0, 2)])))),
         (line!(), "2 operands", panic_message(|| drop(lazuli::einsum("ij,jk->ik", &[&x])))),
         (line!(), "has size 3 in one operand and 4", panic_message(|| drop(lazuli::einsum("ij,ij->i", &[&x, &x.t()])))),
         (line!(), "output index 'k'", panic_message(|| drop(lazuli::einsum("ij->k", &[&x])))),

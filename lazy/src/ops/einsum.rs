@@ -1,15 +1,18 @@
-//! `einsum` with NumPy's string spec, recorded as the ops it stands for: sums over indices used once,
-//! `dot_general` for each pair of operands (shared indices that the output or a later operand keeps are batch
-//! dimensions, the others are contracted), and one transpose into the output's order. Its gradient is those
-//! ops' gradients; nothing new reaches the op layer.
+//! `einsum` with NumPy's string spec (`...` broadcasting included), recorded as the ops it stands for: sums over
+//! indices used once, `dot_general` for each pair of operands (shared indices that the output or a later operand
+//! keeps are batch dimensions, the others are contracted), and one transpose into the output's order. Its
+//! gradient is those ops' gradients; nothing new reaches the op layer.
 
-use lazuli_hlo::{DotGeneral, Loc, Op, Reduce, ReduceKind, Transpose};
+use std::collections::HashMap;
+
+use lazuli_hlo::{DotGeneral, Loc, Op, Reduce, ReduceKind, Reshape, Transpose};
 
 use crate::error::{Error, Result};
 use crate::graph::record::{raise, try_apply};
 use crate::graph::tensor::Tensor;
 
-/// A spec read into index letters: one list per operand, and the output's.
+/// A spec read into index letters: one list per operand, and the output's. The dimensions under a `...` get
+/// letters of their own (see [`broadcast_letter`]).
 struct Spec {
     inputs: Vec<Vec<char>>,
     output: Vec<char>,
@@ -19,40 +22,77 @@ fn invalid(why: String, loc: Loc) -> Error {
     Error::InvalidArgument { op: "einsum", why: format!("einsum: {why}"), at: loc }
 }
 
-/// Parse `spec` ("ij,jk->ik", or without `->` for NumPy's implicit output: the indices used once, in
-/// alphabetical order) against `n` operands.
-fn parse(spec: &str, n: usize, loc: Loc) -> Result<Spec> {
+/// The letter of the `k`-th dimension under a `...`, counted from the right (NumPy aligns them so): outside
+/// ASCII, so no spec can name it.
+fn broadcast_letter(k: usize) -> char {
+    char::from_u32(0x100 + k as u32).expect("a valid char")
+}
+
+/// The letters of `count` dimensions under a `...`, left to right.
+fn broadcast_letters(count: usize) -> impl Iterator<Item = char> {
+    (0..count).rev().map(broadcast_letter)
+}
+
+/// Parse `spec` ("ij,jk->ik", or without `->` for NumPy's implicit output: the dimensions under `...`, then the
+/// indices used once in alphabetical order) against the operands' ranks.
+fn parse(spec: &str, ranks: &[usize], loc: Loc) -> Result<Spec> {
     let spec: String = spec.chars().filter(|c| !c.is_whitespace()).collect();
-    if spec.contains("...") {
-        return Err(invalid(format!("{spec:?}: broadcasting with '...' is not supported; name every axis"), loc));
-    }
     let (lhs, rhs) = match spec.split_once("->") {
         Some((l, r)) => (l, Some(r)),
         None => (spec.as_str(), None),
     };
     let letters = |part: &str| -> Result<Vec<char>> {
         match part.chars().find(|c| !c.is_ascii_alphabetic()) {
-            Some(c) => Err(invalid(format!("{spec:?}: {c:?} is not an index letter (a-z, A-Z)"), loc)),
+            Some(c) => Err(invalid(format!("{spec:?}: {c:?} is not an index letter (a-z, A-Z) or '...'"), loc)),
             None => Ok(part.chars().collect()),
         }
     };
-    let inputs = lhs.split(',').map(letters).collect::<Result<Vec<_>>>()?;
-    if inputs.len() != n {
-        return Err(invalid(format!("{spec:?} names {} operands, got {n}", inputs.len()), loc));
+    // A term's letters before and after its `...`, if it has one.
+    let split = |term: &str| -> Result<(Vec<char>, Option<Vec<char>>)> {
+        match term.split_once("...") {
+            None => Ok((letters(term)?, None)),
+            Some((before, after)) => Ok((letters(before)?, Some(letters(after)?))),
+        }
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != ranks.len() {
+        return Err(invalid(format!("{spec:?} names {} operands, got {}", terms.len(), ranks.len()), loc));
     }
-    for (k, term) in inputs.iter().enumerate() {
-        if let Some(c) = term.iter().find(|c| term.iter().filter(|d| d == c).count() > 1) {
+    let mut inputs = Vec::with_capacity(terms.len());
+    let mut broadcast = 0;
+    for (k, (term, &rank)) in terms.iter().zip(ranks).enumerate() {
+        let (mut ix, after) = split(term)?;
+        if let Some(after) = after {
+            let Some(under) = rank.checked_sub(ix.len() + after.len()) else {
+                return Err(invalid(format!("{spec:?}: operand {k} names more axes than its rank {rank}"), loc));
+            };
+            broadcast = broadcast.max(under);
+            ix.extend(broadcast_letters(under));
+            ix.extend(after);
+        }
+        if let Some(c) = ix.iter().find(|c| ix.iter().filter(|d| d == c).count() > 1) {
             let why = format!("{spec:?}: index {c:?} repeats in operand {k} (a diagonal), which is not supported");
             return Err(invalid(why, loc));
         }
+        inputs.push(ix);
     }
     let count = |c: char| inputs.iter().flatten().filter(|&&d| d == c).count();
-    let output = match rhs {
-        Some(r) => letters(r)?,
+    let output = match rhs.map(split).transpose()? {
+        Some((mut before, Some(after))) => {
+            before.extend(broadcast_letters(broadcast));
+            before.extend(after);
+            before
+        }
+        Some((_, None)) if broadcast > 0 => {
+            let why = format!("{spec:?}: the output must place the operands' '...' dimensions");
+            return Err(invalid(why, loc));
+        }
+        Some((named, None)) => named,
         None => {
-            let mut once: Vec<char> = inputs.iter().flatten().copied().filter(|&c| count(c) == 1).collect();
+            let mut once: Vec<char> =
+                inputs.iter().flatten().copied().filter(|&c| c.is_ascii() && count(c) == 1).collect();
             once.sort_unstable();
-            once
+            broadcast_letters(broadcast).chain(once).collect()
         }
     };
     for (i, c) in output.iter().enumerate() {
@@ -107,22 +147,13 @@ fn product(a: Term, b: Term, kept: impl Fn(char) -> bool, loc: Loc) -> Result<Te
 }
 
 fn einsum_at(spec: &str, operands: &[&Tensor], loc: Loc) -> Result<Tensor> {
-    let s = parse(spec, operands.len(), loc)?;
-    let mut size = std::collections::HashMap::new();
-    for (k, (term, t)) in s.inputs.iter().zip(operands).enumerate() {
-        if term.len() != t.rank() {
-            let why = format!("{spec:?}: operand {k} has {} indices, but it is {}", term.len(), t.tensor_type());
-            return Err(Error::ShapeMismatch { op: "einsum", shapes: dims(operands), why, at: loc });
-        }
-        for (&c, &d) in term.iter().zip(t.dims()) {
-            if *size.entry(c).or_insert(d) != d {
-                let why = format!("{spec:?}: index {c:?} has size {} in one operand and {d} in operand {k}", size[&c]);
-                return Err(Error::ShapeMismatch { op: "einsum", shapes: dims(operands), why, at: loc });
-            }
-        }
+    let ranks: Vec<usize> = operands.iter().map(|t| t.rank()).collect();
+    let mut s = parse(spec, &ranks, loc)?;
+    let size = sizes(spec, &s, operands, loc)?;
+    let mut terms = Vec::with_capacity(operands.len());
+    for (ix, t) in s.inputs.iter_mut().zip(operands) {
+        terms.push(drop_broadcast_ones(t, ix, &size, loc)?);
     }
-    let mut terms: Vec<Term> =
-        s.inputs.iter().zip(operands).map(|(ix, t)| Term { t: (*t).clone(), ix: ix.clone() }).collect();
     // Letters still needed after term k: the output's, and those of every term after k.
     let needed_after = |k: usize, c: char| s.output.contains(&c) || s.inputs[k + 1..].iter().any(|t| t.contains(&c));
     let first = terms.remove(0);
@@ -141,22 +172,64 @@ fn einsum_at(spec: &str, operands: &[&Tensor], loc: Loc) -> Result<Tensor> {
     try_apply(Op::Transpose(Transpose { perm }), &[&acc.t], loc)
 }
 
+/// Each letter's size, checked across the operands: named indices must agree, dimensions under `...` broadcast
+/// (1 against any size).
+fn sizes(spec: &str, s: &Spec, operands: &[&Tensor], loc: Loc) -> Result<HashMap<char, usize>> {
+    let mut size = HashMap::new();
+    for (k, (term, t)) in s.inputs.iter().zip(operands).enumerate() {
+        if term.len() != t.rank() {
+            let why = format!("{spec:?}: operand {k} has {} indices, but it is {}", term.len(), t.tensor_type());
+            return Err(Error::ShapeMismatch { op: "einsum", shapes: dims(operands), why, at: loc });
+        }
+        for (&c, &d) in term.iter().zip(t.dims()) {
+            let known = *size.entry(c).or_insert(d);
+            if known == d || (!c.is_ascii() && (known == 1 || d == 1)) {
+                size.insert(c, known.max(d));
+                continue;
+            }
+            let why = if c.is_ascii() {
+                format!("{spec:?}: index {c:?} has size {known} in one operand and {d} in operand {k}")
+            } else {
+                format!("{spec:?}: the '...' dimensions of operand {k}, {}, do not broadcast", t.tensor_type())
+            };
+            return Err(Error::ShapeMismatch { op: "einsum", shapes: dims(operands), why, at: loc });
+        }
+    }
+    Ok(size)
+}
+
+/// Operand `t` with letters `ix` as a term, without its size-1 `...` dimensions that other operands broadcast
+/// (a letter an operand lacks is one it is constant along, which is what broadcasting means).
+fn drop_broadcast_ones(t: &Tensor, ix: &mut Vec<char>, size: &HashMap<char, usize>, loc: Loc) -> Result<Term> {
+    let keep: Vec<bool> = ix.iter().zip(t.dims()).map(|(c, &d)| c.is_ascii() || d == size[c]).collect();
+    if keep.iter().all(|&k| k) {
+        return Ok(Term { t: t.clone(), ix: ix.clone() });
+    }
+    let kept_dims: Vec<usize> = t.dims().iter().zip(&keep).filter(|(_, &k)| k).map(|(&d, _)| d).collect();
+    let mut flags = keep.iter();
+    ix.retain(|_| *flags.next().expect("one flag per letter"));
+    let t = try_apply(Op::Reshape(Reshape { dims: kept_dims }), &[t], loc)?;
+    Ok(Term { t, ix: ix.clone() })
+}
+
 fn dims(operands: &[&Tensor]) -> Vec<Vec<usize>> {
     operands.iter().map(|t| t.dims().to_vec()).collect()
 }
 
-/// NumPy's `einsum`: `einsum("bij,bjk->bik", &[&a, &b])` is a batched matmul, `einsum("ii", …)` is not
-/// supported (a repeated index within one operand, a diagonal, is an error, as is `...`). Without `->` the output
-/// is the indices used once, in alphabetical order. Each index must have one size everywhere (no broadcasting
-/// of size 1). Operands are multiplied left to right; the gradient is that of the recorded sums, products and
-/// transpose.
+/// NumPy's `einsum`: `einsum("bij,bjk->bik", &[&a, &b])` is a batched matmul. Without `->` the output is the
+/// dimensions under `...`, then the indices used once, in alphabetical order. `...` stands for the dimensions an
+/// operand does not name, aligned from the right and broadcast as NumPy does (size 1 against any size); an
+/// explicit output with operands' `...` dimensions must place them. Each named index has one size everywhere. A
+/// repeated index within one operand (a diagonal, `"ii->i"`) is not supported and is an error. Operands are
+/// multiplied left to right; the gradient is that of the recorded sums, products and transpose.
 #[track_caller]
 pub fn einsum(spec: &str, operands: &[&Tensor]) -> Tensor {
     einsum_at(spec, operands, Loc::caller()).unwrap_or_else(|e| raise(e))
 }
 
 /// [`einsum`], with [`Error::InvalidArgument`] for a spec it cannot read (or does not support) and
-/// [`Error::ShapeMismatch`] for operands that do not fit it.
+/// [`Error::ShapeMismatch`] for operands that do not fit it (sizes that differ, `...` dimensions that do not
+/// broadcast).
 #[track_caller]
 pub fn try_einsum(spec: &str, operands: &[&Tensor]) -> Result<Tensor> {
     einsum_at(spec, operands, Loc::caller())
