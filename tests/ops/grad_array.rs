@@ -180,3 +180,17 @@ fn slice_axes_scatter_and_einsum_gradients() {
     let d = data(79, &[2, 1, 4], -2.0, 2.0);
     check_grad("einsum broadcast", &[a, d], |t| lazuli::einsum("...ij,...j->...i", &[&t[0], &t[1]]));
 }
+
+#[test]
+fn scatter_max_shares_a_tie_evenly_like_pytorch() {
+    // Slot 1 holds 5 and receives 5 and 5 again: three winners, a third of the cotangent each; slot 0 keeps its
+    // value alone; the update of 2 at slot 0 loses.
+    let x = Tensor::from_slice(&[3.0f64, 5.0], &[2]).requires_grad();
+    let upd = Tensor::from_slice(&[5.0f64, 2.0, 5.0], &[3]).requires_grad();
+    let idx = Tensor::from_slice(&[1i32, 0, 1], &[3]);
+    let out = x.scatter_max(0, &idx, &upd);
+    let loss = (&out * &Tensor::from_slice(&[1.0f64, 3.0], &[2])).sum_all();
+    let grads = lazuli::grad(&loss, &[&x, &upd]);
+    assert_eq!(grads[0].to_vec::<f64>().unwrap(), [1.0, 1.0]);
+    assert_eq!(grads[1].to_vec::<f64>().unwrap(), [1.0, 0.0, 1.0]);
+}
