@@ -179,6 +179,8 @@ fn slice_axes_scatter_and_einsum_gradients() {
     // A size-1 `...` dimension broadcast against another operand's: its gradient sums over the copies.
     let d = data(79, &[2, 1, 4], -2.0, 2.0);
     check_grad("einsum broadcast", &[a, d], |t| lazuli::einsum("...ij,...j->...i", &[&t[0], &t[1]]));
+    let e = data(80, &[3, 2, 3], -2.0, 2.0);
+    check_grad("einsum diagonal", &[e], |t| lazuli::einsum("iji->ji", &[&t[0]]));
 }
 
 #[test]

@@ -256,7 +256,7 @@ fn einsum_against_every_assignment() {
     let mut rng = Rng::new(34);
     let mut checks = Vec::new();
     // (spec given, the same with its output written out, operand shapes)
-    let cases: [(&str, &str, &[&[usize]]); 18] = [
+    let cases: [(&str, &str, &[&[usize]]); 22] = [
         ("ij,jk->ik", "ij,jk->ik", &[&[2, 3], &[3, 4]]),
         ("bij,bjk->bik", "bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 2]]),
         ("ij->ji", "ij->ji", &[&[2, 3]]),
@@ -276,6 +276,11 @@ fn einsum_against_every_assignment() {
         ("i...->...", "iy->y", &[&[3, 4]]),
         ("...,...->...", "xy,y->xy", &[&[2, 3], &[3]]),
         ("b...d,b...d->b...", "bxd,bxd->bx", &[&[2, 1, 3], &[2, 4, 3]]),
+        // Repeated indices within an operand: diagonals.
+        ("ii->i", "ii->i", &[&[3, 3]]),
+        ("ii", "ii->", &[&[4, 4]]),
+        ("iji,jk->ik", "iji,jk->ik", &[&[3, 2, 3], &[2, 4]]),
+        ("bii,bi->b", "bii,bi->b", &[&[2, 3, 3], &[2, 3]]),
     ];
     for dt in [DType::F32, DType::F64] {
         for (spec, full, shapes) in cases {
@@ -329,7 +334,7 @@ fn new_ops_bad_input_names_the_callers_line() {
         (line!(), "integer", panic_message(|| drop(x.scatter_max(0, &u, &u)))),
         (line!(), "indices integers", panic_message(|| drop(x.scatter(0, &u, &u)))),
         (line!(), "axis 2", panic_message(|| drop(x.scatter_min(2, &i, &u)))),
-        (line!(), "diagonal", panic_message(|| drop(lazuli::einsum("ii->i", &[&x])))),
+        (line!(), "has size 3 in one operand and 4", panic_message(|| drop(lazuli::einsum("ii->i", &[&x])))),
         (line!(), "must place", panic_message(|| drop(lazuli::einsum("...ij->ij", &[&x.reshape(&[1, 3, 4])])))),
         (line!(), "more axes than its rank", panic_message(|| drop(lazuli::einsum("...ijk->i", &[&x])))),
         (line!(), "do not broadcast", panic_message(|| drop(lazuli::einsum("...j,...j", &[&x, &x.slice(0, 0, 2)])))),

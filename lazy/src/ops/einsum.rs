@@ -1,13 +1,16 @@
-//! `einsum` with NumPy's string spec (`...` broadcasting included), recorded as the ops it stands for: sums over
-//! indices used once, `dot_general` for each pair of operands (shared indices that the output or a later operand
+//! `einsum` with NumPy's string spec (`...` broadcasting and diagonals included), recorded as the ops it stands
+//! for: diagonals by a mask and a sum, sums over indices used once, `dot_general` for each pair of operands (shared indices that the output or a later operand
 //! keeps are batch dimensions, the others are contracted), and one transpose into the output's order. Its
 //! gradient is those ops' gradients; nothing new reaches the op layer.
 
 use std::collections::HashMap;
 
-use lazuli_hlo::{DotGeneral, Loc, Op, Reduce, ReduceKind, Reshape, Transpose};
+use lazuli_hlo::{
+    Compare, CompareDir, DType, DotGeneral, Iota, Loc, Op, Reduce, ReduceKind, Reshape, Select, TensorType, Transpose,
+};
 
 use crate::error::{Error, Result};
+use crate::graph::constants::constant_like;
 use crate::graph::record::{raise, try_apply};
 use crate::graph::tensor::Tensor;
 
@@ -69,10 +72,6 @@ fn parse(spec: &str, ranks: &[usize], loc: Loc) -> Result<Spec> {
             broadcast = broadcast.max(under);
             ix.extend(broadcast_letters(under));
             ix.extend(after);
-        }
-        if let Some(c) = ix.iter().find(|c| ix.iter().filter(|d| d == c).count() > 1) {
-            let why = format!("{spec:?}: index {c:?} repeats in operand {k} (a diagonal), which is not supported");
-            return Err(invalid(why, loc));
         }
         inputs.push(ix);
     }
@@ -152,7 +151,8 @@ fn einsum_at(spec: &str, operands: &[&Tensor], loc: Loc) -> Result<Tensor> {
     let size = sizes(spec, &s, operands, loc)?;
     let mut terms = Vec::with_capacity(operands.len());
     for (ix, t) in s.inputs.iter_mut().zip(operands) {
-        terms.push(drop_broadcast_ones(t, ix, &size, loc)?);
+        let t = diagonals(t, ix, loc)?;
+        terms.push(drop_broadcast_ones(&t, ix, &size, loc)?);
     }
     // Letters still needed after term k: the output's, and those of every term after k.
     let needed_after = |k: usize, c: char| s.output.contains(&c) || s.inputs[k + 1..].iter().any(|t| t.contains(&c));
@@ -198,6 +198,28 @@ fn sizes(spec: &str, s: &Spec, operands: &[&Tensor], loc: Loc) -> Result<HashMap
     Ok(size)
 }
 
+/// `t` with each index repeated in `ix` reduced to its diagonal (`"ii"`: the elements where both are equal), the
+/// later axis removed from `t` and `ix`: the equal positions selected by a mask of two iotas, then summed over
+/// the later axis, so the gradient is the select's and the sum's.
+fn diagonals(t: &Tensor, ix: &mut Vec<char>, loc: Loc) -> Result<Tensor> {
+    let mut t = t.clone();
+    while let Some((a, b)) = repeated(ix) {
+        let position = |dim| try_apply(Op::Iota(Iota { dim, ty: TensorType::new(DType::I64, t.dims()) }), &[], loc);
+        let on_diagonal =
+            try_apply(Op::Compare(Compare { dir: CompareDir::Eq }), &[&position(a)?, &position(b)?], loc)?;
+        let zeros = constant_like(0.0, t.dtype(), t.dims(), loc);
+        let masked = try_apply(Op::Select(Select), &[&on_diagonal, &t, &zeros], loc)?;
+        t = try_apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![b], keep: false }), &[&masked], loc)?;
+        ix.remove(b);
+    }
+    Ok(t)
+}
+
+/// The first two axes of `ix` with the same letter.
+fn repeated(ix: &[char]) -> Option<(usize, usize)> {
+    (0..ix.len()).find_map(|b| ix[..b].iter().position(|&c| c == ix[b]).map(|a| (a, b)))
+}
+
 /// Operand `t` with letters `ix` as a term, without its size-1 `...` dimensions that other operands broadcast
 /// (a letter an operand lacks is one it is constant along, which is what broadcasting means).
 fn drop_broadcast_ones(t: &Tensor, ix: &mut Vec<char>, size: &HashMap<char, usize>, loc: Loc) -> Result<Term> {
@@ -219,9 +241,9 @@ fn dims(operands: &[&Tensor]) -> Vec<Vec<usize>> {
 /// NumPy's `einsum`: `einsum("bij,bjk->bik", &[&a, &b])` is a batched matmul. Without `->` the output is the
 /// dimensions under `...`, then the indices used once, in alphabetical order. `...` stands for the dimensions an
 /// operand does not name, aligned from the right and broadcast as NumPy does (size 1 against any size); an
-/// explicit output with operands' `...` dimensions must place them. Each named index has one size everywhere. A
-/// repeated index within one operand (a diagonal, `"ii->i"`) is not supported and is an error. Operands are
-/// multiplied left to right; the gradient is that of the recorded sums, products and transpose.
+/// explicit output with operands' `...` dimensions must place them. Each named index has one size everywhere. An
+/// index repeated within one operand takes its diagonal (`"ii->i"`, the trace `"ii"`). Operands are multiplied
+/// left to right; the gradient is that of the recorded selects, sums, products and transpose.
 #[track_caller]
 pub fn einsum(spec: &str, operands: &[&Tensor]) -> Tensor {
     einsum_at(spec, operands, Loc::caller()).unwrap_or_else(|e| raise(e))
