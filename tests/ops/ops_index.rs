@@ -82,6 +82,26 @@ fn sort_puts_nan_last_ascending_and_first_descending() {
 }
 
 #[test]
+fn sort_and_topk_inside_a_scan_body_and_its_gradient() {
+    // Each step adds the row's two largest values to the carry; the body's sort lowers inside the loop's region.
+    let rows: Vec<f64> = vec![3.0, -1.0, 7.5, 2.0, 0.5, 4.0, -2.0, 6.0, 1.0];
+    let xs = Tensor::from_slice(&rows, &[3, 3]).requires_grad();
+    let (carry, ys) = lazuli::scan(
+        |c, x| {
+            let (top, _) = x[0].topk(2, 0);
+            (vec![&c[0] + &top.sum_all()], vec![x[0].argsort(0, false)])
+        },
+        &[Tensor::scalar(0.0f64)],
+        std::slice::from_ref(&xs),
+    );
+    assert_eq!(carry[0].item::<f64>().unwrap(), (7.5 + 3.0) + (4.0 + 2.0) + (6.0 + 1.0));
+    assert_eq!(ys[0].to_vec::<i64>().unwrap(), [1, 0, 2, 1, 0, 2, 0, 2, 1]);
+    let g = lazuli::grad(&carry[0], &[&xs]);
+    assert_eq!(g[0].to_vec::<f64>().unwrap(), [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0]);
+    assert_eq!(carry[0].evaluate_reference().unwrap()[IxDyn(&[])], 23.5);
+}
+
+#[test]
 fn sorting_bad_input_names_the_callers_line() {
     let x = Tensor::from_slice(&[1.0f32; 12], &[3, 4]);
     let here = |line: u32| format!("{}:{line}:", file!());
