@@ -376,6 +376,9 @@ fn checked_index_select_reports_the_first_bad_index_at_the_read() {
     let table = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]);
     let ok = Tensor::from_slice(&[2i32, 0, 1], &[3]);
     let good = table.index_select_checked(0, &ok);
+    assert!(matches!(table.try_index_select_checked(2, &ok), Err(lazuli::Error::BadAxis { .. })));
+    let floats = Tensor::from_slice(&[1.0f32], &[1]);
+    assert!(matches!(table.try_index_select_checked(0, &floats), Err(lazuli::Error::WrongDType { .. })));
     assert_eq!(good.to_vec::<f32>().unwrap(), [4.0, 5.0, 0.0, 1.0, 2.0, 3.0]);
 
     let ids = Tensor::from_slice(&[0i64, 2, 1, -1, 3, 7], &[2, 3]);

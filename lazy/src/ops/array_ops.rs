@@ -251,6 +251,13 @@ impl Tensor {
         self.index_select_at(axis, indices, true, Loc::caller()).unwrap_or_else(|e| raise(e))
     }
 
+    /// [`Tensor::index_select_checked`], with [`Error::BadAxis`] or [`Error::WrongDType`] at the call instead of
+    /// a panic (the indices' values are still checked when the step runs).
+    #[track_caller]
+    pub fn try_index_select_checked(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
+        self.index_select_at(axis, indices, true, Loc::caller())
+    }
+
     fn index_select_at(&self, axis: isize, indices: &Tensor, checked: bool, loc: Loc) -> Result<Tensor> {
         let a = try_axis(axis, self.rank(), "index_select", loc)?;
         let out = try_apply(Op::Take(Take { axis: a }), &[self, indices], loc)?;
