@@ -57,8 +57,8 @@ pub(crate) fn watch(op: &'static str, indices: &Tensor, axis: usize, size: usize
     Ok(())
 }
 
-/// `i64[3]`: the number of indices outside `[0, size)`, the row-major position of the first (or `total` if
-/// none), and its value (or 0).
+/// `i64[3]`: the number of indices outside `[0, size)`, the row-major position of the first (`total` if none),
+/// and its value (with none bad, the last index's: never read).
 fn report(indices: &Tensor, size: usize, at: Loc) -> Result<Tensor> {
     let total = indices.elements();
     let i64_of = |t: &Tensor| -> Result<Tensor> {
