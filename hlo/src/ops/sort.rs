@@ -140,8 +140,7 @@ impl Sort {
                 "      %{name} = \"stablehlo.compare\"(%{a}, %{b}) {{comparison_direction = #stablehlo<comparison_direction {dir}>, compare_type = #stablehlo<comparison_type {ct}>}} : ({s}, {s}) -> {p}"
             );
         };
-        let before = "ahead";
-        cmp(&mut r, before, "a", "b", if self.descending { "GT" } else { "LT" });
+        cmp(&mut r, "ahead", "a", "b", if self.descending { "GT" } else { "LT" });
         let answer = if dt.is_float() {
             // NaN compares false with everything. Ascending: a number goes before a NaN; descending: a NaN before
             // a number.
@@ -149,10 +148,10 @@ impl Sort {
             cmp(&mut r, "isnan", nan, nan, "NE");
             cmp(&mut r, "isnum", num, num, "EQ");
             let _ = writeln!(r, "      %nanorder = \"stablehlo.and\"(%isnan, %isnum) : ({p}, {p}) -> {p}");
-            let _ = writeln!(r, "      %first = \"stablehlo.or\"(%{before}, %nanorder) : ({p}, {p}) -> {p}");
+            let _ = writeln!(r, "      %first = \"stablehlo.or\"(%ahead, %nanorder) : ({p}, {p}) -> {p}");
             "first"
         } else {
-            before
+            "ahead"
         };
         let _ = write!(r, "      \"stablehlo.return\"(%{answer}) : ({p}) -> ()\n    }}");
         r
