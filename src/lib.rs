@@ -62,6 +62,8 @@ pub use lazuli_lazy::mesh as sharding;
 
 // Tensors and their element types.
 pub use lazuli_lazy::{broadcast_shapes, where_, CrossEntropyOptions, DType, Element, Operand, Tensor};
+// Slicing several axes at once (`x.slice_axes(&s![.., 1..5;2])`), and einsum with a string spec.
+pub use lazuli_lazy::{einsum, s, try_einsum, AxisSlice};
 // The step boundary and waiting for the device.
 pub use lazuli_lazy::{sync, wait};
 // Gradients.

@@ -16,7 +16,7 @@ use crate::ops::{
     dot::DotGeneral,
     elementwise::{Binary, Compare, Convert, Select, Unary},
     fused::Fused,
-    gather::{ScatterAdd, Take},
+    gather::{ScatterAdd, ScatterReduce, Take},
     kernel::KernelOp,
     layout::{BroadcastInDim, Reshape, Transpose},
     leaf::{Constant, Iota, Parameter},
@@ -27,6 +27,7 @@ use crate::ops::{
     scan::{ArgReduce, CumSum},
     sharding::ShardingConstraint,
     slicing::{Concatenate, Pad, Reverse, Slice},
+    sort::Sort,
     special::Erf,
     window::{ReduceWindow, SelectAndScatter},
 };
@@ -73,8 +74,10 @@ pub enum Op {
     Reverse(Reverse),
     Take(Take),
     ScatterAdd(ScatterAdd),
+    ScatterReduce(ScatterReduce),
     CumSum(CumSum),
     ArgReduce(ArgReduce),
+    Sort(Sort),
     Erf(Erf),
     RngBitGenerator(RngBitGenerator),
     BitcastConvert(BitcastConvert),
@@ -124,8 +127,10 @@ macro_rules! dispatch {
             Op::Reverse($o) => $e,
             Op::Take($o) => $e,
             Op::ScatterAdd($o) => $e,
+            Op::ScatterReduce($o) => $e,
             Op::CumSum($o) => $e,
             Op::ArgReduce($o) => $e,
+            Op::Sort($o) => $e,
             Op::Erf($o) => $e,
             Op::RngBitGenerator($o) => $e,
             Op::BitcastConvert($o) => $e,
@@ -220,8 +225,10 @@ impl Op {
             | Op::DotGeneral(_)
             | Op::Take(_)
             | Op::ScatterAdd(_)
+            | Op::ScatterReduce(_)
             | Op::CumSum(_)
             | Op::ArgReduce(_)
+            | Op::Sort(_)
             | Op::RngBitGenerator(_)
             | Op::Convolution(_)
             | Op::ReduceWindow(_)

@@ -107,3 +107,27 @@ fn long_elementwise_chains_are_cut_for_the_compiler() {
     // A reduction in the middle: two chains shorter than the cut.
     assert_eq!(barriers(&chain_graph(2 * cut - 10, Some(cut - 5))), 0);
 }
+
+#[test]
+fn values_and_indices_of_one_sort_lower_to_one_device_sort() {
+    use lazuli_hlo::{Sort, SortResult};
+    let at = Loc { file: "src/rank.rs", line: 7, col: 3 };
+    let mut g = Graph::new();
+    let x = g.parameter(TensorType::new(DType::F32, [2, 3]), at);
+    let sort = |result| Op::Sort(Sort { axis: 1, descending: true, result });
+    let v = g.push(sort(SortResult::Values), vec![x], at).unwrap();
+    let i = g.push(sort(SortResult::Indices), vec![x], at).unwrap();
+    let up = g.push(Op::Sort(Sort { axis: 0, descending: false, result: SortResult::Values }), vec![x], at).unwrap();
+    g.outputs = vec![v, i, up];
+    let text = emit(&g, &EmitOptions::default());
+    assert_eq!(text.matches("\"stablehlo.sort\"").count(), 2, "one sort per (axis, order):\n{text}");
+    assert!(text.contains("is_stable = true"), "{text}");
+
+    let x: ArrayD<f64> = array![[1.0, f64::NAN, 3.0], [2.0, 2.0, -1.0]].into_dyn();
+    let out = g.evaluate(&[x]).unwrap();
+    let v: Vec<f64> = out[0].iter().copied().collect();
+    assert!(v[0].is_nan() && v[1..] == [3.0, 1.0, 2.0, 2.0, -1.0], "NaN first descending: {v:?}");
+    assert_eq!(out[1], array![[1.0, 2.0, 0.0], [0.0, 1.0, 2.0]].into_dyn(), "ties keep their order");
+    let up: Vec<f64> = out[2].iter().copied().collect();
+    assert!(up[4].is_nan() && [up[0], up[1], up[2], up[3], up[5]] == [1.0, 2.0, -1.0, 2.0, 3.0], "NaN last: {up:?}");
+}

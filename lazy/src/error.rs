@@ -157,6 +157,29 @@ pub enum Error {
         /// The whole report.
         report: String,
     },
+    /// A checked index (`Tensor::index_select_checked`, or `index_select` and `embedding` under
+    /// `LAZULI_CHECK_INDICES=1`) was outside its axis: read when the step that computed it was materialized, and
+    /// reported there (by that read, the next materialization or `wait()`), naming the line of the indexing op.
+    #[error(
+        "{op}: index {index} at position {position:?} of the indices is out of range for axis {axis} of size {size} \
+         (valid: 0 to {size} exclusive); {count} of the {total} indices are out of range\n  recorded at {at}"
+    )]
+    IndexOutOfRange {
+        /// The op (`index_select`, `embedding`).
+        op: &'static str,
+        /// The first bad index, in the indices' row-major order.
+        index: i64,
+        /// Where it is in the indices.
+        position: Vec<usize>,
+        /// The indexed axis and its size.
+        axis: usize,
+        size: usize,
+        /// How many indices were out of range, of how many.
+        count: u64,
+        total: usize,
+        /// The line that recorded the op.
+        at: Loc,
+    },
     /// A broken invariant of lazuli itself; please report it.
     #[error("lazuli internal error: {0}")]
     Internal(String),
@@ -173,7 +196,8 @@ impl Error {
             | Error::WrongDType { at, .. }
             | Error::BadAxis { at, .. }
             | Error::InvalidArgument { at, .. }
-            | Error::Unsupported { at, .. } => Some(*at),
+            | Error::Unsupported { at, .. }
+            | Error::IndexOutOfRange { at, .. } => Some(*at),
             _ => None,
         }
     }

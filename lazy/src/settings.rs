@@ -49,6 +49,7 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
     v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, log", "off"),
+    v("LAZULI_CHECK_INDICES", "index_select and embedding checked like index_select_checked", "1, 0", "0"),
 ];
 
 /// The value of `name` if set and not empty. The only place the library reads its environment.
@@ -265,6 +266,14 @@ pub(crate) fn parse_size(s: &str) -> Option<u64> {
 /// that use it without lazuli name plugins the same way); this is the one call that does it for lazuli.
 pub(crate) fn plugin_sources() -> Result<Sources> {
     Ok(Sources::from_env()?)
+}
+
+/// `LAZULI_CHECK_INDICES`, or the error naming it (read when the first index_select is recorded).
+pub(crate) fn check_indices() -> std::result::Result<bool, String> {
+    switch("LAZULI_CHECK_INDICES", false).map_err(|_| {
+        let v = var("LAZULI_CHECK_INDICES").unwrap_or_default();
+        format!("LAZULI_CHECK_INDICES={v:?}: expected 1 or 0 (default)")
+    })
 }
 
 /// `LAZULI_MATMUL_PRECISION`, or the error naming it.

@@ -176,3 +176,28 @@ fn bad_specs_and_meshes_are_clear_errors_at_the_users_line() {
     let e = mesh(&[("data", 16)]).unwrap_err().to_string();
     assert!(e.contains("needs 16 devices, the runtime has 8") && e.contains(&format!("{}:{line}", file!())), "{e}");
 }
+
+#[test]
+fn sorting_and_checked_indices_on_a_mesh() {
+    if child::alone(module_path!(), "sorting_and_checked_indices_on_a_mesh") {
+        return; // the runtime on 8 devices is process-wide
+    }
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    eight_devices();
+    let m = mesh(&[("data", 4), ("model", 2)]).unwrap();
+    let vals: Vec<f32> = (0..64).map(|i| ((i * 37) % 64) as f32).collect();
+    let x = Tensor::from_slice(&vals, &[8, 8]);
+    // Rows split over `data`, columns over `model`: sorting each row keeps the row split and drops the other.
+    let xs = x.shard(&m, &p(&[&["data"], &["model"]]));
+    let (top, at) = xs.topk(3, 1);
+    assert_eq!(top.to_vec::<f32>().unwrap(), x.topk(3, 1).0.to_vec::<f32>().unwrap());
+    assert_eq!(at.to_vec::<i64>().unwrap(), x.argsort(1, true).slice(1, 0, 3).to_vec::<i64>().unwrap());
+
+    // A checked lookup into a row-split table: its report is one more output of the sharded program.
+    let table = x.shard(&m, &p(&[&["data"], &[]]));
+    let good = table.index_select_checked(0, &Tensor::from_slice(&[7i32, 0], &[2]));
+    assert_eq!(good.to_vec::<f32>().unwrap(), [&vals[56..64], &vals[0..8]].concat());
+    let bad = table.index_select_checked(0, &Tensor::from_slice(&[1i32, 8], &[2]));
+    let err = bad.to_vec::<f32>().unwrap_err();
+    assert!(matches!(err, lazuli::Error::IndexOutOfRange { index: 8, size: 8, .. }), "{err}");
+}

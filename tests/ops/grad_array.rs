@@ -141,3 +141,58 @@ fn take_along_axis_gradients() {
     let picks = Tensor::from_slice(&[3i64, 1, 0, 0, 2, 2], &[3, 2]);
     check_grad("take_along_axis broadcast", &[b], |t| t[0].take_along_axis(&picks, -1));
 }
+
+#[test]
+fn sort_and_topk_gradients() {
+    // Distinct values: the sorted order, and so the gradient, does not change under the finite differences.
+    let x = data(71, &[3, 4], -2.0, 2.0);
+    check_grad("sort ascending axis 1", &[x.clone()], |t| t[0].sort(1, false));
+    check_grad("sort descending axis 0", &[x.clone()], |t| t[0].sort(0, true));
+    check_grad("topk 2 axis -1", &[x.clone()], |t| t[0].topk(2, -1).0);
+    let y = data(72, &[2, 3, 4], -2.0, 2.0);
+    check_grad("sort rank 3 axis 1", &[y], |t| t[0].sort(1, true));
+}
+
+#[test]
+fn slice_axes_scatter_and_einsum_gradients() {
+    use lazuli::s;
+    let x = data(73, &[3, 4, 5], -2.0, 2.0);
+    check_grad("slice_axes steps", &[x.clone()], |t| t[0].slice_axes(&s![1.., ..;2, -4..;3]));
+    check_grad("slice_axes negative steps", &[x.clone()], |t| t[0].slice_axes(&s![..;-1, 1..4;-2]));
+
+    // Repeated indices: only the last update to a slot reaches it, so only that one gets a gradient.
+    let base = data(74, &[4, 3], -2.0, 2.0);
+    let upd = data(75, &[5, 3], -2.0, 2.0);
+    let idx = Tensor::from_slice(&[1i64, 3, 1, 1, 9], &[5]);
+    check_grad("scatter", &[base.clone(), upd.clone()], |t| t[0].scatter(0, &idx, &t[1]));
+    // Distinct random values: one winner per element, so the extremes are differentiable there.
+    check_grad("scatter_max", &[base.clone(), upd.clone()], |t| t[0].scatter_max(0, &idx, &t[1]));
+    check_grad("scatter_min", &[base.clone(), upd.clone()], |t| t[0].scatter_min(0, &idx, &t[1]));
+
+    let a = data(76, &[2, 3, 4], -2.0, 2.0);
+    let b = data(77, &[2, 4, 3], -2.0, 2.0);
+    let c = data(78, &[3, 2], -2.0, 2.0);
+    check_grad("einsum batched", &[a.clone(), b.clone()], |t| lazuli::einsum("bij,bjk->bik", &[&t[0], &t[1]]));
+    check_grad("einsum three operands", &[a.clone(), b, c], |t| {
+        lazuli::einsum("bij,bjk,kl->lbi", &[&t[0], &t[1], &t[2]])
+    });
+    // A size-1 `...` dimension broadcast against another operand's: its gradient sums over the copies.
+    let d = data(79, &[2, 1, 4], -2.0, 2.0);
+    check_grad("einsum broadcast", &[a, d], |t| lazuli::einsum("...ij,...j->...i", &[&t[0], &t[1]]));
+    let e = data(80, &[3, 2, 3], -2.0, 2.0);
+    check_grad("einsum diagonal", &[e], |t| lazuli::einsum("iji->ji", &[&t[0]]));
+}
+
+#[test]
+fn scatter_max_shares_a_tie_evenly_like_pytorch() {
+    // Slot 1 holds 5 and receives 5 and 5 again: three winners, a third of the cotangent each; slot 0 keeps its
+    // value alone; the update of 2 at slot 0 loses.
+    let x = Tensor::from_slice(&[3.0f64, 5.0], &[2]).requires_grad();
+    let upd = Tensor::from_slice(&[5.0f64, 2.0, 5.0], &[3]).requires_grad();
+    let idx = Tensor::from_slice(&[1i32, 0, 1], &[3]);
+    let out = x.scatter_max(0, &idx, &upd);
+    let loss = (&out * &Tensor::from_slice(&[1.0f64, 3.0], &[2])).sum_all();
+    let grads = lazuli::grad(&loss, &[&x, &upd]);
+    assert_eq!(grads[0].to_vec::<f64>().unwrap(), [1.0, 1.0]);
+    assert_eq!(grads[1].to_vec::<f64>().unwrap(), [1.0, 0.0, 1.0]);
+}

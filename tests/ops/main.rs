@@ -21,6 +21,7 @@ mod grad_array;
 mod numerics;
 mod ops;
 mod ops_array;
+mod ops_index;
 mod ops_window;
 mod precision;
 mod random;

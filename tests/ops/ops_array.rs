@@ -11,7 +11,7 @@ use lazuli::{DType, Tensor};
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 use proptest::prelude::*;
 
-const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+pub(crate) const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
 /// Every dtype but bool.
 fn numbers() -> Vec<DType> {
@@ -24,25 +24,25 @@ fn index_dtypes() -> Vec<DType> {
 }
 
 /// One recorded result with its expected value; `slack` widens the dtype's tolerance for composites.
-struct Check {
+pub(crate) struct Check {
     name: String,
     got: Tensor,
     want: ArrayD<f64>,
     slack: f64,
 }
 
-fn check(name: impl Into<String>, got: Tensor, want: ArrayD<f64>) -> Check {
+pub(crate) fn check(name: impl Into<String>, got: Tensor, want: ArrayD<f64>) -> Check {
     Check { name: name.into(), got, want, slack: 1.0 }
 }
 
-fn input(rng: &mut Rng, dtype: DType, dims: &[usize], lo: f64, hi: f64) -> (Tensor, ArrayD<f64>) {
+pub(crate) fn input(rng: &mut Rng, dtype: DType, dims: &[usize], lo: f64, hi: f64) -> (Tensor, ArrayD<f64>) {
     let n = dims.iter().product();
     let v = values(rng, dtype, n, lo, hi);
     (tensor_of(dtype, &v, dims), array(v, dims))
 }
 
 /// Integer-valued data in [lo, hi) of any dtype: sums and comparisons are exact in every type.
-fn whole(rng: &mut Rng, dtype: DType, dims: &[usize], lo: f64, hi: f64) -> (Tensor, ArrayD<f64>) {
+pub(crate) fn whole(rng: &mut Rng, dtype: DType, dims: &[usize], lo: f64, hi: f64) -> (Tensor, ArrayD<f64>) {
     let n = dims.iter().product();
     let v: Vec<f64> = values(rng, DType::F64, n, lo, hi).into_iter().map(|x| dtype.round(x.floor())).collect();
     (tensor_of(dtype, &v, dims), array(v, dims))
@@ -62,7 +62,7 @@ fn assert_near(what: &str, dtype: DType, slack: f64, got: &[f64], want: &[f64]) 
 }
 
 /// Run all checks in one program, then compare each with its expectation and with the reference interpreter.
-fn run(checks: Vec<Check>) {
+pub(crate) fn run(checks: Vec<Check>) {
     let refs: Vec<ArrayD<f64>> = checks.iter().map(|c| c.got.evaluate_reference().unwrap()).collect();
     lazuli::sync().unwrap();
     for (c, r) in checks.iter().zip(refs) {
@@ -409,7 +409,7 @@ fn empty_dimensions() {
 }
 
 /// Run `f`, expect a panic, return its message.
-fn panic_message(f: impl FnOnce()) -> String {
+pub(crate) fn panic_message(f: impl FnOnce()) -> String {
     let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
     err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap()
 }

@@ -20,5 +20,6 @@ pub mod result_of;
 pub mod scan;
 pub mod sharding;
 pub mod slicing;
+pub mod sort;
 pub mod special;
 pub mod window;

@@ -10,6 +10,7 @@
 pub mod bench_hooks;
 pub(crate) mod finite;
 pub(crate) mod in_flight;
+pub(crate) mod index_check;
 pub(crate) mod launch;
 pub(crate) mod plan;
 mod profile;
@@ -42,9 +43,13 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     let started = Instant::now();
     // The previous step's check, before anything new is launched (reads come here too).
     finite::check_pending()?;
+    index_check::read_computed()?;
     if !targets.iter().any(|t| t.is_pending()) {
         return Ok(());
     }
+    // Checked indexing's reports still to compute are computed by this step too.
+    let with_reports = index_check::with_reports(targets);
+    let targets = with_reports.as_deref().unwrap_or(targets);
     let rt = runtime()?;
     let Some(mut plan) = plan::plan(rt, targets, at)? else { return Ok(()) };
     let hit = plan.cached.is_some();
@@ -145,12 +150,13 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
 }
 
 /// Wait until every launched program has finished on its devices, then read the last step's finite check (with
-/// `LAZULI_CHECK_FINITE`). `sync()` only enqueues the step; reads (`item`, `to_vec`, checkpoints) wait for what they
-/// read. Use this to time steps or to surface a runtime error at a known point. An error names the line whose
-/// materialization launched the failing program.
+/// `LAZULI_CHECK_FINITE`) and its checked indices' reports. `sync()` only enqueues the step; reads (`item`,
+/// `to_vec`, checkpoints) wait for what they read. Use this to time steps or to surface a runtime error at a known
+/// point. An error names the line whose materialization launched the failing program.
 pub fn wait() -> Result<()> {
     in_flight::wait()?;
-    finite::check_pending()
+    finite::check_pending()?;
+    index_check::read_computed()
 }
 
 /// What the program repeats, for a compile's event: each run of identical copies, with what a scanned body saves.

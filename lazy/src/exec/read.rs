@@ -41,6 +41,8 @@ impl Tensor {
     /// The raw little-endian bytes, computing first if needed.
     fn bytes(&self, cause: Cause, at: Loc) -> Result<Arc<Vec<u8>>> {
         materialize(std::slice::from_ref(&self.node), cause, at)?;
+        // A read waits for its step anyway: a bad checked index of that step is reported here, not later.
+        crate::exec::index_check::read_computed()?;
         let data = self.node.lock().data.clone();
         match data {
             Some(Data::Host(b)) => Ok(b),

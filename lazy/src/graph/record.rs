@@ -458,7 +458,10 @@ impl Tensor {
     /// Permute dimensions: result dimension `i` is dimension `perm[i]` of `self` (negative axes allowed).
     #[track_caller]
     pub fn permute(&self, perm: &[isize]) -> Tensor {
-        let loc = Loc::caller();
+        self.permute_at(perm, Loc::caller())
+    }
+
+    pub(crate) fn permute_at(&self, perm: &[isize], loc: Loc) -> Tensor {
         let perm: Vec<usize> = perm.iter().map(|&p| axis(p, self.rank(), "permute", loc)).collect();
         apply(Op::Transpose(Transpose { perm }), &[self], loc)
     }

@@ -8,6 +8,7 @@ use lazuli_hlo::{
 };
 
 use crate::error::{Error, Result};
+use crate::exec::index_check;
 use crate::graph::constants::constant_like;
 use crate::graph::record::{apply, axis, fail, raise, try_apply, try_axis, Operand};
 use crate::graph::tensor::Tensor;
@@ -226,22 +227,44 @@ impl Tensor {
     }
 
     /// Select entries along `axis` by an integer tensor of any shape: the result has `axis` replaced by the
-    /// indices' dimensions. Out-of-range indices clamp to `[0, n-1]` (XLA's gather semantics; no error).
+    /// indices' dimensions. Out-of-range indices clamp to `[0, n-1]` (XLA's gather semantics; no error), unless
+    /// `LAZULI_CHECK_INDICES=1` makes every call [`Tensor::index_select_checked`].
     #[track_caller]
     pub fn index_select(&self, axis: isize, indices: &Tensor) -> Tensor {
-        self.index_select_at(axis, indices, Loc::caller()).unwrap_or_else(|e| raise(e))
+        self.index_select_at(axis, indices, false, Loc::caller()).unwrap_or_else(|e| raise(e))
     }
 
     /// [`Tensor::index_select`], with [`Error::BadAxis`] or [`Error::WrongDType`] (indices that are not
     /// integers) instead of a panic.
     #[track_caller]
     pub fn try_index_select(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
-        self.index_select_at(axis, indices, Loc::caller())
+        self.index_select_at(axis, indices, false, Loc::caller())
     }
 
-    fn index_select_at(&self, axis: isize, indices: &Tensor, loc: Loc) -> Result<Tensor> {
+    /// [`Tensor::index_select`] whose indices are checked on the device: an index outside `[0, n)` is
+    /// [`Error::IndexOutOfRange`] (the first bad index in row-major order, its position in the indices, the valid
+    /// range, the count of bad ones and this call's line), returned by the read of any result of the step that
+    /// computed it, or by the next materialization or `wait()`. The check is a few small ops in the same program
+    /// and forces no host sync of its own; the result is still computed with clamped indices.
+    #[track_caller]
+    pub fn index_select_checked(&self, axis: isize, indices: &Tensor) -> Tensor {
+        self.index_select_at(axis, indices, true, Loc::caller()).unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::index_select_checked`], with [`Error::BadAxis`] or [`Error::WrongDType`] at the call instead of
+    /// a panic (the indices' values are still checked when the step runs).
+    #[track_caller]
+    pub fn try_index_select_checked(&self, axis: isize, indices: &Tensor) -> Result<Tensor> {
+        self.index_select_at(axis, indices, true, Loc::caller())
+    }
+
+    fn index_select_at(&self, axis: isize, indices: &Tensor, checked: bool, loc: Loc) -> Result<Tensor> {
         let a = try_axis(axis, self.rank(), "index_select", loc)?;
-        try_apply(Op::Take(Take { axis: a }), &[self, indices], loc)
+        let out = try_apply(Op::Take(Take { axis: a }), &[self, indices], loc)?;
+        if checked || index_check::checking_all(loc) {
+            index_check::watch("index_select", indices, a, self.dims()[a], loc)?;
+        }
+        Ok(out)
     }
 
     /// numpy's `take_along_axis(x, indices, axis)`: `out[..., j, ...] = x[..., indices[..., j, ...], ...]` along
@@ -267,7 +290,7 @@ impl Tensor {
         self.take_along_axis_at(indices, axis, Loc::caller())
     }
 
-    fn take_along_axis_at(&self, indices: &Tensor, axis: isize, loc: Loc) -> Result<Tensor> {
+    pub(crate) fn take_along_axis_at(&self, indices: &Tensor, axis: isize, loc: Loc) -> Result<Tensor> {
         let op = "take_along_axis";
         let a = try_axis(axis, self.rank(), op, loc)?;
         let (x, i) = (self.tensor_type(), indices.tensor_type());
@@ -336,21 +359,30 @@ impl Tensor {
         try_apply(Op::Take(Take { axis: 0 }), &[&flat, &lin], loc)
     }
 
-    /// Rows of this `[vocab, d]` table for integer `ids` of any shape: `ids.dims() + [d]`.
+    /// Rows of this `[vocab, d]` table for integer `ids` of any shape: `ids.dims() + [d]`. Ids outside the table
+    /// clamp like `index_select`'s, or, with `LAZULI_CHECK_INDICES=1`, are checked like
+    /// [`Tensor::index_select_checked`]'s.
     #[track_caller]
     pub fn embedding(&self, ids: &Tensor) -> Tensor {
         let loc = Loc::caller();
         if self.rank() != 2 {
             fail(loc, format!("embedding: the table must be [vocab, dim], got {}", self.tensor_type()));
         }
-        apply(Op::Take(Take { axis: 0 }), &[self, ids], loc)
+        let rows = apply(Op::Take(Take { axis: 0 }), &[self, ids], loc);
+        if index_check::checking_all(loc) {
+            index_check::watch("embedding", ids, 0, self.dims()[0], loc).unwrap_or_else(|e| raise(e));
+        }
+        rows
     }
 
     /// This tensor plus `updates` added at `indices` along `axis` (repeated indices accumulate). `updates` has the
     /// shape of `self.index_select(axis, indices)`; out-of-range indices clamp like `index_select`'s.
     #[track_caller]
     pub fn scatter_add(&self, axis: isize, indices: &Tensor, updates: &Tensor) -> Tensor {
-        let loc = Loc::caller();
+        self.scatter_add_at(axis, indices, updates, Loc::caller())
+    }
+
+    pub(crate) fn scatter_add_at(&self, axis: isize, indices: &Tensor, updates: &Tensor, loc: Loc) -> Tensor {
         let a = crate::graph::record::axis(axis, self.rank(), "scatter_add", loc);
         apply(Op::ScatterAdd(ScatterAdd { axis: a }), &[self, indices, updates], loc)
     }
