@@ -1,0 +1,209 @@
+//! The plugin of any device in [`super::targets`]: found, loaded and its client created with checks.
+//!
+//! Where the plugin comes from, first match wins: the device's path variable (`LAZULI_GPU_PLUGIN`, …); the
+//! pinned plugin of `LAZULI_TARGET`; a plugin installed in the site-packages of `LAZULI_PYTHON` (e.g. by
+//! `pip install "jax[cuda13]"`); else the device's first row, from the cache, a wheel in `LAZULI_WHEELS`, or
+//! downloaded. Its libraries are arranged by [`super::libraries`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::libraries::{self, Arranged};
+use super::targets::{targets_of, Device, Library, Target};
+use super::{cpu_plugin_path_in, pinned_plugin_path_in, python_paths, user_plugin, Sources};
+use crate::error::{Error, Result};
+use crate::{Client, ClientOptions, Plugin};
+
+/// A device's plugin, ready to load.
+#[derive(Clone, Debug)]
+pub struct DevicePlugin {
+    pub path: PathBuf,
+    /// Its row in the table (for a file named by a variable: the device's row it most likely is).
+    pub target: &'static Target,
+    /// Where it was found, for messages: a variable's name, "Python's site-packages" or "the pinned wheel".
+    pub origin: String,
+    /// Libraries opened before the plugin (absolute paths, in that order), so that its own `dlopen` finds them.
+    pub preload: Vec<PathBuf>,
+    /// The target's libraries found nowhere.
+    pub missing: Vec<&'static Library>,
+}
+
+/// Finds (or fetches) `device`'s plugin and arranges its libraries. Loads nothing.
+pub fn device_plugin_in(device: Device, sources: &Sources) -> Result<DevicePlugin> {
+    let (path, target, origin) = locate(device, sources)?;
+    let Arranged { preload, missing } = libraries::arrange(target, &path, sources);
+    Ok(DevicePlugin { path, target, origin, preload, missing })
+}
+
+/// [`device_plugin_in`], then the libraries opened and the plugin loaded: its C API version must lie in the
+/// target's accepted range. A `dlopen` failure names the libraries the plugin needs that are nowhere to be found
+/// and where they come from.
+pub fn load_device_plugin(device: Device, sources: &Sources) -> Result<(Plugin, DevicePlugin)> {
+    let found = device_plugin_in(device, sources)?;
+    if device == Device::Tpu {
+        skip_tpu_metadata_without_tpus();
+    }
+    #[cfg(unix)]
+    for library in &found.preload {
+        crate::ffi::preload_library(library).map_err(|reason| Error::Load {
+            path: found.path.clone(),
+            reason: format!("cannot open its library {}: {reason}", library.display()),
+        })?;
+    }
+    let (min, max) = found.target.accepts;
+    match Plugin::load_accepting(&found.path, min, max) {
+        Ok(plugin) => Ok((plugin, found)),
+        Err(Error::Load { path, reason }) => {
+            let reason = format!("{reason}{}", libraries::explain_missing(found.target, &path, &found.preload));
+            Err(Error::Load { path, reason })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// libtpu asks Google Cloud's metadata server for the slice's shape while it initializes, 30 times per key with
+/// pauses, about 30 s a key and minutes in all, on a machine that is not a TPU VM. `TPU_SKIP_MDS_QUERY=1` stops
+/// that; set here (before the plugin is loaded) only when the machine has no TPU device files and the user did
+/// not set it, so a TPU VM keeps libtpu's own behaviour.
+fn skip_tpu_metadata_without_tpus() {
+    let has_tpus = ["/dev", "/dev/vfio"].iter().any(|dir| {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("accel") || (*dir == "/dev/vfio" && name.chars().all(|c| c.is_ascii_digit()))
+            })
+        })
+    });
+    if !has_tpus && std::env::var_os("TPU_SKIP_MDS_QUERY").is_none() {
+        std::env::set_var("TPU_SKIP_MDS_QUERY", "1");
+    }
+}
+
+/// How long client creation may take before lazuli gives up on it: libtpu, for one, waits on cloud metadata
+/// servers and device files that a machine without the hardware never answers.
+pub const CLIENT_CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Creates the client of a loaded device plugin within `timeout`, and checks it: the platform the target
+/// promises, at least one device. Errors say what is missing (libraries, a driver, the hardware).
+pub fn create_device_client(
+    plugin: &Plugin,
+    found: &DevicePlugin,
+    options: &ClientOptions,
+    timeout: Duration,
+) -> Result<Client> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (plugin_copy, options_copy) = (plugin.clone(), options.clone());
+    // A client creation that hangs cannot be interrupted: its thread is left behind, the caller gets the error.
+    std::thread::Builder::new()
+        .name("lazuli-client-create".into())
+        .spawn(move || {
+            let _ = tx.send(Client::new(&plugin_copy, &options_copy));
+        })
+        .map_err(|e| Error::Provision(format!("cannot start a thread to create the client: {e}")))?;
+    let what =
+        format!("the PJRT {} plugin {} (from {})", found.target.device.name(), found.path.display(), found.origin);
+    let client = match rx.recv_timeout(timeout) {
+        Ok(Ok(client)) => client,
+        Ok(Err(e)) => return Err(Error::Provision(format!("{what} cannot create a client: {e}{}", hints(found)))),
+        Err(_) => {
+            return Err(Error::Provision(format!(
+                "{what} did not create a client within {} s, so lazuli gave up on it; a machine without this \
+                 hardware often waits like this{}",
+                timeout.as_secs(),
+                hints(found)
+            )))
+        }
+    };
+    check_client(&client, found, &what)?;
+    Ok(client)
+}
+
+fn check_client(client: &Client, found: &DevicePlugin, what: &str) -> Result<()> {
+    let platform = client.platform_name()?;
+    if !platform.eq_ignore_ascii_case(found.target.platform) {
+        return Err(Error::Provision(format!(
+            "{what} runs on platform {platform:?}, not {:?} as LAZULI_DEVICE={} expects",
+            found.target.platform,
+            found.target.device.setting()
+        )));
+    }
+    if client.devices().is_empty() {
+        return Err(Error::Provision(format!("{what} created a client that sees no devices{}", hints(found))));
+    }
+    Ok(())
+}
+
+/// What the user can do about a failed client: the missing libraries and where they come from.
+fn hints(found: &DevicePlugin) -> String {
+    if found.missing.is_empty() {
+        return String::new();
+    }
+    format!("\nThese libraries it needs were not found:{}", libraries::describe(&found.missing))
+}
+
+/// The plugin file and its row: from a variable, `LAZULI_TARGET`, site-packages or the default row.
+fn locate(device: Device, sources: &Sources) -> Result<(PathBuf, &'static Target, String)> {
+    let default = targets_of(device).next().expect("every device has a row");
+    if let Some(target) = sources.target.filter(|t| t.device != device) {
+        return Err(Error::Provision(format!(
+            "LAZULI_TARGET={} is a {} target, but LAZULI_DEVICE={}",
+            target.name,
+            target.device.name(),
+            device.setting()
+        )));
+    }
+    if device == Device::Cpu && sources.target.is_none() {
+        let target = sources.cpu_plugin.map_or(default, |kind| kind.target());
+        let origin = if sources.pjrt_plugin.is_some() { "LAZULI_PJRT_PLUGIN" } else { "the pinned wheel" };
+        return Ok((cpu_plugin_path_in(sources)?, target, origin.into()));
+    }
+    if let Some((path, var)) = explicit(device, sources) {
+        let target = sources.target.unwrap_or_else(|| likely_target(device, &path));
+        return Ok((user_plugin(path, var)?, target, var.into()));
+    }
+    if let Some(target) = sources.target {
+        return Ok((pinned_plugin_path_in(target, sources)?, target, "the pinned wheel".into()));
+    }
+    if let Some((path, target)) = installed(device, sources) {
+        return Ok((path, target, format!("the site-packages of {}", sources.python())));
+    }
+    let path = pinned_plugin_path_in(default, sources).map_err(|e| not_installed(default, sources, e))?;
+    Ok((path, default, "the pinned wheel".into()))
+}
+
+fn explicit(device: Device, sources: &Sources) -> Option<(PathBuf, &'static str)> {
+    match device {
+        Device::Cuda => sources.gpu_plugin.clone().map(|p| (p, "LAZULI_GPU_PLUGIN")),
+        Device::Tpu => sources.tpu_plugin.clone(),
+        Device::Rocm => sources.rocm_plugin.clone().map(|p| (p, "LAZULI_ROCM_PLUGIN")),
+        Device::Xpu => sources.xpu_plugin.clone().map(|p| (p, "LAZULI_XPU_PLUGIN")),
+        Device::Cpu => sources.pjrt_plugin.clone().map(|p| (p, "LAZULI_PJRT_PLUGIN")),
+        Device::Metal => None,
+    }
+}
+
+/// The device's row whose installed path the file's path ends with (`xla_cuda12/…` is CUDA 12), else its first.
+fn likely_target(device: Device, path: &Path) -> &'static Target {
+    let mut rows = targets_of(device);
+    let first = rows.next().expect("every device has a row");
+    std::iter::once(first).chain(rows).find(|t| path.ends_with(t.installed_as)).unwrap_or(first)
+}
+
+/// A plugin of `device` installed in the Python environment's site-packages (its first row that is).
+fn installed(device: Device, sources: &Sources) -> Option<(PathBuf, &'static Target)> {
+    let dirs = python_paths(sources);
+    targets_of(device).find_map(|t| dirs.iter().map(|d| d.join(t.installed_as)).find(|p| p.is_file()).map(|p| (p, t)))
+}
+
+/// The fetch error, with the other ways to get a plugin first.
+fn not_installed(target: &Target, sources: &Sources, fetch: Error) -> Error {
+    Error::Provision(format!(
+        "no PJRT {} plugin is installed in the site-packages of {} and none could be fetched.\n{fetch}\n  \
+         3. or install it into that Python: {} -m pip install {}=={}",
+        target.device.name(),
+        sources.python(),
+        sources.python(),
+        target.plugin.pip_name,
+        target.plugin.version,
+    ))
+}
