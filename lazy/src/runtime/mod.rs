@@ -132,7 +132,7 @@ impl Config {
                 ("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into())),
                 ("xla_cpu_enable_fast_min_max".into(), XlaOption::Bool(false)),
             ],
-            Backend::Tpu => Vec::new(),
+            Backend::Tpu | Backend::Rocm | Backend::Xpu => Vec::new(),
         }
     }
 }
@@ -155,24 +155,22 @@ static INIT: Mutex<()> = Mutex::new(());
 impl Runtime {
     fn new(config: Config) -> Result<Runtime> {
         check_settings(&config)?;
-        let path = match (&config.plugin_path, config.backend) {
-            (Some(p), _) => p.clone(),
-            (None, Backend::Cpu) => provision::cpu_plugin_path_in(&config.plugins)?,
-            (None, Backend::Gpu) => provision::gpu_plugin_path_in(&config.plugins)?,
-            (None, Backend::Tpu) => provision::tpu_plugin_path_in(&config.plugins)?,
-        };
-        let plugin = Plugin::load(&path)?;
         let mut opts = ClientOptions::new();
         if config.backend == Backend::Cpu {
             opts = opts.cpu_device_count(config.cpu_device_count);
             opts = opts.bool_option("asynchronous", config.cpu_async);
         }
-        let client = Client::new(&plugin, &opts)?;
-        let device = client
-            .devices()
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Config(format!("the plugin {} reports no devices", path.display())))?;
+        let client = match &config.plugin_path {
+            Some(path) => Client::new(&Plugin::load(path)?, &opts)?,
+            // The target table's checks: C API range, libraries, platform, devices, bounded creation.
+            None => {
+                let (plugin, found) = provision::load_device_plugin(config.backend.device(), &config.plugins)?;
+                provision::create_device_client(&plugin, &found, &opts, provision::CLIENT_CREATE_TIMEOUT)?
+            }
+        };
+        let device = client.devices().into_iter().next().ok_or_else(|| {
+            Error::Config(format!("the plugin {} reports no devices", client.plugin().path().display()))
+        })?;
         let target = kernel_target(&client, &device)?;
         Ok(Runtime {
             client,
