@@ -33,6 +33,9 @@ fn child() {
     for library in &found.preload {
         println!("preloaded {}", library.display());
     }
+    if let Some(dir) = &found.cuda_data_dir {
+        println!("cuda data dir {}", dir.display());
+    }
     if what == "client" {
         let options = ClientOptions::new();
         let client = provision::create_device_client(&plugin, &found, &options, CLIENT_TIMEOUT);
@@ -57,7 +60,14 @@ fn run_child(what: &str, device: Device, env: &[(&str, &Path)], limit: Duration)
         .env("TF_CPP_MIN_LOG_LEVEL", "2")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for var in ["LAZULI_TARGET", "LAZULI_WHEELS", "LAZULI_GPU_PLUGIN", "LAZULI_TPU_PLUGIN", "TPU_LIBRARY_PATH"] {
+    for var in [
+        "LAZULI_TARGET",
+        "LAZULI_WHEELS",
+        "LAZULI_GPU_PLUGIN",
+        "LAZULI_TPU_PLUGIN",
+        "TPU_LIBRARY_PATH",
+        "LAZULI_PYTHON",
+    ] {
         command.env_remove(var);
     }
     for (var, value) in env {
@@ -183,5 +193,73 @@ fn a_corrupted_wheel_is_refused() {
     assert!(wheel.is_file(), "the user's wheel was deleted");
     let plugin_dir = cache.join("plugins").join(format!("{}-{}", target.plugin.pip_name, target.plugin.version));
     assert!(!plugin_dir.join("xla_cuda_plugin.so").exists());
+    fs::remove_dir_all(&root).unwrap();
+}
+
+/// The CUDA runtime's wheel (2.5 MB), kept in the cache's `test-wheels/` so a machine downloads it once.
+fn cuda_runtime_wheel() -> PathBuf {
+    const WHEEL: &str = "nvidia_cuda_runtime-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
+    const SHA256: &str = "df2b79a8852f10d1fef8c848489c49eebb5754051bf870202a862831412b179d";
+    let dir = provision::cache_dir().unwrap().join("test-wheels");
+    let wheel = dir.join(WHEEL);
+    if !wheel.is_file() {
+        let status = Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
+            .args(["--platform", "manylinux_2_17_x86_64", "nvidia-cuda-runtime==13.5.37", "-d"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(status.success() && wheel.is_file(), "pip download of {WHEEL} failed");
+    }
+    use sha2::Digest;
+    let digest: String = sha2::Sha256::digest(fs::read(&wheel).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(digest, SHA256, "{}", wheel.display());
+    wheel
+}
+
+fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::write(path, text).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// The CUDA plugin's libraries are opened before it, by absolute path: unpacked from a wheel in `LAZULI_WHEELS`,
+/// or from the site-packages of the Python in use (the plugin itself still the pinned one); those found
+/// nowhere are named when the client fails.
+#[test]
+fn cuda_libraries_from_wheels_or_site_packages_are_opened_first() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-cudart-{}", std::process::id()));
+    let wheels = root.join("wheels");
+    fs::create_dir_all(&wheels).unwrap();
+    let wheel = cuda_runtime_wheel();
+    fs::copy(&wheel, wheels.join(wheel.file_name().unwrap())).unwrap();
+    // A Python without site-packages: the libraries can only come from the wheels.
+    let no_site = root.join("no-site-python");
+    write_executable(&no_site, "#!/bin/sh\nexit 1\n");
+    let cuda13 = PathBuf::from("cuda13");
+    let env = [("LAZULI_TARGET", cuda13.as_path()), ("LAZULI_WHEELS", &wheels), ("LAZULI_PYTHON", &no_site)];
+    let (out, _) = run_child("client", Device::Cuda, &env, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    let unpacked = provision::cache_dir().unwrap().join("libs/nvidia/cu13/lib/libcudart.so.13");
+    assert!(stdout.contains(&format!("preloaded {}", unpacked.canonicalize().unwrap().display())), "{stdout}");
+    assert!(!stderr.contains("\n  libcudart.so.13 ("), "found, yet named missing: {stderr}");
+    assert!(stderr.contains("\n  libcublas.so.13 (pip wheel nvidia-cublas"), "{stderr}");
+
+    // A Python whose site-packages hold the CUDA runtime and ptxas, as `pip install "jax[cuda13]"` leaves them.
+    let site = root.join("site-packages");
+    fs::create_dir_all(site.join("nvidia/cu13/lib")).unwrap();
+    fs::create_dir_all(site.join("nvidia/cu13/bin")).unwrap();
+    fs::copy(&unpacked, site.join("nvidia/cu13/lib/libcudart.so.13")).unwrap();
+    fs::write(site.join("nvidia/cu13/bin/ptxas"), "").unwrap();
+    let python = root.join("python");
+    write_executable(&python, &format!("#!/bin/sh\necho '{}'\n", site.display()));
+    let env = [("LAZULI_TARGET", cuda13.as_path()), ("LAZULI_PYTHON", &python)];
+    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let from_site = site.join("nvidia/cu13/lib/libcudart.so.13").canonicalize().unwrap();
+    assert!(stdout.contains(&format!("preloaded {}", from_site.display())), "{stdout}");
+    assert!(stdout.contains(&format!("cuda data dir {}", site.join("nvidia/cu13").display())), "{stdout}");
     fs::remove_dir_all(&root).unwrap();
 }

@@ -147,6 +147,8 @@ pub(crate) struct Runtime {
     pub cache: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
     /// Backend defaults ([`Config::backend_xla_options`]) the plugin refused as unknown; compiles leave them out.
     unknown_options: Mutex<Vec<String>>,
+    /// Options the provisioned plugin needs (the CUDA tools' directory), before the configured ones.
+    plugin_options: Vec<(String, XlaOption)>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -160,11 +162,16 @@ impl Runtime {
             opts = opts.cpu_device_count(config.cpu_device_count);
             opts = opts.bool_option("asynchronous", config.cpu_async);
         }
+        let mut plugin_options = Vec::new();
         let client = match &config.plugin_path {
             Some(path) => Client::new(&Plugin::load(path)?, &opts)?,
             // The target table's checks: C API range, libraries, platform, devices, bounded creation.
             None => {
                 let (plugin, found) = provision::load_device_plugin(config.backend.device(), &config.plugins)?;
+                if let Some(dir) = &found.cuda_data_dir {
+                    let dir = XlaOption::Str(dir.to_string_lossy().into_owned());
+                    plugin_options.push(("xla_gpu_cuda_data_dir".to_string(), dir));
+                }
                 provision::create_device_client(&plugin, &found, &opts, provision::CLIENT_CREATE_TIMEOUT)?
             }
         };
@@ -179,6 +186,7 @@ impl Runtime {
             config,
             cache: Mutex::new(HashMap::new()),
             unknown_options: Mutex::new(Vec::new()),
+            plugin_options,
         })
     }
 
@@ -212,6 +220,7 @@ impl Runtime {
         let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
         let mut all: Vec<_> =
             self.config.backend_xla_options().into_iter().filter(|(name, _)| !unknown.contains(name)).collect();
+        all.extend(self.plugin_options.iter().cloned());
         all.extend(self.config.xla_options.iter().cloned());
         all
     }

@@ -26,13 +26,21 @@ pub struct DevicePlugin {
     pub preload: Vec<PathBuf>,
     /// The target's libraries found nowhere.
     pub missing: Vec<&'static Library>,
+    /// For CUDA: the directory of `ptxas` and libdevice beside the libraries found, for XLA's
+    /// `xla_gpu_cuda_data_dir` (XLA looks beside the plugin file otherwise, which a cached plugin is not).
+    pub cuda_data_dir: Option<PathBuf>,
 }
+
+/// The start of [`DevicePlugin::origin`] for a plugin installed in site-packages.
+const INSTALLED: &str = "the site-packages of ";
 
 /// Finds (or fetches) `device`'s plugin and arranges its libraries. Loads nothing.
 pub fn device_plugin_in(device: Device, sources: &Sources) -> Result<DevicePlugin> {
     let (path, target, origin) = locate(device, sources)?;
-    let Arranged { preload, missing } = libraries::arrange(target, &path, sources);
-    Ok(DevicePlugin { path, target, origin, preload, missing })
+    let Arranged { preload, missing, cuda_data_dir } = libraries::arrange(target, &path, sources);
+    // An installed plugin's XLA finds the tools beside itself, in the same site-packages.
+    let cuda_data_dir = cuda_data_dir.filter(|_| !origin.starts_with(INSTALLED));
+    Ok(DevicePlugin { path, target, origin, preload, missing, cuda_data_dir })
 }
 
 /// [`device_plugin_in`], then the libraries opened and the plugin loaded: its C API version must lie in the
@@ -165,7 +173,7 @@ fn locate(device: Device, sources: &Sources) -> Result<(PathBuf, &'static Target
         return Ok((pinned_plugin_path_in(target, sources)?, target, "the pinned wheel".into()));
     }
     if let Some((path, target)) = installed(device, sources) {
-        return Ok((path, target, format!("the site-packages of {}", sources.python())));
+        return Ok((path, target, format!("{INSTALLED}{}", sources.python())));
     }
     let path = pinned_plugin_path_in(default, sources).map_err(|e| not_installed(default, sources, e))?;
     Ok((path, default, "the pinned wheel".into()))

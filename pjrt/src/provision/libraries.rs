@@ -19,6 +19,8 @@ use super::{cache_dir_in, file_name, python_paths, unique, Sources};
 pub(super) struct Arranged {
     pub preload: Vec<PathBuf>,
     pub missing: Vec<&'static Library>,
+    /// The target's `cuda_data_dir` where it holds `bin/ptxas`.
+    pub cuda_data_dir: Option<PathBuf>,
 }
 
 /// Finds each of `target`'s libraries: in site-packages or the cache (to be preloaded), or on the system's
@@ -42,7 +44,10 @@ pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources)
             None => missing.push(library),
         }
     }
-    Arranged { preload, missing }
+    let cuda_data_dir = (!target.cuda_data_dir.is_empty())
+        .then(|| roots.iter().map(|r| r.join(target.cuda_data_dir)).find(|d| d.join("bin").join("ptxas").is_file()))
+        .flatten();
+    Arranged { preload, missing, cuda_data_dir }
 }
 
 /// The part of a load error that says which of the plugin's `DT_NEEDED` libraries cannot be found, and where

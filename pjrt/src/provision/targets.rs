@@ -117,6 +117,9 @@ pub struct Target {
     pub libraries: &'static [Library],
     /// Client create options the plugin documents: (name, value type).
     pub create_options: &'static [(&'static str, &'static str)],
+    /// Where, relative to site-packages, the CUDA tools XLA compiles with lie (`bin/ptxas`, `nvvm/libdevice`):
+    /// XLA's `xla_gpu_cuda_data_dir`. Empty for other devices.
+    pub cuda_data_dir: &'static str,
 }
 
 /// The oldest C API whose struct layouts lazuli's bindings use (see `ffi::MIN_API_VERSION`), and the newest
@@ -275,6 +278,7 @@ const fn cuda(
     installed_as: &'static str,
     api: (i32, i32),
     libraries: &'static [Library],
+    cuda_data_dir: &'static str,
 ) -> Target {
     Target {
         name,
@@ -287,6 +291,7 @@ const fn cuda(
         accepts: ACCEPTED,
         libraries,
         create_options: GPU_OPTIONS,
+        cuda_data_dir,
     }
 }
 
@@ -313,6 +318,7 @@ pub const TARGETS: &[Target] = &[
         accepts: ACCEPTED,
         libraries: &[],
         create_options: CPU_OPTIONS,
+        cuda_data_dir: "",
     },
     Target {
         name: "xla-cpu-pjrt",
@@ -335,6 +341,7 @@ pub const TARGETS: &[Target] = &[
         accepts: ACCEPTED,
         libraries: &[],
         create_options: &[("cpu_device_count", "int64")],
+        cuda_data_dir: "",
     },
     cuda(
         "cuda13",
@@ -352,6 +359,7 @@ pub const TARGETS: &[Target] = &[
         "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
         (0, 116),
         CUDA13_LIBRARIES,
+        "nvidia/cu13",
     ),
     cuda(
         "cuda13-0.11.2",
@@ -369,6 +377,7 @@ pub const TARGETS: &[Target] = &[
         "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
         (0, 115),
         CUDA13_LIBRARIES,
+        "nvidia/cu13",
     ),
     cuda(
         "cuda12",
@@ -386,6 +395,7 @@ pub const TARGETS: &[Target] = &[
         "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
         (0, 116),
         CUDA12_LIBRARIES,
+        "nvidia/cuda_nvcc",
     ),
     cuda(
         "cuda12-0.11.2",
@@ -403,6 +413,7 @@ pub const TARGETS: &[Target] = &[
         "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
         (0, 115),
         CUDA12_LIBRARIES,
+        "nvidia/cuda_nvcc",
     ),
     Target {
         name: "libtpu",
@@ -425,6 +436,7 @@ pub const TARGETS: &[Target] = &[
         accepts: ACCEPTED,
         libraries: &[],
         create_options: &[],
+        cuda_data_dir: "",
     },
     Target {
         name: "rocm7",
@@ -447,6 +459,7 @@ pub const TARGETS: &[Target] = &[
         accepts: ACCEPTED,
         libraries: ROCM_LIBRARIES,
         create_options: GPU_OPTIONS,
+        cuda_data_dir: "",
     },
     Target {
         name: "oneapi",
@@ -469,6 +482,7 @@ pub const TARGETS: &[Target] = &[
         accepts: ACCEPTED,
         libraries: ONEAPI_LIBRARIES,
         create_options: GPU_OPTIONS,
+        cuda_data_dir: "",
     },
     Target {
         name: "metal",
@@ -494,6 +508,7 @@ pub const TARGETS: &[Target] = &[
         accepts: ACCEPTED,
         libraries: &[],
         create_options: &[],
+        cuda_data_dir: "",
     },
 ];
 
