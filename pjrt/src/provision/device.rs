@@ -26,6 +26,8 @@ pub struct DevicePlugin {
     pub preload: Vec<PathBuf>,
     /// The target's libraries found nowhere.
     pub missing: Vec<&'static Library>,
+    /// Libraries found that could not be opened, with the loader's reason.
+    pub unopened: Vec<String>,
     /// For CUDA: the directory of `ptxas` and libdevice beside the libraries found, for XLA's
     /// `xla_gpu_cuda_data_dir` (XLA looks beside the plugin file otherwise, which a cached plugin is not).
     pub cuda_data_dir: Option<PathBuf>,
@@ -40,7 +42,7 @@ pub fn device_plugin_in(device: Device, sources: &Sources) -> Result<DevicePlugi
     let Arranged { preload, missing, cuda_data_dir } = libraries::arrange(target, &path, sources);
     // An installed plugin's XLA finds the tools beside itself, in the same site-packages.
     let cuda_data_dir = cuda_data_dir.filter(|_| !origin.starts_with(INSTALLED));
-    Ok(DevicePlugin { path, target, origin, preload, missing, cuda_data_dir })
+    Ok(DevicePlugin { path, target, origin, preload, missing, unopened: Vec::new(), cuda_data_dir })
 }
 
 /// [`device_plugin_in`], then the libraries opened and the plugin loaded: its C API version must lie in the
@@ -51,13 +53,16 @@ pub fn load_device_plugin(device: Device, sources: &Sources) -> Result<(Plugin, 
     if device == Device::Tpu {
         skip_tpu_metadata_without_tpus();
     }
+    let mut found = found;
     #[cfg(unix)]
-    for library in &found.preload {
-        crate::ffi::preload_library(library).map_err(|reason| Error::Load {
-            path: found.path.clone(),
-            reason: format!("cannot open its library {}: {reason}", library.display()),
-        })?;
-    }
+    found.preload.retain(|library| match crate::ffi::preload_library(library) {
+        Ok(()) => true,
+        // Not fatal: the plugin may not need it, and if it does, its own error and `hints` say so.
+        Err(reason) => {
+            found.unopened.push(format!("{} ({reason})", library.display()));
+            false
+        }
+    });
     let (min, max) = found.target.accepts;
     match Plugin::load_accepting(&found.path, min, max) {
         Ok(plugin) => Ok((plugin, found)),
@@ -143,10 +148,14 @@ fn check_client(client: &Client, found: &DevicePlugin, what: &str) -> Result<()>
 
 /// What the user can do about a failed client: the missing libraries and where they come from.
 fn hints(found: &DevicePlugin) -> String {
-    if found.missing.is_empty() {
-        return String::new();
+    let mut text = String::new();
+    if !found.missing.is_empty() {
+        text.push_str(&format!("\nThese libraries it needs were not found:{}", libraries::describe(&found.missing)));
     }
-    format!("\nThese libraries it needs were not found:{}", libraries::describe(&found.missing))
+    for library in &found.unopened {
+        text.push_str(&format!("\nThis library was found but could not be opened: {library}"));
+    }
+    text
 }
 
 /// The plugin file and its row: from a variable, `LAZULI_TARGET`, site-packages or the default row.
@@ -174,6 +183,19 @@ fn locate(device: Device, sources: &Sources) -> Result<(PathBuf, &'static Target
     }
     if let Some((path, target)) = installed(device, sources) {
         return Ok((path, target, format!("{INSTALLED}{}", sources.python())));
+    }
+    // Not worth a download: without its driver the plugin cannot create a client.
+    let absent = libraries::missing_system_libraries(default);
+    if !absent.is_empty() {
+        return Err(Error::Provision(format!(
+            "LAZULI_DEVICE={}: no PJRT {} plugin is installed in the site-packages of {}, and this machine lacks \
+             what it needs to run one, so none was fetched:{}\nSet LAZULI_TARGET={} to fetch its plugin anyway.",
+            device.setting(),
+            device.name(),
+            sources.python(),
+            libraries::describe(&absent),
+            default.name
+        )));
     }
     let path = pinned_plugin_path_in(default, sources).map_err(|e| not_installed(default, sources, e))?;
     Ok((path, default, "the pinned wheel".into()))

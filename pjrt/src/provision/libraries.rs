@@ -84,10 +84,20 @@ pub(super) fn describe(libraries: &[&Library]) -> String {
     libraries
         .iter()
         .map(|l| match l.wheel {
+            // Intel's wheels put their libraries in the environment's lib/, two levels above site-packages.
+            Some(wheel) if l.dir.starts_with("..") => {
+                format!("\n  {} (pip wheel {wheel}, in the environment's lib/; or {})", l.soname, l.system)
+            }
             Some(wheel) => format!("\n  {} (pip wheel {wheel}, in {}; or {})", l.soname, l.dir, l.system),
             None => format!("\n  {} ({})", l.soname, l.system),
         })
         .collect()
+}
+
+/// The system libraries (no wheel provides them: a driver) of `target` that the loader cannot find.
+pub(super) fn missing_system_libraries(target: &Target) -> Vec<&'static Library> {
+    let system = SystemSearch::new(Path::new("/"));
+    target.libraries.iter().filter(|l| l.wheel.is_none() && !system.finds(l.soname)).collect()
 }
 
 /// Unpacks, from the wheel files in `wheels`, every library of `target` not yet in `cache` (keeping each

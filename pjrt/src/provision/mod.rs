@@ -335,6 +335,12 @@ fn fetch(target: &Target, dir: &Path, so: &Path, sources: &Sources) -> std::resu
     let (wheel, download_dir) = if placed.is_file() {
         (placed.clone(), None) // put there by hand, as the error message suggests
     } else if let Some(given) = given {
+        eprintln!(
+            "lazuli: unpacking PJRT {} plugin from {} into {}",
+            target.device.name(),
+            given.display(),
+            dir.display()
+        );
         (given, None)
     } else {
         let download_dir = unique(dir, "download");
