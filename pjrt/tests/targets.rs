@@ -26,8 +26,12 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 fn child() {
     let Ok(what) = std::env::var(CHILD) else { return };
     let device = Device::from_setting(&std::env::var("LAZULI_DEVICE").unwrap()).unwrap();
-    let result = Sources::from_env().and_then(|sources| provision::load_device_plugin(device, &sources));
-    let (plugin, found) = result.unwrap_or_else(|e| fail(e));
+    let sources = Sources::from_env().unwrap_or_else(|e| fail(e));
+    provision::device_plugin_in(device, &sources).unwrap_or_else(|e| fail(e)); // fetched, if needed, untimed
+    let start = Instant::now();
+    let loaded = provision::load_device_plugin(device, &sources);
+    eprintln!("load: {:.2} s", start.elapsed().as_secs_f64());
+    let (plugin, found) = loaded.unwrap_or_else(|e| fail(e));
     let (major, minor) = plugin.api_version();
     println!("api {major}.{minor} from {}", found.origin);
     for library in &found.preload {
@@ -38,7 +42,9 @@ fn child() {
     }
     if what == "client" {
         let options = ClientOptions::new();
+        let start = Instant::now();
         let client = provision::create_device_client(&plugin, &found, &options, CLIENT_TIMEOUT);
+        eprintln!("client: {:.2} s", start.elapsed().as_secs_f64());
         let client = client.unwrap_or_else(|e| fail(e));
         println!("client on {} with {} devices", client.platform_name().unwrap(), client.devices().len());
     }
@@ -137,6 +143,12 @@ fn clients_without_hardware_fail_clearly_and_in_time() {
         let plugin = format!("the PJRT {} plugin", target.device.name());
         assert!(stderr.contains(&plugin) && stderr.contains("(from the pinned wheel)"), "{stderr}");
         assert!(stderr.contains("cannot create a client") || stderr.contains("did not create a client within"));
+        // Loading and client creation end well within the bound: libtpu does not wait on metadata servers.
+        for step in ["load", "client"] {
+            let seconds = stderr.lines().find_map(|l| l.strip_prefix(&format!("{step}: "))?.strip_suffix(" s"));
+            let seconds: f64 = seconds.unwrap_or_else(|| panic!("no {step} time in {stderr}")).parse().unwrap();
+            assert!(seconds < CLIENT_TIMEOUT.as_secs_f64() / 2.0, "{name}: {step} took {seconds} s");
+        }
         if name == "cuda13" {
             // No NVIDIA driver here, nor the nvidia-* wheels: both named, with where they come from.
             assert!(stderr.contains("libcuda.so.1 (the NVIDIA driver"), "{stderr}");

@@ -63,8 +63,17 @@ pub fn load_device_plugin(device: Device, sources: &Sources) -> Result<(Plugin, 
             false
         }
     });
-    let (min, max) = found.target.accepts;
-    match Plugin::load_accepting(&found.path, min, max) {
+    let ((min, max), path) = (found.target.accepts, found.path.clone());
+    let loaded = bounded(CLIENT_CREATE_TIMEOUT, move || Plugin::load_accepting(&path, min, max)).unwrap_or_else(|| {
+        Err(Error::Provision(format!(
+            "the PJRT {} plugin {} (from {}) did not finish initializing within {} s, so lazuli gave up on it",
+            device.name(),
+            found.path.display(),
+            found.origin,
+            CLIENT_CREATE_TIMEOUT.as_secs()
+        )))
+    });
+    match loaded {
         Ok(plugin) => Ok((plugin, found)),
         Err(Error::Load { path, reason }) => {
             let reason = format!("{reason}{}", libraries::explain_missing(found.target, &path, &found.preload));
@@ -104,21 +113,14 @@ pub fn create_device_client(
     options: &ClientOptions,
     timeout: Duration,
 ) -> Result<Client> {
-    let (tx, rx) = std::sync::mpsc::channel();
     let (plugin_copy, options_copy) = (plugin.clone(), options.clone());
-    // A client creation that hangs cannot be interrupted: its thread is left behind, the caller gets the error.
-    std::thread::Builder::new()
-        .name("lazuli-client-create".into())
-        .spawn(move || {
-            let _ = tx.send(Client::new(&plugin_copy, &options_copy));
-        })
-        .map_err(|e| Error::Provision(format!("cannot start a thread to create the client: {e}")))?;
+    let created = bounded(timeout, move || Client::new(&plugin_copy, &options_copy));
     let what =
         format!("the PJRT {} plugin {} (from {})", found.target.device.name(), found.path.display(), found.origin);
-    let client = match rx.recv_timeout(timeout) {
-        Ok(Ok(client)) => client,
-        Ok(Err(e)) => return Err(Error::Provision(format!("{what} cannot create a client: {e}{}", hints(found)))),
-        Err(_) => {
+    let client = match created {
+        Some(Ok(client)) => client,
+        Some(Err(e)) => return Err(Error::Provision(format!("{what} cannot create a client: {e}{}", hints(found)))),
+        None => {
             return Err(Error::Provision(format!(
                 "{what} did not create a client within {} s, so lazuli gave up on it; a machine without this \
                  hardware often waits like this{}",
@@ -129,6 +131,22 @@ pub fn create_device_client(
     };
     check_client(&client, found, &what)?;
     Ok(client)
+}
+
+/// `work()` on a thread of its own, or `None` if it did not finish within `timeout`. A plugin call that hangs
+/// cannot be interrupted: its thread is left behind and the caller gets the error.
+fn bounded<T: Send + 'static>(
+    timeout: Duration,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Option<Result<T>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("lazuli-plugin-start".into()).spawn(move || {
+        let _ = tx.send(work());
+    });
+    if let Err(e) = spawned {
+        return Some(Err(Error::Provision(format!("cannot start a thread for the plugin: {e}"))));
+    }
+    rx.recv_timeout(timeout).ok()
 }
 
 fn check_client(client: &Client, found: &DevicePlugin, what: &str) -> Result<()> {
