@@ -541,6 +541,12 @@ mod tests {
                 assert!(t.accepts.0 <= v && v <= t.accepts.1, "{}", t.name);
             }
         }
+        // The README's table of targets names every row.
+        let readme = include_str!("../../../README.md");
+        let table = readme.split("### Targets").nth(1).expect("the README's \"Targets\" section");
+        for t in TARGETS {
+            assert!(table.contains(&format!("`{}`", t.name)), "the README's Targets table lacks {}", t.name);
+        }
         for device in Device::ALL {
             assert!(targets_of(device).next().is_some(), "{device:?}");
             assert_eq!(Device::from_setting(device.setting()), Some(device));
