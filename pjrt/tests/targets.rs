@@ -257,6 +257,8 @@ fn cuda_libraries_from_wheels_or_site_packages_are_opened_first() {
     assert!(stdout.contains(&format!("preloaded {}", unpacked.canonicalize().unwrap().display())), "{stdout}");
     assert!(!stderr.contains("\n  libcudart.so.13 ("), "found, yet named missing: {stderr}");
     assert!(stderr.contains("\n  libcublas.so.13 (pip wheel nvidia-cublas"), "{stderr}");
+    let fetch = "--platform manylinux1_x86_64 \"nvidia-nvjitlink>=13.0.39\" \"nvidia-cuda-nvrtc";
+    assert!(stderr.contains(fetch) && stderr.contains("-d DIR` and set LAZULI_WHEELS=DIR"), "{stderr}");
 
     // A Python whose site-packages hold the CUDA runtime and ptxas, as `pip install "jax[cuda13]"` leaves them.
     let site = root.join("site-packages");

@@ -169,6 +169,24 @@ fn hints(found: &DevicePlugin) -> String {
     let mut text = String::new();
     if !found.missing.is_empty() {
         text.push_str(&format!("\nThese libraries it needs were not found:{}", libraries::describe(&found.missing)));
+        let mut wheels: Vec<String> = Vec::new();
+        for wheel in found.missing.iter().filter_map(|l| l.wheel).map(|w| format!("\"{w}\"")) {
+            if !wheels.contains(&wheel) {
+                wheels.push(wheel);
+            }
+        }
+        if !wheels.is_empty() {
+            text.push_str(&format!(
+                "\nInstall their wheels into the Python lazuli uses (python3 -m pip install {list}), or fetch them \
+                 where there is a network with `python3 -m pip download --no-deps --only-binary=:all: {platforms} \
+                 {list} -d DIR` and set LAZULI_WHEELS=DIR here",
+                list = wheels.join(" "),
+                // NVIDIA's wheels carry older manylinux tags than the plugins; pip matches only the tags named.
+                platforms = ["manylinux_2_27", "manylinux_2_17", "manylinux2014", "manylinux_2_5", "manylinux1"]
+                    .map(|p| format!("--platform {p}_x86_64"))
+                    .join(" ")
+            ));
+        }
     }
     for library in &found.unopened {
         text.push_str(&format!("\nThis library was found but could not be opened: {library}"));
