@@ -49,11 +49,10 @@ pub fn device_plugin_in(device: Device, sources: &Sources) -> Result<DevicePlugi
 /// target's accepted range. A `dlopen` failure names the libraries the plugin needs that are nowhere to be found
 /// and where they come from.
 pub fn load_device_plugin(device: Device, sources: &Sources) -> Result<(Plugin, DevicePlugin)> {
-    let found = device_plugin_in(device, sources)?;
+    let mut found = device_plugin_in(device, sources)?;
     if device == Device::Tpu {
         skip_tpu_metadata_without_tpus();
     }
-    let mut found = found;
     #[cfg(unix)]
     found.preload.retain(|library| match crate::ffi::preload_library(library) {
         Ok(()) => true,

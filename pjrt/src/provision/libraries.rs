@@ -26,6 +26,10 @@ pub(super) struct Arranged {
 /// Finds each of `target`'s libraries: in site-packages or the cache (to be preloaded), or on the system's
 /// search path (left to the loader); unpacks those still missing from wheels in `LAZULI_WHEELS`.
 pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources) -> Arranged {
+    if target.libraries.is_empty() && target.cuda_data_dir.is_empty() {
+        // Nothing to look for: no Python or loader cache to ask (every CPU process starts here).
+        return Arranged { preload: Vec::new(), missing: Vec::new(), cuda_data_dir: None };
+    }
     let mut roots = python_paths(sources);
     let cache = cache_dir_in(sources).ok().map(|d| d.join("libs"));
     if let (Some(cache), Some(wheels)) = (&cache, &sources.wheels) {
