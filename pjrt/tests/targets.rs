@@ -205,6 +205,30 @@ fn a_corrupted_wheel_is_refused() {
     assert!(wheel.is_file(), "the user's wheel was deleted");
     let plugin_dir = cache.join("plugins").join(format!("{}-{}", target.plugin.pip_name, target.plugin.version));
     assert!(!plugin_dir.join("xla_cuda_plugin.so").exists());
+
+    // A download that pip reports done but that is damaged (a proxy's error page, a cut transfer): a Python whose
+    // `pip download` writes garbage under the wheel's name.
+    let python = root.join("python");
+    let script = format!(
+        "#!/bin/sh\nwhile [ \"$1\" != -d ]; do shift; done\nmkdir -p \"$2\"\nprintf 'damaged' > \"$2/{}\"\n",
+        target.plugin.wheel_file
+    );
+    write_executable(&python, &script);
+    let env = [("LAZULI_TARGET", name.as_path()), ("LAZULI_PYTHON", &python), ("LAZULI_CACHE_DIR", &cache)];
+    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(stderr.contains("fetching PJRT CUDA plugin jax-cuda13-pjrt==0.12.0.1"), "{stderr}");
+    use sha2::Digest;
+    let damaged: String = sha2::Sha256::digest(b"damaged").iter().map(|b| format!("{b:02x}")).collect();
+    let refused = format!("{} has sha256 {damaged}, expected {}", target.plugin.wheel_file, target.plugin.sha256);
+    assert!(stderr.contains(&refused), "{stderr}");
+    assert!(!plugin_dir.join("xla_cuda_plugin.so").exists());
+    let leftovers: Vec<_> = fs::read_dir(&plugin_dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(
+        leftovers.iter().all(|n| !n.to_string_lossy().ends_with(".whl")),
+        "the damaged download stayed: {leftovers:?}"
+    );
     fs::remove_dir_all(&root).unwrap();
 }
 
