@@ -29,11 +29,15 @@ const fn v(name: &'static str, sets: &'static str, values: &'static str, default
 
 /// Every variable lazuli reads, in the order of the README's table.
 pub const VARIABLES: &[Variable] = &[
-    v("LAZULI_DEVICE", "the backend", "cpu, gpu (cuda), tpu", "cpu"),
+    v("LAZULI_DEVICE", "the backend", "cpu, gpu (cuda), tpu, rocm, xpu", "cpu"),
     v("LAZULI_CPU_PLUGIN", "which pinned CPU plugin", "lammps-jax-pjrt-cpu, xla-cpu-pjrt", "lammps-jax-pjrt-cpu"),
     v("LAZULI_PJRT_PLUGIN", "any PJRT plugin file, instead of a CPU plugin", "a path", "unset"),
     v("LAZULI_GPU_PLUGIN", "the CUDA plugin file", "a path", "found in Python's site-packages"),
     v("LAZULI_TPU_PLUGIN", "libtpu (also TPU_LIBRARY_PATH)", "a path", "found in Python's site-packages"),
+    v("LAZULI_ROCM_PLUGIN", "the ROCm plugin file", "a path", "found in Python's site-packages"),
+    v("LAZULI_XPU_PLUGIN", "the oneAPI (Intel GPU) plugin file", "a path", "found in Python's site-packages"),
+    v("LAZULI_TARGET", "a pinned plugin of the target table, even if one is installed", "a row's name", "unset"),
+    v("LAZULI_WHEELS", "wheel files to take plugins and libraries from before downloading", "a directory", "unset"),
     v("LAZULI_CACHE_DIR", "where plugins and compiled programs are kept", "a directory", "~/.cache/lazuli"),
     v("LAZULI_PYTHON", "the Python whose pip fetches plugins", "a command", "python3"),
     v("LAZULI_CPU_DEVICES", "virtual CPU devices", "1 to 2048", "1"),
@@ -80,10 +84,29 @@ fn switch(name: &'static str, default: bool) -> Result<bool> {
 pub enum Backend {
     /// XLA's CPU plugin, provisioned automatically (see `lazuli_pjrt::provision`).
     Cpu,
-    /// An installed CUDA plugin (`jax_plugins/xla_cuda13` or `xla_cuda12`), or `LAZULI_GPU_PLUGIN`.
+    /// NVIDIA GPUs: `LAZULI_GPU_PLUGIN`, else an installed CUDA plugin (`jax_plugins/xla_cuda13` or `xla_cuda12`),
+    /// else the pinned `jax-cuda13-pjrt` wheel.
     Gpu,
-    /// libtpu from `LAZULI_TPU_PLUGIN` or `TPU_LIBRARY_PATH`.
+    /// libtpu: `LAZULI_TPU_PLUGIN` or `TPU_LIBRARY_PATH`, else installed, else the pinned `libtpu` wheel.
     Tpu,
+    /// AMD GPUs: `LAZULI_ROCM_PLUGIN`, else installed, else the pinned `jax-rocm7-pjrt` wheel.
+    Rocm,
+    /// Intel GPUs: `LAZULI_XPU_PLUGIN`, else installed, else the pinned `jax-oneapi-pjrt` wheel.
+    Xpu,
+}
+
+impl Backend {
+    /// The device of `lazuli_pjrt::provision`'s target table.
+    pub fn device(self) -> lazuli_pjrt::provision::Device {
+        use lazuli_pjrt::provision::Device;
+        match self {
+            Backend::Cpu => Device::Cpu,
+            Backend::Gpu => Device::Cuda,
+            Backend::Tpu => Device::Tpu,
+            Backend::Rocm => Device::Rocm,
+            Backend::Xpu => Device::Xpu,
+        }
+    }
 }
 
 /// Where single-device CPU programs run. On the CPU the "device" is the host's own cores: a program launched from
@@ -150,7 +173,9 @@ pub(crate) fn device() -> Result<Backend> {
         "" | "cpu" => Backend::Cpu,
         "gpu" | "cuda" => Backend::Gpu,
         "tpu" => Backend::Tpu,
-        other => return Err(bad("LAZULI_DEVICE", other, "cpu, gpu or tpu")),
+        "rocm" => Backend::Rocm,
+        "xpu" => Backend::Xpu,
+        other => return Err(bad("LAZULI_DEVICE", other, "cpu, gpu, tpu, rocm or xpu")),
     })
 }
 
@@ -262,7 +287,8 @@ pub(crate) fn parse_size(s: &str) -> Option<u64> {
 }
 
 /// Where plugins come from: `LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`, `LAZULI_TPU_PLUGIN`
-/// (else `TPU_LIBRARY_PATH`), `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`. The plugin crate reads these itself (programs
+/// (else `TPU_LIBRARY_PATH`), `LAZULI_ROCM_PLUGIN`, `LAZULI_XPU_PLUGIN`, `LAZULI_TARGET`, `LAZULI_WHEELS`,
+/// `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`. The plugin crate reads these itself (programs
 /// that use it without lazuli name plugins the same way); this is the one call that does it for lazuli.
 pub(crate) fn plugin_sources() -> Result<Sources> {
     Ok(Sources::from_env()?)

@@ -59,13 +59,13 @@ pub enum Error {
     #[error("cannot load PJRT plugin {}: {reason}", path.display())]
     Load { path: PathBuf, reason: String },
 
-    /// The plugin speaks a PJRT C API version whose struct layouts this crate cannot use.
+    /// The plugin speaks a PJRT C API version outside the range lazuli accepts from it.
     #[error(
-        "PJRT plugin {} implements C API {}.{}, but lazuli needs {}.{} or newer with major version {} \
-         (struct layouts differ); use a newer plugin",
-        path.display(), found.0, found.1, need.0, need.1, need.0
+        "PJRT plugin {} implements C API {}.{}, but lazuli accepts {}.{} to {} for it; {}",
+        path.display(), found.0, found.1, need.0, need.1, version_text(*newest),
+        if found < need { "use a newer plugin" } else { "use an older plugin, or a newer lazuli" }
     )]
-    ApiVersion { path: PathBuf, found: (i32, i32), need: (i32, i32) },
+    ApiVersion { path: PathBuf, found: (i32, i32), need: (i32, i32), newest: (i32, i32) },
 
     /// A PJRT call returned an error.
     #[error("{call} failed ({}): {message}", code.map_or("no status code".to_string(), |c| format!("{c:?}")))]
@@ -101,5 +101,14 @@ impl Error {
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Error {
         Error::InvalidInput(msg.into())
+    }
+}
+
+/// `0.117`, or "any newer 0.x" for an open range.
+fn version_text(newest: (i32, i32)) -> String {
+    if newest.1 == i32::MAX {
+        format!("any newer {}.x", newest.0)
+    } else {
+        format!("{}.{}", newest.0, newest.1)
     }
 }

@@ -146,6 +146,18 @@ pub(crate) fn open_plugin(path: &Path) -> Result<(libloading::Library, Api)> {
     Ok((lib, Api(table)))
 }
 
+/// Opens the library at `path` (an absolute path) and keeps it loaded for the life of the process, so that a
+/// plugin's later `dlopen` of the same soname finds it already loaded instead of searching for it.
+#[cfg(unix)]
+pub(crate) fn preload_library(path: &Path) -> std::result::Result<(), String> {
+    use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+    // SAFETY: loading runs the library's initialisers; the libraries preloaded are the runtime libraries a plugin
+    // would open itself (CUDA's), opened the way jax opens them (RTLD_LOCAL).
+    let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| e.to_string())?;
+    std::mem::forget(library); // never unloaded, like the plugins that use it
+    Ok(())
+}
+
 impl Api {
     fn table(self) -> *const c::PJRT_Api {
         self.0.as_ptr()

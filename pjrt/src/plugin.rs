@@ -63,6 +63,12 @@ impl Plugin {
     /// [`Plugin::load`] with another minimum version; exists so tests can provoke the version error.
     #[doc(hidden)]
     pub fn load_with_min_version(path: impl AsRef<Path>, min: (i32, i32)) -> Result<Plugin> {
+        Self::load_accepting(path, min, (min.0, i32::MAX))
+    }
+
+    /// [`Plugin::load`] accepting only C API versions from `min` to `max` (inclusive): a target's range in
+    /// [`crate::provision::targets`]. A plugin outside it is never initialized.
+    pub fn load_accepting(path: impl AsRef<Path>, min: (i32, i32), max: (i32, i32)) -> Result<Plugin> {
         let path = path.as_ref();
         if !path.exists() {
             return Err(Error::Load { path: path.to_path_buf(), reason: "no such file".into() });
@@ -75,10 +81,10 @@ impl Plugin {
         let mut loaded = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (library, api) = ffi::open_plugin(path)?;
         let version = api.version();
-        if version.0 != min.0 || version.1 < min.1 {
+        if version < min || version > max || version.0 != min.0 {
             // The library stays mapped (dlclose is never called, see `PluginInner`); harmless.
             std::mem::forget(library);
-            return Err(Error::ApiVersion { path: path.to_path_buf(), found: version, need: min });
+            return Err(Error::ApiVersion { path: path.to_path_buf(), found: version, need: min, newest: max });
         }
         let key = api_key(api);
         if let Some(inner) = loaded.get(&key) {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{f32_buffer, read_f32};
-use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin, Profiler};
+use lazuli_pjrt::{provision, ClientOptions, CompileOptions, ElementType, Profiler};
 
 const ADD_MUL: &str = r#"
 func.func @main(%a: tensor<2x3xf32>, %b: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<2x3xbf16>) {
@@ -17,10 +17,18 @@ func.func @main(%a: tensor<2x3xf32>, %b: tensor<2x3xf32>) -> (tensor<2x3xf32>, t
 #[test]
 #[ignore = "needs an NVIDIA GPU and the jax-cuda13-pjrt (or -cuda12-) plugin"]
 fn cuda_end_to_end() {
-    let path = provision::gpu_plugin_path().unwrap_or_else(|e| panic!("{e}"));
-    let plugin = Plugin::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    eprintln!("plugin {} API {:?}", path.display(), plugin.api_version());
-    let client = Client::new(&plugin, &ClientOptions::new().bool_option("preallocate", false)).unwrap();
+    // Provisioned as lazuli does (LAZULI_TARGET and LAZULI_WHEELS apply): libraries preloaded, version checked.
+    let sources = provision::Sources::from_env().unwrap();
+    let (plugin, found) =
+        provision::load_device_plugin(provision::Device::Cuda, &sources).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("plugin {} from {} API {:?}", found.path.display(), found.origin, plugin.api_version());
+    eprintln!(
+        "preloaded {:?}, missing {:?}",
+        found.preload,
+        found.missing.iter().map(|l| l.soname).collect::<Vec<_>>()
+    );
+    let options = ClientOptions::new().bool_option("preallocate", false);
+    let client = provision::create_device_client(&plugin, &found, &options, provision::CLIENT_CREATE_TIMEOUT).unwrap();
     let platform = client.platform_name().unwrap();
     assert!(platform == "cuda" || platform == "gpu", "{platform}");
     let devices = client.devices();

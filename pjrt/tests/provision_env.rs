@@ -57,17 +57,40 @@ fn environment_choices() {
     with_env(&[("LAZULI_GPU_PLUGIN", Some(xla_str))], || {
         assert_eq!(provision::gpu_plugin_path().unwrap(), xla);
     });
+    // Nothing installed, nothing cached and no pip: the errors say what to run and which variable to set.
+    let empty_cache = std::env::temp_dir().join(format!("lazuli-provision-env-{}", std::process::id()));
     let no_python = [
         ("LAZULI_GPU_PLUGIN", None),
         ("LAZULI_TPU_PLUGIN", None),
         ("TPU_LIBRARY_PATH", None),
+        ("LAZULI_TARGET", None),
+        ("LAZULI_WHEELS", None),
+        ("LAZULI_CACHE_DIR", Some(empty_cache.to_str().unwrap())),
         ("LAZULI_PYTHON", Some("/nonexistent/python3")),
     ];
     with_env(&no_python, || {
         let gpu = provision::gpu_plugin_path().unwrap_err().to_string();
-        assert!(gpu.contains("jax[cuda13]") && gpu.contains("LAZULI_GPU_PLUGIN"), "{gpu}");
+        assert!(gpu.contains("no PJRT CUDA plugin is installed in the site-packages of /nonexistent/python3"), "{gpu}");
+        if gpu.contains("this machine lacks what it needs") {
+            // No NVIDIA driver: nothing is downloaded, and the error says how to fetch it anyway.
+            assert!(gpu.contains("libcuda.so.1 (the NVIDIA driver") && gpu.contains("LAZULI_TARGET=cuda13"), "{gpu}");
+        }
+        std::env::set_var("LAZULI_TARGET", "cuda13");
+        let gpu = provision::gpu_plugin_path().unwrap_err().to_string();
+        std::env::remove_var("LAZULI_TARGET");
+        let command = "-m pip download --no-deps --only-binary=:all: --platform manylinux_2_27_x86_64 \
+                       jax-cuda13-pjrt==0.12.0.1 -d";
+        assert!(gpu.contains(command) && gpu.contains("LAZULI_GPU_PLUGIN"), "{gpu}");
         let tpu = provision::tpu_plugin_path().unwrap_err().to_string();
-        assert!(tpu.contains("LAZULI_TPU_PLUGIN"), "{tpu}");
+        assert!(tpu.contains("LAZULI_TPU_PLUGIN") && tpu.contains("libtpu==0.0.52"), "{tpu}");
+    });
+    let _ = std::fs::remove_dir_all(&empty_cache);
+    with_env(&[("LAZULI_TARGET", Some("cuda14"))], || {
+        let err = provision::gpu_plugin_path().unwrap_err().to_string();
+        assert!(
+            err.contains("LAZULI_TARGET=\"cuda14\" is not one of: lammps-jax-pjrt-cpu, xla-cpu-pjrt, cuda13"),
+            "{err}"
+        );
     });
     with_env(&[("LAZULI_TPU_PLUGIN", None), ("TPU_LIBRARY_PATH", Some(xla_str))], || {
         assert_eq!(provision::tpu_plugin_path().unwrap(), xla);

@@ -138,7 +138,7 @@ impl Config {
                 ("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(single_products.into())),
                 ("xla_cpu_enable_fast_min_max".into(), XlaOption::Bool(false)),
             ],
-            Backend::Tpu => Vec::new(),
+            Backend::Tpu | Backend::Rocm | Backend::Xpu => Vec::new(),
         }
     }
 }
@@ -153,6 +153,8 @@ pub(crate) struct Runtime {
     pub cache: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
     /// Backend defaults ([`Config::backend_xla_options`]) the plugin refused as unknown; compiles leave them out.
     unknown_options: Mutex<Vec<String>>,
+    /// Options the provisioned plugin needs (the CUDA tools' directory), before the configured ones.
+    plugin_options: Vec<(String, XlaOption)>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -161,24 +163,27 @@ static INIT: Mutex<()> = Mutex::new(());
 impl Runtime {
     fn new(config: Config) -> Result<Runtime> {
         check_settings(&config)?;
-        let path = match (&config.plugin_path, config.backend) {
-            (Some(p), _) => p.clone(),
-            (None, Backend::Cpu) => provision::cpu_plugin_path_in(&config.plugins)?,
-            (None, Backend::Gpu) => provision::gpu_plugin_path_in(&config.plugins)?,
-            (None, Backend::Tpu) => provision::tpu_plugin_path_in(&config.plugins)?,
-        };
-        let plugin = Plugin::load(&path)?;
         let mut opts = ClientOptions::new();
         if config.backend == Backend::Cpu {
             opts = opts.cpu_device_count(config.cpu_device_count);
             opts = opts.bool_option("asynchronous", config.cpu_async);
         }
-        let client = Client::new(&plugin, &opts)?;
-        let device = client
-            .devices()
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Config(format!("the plugin {} reports no devices", path.display())))?;
+        let mut plugin_options = Vec::new();
+        let client = match &config.plugin_path {
+            Some(path) => Client::new(&Plugin::load(path)?, &opts)?,
+            // The target table's checks: C API range, libraries, platform, devices, bounded creation.
+            None => {
+                let (plugin, found) = provision::load_device_plugin(config.backend.device(), &config.plugins)?;
+                if let Some(dir) = &found.cuda_data_dir {
+                    let dir = XlaOption::Str(dir.to_string_lossy().into_owned());
+                    plugin_options.push(("xla_gpu_cuda_data_dir".to_string(), dir));
+                }
+                provision::create_device_client(&plugin, &found, &opts, provision::CLIENT_CREATE_TIMEOUT)?
+            }
+        };
+        let device = client.devices().into_iter().next().ok_or_else(|| {
+            Error::Config(format!("the plugin {} reports no devices", client.plugin().path().display()))
+        })?;
         let target = kernel_target(&client, &device)?;
         Ok(Runtime {
             client,
@@ -187,6 +192,7 @@ impl Runtime {
             config,
             cache: Mutex::new(HashMap::new()),
             unknown_options: Mutex::new(Vec::new()),
+            plugin_options,
         })
     }
 
@@ -218,18 +224,19 @@ impl Runtime {
     /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
     pub(crate) fn xla_options(&self) -> Vec<(String, XlaOption)> {
         let unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
-        let mut all: Vec<_> =
-            self.config.backend_xla_options().into_iter().filter(|(name, _)| !unknown.contains(name)).collect();
+        let defaults = self.config.backend_xla_options().into_iter().chain(self.plugin_options.iter().cloned());
+        let mut all: Vec<_> = defaults.filter(|(name, _)| !unknown.contains(name)).collect();
         all.extend(self.config.xla_options.iter().cloned());
         all
     }
 
-    /// Whether `error` is the plugin refusing one of the backend's own defaults (an older XLA, which lacks the
-    /// option or the value); if so, later compiles leave it out. Options the user configured are never dropped:
-    /// their error is reported.
+    /// Whether `error` is the plugin refusing one of the backend's own defaults or the provisioned plugin's (an
+    /// older XLA, which lacks the option or the value); if so, later compiles leave it out. Options the user
+    /// configured are never dropped: their error is reported.
     pub(crate) fn drop_unknown_default(&self, error: &lazuli_pjrt::Error) -> bool {
         let lazuli_pjrt::Error::Pjrt { message, .. } = error else { return false };
-        let Some(name) = unknown_default(&self.config, message) else { return false };
+        let plugin_defaults = self.plugin_options.iter().map(|(name, _)| name.clone());
+        let Some(name) = unknown_default(&self.config, plugin_defaults, message) else { return false };
         let mut unknown = self.unknown_options.lock().unwrap_or_else(|e| e.into_inner());
         let new = !unknown.contains(&name);
         if new {
@@ -281,13 +288,14 @@ fn kernel_target(client: &Client, device: &Device) -> Result<Target> {
 /// The backend default that a compile error says the plugin cannot apply, unless the user configured it too.
 /// XLA words it `No such compile option: 'NAME'`, or `While setting option NAME, …` for a value it does not know
 /// (both seen on the real plugin; `tests/engine/runtime_config.rs` checks the first).
-fn unknown_default(config: &Config, message: &str) -> Option<String> {
+fn unknown_default(config: &Config, plugin_defaults: impl Iterator<Item = String>, message: &str) -> Option<String> {
     let configured = |name: &str| config.xla_options.iter().any(|(n, _)| n == name);
     let refused = |name: &str| {
         message.contains(&format!("No such compile option: '{name}'"))
             || message.contains(&format!("While setting option {name},"))
     };
-    config.backend_xla_options().into_iter().map(|(name, _)| name).find(|name| refused(name) && !configured(name))
+    let mut defaults = config.backend_xla_options().into_iter().map(|(name, _)| name).chain(plugin_defaults);
+    defaults.find(|name| refused(name) && !configured(name))
 }
 
 #[cfg(test)]
@@ -298,19 +306,37 @@ mod tests {
     fn only_an_unknown_backend_default_is_dropped() {
         let cpu = Config::default();
         let refused = "No such compile option: 'xla_cpu_experimental_ynn_fusion_type'";
-        assert_eq!(unknown_default(&cpu, refused).as_deref(), Some("xla_cpu_experimental_ynn_fusion_type"));
-        assert_eq!(unknown_default(&cpu, "No such compile option: 'xla_other'"), None);
+        assert_eq!(
+            unknown_default(&cpu, std::iter::empty(), refused).as_deref(),
+            Some("xla_cpu_experimental_ynn_fusion_type")
+        );
+        assert_eq!(unknown_default(&cpu, std::iter::empty(), "No such compile option: 'xla_other'"), None);
         let bad_value = "While setting option xla_cpu_experimental_ynn_fusion_type, 'X' is not a valid enum value.";
-        assert_eq!(unknown_default(&cpu, bad_value).as_deref(), Some("xla_cpu_experimental_ynn_fusion_type"));
-        assert_eq!(unknown_default(&cpu, "While setting option xla_other, 'X' is not a valid enum value."), None);
+        assert_eq!(
+            unknown_default(&cpu, std::iter::empty(), bad_value).as_deref(),
+            Some("xla_cpu_experimental_ynn_fusion_type")
+        );
+        assert_eq!(
+            unknown_default(&cpu, std::iter::empty(), "While setting option xla_other, 'X' is not a valid enum value."),
+            None
+        );
         // Set by the user as well: their compile error stands.
         let user = Config {
             xla_options: vec![("xla_cpu_experimental_ynn_fusion_type".into(), XlaOption::Str(String::new()))],
             ..Config::default()
         };
-        assert_eq!(unknown_default(&user, refused), None);
+        assert_eq!(unknown_default(&user, std::iter::empty(), refused), None);
         // Another backend's defaults are not this one's.
-        assert_eq!(unknown_default(&Config { backend: Backend::Gpu, ..Config::default() }, refused), None);
+        assert_eq!(
+            unknown_default(&Config { backend: Backend::Gpu, ..Config::default() }, std::iter::empty(), refused),
+            None
+        );
+        // The provisioned plugin's own defaults (the CUDA tools' directory) are dropped the same way.
+        let cuda_dir = "No such compile option: 'xla_gpu_cuda_data_dir'";
+        let gpu = Config { backend: Backend::Gpu, ..Config::default() };
+        let plugin = || std::iter::once("xla_gpu_cuda_data_dir".to_string());
+        assert_eq!(unknown_default(&gpu, plugin(), cuda_dir).as_deref(), Some("xla_gpu_cuda_data_dir"));
+        assert_eq!(unknown_default(&gpu, std::iter::empty(), cuda_dir), None);
     }
 }
 

@@ -68,6 +68,61 @@ fn check_elf64(file: &mut fs::File, header: &[u8; 64], len: u64) -> Result<(), S
     Ok(())
 }
 
+const PT_DYNAMIC: u32 = 2;
+const DT_NEEDED: u64 = 1;
+const DT_STRTAB: u64 = 5;
+const DT_STRSZ: u64 = 10;
+const DT_RPATH: u64 = 15;
+const DT_RUNPATH: u64 = 29;
+/// More dynamic entries than any shared object has.
+const MAX_DYNAMIC: u64 = 1 << 16;
+
+/// What a shared object asks the dynamic loader for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Dynamic {
+    /// `DT_NEEDED`: the libraries `dlopen` loads with it, by name.
+    pub needed: Vec<String>,
+    /// `DT_RUNPATH` (else `DT_RPATH`), split at `:`, `$ORIGIN` not yet expanded.
+    pub search_path: Vec<String>,
+}
+
+/// The `DT_NEEDED` and run path entries of a 64-bit little-endian ELF shared object (checked first with
+/// [`check_shared_object`]).
+pub(crate) fn dynamic_section(path: &Path) -> Result<Dynamic, String> {
+    check_shared_object(path)?;
+    let mut file = fs::File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
+    let header = read_at(&mut file, 0, 64).map_err(|e| format!("cannot read it: {e}"))?;
+    let (phoff, phentsize, phnum) =
+        (u64_at(&header, 32), u64::from(u16_at(&header, 54)), u64::from(u16_at(&header, 56)));
+    let table = read_at(&mut file, phoff, phentsize * phnum).map_err(|e| format!("cannot read it: {e}"))?;
+    let headers: Vec<&[u8]> = table.chunks_exact(phentsize.max(1) as usize).collect();
+    let Some(dynamic) = headers.iter().find(|h| u32_at(h, 0) == PT_DYNAMIC) else {
+        return Ok(Dynamic::default()); // statically linked
+    };
+    let size = u64_at(dynamic, 32).min(MAX_DYNAMIC * 16);
+    let entries = read_at(&mut file, u64_at(dynamic, 8), size).map_err(|e| format!("cannot read it: {e}"))?;
+    let entries: Vec<(u64, u64)> = entries.chunks_exact(16).map(|e| (u64_at(e, 0), u64_at(e, 8))).collect();
+    let value = |tag| entries.iter().find(|(t, _)| *t == tag).map(|(_, v)| *v);
+    let (Some(strtab), Some(strsz)) = (value(DT_STRTAB), value(DT_STRSZ)) else {
+        return Err("its dynamic section has no string table".into());
+    };
+    // DT_STRTAB is an address: the loadable segment holding it says where it lies in the file.
+    let offset = headers
+        .iter()
+        .filter(|h| u32_at(h, 0) == PT_LOAD)
+        .find(|h| (u64_at(h, 16)..u64_at(h, 16) + u64_at(h, 32)).contains(&strtab))
+        .map(|h| strtab - u64_at(h, 16) + u64_at(h, 8))
+        .ok_or("its string table lies outside every loadable segment")?;
+    let strings = read_at(&mut file, offset, strsz.min(1 << 24)).map_err(|e| format!("cannot read it: {e}"))?;
+    let string = |at: u64| {
+        let bytes = strings.get(at as usize..).unwrap_or_default();
+        String::from_utf8_lossy(&bytes[..bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len())]).into_owned()
+    };
+    let needed = entries.iter().filter(|(t, _)| *t == DT_NEEDED).map(|(_, v)| string(*v)).collect();
+    let search = value(DT_RUNPATH).or(value(DT_RPATH)).map(string).unwrap_or_default();
+    Ok(Dynamic { needed, search_path: search.split(':').filter(|s| !s.is_empty()).map(String::from).collect() })
+}
+
 /// `end` (None: it overflowed) must not pass the end of the file.
 fn within(what: &str, end: Option<u64>, len: u64) -> Result<(), String> {
     match end {

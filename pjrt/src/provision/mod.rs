@@ -19,7 +19,10 @@
 //! | `LAZULI_TPU_PLUGIN`, `TPU_LIBRARY_PATH` | path of the TPU plugin |
 
 mod cached;
+mod device;
 mod elf;
+mod libraries;
+pub mod targets;
 
 use std::fs;
 use std::io::Write;
@@ -30,7 +33,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
 use cached::{Cached, Depth};
+pub use device::{create_device_client, device_plugin_in, load_device_plugin, DevicePlugin, CLIENT_CREATE_TIMEOUT};
 pub(crate) use elf::check_shared_object;
+pub use targets::{Device, Host, Library, Target, TARGETS};
 
 /// The CPU plugins lazuli knows how to fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,6 +62,8 @@ pub struct PluginSpec {
     pub so_size: u64,
     /// Approximate wheel size, for the one-line notice.
     pub download_mb: u32,
+    /// Arguments that make `pip download` pick exactly this file on any host (platform tags).
+    pub pip_args: &'static [&'static str],
 }
 
 impl CpuPluginKind {
@@ -72,28 +79,16 @@ impl CpuPluginKind {
     }
 
     pub fn spec(self) -> PluginSpec {
-        match self {
-            CpuPluginKind::LammpsJax0112 => PluginSpec {
-                pip_name: "lammps-jax-pjrt-cpu",
-                version: "0.11.2",
-                wheel_file: "lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
-                sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
-                so_member: "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
-                so_sha256: "ad1309ac822b1b24d51b7f9947c7c9fa9ef5d67f390584cbc3d1fa2428fed9c2",
-                so_size: 201_600_336,
-                download_mb: 63,
-            },
-            CpuPluginKind::XlaCpu001 => PluginSpec {
-                pip_name: "xla-cpu-pjrt",
-                version: "0.0.1",
-                wheel_file: "xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl",
-                sha256: "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc",
-                so_member: "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
-                so_sha256: "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc",
-                so_size: 259_284_552,
-                download_mb: 64,
-            },
-        }
+        self.target().plugin
+    }
+
+    /// Its row in [`targets::TARGETS`].
+    pub fn target(self) -> &'static Target {
+        let name = match self {
+            CpuPluginKind::LammpsJax0112 => "lammps-jax-pjrt-cpu",
+            CpuPluginKind::XlaCpu001 => "xla-cpu-pjrt",
+        };
+        targets::target(name).expect("every CPU plugin kind has a row in the target table")
     }
 }
 
@@ -110,6 +105,16 @@ pub struct Sources {
     pub gpu_plugin: Option<PathBuf>,
     /// `LAZULI_TPU_PLUGIN`, else `TPU_LIBRARY_PATH`: libtpu, instead of Python's site-packages.
     pub tpu_plugin: Option<(PathBuf, &'static str)>,
+    /// `LAZULI_ROCM_PLUGIN`: the ROCm plugin file.
+    pub rocm_plugin: Option<PathBuf>,
+    /// `LAZULI_XPU_PLUGIN`: the oneAPI plugin file.
+    pub xpu_plugin: Option<PathBuf>,
+    /// `LAZULI_TARGET`: a row of [`targets::TARGETS`] by name; its pinned plugin is used even when Python has
+    /// one installed (the default: an installed plugin first, else the device's first row).
+    pub target: Option<&'static Target>,
+    /// `LAZULI_WHEELS`: a directory holding wheel files (`.whl`) to take plugins and their libraries from before
+    /// downloading, e.g. on a machine without a network.
+    pub wheels: Option<PathBuf>,
     /// `LAZULI_CACHE_DIR`: the cache directory (default `$XDG_CACHE_HOME/lazuli`, else `~/.cache/lazuli`).
     pub cache_dir: Option<PathBuf>,
     /// `LAZULI_PYTHON`: the Python whose pip fetches plugins and whose site-packages are searched (`python3`).
@@ -129,13 +134,20 @@ impl Sources {
             cpu_plugin,
             gpu_plugin: env_path("LAZULI_GPU_PLUGIN"),
             tpu_plugin: tpu("LAZULI_TPU_PLUGIN").or_else(|| tpu("TPU_LIBRARY_PATH")),
+            rocm_plugin: env_path("LAZULI_ROCM_PLUGIN"),
+            xpu_plugin: env_path("LAZULI_XPU_PLUGIN"),
+            target: match std::env::var("LAZULI_TARGET") {
+                Ok(name) if !name.is_empty() => Some(parse_target(&name)?),
+                _ => None,
+            },
+            wheels: env_path("LAZULI_WHEELS"),
             cache_dir: env_path("LAZULI_CACHE_DIR"),
             python: std::env::var("LAZULI_PYTHON").ok().filter(|p| !p.is_empty()),
         })
     }
 
     /// The Python to run.
-    fn python(&self) -> String {
+    pub(crate) fn python(&self) -> String {
         self.python.clone().unwrap_or_else(|| "python3".into())
     }
 }
@@ -148,6 +160,14 @@ impl CpuPluginKind {
             Error::Provision(format!("{var}={name:?} is not one of: {}", known.join(", ")))
         })
     }
+}
+
+/// The row of [`targets::TARGETS`] called `name`, or an error naming `LAZULI_TARGET` and the rows.
+pub fn parse_target(name: &str) -> Result<&'static Target> {
+    targets::target(name).ok_or_else(|| {
+        let known: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();
+        Error::Provision(format!("LAZULI_TARGET={name:?} is not one of: {}", known.join(", ")))
+    })
 }
 
 /// [`cpu_plugin_path_in`] with the environment's [`Sources`].
@@ -172,7 +192,18 @@ pub fn cpu_plugin_path_for(kind: CpuPluginKind) -> Result<PathBuf> {
 /// The cached plugin of `kind`, fetched on first use (needs `python3 -m pip` and network access once), and
 /// fetched again if the cached file is damaged.
 pub fn cpu_plugin_path_for_in(kind: CpuPluginKind, sources: &Sources) -> Result<PathBuf> {
-    let spec = kind.spec();
+    pinned_plugin_path_in(kind.target(), sources)
+}
+
+/// The pinned plugin of `target`, unpacked in `<cache>/plugins/<pip name>-<version>/`: checked there, else taken
+/// from the wheel in `sources.wheels` (`LAZULI_WHEELS`) or downloaded with pip, checked against the pins and
+/// unpacked. A damaged cached file is deleted and fetched again.
+pub fn pinned_plugin_path_in(target: &Target, sources: &Sources) -> Result<PathBuf> {
+    if let Host::MacOsArm64(needs) = target.host {
+        return Err(Error::Provision(format!("the PJRT {} plugin cannot run here: {needs}", target.device.name())));
+    }
+    let spec = target.plugin;
+    let what = target.device.name();
     let dir = cache_dir_in(sources)?.join("plugins").join(format!("{}-{}", spec.pip_name, spec.version));
     let so = dir.join(file_name(spec.so_member));
     if cached::check(&spec, &so, Depth::Hash) == Cached::Intact {
@@ -181,7 +212,7 @@ pub fn cpu_plugin_path_for_in(kind: CpuPluginKind, sources: &Sources) -> Result<
     // One fetch at a time in this process; the lock file covers other processes.
     static FETCHING: Mutex<()> = Mutex::new(());
     let _guard = FETCHING.lock().unwrap_or_else(|p| p.into_inner());
-    let create = |e| fetch_error(&spec, &dir, &format!("cannot create {}: {e}", dir.display()), sources);
+    let create = |e| fetch_error(target, &dir, &format!("cannot create {}: {e}", dir.display()), sources);
     fs::create_dir_all(&dir).map_err(create)?;
     let done = || cached::check(&spec, &so, Depth::MarkerOnly) == Cached::Intact;
     let _lock = match FileLock::acquire(&dir.join(".fetch.lock"), done) {
@@ -193,23 +224,23 @@ pub fn cpu_plugin_path_for_in(kind: CpuPluginKind, sources: &Sources) -> Result<
     match cached::check(&spec, &so, Depth::Hash) {
         Cached::Intact => return Ok(so),
         Cached::Missing => {}
-        Cached::Damaged(reason) => discard(&so, &reason)?,
+        Cached::Damaged(reason) => discard(what, &so, &reason)?,
     }
-    fetch(&spec, &dir, &so, sources).map_err(|reason| fetch_error(&spec, &dir, &reason, sources))?;
+    fetch(target, &dir, &so, sources).map_err(|reason| fetch_error(target, &dir, &reason, sources))?;
     Ok(so)
 }
 
 /// Deletes a damaged cached plugin and its marker, saying so in one line.
-fn discard(so: &Path, reason: &str) -> Result<()> {
+fn discard(what: &str, so: &Path, reason: &str) -> Result<()> {
     let _ = fs::remove_file(cached::marker_path(so));
     match fs::remove_file(so) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Provision(format!(
-            "the cached PJRT CPU plugin {} is damaged ({reason}) and cannot be deleted ({e}); delete it by hand",
+            "the cached PJRT {what} plugin {} is damaged ({reason}) and cannot be deleted ({e}); delete it by hand",
             so.display()
         ))),
         _ => {
             eprintln!(
-                "lazuli: the cached PJRT CPU plugin {} was damaged ({reason}); deleted it, fetching it again",
+                "lazuli: the cached PJRT {what} plugin {} was damaged ({reason}); deleted it, fetching it again",
                 so.display()
             );
             Ok(())
@@ -222,27 +253,10 @@ pub fn gpu_plugin_path() -> Result<PathBuf> {
     gpu_plugin_path_in(&Sources::from_env()?)
 }
 
-/// The CUDA plugin: `gpu_plugin`, else `jax_plugins/xla_cuda13` (then `xla_cuda12`) in the Python environment's
-/// site-packages.
+/// The CUDA plugin's file (see [`device_plugin_in`]): `gpu_plugin`, else `LAZULI_TARGET`'s, else one installed in
+/// the Python environment's site-packages (`jax_plugins/xla_cuda13`, then `xla_cuda12`), else the pinned wheel.
 pub fn gpu_plugin_path_in(sources: &Sources) -> Result<PathBuf> {
-    if let Some(path) = &sources.gpu_plugin {
-        return user_plugin(path.clone(), "LAZULI_GPU_PLUGIN");
-    }
-    let dirs = python_paths(sources);
-    for cuda in ["xla_cuda13", "xla_cuda12"] {
-        for dir in &dirs {
-            let candidate = dir.join("jax_plugins").join(cuda).join("xla_cuda_plugin.so");
-            if candidate.is_file() {
-                return Ok(candidate);
-            }
-        }
-    }
-    Err(Error::Provision(format!(
-        "no CUDA PJRT plugin found in the site-packages of {python}. Install one with \
-         `{python} -m pip install -U \"jax[cuda13]\"` (or jax[cuda12]; it brings the CUDA runtime wheels the \
-         plugin needs), or set LAZULI_GPU_PLUGIN=/path/to/xla_cuda_plugin.so",
-        python = sources.python()
-    )))
+    device_plugin_in(Device::Cuda, sources).map(|found| found.path)
 }
 
 /// [`tpu_plugin_path_in`] with the environment's [`Sources`].
@@ -250,20 +264,10 @@ pub fn tpu_plugin_path() -> Result<PathBuf> {
     tpu_plugin_path_in(&Sources::from_env()?)
 }
 
-/// The TPU plugin: `tpu_plugin`, else `libtpu/libtpu.so` in the Python environment's site-packages.
+/// The TPU plugin's file (see [`device_plugin_in`]): `tpu_plugin`, else `libtpu/libtpu.so` in site-packages,
+/// else the pinned libtpu wheel.
 pub fn tpu_plugin_path_in(sources: &Sources) -> Result<PathBuf> {
-    if let Some((path, var)) = &sources.tpu_plugin {
-        return user_plugin(path.clone(), var);
-    }
-    python_paths(sources).into_iter().map(|dir| dir.join("libtpu").join("libtpu.so")).find(|p| p.is_file()).ok_or_else(
-        || {
-            Error::Provision(format!(
-                "no TPU PJRT plugin found: install it with `{} -m pip install -U libtpu`, or set \
-                 LAZULI_TPU_PLUGIN (or TPU_LIBRARY_PATH) to the path of libtpu.so",
-                sources.python()
-            ))
-        },
-    )
+    device_plugin_in(Device::Tpu, sources).map(|found| found.path)
 }
 
 /// [`cache_dir_in`] with the environment's [`Sources`].
@@ -290,7 +294,7 @@ fn env_path(var: &str) -> Option<PathBuf> {
 
 /// A plugin file the user named in `var`: checked (never deleted) so that a bad one is an error naming the
 /// variable, not a crash in the loader.
-fn user_plugin(path: PathBuf, var: &str) -> Result<PathBuf> {
+pub(crate) fn user_plugin(path: PathBuf, var: &str) -> Result<PathBuf> {
     if !path.exists() {
         return Err(Error::Provision(format!("{var}={} does not name an existing file", path.display())));
     }
@@ -301,7 +305,7 @@ fn user_plugin(path: PathBuf, var: &str) -> Result<PathBuf> {
 }
 
 /// site.getsitepackages() + getusersitepackages() + sys.path of the Python in use; empty if it fails.
-fn python_paths(sources: &Sources) -> Vec<PathBuf> {
+pub(crate) fn python_paths(sources: &Sources) -> Vec<PathBuf> {
     let script =
         "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
     match Command::new(sources.python()).args(["-c", script]).output() {
@@ -312,26 +316,37 @@ fn python_paths(sources: &Sources) -> Vec<PathBuf> {
     }
 }
 
-fn file_name(member: &str) -> &str {
+pub(crate) fn file_name(member: &str) -> &str {
     member.rsplit('/').next().unwrap_or(member)
 }
 
 /// A file name no other thread or process uses.
-fn unique(dir: &Path, stem: &str) -> PathBuf {
+pub(crate) fn unique(dir: &Path, stem: &str) -> PathBuf {
     let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     dir.join(format!(".{stem}.{}.{nanos}.tmp", std::process::id()))
 }
 
-/// Downloads (unless the wheel is already in `dir`), verifies and unpacks. Errors are plain reasons;
-/// the caller adds the fix.
-fn fetch(spec: &PluginSpec, dir: &Path, so: &Path, sources: &Sources) -> std::result::Result<(), String> {
+/// Takes the wheel from `dir` (put there by hand) or `sources.wheels`, else downloads it; verifies and unpacks.
+/// Errors are plain reasons; the caller adds the fix.
+fn fetch(target: &Target, dir: &Path, so: &Path, sources: &Sources) -> std::result::Result<(), String> {
+    let spec = &target.plugin;
     let placed = dir.join(spec.wheel_file);
+    let given = sources.wheels.as_ref().map(|d| d.join(spec.wheel_file)).filter(|w| w.is_file());
     let (wheel, download_dir) = if placed.is_file() {
-        (placed, None) // put there by hand, as the error message suggests
+        (placed.clone(), None) // put there by hand, as the error message suggests
+    } else if let Some(given) = given {
+        eprintln!(
+            "lazuli: unpacking PJRT {} plugin from {} into {}",
+            target.device.name(),
+            given.display(),
+            dir.display()
+        );
+        (given, None)
     } else {
         let download_dir = unique(dir, "download");
         eprintln!(
-            "lazuli: fetching PJRT CPU plugin {}=={} ({} MB) into {}",
+            "lazuli: fetching PJRT {} plugin {}=={} ({} MB) into {}",
+            target.device.name(),
             spec.pip_name,
             spec.version,
             spec.download_mb,
@@ -349,10 +364,11 @@ fn fetch(spec: &PluginSpec, dir: &Path, so: &Path, sources: &Sources) -> std::re
             let _ = fs::remove_dir_all(d);
         }
         // A hand-placed wheel is unpacked now (or bad and would fail every run): the cache keeps only
-        // the .so and its marker.
-        None => {
+        // the .so and its marker. A wheel in `LAZULI_WHEELS` is the user's and stays.
+        None if wheel == placed => {
             let _ = fs::remove_file(&wheel);
         }
+        None => {}
     }
     result
 }
@@ -361,6 +377,7 @@ fn pip_download(spec: &PluginSpec, into: &Path, python: &str) -> std::result::Re
     let requirement = format!("{}=={}", spec.pip_name, spec.version);
     let out = Command::new(python)
         .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
+        .args(spec.pip_args)
         .arg(&requirement)
         .arg("-d")
         .arg(into)
@@ -385,7 +402,7 @@ fn verify_and_unpack(spec: &PluginSpec, wheel: &Path, dir: &Path, so: &Path) -> 
     let digest = cached::sha256_file(wheel).map_err(|e| format!("cannot read {}: {e}", wheel.display()))?;
     if digest != spec.sha256 {
         return Err(format!(
-            "{} has sha256 {digest}, expected {} (corrupt or substituted download; it was deleted)",
+            "{} has sha256 {digest}, expected {} (a corrupt or substituted file)",
             spec.wheel_file, spec.sha256
         ));
     }
@@ -428,18 +445,23 @@ fn unpack_member(spec: &PluginSpec, wheel: &Path, to: &Path) -> std::result::Res
     Ok(out)
 }
 
-fn fetch_error(spec: &PluginSpec, dir: &Path, reason: &str, sources: &Sources) -> Error {
+fn fetch_error(target: &Target, dir: &Path, reason: &str, sources: &Sources) -> Error {
+    let spec = &target.plugin;
     Error::Provision(format!(
-        "lazuli could not fetch the PJRT CPU plugin {name}=={version}: {reason}\n\
+        "lazuli could not fetch the PJRT {what} plugin {name}=={version}: {reason}\n\
          Fix it with one of:\n  \
-         1. {python} -m pip download --no-deps --only-binary=:all: {name}=={version} -d {dir}\n     \
-            (or copy {wheel} there by any means); lazuli then verifies and unpacks it on the next run\n  \
-         2. set LAZULI_PJRT_PLUGIN=/path/to/a/pjrt_plugin.so to use a PJRT plugin you already have",
+         1. {python} -m pip download --no-deps --only-binary=:all: {args}{name}=={version} -d {dir}\n     \
+            (or copy {wheel} there, or into a directory named by LAZULI_WHEELS, by any means); lazuli then \
+            verifies and unpacks it on the next run\n  \
+         2. set {var}=/path/to/the/plugin to use a PJRT plugin you already have",
+        what = target.device.name(),
         name = spec.pip_name,
         version = spec.version,
+        args = spec.pip_args.iter().map(|a| format!("{a} ")).collect::<String>(),
         python = sources.python(),
         dir = dir.display(),
         wheel = spec.wheel_file,
+        var = target.device.plugin_variable(),
     ))
 }
 
@@ -511,7 +533,7 @@ mod tests {
         let spec = CpuPluginKind::XlaCpu001.spec();
         fs::write(dir.join(spec.wheel_file), b"not a wheel").unwrap();
         let so = dir.join("x.so");
-        let err = fetch(&spec, &dir, &so, &Sources::default()).unwrap_err();
+        let err = fetch(CpuPluginKind::XlaCpu001.target(), &dir, &so, &Sources::default()).unwrap_err();
         assert!(err.contains("sha256"), "{err}");
         assert!(!dir.join(spec.wheel_file).exists());
         assert_eq!(cached::check(&spec, &so, Depth::Hash), Cached::Missing);
