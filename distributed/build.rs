@@ -32,6 +32,7 @@ fn main() {
         .method(unary("get", "Get", "GetRequest", "GetResponse"))
         .method(unary("barrier", "Barrier", "BarrierRequest", "Empty"))
         .method(unary("leave", "Leave", "Membership", "Empty"))
+        .method(unary("report_failure", "ReportFailure", "GroupFailure", "Empty"))
         .build();
     Builder::new().compile(&[service]);
 }

@@ -221,6 +221,11 @@ impl Member {
         }
     }
 
+    /// Whether [`Member::leave`] got as far as leaving.
+    pub fn has_left(&self) -> bool {
+        self.shared.leaving.load(Relaxed)
+    }
+
     /// The group's failure, if one was seen.
     pub fn failure(&self) -> Option<Failure> {
         self.shared.failure.borrow().clone()
@@ -261,15 +266,26 @@ impl Member {
         self.call("barrier", timeout, |mut c| async move { c.barrier(request).await.map(drop) })
     }
 
-    /// Leaves the group cleanly: waits (at most `timeout`) until every member is leaving, then leaves; the
-    /// coordinator's host also waits for the others to have left before its service stops.
-    pub fn leave(self, timeout: Duration) -> Result<()> {
+    /// Leaves the group cleanly once every member got here: waits (at most `timeout`) for them, then
+    /// [`Member::depart`]s.
+    pub fn leave(&self, timeout: Duration) -> Result<()> {
+        if self.has_left() {
+            return Ok(());
+        }
         self.barrier("lazuli/leave", timeout)?;
-        self.shared.leaving.store(true, Relaxed);
+        self.depart()
+    }
+
+    /// Leaves the group now, as a member whose work is done: its going away is no failure. The coordinator's
+    /// host then waits until every other member left too (or the group failed), since they still need it.
+    pub fn depart(&self) -> Result<()> {
+        if self.shared.leaving.swap(true, Relaxed) {
+            return Ok(());
+        }
         let me = Membership { process_id: self.config.process_id };
         self.call("leave", Duration::ZERO, |mut c| async move { c.leave(me).await.map(drop) })?;
         if let Some(coordinator) = &self.hosted {
-            coordinator.wait_until_all_left(timeout);
+            coordinator.wait_until_all_left(Duration::from_secs(365 * 24 * 3600));
         }
         Ok(())
     }
@@ -416,6 +432,22 @@ impl Member {
             }
         }
     }
+}
+
+/// Tells the coordinator at `coordinator` that `process_id` failed (e.g. `lazuli-run` saw it exit with an
+/// error), so that every member learns it at once; best effort, within a second.
+pub fn report_failure(coordinator: &str, process_id: u32, reason: String) -> Result<()> {
+    let runtime = runtime("lazuli-report")?;
+    let config = MemberConfig { connect_timeout: Duration::from_millis(500), ..MemberConfig::new(coordinator, 0, 1) };
+    runtime.block_on(async {
+        let mut client = connect(&config).await?;
+        let failure = GroupFailure { lost_process: process_id, last_step: None, reason };
+        match tokio::time::timeout(Duration::from_secs(1), client.report_failure(failure)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(Error::Call { call: "report_failure", message: status.message().to_string() }),
+            Err(_) => Err(Error::Timeout(format!("the coordinator at {coordinator} did not answer in time"))),
+        }
+    })
 }
 
 /// The structured failure an `ABORTED` status carries in its details.

@@ -1,6 +1,6 @@
 //! `lazuli-run`: starts a group of local processes of one program, as `torchrun` does.
 //!
-//! Each process gets `LAZULI_COORDINATOR`, `LAZULI_PROCESS_ID`, `LAZULI_NUM_PROCESSES` and `LAZULI_RESTART`;
+//! Each process gets `LAZULI_COORDINATOR`, `LAZULI_PROCESS_ID` and `LAZULI_NUM_PROCESSES`;
 //! their output lines are streamed with a `[pN]` prefix. When one fails, the others are killed (a member
 //! that is still running would otherwise find the loss itself, within its heartbeat timeout); with
 //! `--max-restarts K` the whole group is started again, at most K times, and the program is expected to resume
@@ -71,7 +71,7 @@ pub fn run(args: &Args) -> i32 {
                 }
             },
         };
-        match run_group(args, &coordinator, attempt) {
+        match run_group(args, &coordinator) {
             Ok(Outcome::Success) => return 0,
             Ok(Outcome::Failed { process_id, status }) => {
                 eprintln!("lazuli-run: process {process_id} failed ({status}); the group was stopped");
@@ -132,7 +132,7 @@ fn free_local_address() -> std::io::Result<String> {
 }
 
 /// Starts this host's processes and waits: all succeed, or the first failure stops the others.
-fn run_group(args: &Args, coordinator: &str, attempt: u32) -> std::io::Result<Outcome> {
+fn run_group(args: &Args, coordinator: &str) -> std::io::Result<Outcome> {
     let first = args.host_rank * args.nproc;
     let total = args.hosts * args.nproc;
     let mut children: Vec<(u32, Child)> = Vec::new();
@@ -144,11 +144,10 @@ fn run_group(args: &Args, coordinator: &str, attempt: u32) -> std::io::Result<Ou
             .env(env::COORDINATOR, coordinator)
             .env(env::PROCESS_ID, process_id.to_string())
             .env(env::NUM_PROCESSES, total.to_string())
-            .env(env::RESTART, attempt.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if args.external_coordinator {
-            command.env("LAZULI_COORDINATOR_EXTERNAL", "1");
+            command.env(env::COORDINATOR_EXTERNAL, "1");
         }
         let mut child = match command.spawn() {
             Ok(c) => c,
@@ -162,7 +161,7 @@ fn run_group(args: &Args, coordinator: &str, attempt: u32) -> std::io::Result<Ou
         streams.push(stream(child.stderr.take().expect("piped"), prefix, true));
         children.push((process_id, child));
     }
-    let outcome = wait_group(&mut children);
+    let outcome = wait_group(&mut children, coordinator);
     for s in streams {
         let _ = s.join();
     }
@@ -170,7 +169,7 @@ fn run_group(args: &Args, coordinator: &str, attempt: u32) -> std::io::Result<Ou
 }
 
 /// Polls the children until all exited with 0 or one failed (then the rest are killed).
-fn wait_group(children: &mut [(u32, Child)]) -> Outcome {
+fn wait_group(children: &mut [(u32, Child)], coordinator: &str) -> Outcome {
     let mut running: Vec<bool> = vec![true; children.len()];
     loop {
         for (i, (process_id, child)) in children.iter_mut().enumerate() {
@@ -181,6 +180,10 @@ fn wait_group(children: &mut [(u32, Child)]) -> Outcome {
                 Ok(Some(status)) if status.success() => running[i] = false,
                 Ok(Some(status)) => {
                     let process_id = *process_id;
+                    // An exit with an error ran the program's exit handlers, which left the group as if done:
+                    // tell the coordinator, so that members on other hosts learn it too.
+                    let reason = format!("it exited with {status} (seen by lazuli-run)");
+                    let _ = crate::client::report_failure(coordinator, process_id, reason);
                     stop_all(children);
                     return Outcome::Failed { process_id, status };
                 }

@@ -20,7 +20,7 @@ mod rpc {
     include!(concat!(env!("OUT_DIR"), "/lazuli.distributed.Coordinator.rs"));
 }
 
-pub use client::{FailureHook, Member, MemberConfig};
+pub use client::{report_failure, FailureHook, Member, MemberConfig};
 pub use error::{Error, Failure, Result};
 pub use server::{Coordinator, CoordinatorConfig};
 
@@ -32,6 +32,6 @@ pub mod env {
     pub const PROCESS_ID: &str = "LAZULI_PROCESS_ID";
     /// The group's size.
     pub const NUM_PROCESSES: &str = "LAZULI_NUM_PROCESSES";
-    /// How many times the group was restarted before this run (0 the first time).
-    pub const RESTART: &str = "LAZULI_RESTART";
+    /// Set to 1 when the coordinator is a separate service (no process serves it).
+    pub const COORDINATOR_EXTERNAL: &str = "LAZULI_COORDINATOR_EXTERNAL";
 }

@@ -307,6 +307,13 @@ impl CoordinatorRpc for Service {
         }
     }
 
+    async fn report_failure(&self, request: Request<GroupFailure>) -> std::result::Result<Response<Empty>, Status> {
+        let GroupFailure { lost_process, reason, .. } = request.into_inner();
+        self.shared.lock().fail(lost_process, reason);
+        self.shared.changed();
+        Ok(Response::new(Empty {}))
+    }
+
     async fn leave(&self, request: Request<Membership>) -> std::result::Result<Response<Empty>, Status> {
         let process_id = request.into_inner().process_id;
         let mut state = self.shared.lock();

@@ -14,6 +14,7 @@ pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher};
 use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
+pub mod distributed;
 pub(crate) mod launcher;
 pub(crate) mod value;
 
@@ -56,6 +57,9 @@ pub struct Config {
     /// Count each step's non-finite output values in the step's own program, and stop or log on a trip
     /// (`LAZULI_CHECK_FINITE`, default off). Turns buffer donation off while on.
     pub check_finite: CheckFinite,
+    /// Join a multi-process group before the client is made (`LAZULI_COORDINATOR`, `LAZULI_PROCESS_ID`,
+    /// `LAZULI_NUM_PROCESSES`, `LAZULI_HEARTBEAT_TIMEOUT`, `LAZULI_COORDINATOR_EXTERNAL`); `None`: one process.
+    pub distributed: Option<distributed::Distributed>,
 }
 
 impl Default for Config {
@@ -75,6 +79,7 @@ impl Default for Config {
             compile_cache: CompileCache::Default,
             compile_cache_limit: 2 << 30,
             check_finite: CheckFinite::Off,
+            distributed: None,
         }
     }
 }
@@ -97,6 +102,7 @@ impl Config {
             compile_cache: settings::compile_cache(),
             compile_cache_limit: settings::compile_cache_limit()?,
             check_finite: settings::check_finite()?,
+            distributed: settings::distributed()?,
         })
     }
 
@@ -166,6 +172,9 @@ impl Runtime {
         if config.backend == Backend::Cpu {
             opts = opts.cpu_device_count(config.cpu_device_count);
             opts = opts.bool_option("asynchronous", config.cpu_async);
+        }
+        if let Some(group) = &config.distributed {
+            opts = distributed::join(group, config.backend, opts)?;
         }
         let client = Client::new(&plugin, &opts)?;
         let device = client
