@@ -73,17 +73,23 @@ fn kv_member(m: &Member) -> i32 {
     0
 }
 
+/// Prints one line and ends the process; the first of the watcher and the failed call to get here does it
+/// (the other waits), so that the line is never cut short by the other's exit.
+fn fail_and_exit(line: String) -> ! {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _only = ONE.lock();
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+    std::process::exit(3)
+}
+
 /// Steps in lockstep (a barrier per step, the step reported), until the group fails.
 fn steps_member(m: &Member) -> i32 {
-    m.on_failure(|f| {
-        eprintln!("FAILED (watcher): {f}");
-        std::process::exit(3);
-    });
+    m.on_failure(|f| fail_and_exit(format!("FAILED (watcher): {f}")));
     for step in 0.. {
         m.set_step(step);
         if let Err(e) = m.barrier("step", Duration::from_secs(120)) {
-            eprintln!("FAILED (call): {e}");
-            return 3;
+            fail_and_exit(format!("FAILED (call): {e}"));
         }
         println!("step {step}");
         std::thread::sleep(Duration::from_millis(30));
