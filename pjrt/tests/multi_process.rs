@@ -8,13 +8,13 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{plugin, Which};
-use lazuli_pjrt::{Client, ClientOptions, CompileOptions, ErrorCode, KeyValueError, KeyValueStore};
+use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ErrorCode, KeyValueError, KeyValueStore, Plugin};
 
 const ROLE: &str = "LAZULI_TEST_PJRT_PROCESS";
 const DIR: &str = "LAZULI_TEST_PJRT_KV_DIR";
@@ -73,12 +73,22 @@ module @spmd attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : 
 }"#;
 
 /// One process: what its client sees and what compiling the all-reduce does, as `key=value` lines.
-fn probe(which: Which, process_id: i64, dir: &Path) -> BTreeMap<String, String> {
+/// `which`: a CPU plugin, or `None` for the CUDA plugin (one GPU per process, by `CUDA_VISIBLE_DEVICES`).
+fn probe(which: Option<Which>, process_id: i64, dir: &Path) -> BTreeMap<String, String> {
     let mut seen = BTreeMap::new();
     let store = Arc::new(FileStore { dir: dir.to_path_buf(), calls: AtomicUsize::new(0) });
-    let options =
-        ClientOptions::new().cpu_device_count(1).int_option("process_id", process_id).key_value_store(store.clone());
-    let client = match Client::new(&plugin(which), &options) {
+    let (plugin, options) = match which {
+        Some(which) => (plugin(which), ClientOptions::new().cpu_device_count(1).int_option("process_id", process_id)),
+        None => {
+            let path = provision::gpu_plugin_path().unwrap_or_else(|e| panic!("{e}"));
+            let options = ClientOptions::new()
+                .int_option("node_id", process_id)
+                .int_option("num_nodes", 2)
+                .bool_option("preallocate", false);
+            (Plugin::load(&path).unwrap_or_else(|e| panic!("{e}")), options)
+        }
+    };
+    let client = match Client::new(&plugin, &options.key_value_store(store.clone())) {
         Ok(c) => c,
         Err(e) => {
             seen.insert("create".into(), format!("error: {e}"));
@@ -99,6 +109,15 @@ fn probe(which: Which, process_id: i64, dir: &Path) -> BTreeMap<String, String> 
             Err(e) => format!("error: {}", e.to_string().lines().next().unwrap_or_default()),
         },
     );
+    if let Ok(exe) = compiled {
+        // Rows 2p and 2p+1 of [[1, 2], [3, 4], [5, 6], [7, 8]] here; the sum over all rows is [16, 20].
+        let p = process_id as f32;
+        let rows = [4.0 * p + 1.0, 4.0 * p + 2.0, 4.0 * p + 3.0, 4.0 * p + 4.0];
+        let device = &client.devices()[0];
+        let x = common::f32_buffer(&client, &rows, &[2, 2], device);
+        let sum = exe.execute(&[&x]).map(|out| common::read_f32(&out[0]));
+        seen.insert("all_reduce".into(), format!("{sum:?}"));
+    }
     seen
 }
 
@@ -106,7 +125,11 @@ fn probe(which: Which, process_id: i64, dir: &Path) -> BTreeMap<String, String> 
 fn probe_process() {
     let Ok(id) = std::env::var(ROLE) else { return };
     let dir = PathBuf::from(std::env::var(DIR).unwrap());
-    let which = if std::env::var(PLUGIN).unwrap() == "xla-cpu-pjrt" { Which::XlaCpu } else { Which::Default };
+    let which = match std::env::var(PLUGIN).unwrap().as_str() {
+        "xla-cpu-pjrt" => Some(Which::XlaCpu),
+        "cuda" => None,
+        _ => Some(Which::Default),
+    };
     for (k, v) in probe(which, id.parse().unwrap(), &dir) {
         println!("PROBE {k}={v}");
     }
@@ -122,15 +145,20 @@ fn run_two_processes(plugin: &str) -> Vec<BTreeMap<String, String>> {
                 .args(["probe_process", "--exact", "--nocapture", "--test-threads=1"])
                 .env(ROLE, p.to_string())
                 .env(PLUGIN, plugin)
+                .env("CUDA_VISIBLE_DEVICES", p.to_string())
                 .env(DIR, &dir)
-                .output()
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
         })
         .collect();
+    // Both run at once: a multi-process client waits in its creation for the other's topology.
+    let outputs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
     let _ = std::fs::remove_dir_all(&dir);
-    children
+    outputs
         .into_iter()
         .map(|out| {
-            let out = out.unwrap();
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             String::from_utf8_lossy(&out.stdout)
                 .lines()
@@ -169,5 +197,22 @@ fn xla_cpu_pjrt_ignores_the_process_id() {
         assert_eq!(s["global_device_ids"], "[0]", "process {p}: {s:?}");
         assert_eq!(s["kv_calls_at_create"], "0", "process {p}: {s:?}");
         assert!(s["compile_2_partitions"].starts_with("error"), "process {p}: {s:?}");
+    }
+}
+
+/// The CUDA plugin across two processes, one GPU each: the clients exchange their topology through the store,
+/// each sees both GPUs, and the 2-partition sum all-reduces across the processes (NCCL). On a 2-GPU machine:
+/// `cargo test -p lazuli-pjrt --test multi_process cuda -- --ignored --nocapture`.
+#[test]
+#[ignore = "needs two NVIDIA GPUs and the jax-cuda13-pjrt (or -cuda12-) plugin"]
+fn cuda_two_processes_all_reduce() {
+    let seen = run_two_processes("cuda");
+    for (p, s) in seen.iter().enumerate() {
+        eprintln!("process {p}: {s:?}");
+        assert_eq!(s["create"], "ok", "process {p}: {s:?}");
+        assert_ne!(s["kv_calls_at_create"], "0", "process {p}: {s:?}");
+        assert_eq!(s["global_device_ids"].matches(',').count(), 1, "two devices in all: {s:?}");
+        assert_eq!(s["compile_2_partitions"], "ok", "process {p}: {s:?}");
+        assert_eq!(s["all_reduce"], "Ok([16.0, 20.0])", "process {p}: {s:?}");
     }
 }
