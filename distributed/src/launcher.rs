@@ -60,6 +60,7 @@ pub fn run(args: &Args) -> i32 {
     if args.hosts > 1 && args.host_rank == 0 {
         print_other_hosts(args);
     }
+    groups::stop_on_signals();
     for attempt in 0..=args.max_restarts {
         let coordinator = match &args.coordinator {
             Some(c) => c.clone(),
@@ -149,6 +150,8 @@ fn run_group(args: &Args, coordinator: &str) -> std::io::Result<Outcome> {
         if args.external_coordinator {
             command.env(env::COORDINATOR_EXTERNAL, "1");
         }
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let mut child = match command.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -156,12 +159,15 @@ fn run_group(args: &Args, coordinator: &str) -> std::io::Result<Outcome> {
                 return Err(e);
             }
         };
+        groups::add(child.id());
         let prefix = format!("[p{process_id}] ");
         streams.push(stream(child.stdout.take().expect("piped"), prefix.clone(), false));
         streams.push(stream(child.stderr.take().expect("piped"), prefix, true));
         children.push((process_id, child));
     }
     let outcome = wait_group(&mut children, coordinator);
+    // What the processes left running in the background would hold their output open.
+    stop_all(&mut children);
     for s in streams {
         let _ = s.join();
     }
@@ -197,9 +203,10 @@ fn wait_group(children: &mut [(u32, Child)], coordinator: &str) -> Outcome {
     }
 }
 
-/// Kills every child still running and reaps them all.
+/// Kills every child still running, with whatever it started, and reaps them all.
 fn stop_all(children: &mut [(u32, Child)]) {
     for (_, child) in children.iter_mut() {
+        groups::kill(child.id());
         let _ = child.kill();
     }
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -229,4 +236,52 @@ fn stream(from: impl Read + Send + 'static, prefix: String, stderr: bool) -> std
             line.clear();
         }
     })
+}
+
+/// Each process runs in a process group of its own, so that stopping it stops what it started too (a shell's
+/// children); the launcher passes on a signal that stops it to every group.
+#[cfg(unix)]
+mod groups {
+    use std::sync::Mutex;
+
+    use rustix::process::{kill_process_group, Pid, Signal};
+
+    static GROUPS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+    pub fn add(leader: u32) {
+        GROUPS.lock().unwrap_or_else(|e| e.into_inner()).push(leader);
+    }
+
+    fn send(leader: u32, signal: Signal) {
+        if let Some(pid) = i32::try_from(leader).ok().and_then(Pid::from_raw) {
+            let _ = kill_process_group(pid, signal);
+        }
+    }
+
+    pub fn kill(leader: u32) {
+        send(leader, Signal::KILL);
+        GROUPS.lock().unwrap_or_else(|e| e.into_inner()).retain(|&g| g != leader);
+    }
+
+    /// On SIGINT, SIGTERM or SIGHUP: the same signal to every group, then exit as the signal would.
+    pub fn stop_on_signals() {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else { return };
+        std::thread::spawn(move || {
+            if let Some(raw) = signals.forever().next() {
+                let signal = Signal::from_named_raw(raw).unwrap_or(Signal::TERM);
+                for &leader in GROUPS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                    send(leader, signal);
+                }
+                std::process::exit(128 + raw);
+            }
+        });
+    }
+}
+
+#[cfg(not(unix))]
+mod groups {
+    pub fn add(_: u32) {}
+    pub fn kill(_: u32) {}
+    pub fn stop_on_signals() {}
 }
