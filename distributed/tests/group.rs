@@ -13,7 +13,7 @@ use lazuli_distributed::{Coordinator, CoordinatorConfig, Error, Member, MemberCo
 
 const SCENARIO: &str = "LAZULI_TEST_SCENARIO";
 /// Short, so that a stalled member is found quickly; the group's other timeouts are far longer.
-const HEARTBEAT: Duration = Duration::from_secs(2);
+const HEARTBEAT: Duration = Duration::from_secs(3);
 
 fn env_u32(name: &str) -> u32 {
     std::env::var(name).unwrap().parse().unwrap()

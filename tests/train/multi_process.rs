@@ -220,3 +220,67 @@ fn bad_group_settings_are_clear_errors() {
         child::passes(&test, &env);
     }
 }
+
+/// In a child started by `a_killed_replica_ends_the_others_with_its_name`: joins, then steps (a program and a
+/// barrier per step) until ended.
+#[test]
+fn stepping_replica() {
+    if std::env::var(ROLE).as_deref() != Ok("stepping") {
+        return;
+    }
+    lazuli::platform().unwrap();
+    let group = lazuli::distributed::group().expect("joined through the variables");
+    loop {
+        let x = Tensor::from_slice(&[1.0f32, 2.0], &[2]);
+        lazuli::sync().unwrap();
+        (&x * 2.0).to_vec::<f32>().unwrap();
+        group.barrier("step", Duration::from_secs(60)).unwrap();
+        println!("step {}", lazuli::diagnostics::current_step());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// lazuli's own reaction to a lost member: with three replicas stepping, `kill -9` of one ends the two others
+/// through the runtime's failure hook, with exit code 75 and the error naming the lost process and its step.
+#[test]
+fn a_killed_replica_ends_the_others_with_its_name() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let test = child::test_name(module_path!(), "stepping_replica");
+    let mut children: Vec<_> = (0..3)
+        .map(|p| {
+            child::command(&test)
+                .env(ROLE, "stepping")
+                .env("LAZULI_COORDINATOR", &address)
+                .env("LAZULI_PROCESS_ID", p.to_string())
+                .env("LAZULI_NUM_PROCESSES", "3")
+                .env("LAZULI_HEARTBEAT_TIMEOUT", "5")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Over a second of steps, so that heartbeats (every 5/6 s) have reported some.
+    let victim_out = BufReader::new(children[2].stdout.take().unwrap());
+    let stepped = victim_out.lines().map_while(Result::ok).any(|l| l.ends_with("step 100"));
+    assert!(stepped, "the replicas did not step");
+    children[2].kill().unwrap();
+    let killed = Instant::now();
+    for p in 0..2 {
+        let out = children.remove(0).wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(75), "process {p}: {stderr}");
+        assert!(stderr.contains("distributed group failed: process 2 was lost"), "process {p}: {stderr}");
+        let step: u64 = stderr
+            .split("its last reported step was ")
+            .nth(1)
+            .and_then(|s| s.split(';').next())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("process {p}: {stderr}"));
+        assert!((1..=101).contains(&step), "process {p}: {stderr}");
+    }
+    assert!(killed.elapsed() < Duration::from_secs(5), "{:?}", killed.elapsed());
+    let _ = children[0].wait();
+}
