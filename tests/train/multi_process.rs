@@ -245,7 +245,7 @@ fn stepping_replica() {
 #[test]
 fn a_killed_replica_ends_the_others_with_its_name() {
     use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use std::process::Stdio;
     let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let test = child::test_name(module_path!(), "stepping_replica");
     let mut children: Vec<_> = (0..3)
