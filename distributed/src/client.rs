@@ -183,7 +183,10 @@ impl Member {
         };
         member.runtime.spawn(member.beat());
         member.runtime.spawn(member.watch());
-        member.barrier("lazuli/join", member.config.connect_timeout)?;
+        member.barrier("lazuli/join", member.config.connect_timeout).map_err(|e| match e {
+            Error::Timeout(why) => Error::Timeout(format!("not every process joined the group in time: {why}")),
+            other => other,
+        })?;
         Ok(member)
     }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 
 use crate::env;
+use crate::server::{Coordinator, CoordinatorConfig};
 
 #[derive(Parser, Debug, Clone)]
 #[command(name = "lazuli-run", about = "Run N processes of a lazuli program as one distributed group")]
@@ -34,11 +35,19 @@ pub struct Args {
     /// host; required with several hosts, as an address the other hosts reach).
     #[arg(long)]
     pub coordinator: Option<String>,
-    /// The coordinator is a separate, already running service (`LAZULI_COORDINATOR_EXTERNAL=1`).
+    /// The coordinator is a separate, already running service (`LAZULI_COORDINATOR_EXTERNAL=1`), e.g. one
+    /// started with `--serve-coordinator`.
     #[arg(long)]
     pub external_coordinator: bool,
+    /// Start no program: serve the coordinator of a group of `--hosts` × `--nproc` processes at
+    /// `--coordinator` until they all left (exit 0) or the group failed (exit 1).
+    #[arg(long)]
+    pub serve_coordinator: bool,
+    /// With `--serve-coordinator`: seconds of silence after which a member counts as lost.
+    #[arg(long, default_value_t = 60.0)]
+    pub heartbeat_timeout: f64,
     /// The program and its arguments.
-    #[arg(last = true, required = true)]
+    #[arg(last = true, required_unless_present = "serve_coordinator")]
     pub command: Vec<String>,
 }
 
@@ -56,6 +65,9 @@ pub fn run(args: &Args) -> i32 {
     if let Err(message) = check(args) {
         eprintln!("lazuli-run: {message}");
         return 2;
+    }
+    if args.serve_coordinator {
+        return serve_coordinator(args);
     }
     if args.hosts > 1 && args.host_rank == 0 {
         print_other_hosts(args);
@@ -89,6 +101,44 @@ pub fn run(args: &Args) -> i32 {
         }
     }
     1
+}
+
+/// `--serve-coordinator`: the group's coordinator as a process of its own.
+fn serve_coordinator(args: &Args) -> i32 {
+    let Some(address) = &args.coordinator else {
+        eprintln!("lazuli-run: --serve-coordinator needs --coordinator host:port, the address to serve at");
+        return 2;
+    };
+    let heartbeat_timeout = match Duration::try_from_secs_f64(args.heartbeat_timeout) {
+        Ok(t) if !t.is_zero() => t,
+        _ => {
+            eprintln!("lazuli-run: --heartbeat-timeout {}: expected seconds > 0", args.heartbeat_timeout);
+            return 2;
+        }
+    };
+    let config = CoordinatorConfig { num_processes: Some(args.hosts * args.nproc), heartbeat_timeout };
+    let coordinator = match Coordinator::start(address, config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lazuli-run: {e}");
+            return 1;
+        }
+    };
+    println!(
+        "lazuli-run: serving the coordinator of {} processes at {}",
+        args.hosts * args.nproc,
+        coordinator.address()
+    );
+    coordinator.wait_until_all_left(Duration::from_secs(365 * 24 * 3600));
+    // Lets the answer to the last member's leave go out.
+    std::thread::sleep(Duration::from_millis(100));
+    match coordinator.failure() {
+        Some(failure) => {
+            eprintln!("lazuli-run: {failure}");
+            1
+        }
+        None => 0,
+    }
 }
 
 fn check(args: &Args) -> Result<(), String> {

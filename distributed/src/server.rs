@@ -386,6 +386,11 @@ impl Coordinator {
         }
     }
 
+    /// The group's failure, once it failed.
+    pub fn failure(&self) -> Option<crate::Failure> {
+        self.shared.lock().failure.as_ref().map(crate::Failure::from)
+    }
+
     /// The address it listens on.
     pub fn address(&self) -> SocketAddr {
         self.address

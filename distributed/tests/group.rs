@@ -27,8 +27,12 @@ fn member_process() {
     let n = env_u32("LAZULI_NUM_PROCESSES");
     let address = std::env::var("LAZULI_COORDINATOR").unwrap();
     let config = MemberConfig::new(address.clone(), process_id, n);
-    let member =
-        if process_id == 0 { Member::host_and_join(&address, config, HEARTBEAT) } else { Member::join(config) };
+    let external = std::env::var_os("LAZULI_COORDINATOR_EXTERNAL").is_some();
+    let member = if process_id == 0 && !external {
+        Member::host_and_join(&address, config, HEARTBEAT)
+    } else {
+        Member::join(MemberConfig { coordinator_host: if external { None } else { Some(0) }, ..config })
+    };
     let member = member.unwrap_or_else(|e| {
         eprintln!("JOIN FAILED: {e}");
         std::process::exit(4)
@@ -109,16 +113,20 @@ struct Group {
 }
 
 fn start_group(scenario: &str, n: u32) -> Group {
-    let address = free_address();
+    start_group_at(scenario, n, &free_address(), false)
+}
+
+fn start_group_at(scenario: &str, n: u32, address: &str, external: bool) -> Group {
     let (tx, lines) = mpsc::channel();
     let children = (0..n)
         .map(|p| {
             let mut child = Command::new(std::env::current_exe().unwrap())
                 .args(["member_process", "--exact", "--nocapture", "--test-threads=1"])
                 .env(SCENARIO, scenario)
-                .env("LAZULI_COORDINATOR", &address)
+                .env("LAZULI_COORDINATOR", address)
                 .env("LAZULI_PROCESS_ID", p.to_string())
                 .env("LAZULI_NUM_PROCESSES", n.to_string())
+                .envs(external.then_some(("LAZULI_COORDINATOR_EXTERNAL", "1")))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -197,6 +205,35 @@ fn key_value_store_and_barriers_across_processes() {
     for p in 0..3 {
         assert!(seen.iter().any(|l| l.0 == p && l.1.ends_with(&format!("KV OK {p}"))), "{seen:#?}");
     }
+}
+
+/// A coordinator served by `lazuli-run --serve-coordinator`, and members that point at it: they use the store,
+/// leave, and the service ends with 0.
+#[test]
+fn an_external_coordinator_serves_the_group_until_it_left() {
+    let address = free_address();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_lazuli-run"))
+        .args(["--serve-coordinator", "--nproc", "3", "--coordinator", &address, "--heartbeat-timeout", "3"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut group = start_group_at("kv", 3, &address, true);
+    let codes = group.wait_all(Duration::from_secs(60));
+    let mut seen = Vec::new();
+    group.drain(&mut seen);
+    assert_eq!(codes, vec![Some(0); 3], "{seen:#?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the coordinator did not end after the group left");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut server.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(status.success(), "{out}");
+    assert!(out.contains(&format!("serving the coordinator of 3 processes at {address}")), "{out}");
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -304,7 +341,7 @@ fn bad_configurations_are_clear_errors() {
 
     // Process 1 never comes: the first join times out naming it.
     let joined = first.join().unwrap().expect_err("process 1 never joined").to_string();
-    assert!(joined.contains("waiting for process(es) 1"), "{joined}");
+    assert!(joined.contains("not every process joined") && joined.contains("waiting for process(es) 1"), "{joined}");
 
     let asked = Instant::now();
     let nobody =

@@ -123,6 +123,8 @@ fn launcher() {
         max_restarts: 1,
         coordinator: None,
         external_coordinator: false,
+        serve_coordinator: false,
+        heartbeat_timeout: 60.0,
         command: vec![exe, "--exact".into(), test, "--test-threads=1".into(), "--nocapture".into()],
     };
     let code = lazuli_distributed::launcher::run(&args);

@@ -132,10 +132,10 @@ fn finish(
     Ok(())
 }
 
-/// At exit: wait for the programs still running, unless this process's group failed (a collective may then
-/// never finish), and leave the group.
+/// At exit: wait for the programs still running (unless this process's group failed on an accelerator, where a
+/// collective may never finish), and leave the group.
 fn at_exit() {
-    if !crate::runtime::distributed::group_failed() {
+    if !crate::runtime::distributed::exit_without_waiting() {
         in_flight::wait_at_exit();
     }
     crate::runtime::distributed::leave_at_exit();

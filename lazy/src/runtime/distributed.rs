@@ -77,6 +77,8 @@ impl Distributed {
 }
 
 static GROUP: OnceLock<Member> = OnceLock::new();
+/// The backend the group's runtime runs on.
+static BACKEND: OnceLock<Backend> = OnceLock::new();
 
 /// This process's membership, once the runtime joined a group.
 pub fn group() -> Option<&'static Member> {
@@ -86,6 +88,7 @@ pub fn group() -> Option<&'static Member> {
 /// Joins the group (once per process) and adds what the plugin needs to `options`.
 pub(crate) fn join(config: &Distributed, backend: Backend, options: ClientOptions) -> Result<ClientOptions> {
     config.check()?;
+    let _ = BACKEND.set(backend);
     let member = match GROUP.get() {
         Some(m) => m,
         None => {
@@ -141,10 +144,11 @@ pub(crate) fn leave_at_exit() {
     }
 }
 
-/// Whether the group this process belongs to failed (nothing should then wait for the device at exit: a
-/// collective may never finish).
-pub(crate) fn group_failed() -> bool {
-    GROUP.get().is_some_and(|m| m.failure().is_some())
+/// Whether exiting must not wait for the programs still running: this process's group failed, and on an
+/// accelerator a collective waiting for the lost process never finishes. CPU programs do finish (the CPU plugins
+/// have no cross-process collectives), and tearing the plugin down under one would crash the exit.
+pub(crate) fn exit_without_waiting() -> bool {
+    GROUP.get().is_some_and(|m| m.failure().is_some()) && BACKEND.get().is_some_and(|b| *b != Backend::Cpu)
 }
 
 /// The group's store as the plugin's key-value callbacks see it, under a prefix of their own.
