@@ -360,7 +360,13 @@ impl Coordinator {
             Arc::new(Shared { state: Mutex::new(state), version, heartbeat_timeout: config.heartbeat_timeout });
         let (stop, stopped) = oneshot::channel::<()>();
         let service = CoordinatorServer::new(Service { shared: Arc::clone(&shared) });
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Without TCP_NODELAY a small answer waits for the peer's delayed ACK (tens of ms per call).
+        let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
+            if let Ok(stream) = &s {
+                let _ = stream.set_nodelay(true);
+            }
+            s
+        });
         runtime.spawn(async move {
             let server = tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
                 incoming,

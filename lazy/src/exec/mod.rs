@@ -135,6 +135,7 @@ fn finish(
 /// At exit: wait for the programs still running (unless this process's group failed on an accelerator, where a
 /// collective may never finish), and leave the group.
 fn at_exit() {
+    crate::runtime::distributed::begin_exit();
     if !crate::runtime::distributed::exit_without_waiting() {
         in_flight::wait_at_exit();
     }

@@ -9,6 +9,7 @@
 //! not be told otherwise. A process that exits leaves the group at exit as done (process 0, serving the
 //! coordinator, first waits for the others to leave); [`shutdown`] leaves once every process called it.
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -77,6 +78,7 @@ impl Distributed {
 }
 
 static GROUP: OnceLock<Member> = OnceLock::new();
+static EXITING: AtomicBool = AtomicBool::new(false);
 /// The backend the group's runtime runs on.
 static BACKEND: OnceLock<Backend> = OnceLock::new();
 
@@ -95,6 +97,10 @@ pub(crate) fn join(config: &Distributed, backend: Backend, options: ClientOption
             let member = connect(config)?;
             member.report_steps_from(crate::diagnostics::current_step);
             member.on_failure(|failure| {
+                if EXITING.load(Relaxed) {
+                    eprintln!("lazuli: {failure}");
+                    return;
+                }
                 eprintln!("lazuli: {failure}; ending this process (exit code {GROUP_FAILED_EXIT_CODE})");
                 std::process::exit(GROUP_FAILED_EXIT_CODE);
             });
@@ -133,13 +139,20 @@ pub fn shutdown() -> Result<()> {
     member.leave(member.heartbeat_timeout()).map_err(|e| Error::Config(format!("leaving the group: {e}")))
 }
 
+/// The process is exiting: a failure of the group from now on is only reported, since calling `exit` again
+/// from the failure hook while the exit hooks run would not end the process.
+pub(crate) fn begin_exit() {
+    EXITING.store(true, Relaxed);
+}
+
 /// At exit: leave the group as done, unless it failed (its members just end). An exit hook cannot tell an
 /// exit with an error from a normal one: `lazuli-run` reports a process that exited with an error to the
 /// coordinator. The coordinator's host waits here until the others left.
 pub(crate) fn leave_at_exit() {
     if let Some(member) = GROUP.get() {
         if member.failure().is_none() {
-            let _ = member.depart();
+            // This thread's thread-locals, the async runtime's context among them, may be gone by now.
+            let _ = std::thread::spawn(|| member.depart()).join();
         }
     }
 }
