@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lazuli_kernels::{Implementation, Target};
-use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, Device, LoadedExecutable, Plugin, XlaOption};
+use lazuli_pjrt::{
+    provision, AttrValue, Client, ClientOptions, CompileOptions, Device, LoadedExecutable, Plugin, XlaOption,
+};
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
@@ -216,6 +218,18 @@ impl Runtime {
             CpuLauncher::Always => true,
         };
         on && self.config.backend == Backend::Cpu && !self.config.cpu_async
+    }
+
+    /// Compile options of a single-device program: on this process's device. A multi-process client (the CUDA
+    /// plugin in a group) also has the other processes' devices, and left to itself would place the program on
+    /// the group's device 0, so there it is pinned.
+    pub(crate) fn single_device_options(&self) -> CompileOptions {
+        let base = CompileOptions { xla_options: self.xla_options(), ..CompileOptions::default() };
+        if self.client.global_device_ids().len() > self.client.devices().len() {
+            CompileOptions { device_assignment: Some(vec![vec![i64::from(self.device.id())]]), ..base }
+        } else {
+            base
+        }
     }
 
     /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.
