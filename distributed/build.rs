@@ -30,6 +30,7 @@ fn main() {
         .method(watch)
         .method(unary("put", "Put", "PutRequest", "Empty"))
         .method(unary("get", "Get", "GetRequest", "GetResponse"))
+        .method(unary("delete", "Delete", "GetRequest", "Empty"))
         .method(unary("barrier", "Barrier", "BarrierRequest", "Empty"))
         .method(unary("leave", "Leave", "Membership", "Empty"))
         .method(unary("report_failure", "ReportFailure", "GroupFailure", "Empty"))

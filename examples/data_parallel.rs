@@ -108,5 +108,10 @@ fn average(group: &lazuli::distributed::Member, step: u64, values: &[f32], n: us
             *s += f32::from_le_bytes(c.try_into().expect("4 bytes"));
         }
     }
+    // Every process has put its values for this step, so each finished reading the last step's: this process's
+    // can go (the store would otherwise grow by a model's gradients every step).
+    if step > 0 {
+        group.delete(&format!("step/{}/{}", step - 1, group.process_id())).expect("the group failed");
+    }
     sum.iter().map(|s| s / n as f32).collect()
 }

@@ -253,6 +253,12 @@ impl Member {
         Ok(self.call("try_get", Duration::ZERO, |mut c| async move { c.get(request).await })?.into_inner().value)
     }
 
+    /// Removes `key` (nothing if it is not set): a key per step would otherwise grow the store for the whole run.
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let request = GetRequest { key: key.to_string(), timeout_ms: 0 };
+        self.call("delete", Duration::ZERO, |mut c| async move { c.delete(request).await.map(drop) })
+    }
+
     /// Waits until every member reached the barrier `name` as often as this one, at most `timeout`.
     pub fn barrier(&self, name: &str, timeout: Duration) -> Result<()> {
         let round = {

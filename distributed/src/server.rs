@@ -277,6 +277,14 @@ impl CoordinatorRpc for Service {
         Ok(Response::new(GetResponse { value: found }))
     }
 
+    async fn delete(&self, request: Request<GetRequest>) -> std::result::Result<Response<Empty>, Status> {
+        let key = request.into_inner().key;
+        let mut state = self.shared.lock();
+        state.check_failed()?;
+        state.kv.remove(&key);
+        Ok(Response::new(Empty {}))
+    }
+
     async fn barrier(&self, request: Request<BarrierRequest>) -> std::result::Result<Response<Empty>, Status> {
         let BarrierRequest { name, process_id, timeout_ms } = request.into_inner();
         let deadline = Instant::now() + millis(timeout_ms);

@@ -69,6 +69,14 @@ fn kv_member(m: &Member) -> i32 {
         m.put("late", b"late value").unwrap();
     }
     assert_eq!(m.get("late", Duration::from_secs(20)).unwrap(), b"late value");
+    // Deleted keys are gone for everyone (deleting one that is not there is no error).
+    m.barrier("read-late", Duration::from_secs(20)).unwrap();
+    if me == 1 {
+        m.delete("late").unwrap();
+        m.delete("never/set").unwrap();
+    }
+    m.barrier("deleted", Duration::from_secs(20)).unwrap();
+    assert_eq!(m.try_get("late").unwrap(), None);
     // Barriers may be passed again by the same name.
     for _ in 0..3 {
         m.barrier("round", Duration::from_secs(20)).unwrap();
