@@ -368,7 +368,7 @@ impl Coordinator {
             Arc::new(Shared { state: Mutex::new(state), version, heartbeat_timeout: config.heartbeat_timeout });
         let (stop, stopped) = oneshot::channel::<()>();
         let service = CoordinatorServer::new(Service { shared: Arc::clone(&shared) });
-        // Without TCP_NODELAY a small answer waits for the peer's delayed ACK (tens of ms per call).
+        // Without TCP_NODELAY each small answer waits for the peer's delayed ACK.
         let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
             if let Ok(stream) = &s {
                 let _ = stream.set_nodelay(true);
