@@ -134,12 +134,17 @@ impl Member {
         Self::join_with(config, None)
     }
 
-    /// Starts a coordinator on `bind` (this process hosts it), then joins it.
+    /// Starts a coordinator on `bind` (this process hosts it), then joins it (at the port it got, when
+    /// `config.coordinator`'s port is 0).
     pub fn host_and_join(bind: &str, config: MemberConfig, heartbeat_timeout: Duration) -> Result<Member> {
         config.check()?;
         let coordinator_config = CoordinatorConfig { num_processes: Some(config.num_processes), heartbeat_timeout };
         let coordinator = Coordinator::start(bind, coordinator_config)?;
-        let config = MemberConfig { coordinator_host: Some(config.process_id), ..config };
+        let address = match config.coordinator.strip_suffix(":0") {
+            Some(host) => format!("{host}:{}", coordinator.address().port()),
+            None => config.coordinator.clone(),
+        };
+        let config = MemberConfig { coordinator: address, coordinator_host: Some(config.process_id), ..config };
         Self::join_with(config, Some(coordinator))
     }
 

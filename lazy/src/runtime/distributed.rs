@@ -191,3 +191,26 @@ impl KeyValueStore for GroupStore {
         self.0.put(&format!("{PLUGIN_PREFIX}{key}"), value).map_err(store_error)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plugin's view of the group's store: its keys under their own prefix, a missing key's timeout as
+    /// DEADLINE_EXCEEDED (what XLA's key-value clients expect), try-get of a missing key as `None`.
+    #[test]
+    fn the_plugin_sees_the_group_store_under_its_prefix() {
+        let config = MemberConfig::new("127.0.0.1:0", 0, 1);
+        let member =
+            Member::host_and_join("127.0.0.1:0", config, Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"));
+        let member: &'static Member = Box::leak(Box::new(member));
+        let store = GroupStore(member);
+        store.put("topology/0", b"bytes").unwrap();
+        assert_eq!(store.get("topology/0", Duration::from_secs(1)).unwrap(), b"bytes");
+        assert_eq!(member.try_get("pjrt/topology/0").unwrap().as_deref(), Some(&b"bytes"[..]));
+        assert_eq!(member.try_get("topology/0").unwrap(), None);
+        assert_eq!(store.try_get("missing").unwrap(), None);
+        let err = store.get("missing", Duration::from_millis(50)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::DeadlineExceeded, "{err:?}");
+    }
+}
