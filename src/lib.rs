@@ -23,7 +23,8 @@
 //! - Models and training: [`nn`] (modules, layers, the GPT, loading by name), [`optim`] (SGD, AdamW, schedules),
 //!   [`checkpoint`](mod@checkpoint) (saving and loading), [`safetensors`] (any safetensors file: weights from
 //!   and for other frameworks; GPT-2's in [`nn::gpt2`]), [`data`] (token files, seeded batches, prefetching).
-//! - Several devices: [`sharding`] (meshes, partition specs, the planner).
+//! - Several devices: [`sharding`] (meshes, partition specs, the planner); several processes: [`distributed`]
+//!   (joining a group, its key-value store and barriers, failure detection; `lazuli-run` starts one).
 //! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
 //!   kernel of your own with [`TritonKernel`]; a fused elementwise expression with [`ir::FusedBuilder`].
@@ -59,6 +60,15 @@ pub use lazuli_lazy::{checkpoint, data, diagnostics, nn, optim, safetensors};
 
 #[doc(inline)]
 pub use lazuli_lazy::mesh as sharding;
+
+/// Multi-process runs: [`Config::distributed`](crate::Config) or the `LAZULI_COORDINATOR`,
+/// `LAZULI_PROCESS_ID` and `LAZULI_NUM_PROCESSES` variables (which `lazuli-run` sets) make the runtime join a
+/// group; [`group()`](distributed::group) is this process's [`Member`](distributed::Member), with the group's
+/// key-value store and barriers. The loss of another member ends this process with an error naming it.
+pub mod distributed {
+    pub use lazuli_lazy::runtime::distributed::{group, shutdown, Distributed, Failure, GROUP_FAILED_EXIT_CODE};
+    pub use lazuli_lazy::runtime::distributed::{Member, MemberError};
+}
 
 // Tensors and their element types.
 pub use lazuli_lazy::{broadcast_shapes, where_, CrossEntropyOptions, DType, Element, Operand, Tensor};

@@ -6,6 +6,7 @@
 //! product's precision at its recording line). The library never sets an environment variable.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use lazuli_hlo::Precision;
 use lazuli_kernels::Implementation;
@@ -13,6 +14,7 @@ use lazuli_pjrt::provision::Sources;
 use lazuli_pjrt::XlaOption;
 
 use crate::error::{Error, Result};
+use crate::runtime::distributed::Distributed;
 
 /// One variable: its name, what it sets, the values it takes and its default.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +56,11 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
     v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, log", "off"),
     v("LAZULI_CHECK_INDICES", "index_select and embedding checked like index_select_checked", "1, 0", "0"),
+    v("LAZULI_COORDINATOR", "the coordinator of a multi-process group (`lazuli-run` sets it)", "host:port", "unset"),
+    v("LAZULI_PROCESS_ID", "this process's id in its group", "0 to N-1", "unset"),
+    v("LAZULI_NUM_PROCESSES", "the group's number of processes", "1 or more", "unset"),
+    v("LAZULI_COORDINATOR_EXTERNAL", "the coordinator runs elsewhere (else process 0 serves it)", "1, 0", "0"),
+    v("LAZULI_HEARTBEAT_TIMEOUT", "silence after which a member counts as lost", "seconds", "60"),
 ];
 
 /// The value of `name` if set and not empty. The only place the library reads its environment.
@@ -320,6 +327,52 @@ pub(crate) fn xla_flags() -> String {
 /// `LAZULI_EVENTS`: the event file's path.
 pub(crate) fn events_file() -> Option<PathBuf> {
     var("LAZULI_EVENTS").map(PathBuf::from)
+}
+
+/// The group this process joins: all three of `LAZULI_COORDINATOR`, `LAZULI_PROCESS_ID` and
+/// `LAZULI_NUM_PROCESSES`, or none.
+pub(crate) fn distributed() -> Result<Option<Distributed>> {
+    let names = ["LAZULI_COORDINATOR", "LAZULI_PROCESS_ID", "LAZULI_NUM_PROCESSES"];
+    let [coordinator, process_id, num_processes] = names.map(var);
+    let (coordinator, process_id, num_processes) = match (coordinator, process_id, num_processes) {
+        (None, None, None) => return Ok(None),
+        (Some(c), Some(p), Some(n)) => (c, p, n),
+        (c, p, n) => {
+            let missing: Vec<&str> = names
+                .iter()
+                .zip([c.is_none(), p.is_none(), n.is_none()])
+                .filter(|(_, m)| *m)
+                .map(|(n, _)| *n)
+                .collect();
+            return Err(Error::Config(format!(
+                "a multi-process run needs LAZULI_COORDINATOR, LAZULI_PROCESS_ID and LAZULI_NUM_PROCESSES; {} not set",
+                missing.join(" and ")
+            )));
+        }
+    };
+    let number = |name: &str, s: &str, min: u32| {
+        s.trim().parse::<u32>().ok().filter(|&v| v >= min).ok_or_else(|| bad(name, s, format!("an integer >= {min}")))
+    };
+    let process_id = number("LAZULI_PROCESS_ID", &process_id, 0)?;
+    let num_processes = number("LAZULI_NUM_PROCESSES", &num_processes, 1)?;
+    let heartbeat_timeout = match var("LAZULI_HEARTBEAT_TIMEOUT") {
+        None => Distributed::DEFAULT_HEARTBEAT_TIMEOUT,
+        Some(s) => s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| bad("LAZULI_HEARTBEAT_TIMEOUT", &s, "a number of seconds > 0"))?,
+    };
+    let external_coordinator = switch("LAZULI_COORDINATOR_EXTERNAL", false)?;
+    let d = Distributed {
+        external_coordinator,
+        heartbeat_timeout,
+        ..Distributed::new(coordinator, process_id, num_processes)
+    };
+    d.check()?;
+    Ok(Some(d))
 }
 
 /// `LAZULI_STRICT`'s raw value (`diagnostics` parses it, naming this variable in its errors).

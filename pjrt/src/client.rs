@@ -16,11 +16,16 @@ pub(crate) struct ClientInner {
     pub(crate) handle: ClientHandle,
     /// Addressable devices, queried once: they are fixed for the client's life.
     pub(crate) devices: Vec<DeviceData>,
+    /// The ids of every device of the group (in a multi-process client, other processes' devices too).
+    global_device_ids: Vec<i64>,
     /// Buffers of small uploads whose last `Buffer` was dropped, kept to be overwritten by the next upload of
     /// the same type and shape (`Client::buffer_from_host_reusing`).
     spares: Mutex<Vec<Spare>>,
     /// Launches whose completion nobody has seen yet: a spare one of them read is not overwritten.
     pub(crate) running: Mutex<Running>,
+    /// The key-value store behind the client's callbacks: boxed, since its address is their `user_arg`, and
+    /// dropped only after the client is destroyed.
+    _store: Option<Box<Arc<dyn crate::key_value::KeyValueStore>>>,
 }
 
 /// The launches of a client that may still run, by number (`LoadedExecutable::launch_sharded` adds one, its
@@ -139,7 +144,8 @@ impl Client {
     pub fn new(plugin: &Plugin, opts: &ClientOptions) -> Result<Client> {
         let options = opts.validated()?;
         let api = plugin.api();
-        let handle = api.client_create(&options)?;
+        let store = opts.store.as_ref().map(|s| Box::new(Arc::clone(&s.0)));
+        let handle = api.client_create(&options, store.as_deref())?;
         // From here on, dropping `inner` destroys the client, also on the error paths below.
         let mut inner = ClientInner {
             plugin: plugin.clone(),
@@ -147,17 +153,36 @@ impl Client {
             devices: Vec::new(),
             spares: Mutex::new(Vec::new()),
             running: Mutex::new(Running::default()),
+            _store: store,
+            global_device_ids: Vec::new(),
         };
         for device in api.client_addressable_devices(handle)? {
             let (id, kind, local_hardware_id) = api.device_info(device)?;
             inner.devices.push(DeviceData { handle: device, id, kind, local_hardware_id });
         }
+        inner.global_device_ids = match api.client_devices(handle) {
+            Ok(all) => {
+                all.into_iter().map(|d| api.device_info(d).map(|(id, _, _)| i64::from(id))).collect::<Result<_>>()?
+            }
+            Err(_) => inner.devices.iter().map(|d| i64::from(d.id)).collect(),
+        };
         Ok(Client { inner: Arc::new(inner) })
     }
 
     /// "cpu", "cuda", "rocm", "tpu", …
     pub fn platform_name(&self) -> Result<String> {
         self.inner.api().client_platform_name(self.inner.handle)
+    }
+
+    /// This client's process index in a multi-process group (0 in a single process).
+    pub fn process_index(&self) -> Result<i32> {
+        self.inner.api().client_process_index(self.inner.handle)
+    }
+
+    /// The ids of every device of the group, in the plugin's order: the addressable ones and, in a
+    /// multi-process client, the other processes' devices.
+    pub fn global_device_ids(&self) -> &[i64] {
+        &self.inner.global_device_ids
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -232,8 +257,7 @@ impl Client {
 
     /// Compiles StableHLO (MLIR text or bytecode; entry function `main`).
     pub fn compile(&self, mlir: &str, opts: &CompileOptions) -> Result<LoadedExecutable> {
-        let device_ids: Vec<i64> = self.inner.devices.iter().map(|d| i64::from(d.id)).collect();
-        let options = opts.to_proto_bytes_for(&device_ids)?;
+        let options = opts.to_proto_bytes_for(&self.inner.global_device_ids)?;
         let handle = self.inner.api().client_compile(self.inner.handle, mlir, "mlir", &options)?;
         LoadedExecutable::new(Arc::clone(&self.inner), handle)
     }

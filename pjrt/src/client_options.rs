@@ -2,8 +2,11 @@
 //! `cpu_device_count` aborts the xla-cpu-pjrt 0.0.1 plugin (std::bad_variant_access), so unknown names
 //! and type mismatches are refused here, before the plugin sees them.
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
 use crate::ffi::NamedValueIn;
+use crate::key_value::{KeyValueStore, SharedStore};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -31,6 +34,7 @@ const KNOWN: &[(&str, Kind, i64)] = &[
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClientOptions {
     values: Vec<(String, NamedValueIn)>,
+    pub(crate) store: Option<SharedStore>,
 }
 
 impl ClientOptions {
@@ -41,6 +45,13 @@ impl ClientOptions {
     /// Number of virtual CPU devices in one client (CPU plugins; their default is 4). Must be ≥ 1.
     pub fn cpu_device_count(self, n: i64) -> Self {
         self.int_option("cpu_device_count", n)
+    }
+
+    /// The key-value store of a multi-process group, through which the processes' clients exchange what they
+    /// need (the CUDA plugin: topology and NCCL ids), given to the plugin as `PJRT_Client_Create`'s callbacks.
+    pub fn key_value_store(mut self, store: Arc<dyn KeyValueStore>) -> Self {
+        self.store = Some(SharedStore(store));
+        self
     }
 
     pub fn bool_option(self, name: &str, v: bool) -> Self {

@@ -28,6 +28,29 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The `PJRT_Error_Code` value.
+    pub fn to_raw(self) -> i32 {
+        use ErrorCode::*;
+        match self {
+            Cancelled => 1,
+            Unknown => 2,
+            InvalidArgument => 3,
+            DeadlineExceeded => 4,
+            NotFound => 5,
+            AlreadyExists => 6,
+            PermissionDenied => 7,
+            ResourceExhausted => 8,
+            FailedPrecondition => 9,
+            Aborted => 10,
+            OutOfRange => 11,
+            Unimplemented => 12,
+            Internal => 13,
+            Unavailable => 14,
+            DataLoss => 15,
+            Unauthenticated => 16,
+        }
+    }
+
     /// Maps `PJRT_Error_Code`; `None` for OK (0) and for values this crate does not know.
     pub fn from_raw(code: i32) -> Option<ErrorCode> {
         use ErrorCode::*;

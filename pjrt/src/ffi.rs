@@ -5,6 +5,7 @@
 //! pointers; the owning types elsewhere in the crate (`Client`, `Buffer`, `LoadedExecutable`) keep each
 //! one alive and destroy it exactly once, and keep the client alive while anything made by it lives.
 
+mod key_value;
 mod layout;
 mod profiler;
 
@@ -273,7 +274,13 @@ impl Api {
         Ok(read_named_values(args.attributes, args.num_attributes))
     }
 
-    pub(crate) fn client_create(self, options: &[(&str, NamedValueIn)]) -> Result<ClientHandle> {
+    /// Creates a client; `store`, when given, backs the key-value callbacks: boxed, and kept until the client is
+    /// destroyed.
+    pub(crate) fn client_create(
+        self,
+        options: &[(&str, NamedValueIn)],
+        store: Option<&std::sync::Arc<dyn crate::key_value::KeyValueStore>>,
+    ) -> Result<ClientHandle> {
         let values: Vec<c::PJRT_NamedValue> = options
             .iter()
             .map(|(name, value)| {
@@ -297,6 +304,12 @@ impl Api {
         let mut args = c::PJRT_Client_Create_Args::new();
         args.create_options = values.as_ptr();
         args.num_options = values.len();
+        if let Some(store) = store {
+            let kv = key_value::callbacks(store);
+            (args.kv_get_callback, args.kv_try_get_callback, args.kv_put_callback) = (kv.get, kv.try_get, kv.put);
+            (args.kv_get_user_arg, args.kv_try_get_user_arg, args.kv_put_user_arg) =
+                (kv.user_arg, kv.user_arg, kv.user_arg);
+        }
         call!(self, PJRT_Client_Create, &mut args)?;
         ClientHandle::from_raw(args.client, "PJRT_Client_Create")
     }
@@ -319,6 +332,23 @@ impl Api {
         args.client = client.raw();
         call!(self, PJRT_Client_AddressableDevices, &mut args)?;
         device_list(args.addressable_devices, args.num_addressable_devices, "PJRT_Client_AddressableDevices")
+    }
+
+    /// Every device of the client's group, addressable or not (several processes' devices in a multi-process
+    /// client).
+    pub(crate) fn client_devices(self, client: ClientHandle) -> Result<Vec<DeviceHandle>> {
+        let mut args = c::PJRT_Client_Devices_Args::new();
+        args.client = client.raw();
+        call!(self, PJRT_Client_Devices, &mut args)?;
+        device_list(args.devices, args.num_devices, "PJRT_Client_Devices")
+    }
+
+    /// This client's process index in its group (0 in a single process).
+    pub(crate) fn client_process_index(self, client: ClientHandle) -> Result<i32> {
+        let mut args = c::PJRT_Client_ProcessIndex_Args::new();
+        args.client = client.raw();
+        call!(self, PJRT_Client_ProcessIndex, &mut args)?;
+        Ok(args.process_index)
     }
 
     /// (id, kind, local hardware id) of a device.

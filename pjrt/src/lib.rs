@@ -31,6 +31,7 @@ mod error;
 mod executable;
 #[allow(unsafe_code)]
 mod ffi;
+mod key_value;
 mod plugin;
 mod profiler;
 pub mod provision;
@@ -44,6 +45,7 @@ pub use element_type::ElementType;
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{CompiledMemoryStats, Completion, LoadedExecutable};
 pub use ffi::on_exit;
+pub use key_value::{KeyValueError, KeyValueStore};
 pub use plugin::{AttrValue, Plugin};
 pub use profiler::Profiler;
 pub use trace::{Event, Line, Plane, Trace, TraceError};

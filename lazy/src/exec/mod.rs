@@ -129,12 +129,22 @@ fn finish(
     // A process that ends right after `sync()` must not tear the plugin down under a running program.
     static EXIT_WAIT: std::sync::Once = std::sync::Once::new();
     EXIT_WAIT.call_once(|| {
-        lazuli_pjrt::on_exit(in_flight::wait_at_exit);
+        lazuli_pjrt::on_exit(at_exit);
     });
     if diagnostics::events::enabled() {
         emit_event(plan, check, cause, at, times, uploaded);
     }
     Ok(())
+}
+
+/// At exit: wait for the programs still running (unless this process's group failed on an accelerator, where a
+/// collective may never finish), and leave the group.
+fn at_exit() {
+    crate::runtime::distributed::begin_exit();
+    if !crate::runtime::distributed::exit_without_waiting() {
+        in_flight::wait_at_exit();
+    }
+    crate::runtime::distributed::leave_at_exit();
 }
 
 /// A checked program's last output is its counts of non-finite values: kept, with the step's IR and inputs, as the

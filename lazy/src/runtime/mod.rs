@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lazuli_kernels::{Implementation, Target};
-use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, Device, LoadedExecutable, Plugin, XlaOption};
+use lazuli_pjrt::{
+    provision, AttrValue, Client, ClientOptions, CompileOptions, Device, LoadedExecutable, Plugin, XlaOption,
+};
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
@@ -14,6 +16,7 @@ pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher};
 use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
+pub mod distributed;
 pub(crate) mod launcher;
 pub(crate) mod value;
 
@@ -56,6 +59,9 @@ pub struct Config {
     /// Count each step's non-finite output values in the step's own program, and stop or log on a trip
     /// (`LAZULI_CHECK_FINITE`, default off). Turns buffer donation off while on.
     pub check_finite: CheckFinite,
+    /// Join a multi-process group before the client is made (`LAZULI_COORDINATOR`, `LAZULI_PROCESS_ID`,
+    /// `LAZULI_NUM_PROCESSES`, `LAZULI_HEARTBEAT_TIMEOUT`, `LAZULI_COORDINATOR_EXTERNAL`); `None`: one process.
+    pub distributed: Option<distributed::Distributed>,
 }
 
 impl Default for Config {
@@ -75,6 +81,7 @@ impl Default for Config {
             compile_cache: CompileCache::Default,
             compile_cache_limit: 2 << 30,
             check_finite: CheckFinite::Off,
+            distributed: None,
         }
     }
 }
@@ -97,6 +104,7 @@ impl Config {
             compile_cache: settings::compile_cache(),
             compile_cache_limit: settings::compile_cache_limit()?,
             check_finite: settings::check_finite()?,
+            distributed: settings::distributed()?,
         })
     }
 
@@ -168,6 +176,9 @@ impl Runtime {
             opts = opts.cpu_device_count(config.cpu_device_count);
             opts = opts.bool_option("asynchronous", config.cpu_async);
         }
+        if let Some(group) = &config.distributed {
+            opts = distributed::join(group, config.backend, opts)?;
+        }
         let mut plugin_options = Vec::new();
         let client = match &config.plugin_path {
             Some(path) => Client::new(&Plugin::load(path)?, &opts)?,
@@ -219,6 +230,18 @@ impl Runtime {
             CpuLauncher::Always => true,
         };
         on && self.config.backend == Backend::Cpu && !self.config.cpu_async
+    }
+
+    /// Compile options of a single-device program: on this process's device. A multi-process client (the CUDA
+    /// plugin in a group) also has the other processes' devices, and left to itself would place the program on
+    /// the group's device 0, so there it is pinned.
+    pub(crate) fn single_device_options(&self) -> CompileOptions {
+        let base = CompileOptions { xla_options: self.xla_options(), ..CompileOptions::default() };
+        if self.client.global_device_ids().len() > self.client.devices().len() {
+            CompileOptions { device_assignment: Some(vec![vec![i64::from(self.device.id())]]), ..base }
+        } else {
+            base
+        }
     }
 
     /// The XLA options of a compile: the backend's defaults the plugin knows, then the configured ones.

@@ -117,10 +117,52 @@ pjrt_args!(PJRT_Client_Create_Args {
     kv_try_get_user_arg: *mut c_void,
 });
 pjrt_args!(PJRT_Client_Destroy_Args { client: *mut PJRT_Client });
+
+/// The plugin's constructor of an error, for a callback to return (`PJRT_CallbackError`).
+pub(crate) type PJRT_CallbackError =
+    Option<unsafe extern "C" fn(code: CEnum, message: *const c_char, message_size: usize) -> *mut PJRT_Error>;
+/// Frees a value a key-value callback returned.
+pub(crate) type KeyValueValueDeleter = Option<extern "C" fn(value: *mut c_char)>;
+pjrt_args!(PJRT_KeyValueGetCallback_Args {
+    key: *const c_char,
+    key_size: usize,
+    timeout_in_ms: std::ffi::c_int,
+    callback_error: *const PJRT_CallbackError,
+    user_arg: *mut c_void,
+    value: *mut c_char,
+    value_size: usize,
+    value_deleter_callback: KeyValueValueDeleter,
+});
+pjrt_args!(PJRT_KeyValueTryGetCallback_Args {
+    key: *const c_char,
+    key_size: usize,
+    callback_error: *const PJRT_CallbackError,
+    user_arg: *mut c_void,
+    value: *mut c_char,
+    value_size: usize,
+    value_deleter_callback: KeyValueValueDeleter,
+});
+pjrt_args!(PJRT_KeyValuePutCallback_Args {
+    key: *const c_char,
+    key_size: usize,
+    value: *const c_char,
+    value_size: usize,
+    callback_error: *const PJRT_CallbackError,
+    user_arg: *mut c_void,
+});
+pub(crate) type KeyValueGetCallback = extern "C" fn(*mut PJRT_KeyValueGetCallback_Args) -> *mut PJRT_Error;
+pub(crate) type KeyValueTryGetCallback = extern "C" fn(*mut PJRT_KeyValueTryGetCallback_Args) -> *mut PJRT_Error;
+pub(crate) type KeyValuePutCallback = extern "C" fn(*mut PJRT_KeyValuePutCallback_Args) -> *mut PJRT_Error;
 pjrt_args!(PJRT_Client_PlatformName_Args {
     client: *mut PJRT_Client,
     platform_name: *const c_char,
     platform_name_size: usize,
+});
+pjrt_args!(PJRT_Client_ProcessIndex_Args { client: *mut PJRT_Client, process_index: std::ffi::c_int });
+pjrt_args!(PJRT_Client_Devices_Args {
+    client: *mut PJRT_Client,
+    devices: *const *mut PJRT_Device,
+    num_devices: usize,
 });
 pjrt_args!(PJRT_Client_AddressableDevices_Args {
     client: *mut PJRT_Client,
@@ -322,9 +364,9 @@ pub(crate) struct PJRT_Api {
     pub PJRT_Client_Create: Entry<PJRT_Client_Create_Args>,
     pub PJRT_Client_Destroy: Entry<PJRT_Client_Destroy_Args>,
     pub PJRT_Client_PlatformName: Entry<PJRT_Client_PlatformName_Args>,
-    _PJRT_Client_ProcessIndex: Unused,
+    pub PJRT_Client_ProcessIndex: Entry<PJRT_Client_ProcessIndex_Args>,
     _PJRT_Client_PlatformVersion: Unused,
-    _PJRT_Client_Devices: Unused,
+    pub PJRT_Client_Devices: Entry<PJRT_Client_Devices_Args>,
     pub PJRT_Client_AddressableDevices: Entry<PJRT_Client_AddressableDevices_Args>,
     _PJRT_Client_LookupDevice: Unused,
     _PJRT_Client_LookupAddressableDevice: Unused,
@@ -440,6 +482,11 @@ mod tests {
             (PJRT_Event_IsReady_Args::STRUCT_SIZE, 25),
             (PJRT_Client_Create_Args::STRUCT_SIZE, 88),
             (PJRT_Client_Destroy_Args::STRUCT_SIZE, 24),
+            (PJRT_KeyValueGetCallback_Args::STRUCT_SIZE, 80),
+            (PJRT_KeyValueTryGetCallback_Args::STRUCT_SIZE, 72),
+            (PJRT_KeyValuePutCallback_Args::STRUCT_SIZE, 64),
+            (PJRT_Client_ProcessIndex_Args::STRUCT_SIZE, 28),
+            (PJRT_Client_Devices_Args::STRUCT_SIZE, 40),
             (PJRT_Client_PlatformName_Args::STRUCT_SIZE, 40),
             (PJRT_Client_AddressableDevices_Args::STRUCT_SIZE, 40),
             (PJRT_Program::STRUCT_SIZE, 48),
@@ -481,6 +528,8 @@ mod tests {
         assert_eq!(offset_of!(PJRT_Api, PJRT_Error_Destroy), 40);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Plugin_Initialize), 64);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Client_Create), 120);
+        assert_eq!(offset_of!(PJRT_Api, PJRT_Client_ProcessIndex), 144);
+        assert_eq!(offset_of!(PJRT_Api, PJRT_Client_Devices), 160);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Client_BufferFromHostBuffer), 216);
         assert_eq!(offset_of!(PJRT_Api, PJRT_DeviceDescription_Id), 224);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Executable_Destroy), 360);

@@ -4,7 +4,7 @@
 //! as outputs, whose ranges the report shows. Both programs are compiled here and not cached: a trip is rare.
 
 use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, TensorType};
-use lazuli_pjrt::{Buffer, CompileOptions};
+use lazuli_pjrt::Buffer;
 
 use crate::error::{Error, Result};
 use crate::exec::upload::element_type;
@@ -117,7 +117,7 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     let mut graph = graph.clone();
     graph.aliases.clear();
     let text = emit(&graph, &EmitOptions::default());
-    let options = CompileOptions { xla_options: rt.xla_options(), ..CompileOptions::default() };
+    let options = rt.single_device_options();
     let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
     let exe = loop {
         match rt.client.compile(&text, &options) {

@@ -30,7 +30,7 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
             xla_options: rt.xla_options(),
             ..CompileOptions::spmd(m.size() as u32)
         },
-        None => CompileOptions { xla_options: rt.xla_options(), ..CompileOptions::default() },
+        None => rt.single_device_options(),
     };
     let key = plan.key;
     let checked = plan.checked;
