@@ -185,9 +185,9 @@ fn gpt2_config_is_read_from_the_weights_shapes() {
         (got.vocab, got.block_size, got.n_layer, got.n_head, got.d_model, got.dtype),
         (want.vocab, want.block_size, want.n_layer, want.n_head, want.d_model, want.dtype)
     );
-    let err = gpt2::config_of(&named, 3).err().expect("16 does not split into 3 heads").to_string();
+    let err = gpt2::config_of(&named, 3).expect_err("16 does not split into 3 heads").to_string();
     assert!(err.contains("3 heads"), "{err}");
     let without_wpe: Vec<(String, Tensor)> = named.into_iter().filter(|(n, _)| !n.ends_with("wpe.weight")).collect();
-    let err = gpt2::config_of(&without_wpe, HEADS).err().expect("no wpe").to_string();
+    let err = gpt2::config_of(&without_wpe, HEADS).expect_err("no wpe").to_string();
     assert!(err.contains("no wpe.weight"), "{err}");
 }
