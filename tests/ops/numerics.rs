@@ -299,3 +299,28 @@ fn argmax_and_argmin_pick_the_first_nan() {
     c.push("argmin long", x.argmin(0), &[517.0]);
     c.run();
 }
+
+#[test]
+fn argmax_and_argmin_keepdim_keep_the_axis_as_size_one() {
+    // Values with distinct entries along every axis: the expected indices are computed here on the host.
+    let dims = [2usize, 3, 4];
+    let values: Vec<f32> = (0..24).map(|i| ((i * 7 + 3) % 24) as f32 - 11.5).collect();
+    let x = lazuli::Tensor::from_slice(&values, &dims);
+    let at = |i: usize, j: usize, k: usize| values[(i * 3 + j) * 4 + k];
+    let (mut want_max, mut want_min) = (Vec::new(), Vec::new());
+    for i in 0..2 {
+        for k in 0..4 {
+            let col: Vec<f32> = (0..3).map(|j| at(i, j, k)).collect();
+            let best = |better: fn(f32, f32) -> bool| (0..3).fold(0, |b, j| if better(col[j], col[b]) { j } else { b });
+            want_max.push(best(|a, b| a > b) as i64);
+            want_min.push(best(|a, b| a < b) as i64);
+        }
+    }
+    let got_max = x.argmax_keepdim(-2);
+    let got_min = x.argmin_keepdim(1);
+    assert_eq!(got_max.dims(), &[2, 1, 4]);
+    assert_eq!(got_min.dims(), &[2, 1, 4]);
+    assert_eq!(got_max.to_vec::<i64>().unwrap(), want_max);
+    assert_eq!(got_min.to_vec::<i64>().unwrap(), want_min);
+    assert_eq!(x.argmax(1).to_vec::<i64>().unwrap(), want_max);
+}

@@ -447,6 +447,19 @@ impl Tensor {
         arg_reduce(self, ArgKind::Min, axis, Loc::caller())
     }
 
+    /// [`Tensor::argmax`] with `axis` kept as size 1 (PyTorch's `keepdim=True`), to index or compare against the
+    /// input by broadcasting.
+    #[track_caller]
+    pub fn argmax_keepdim(&self, axis: isize) -> Tensor {
+        arg_reduce_kept(self, ArgKind::Max, axis, Loc::caller())
+    }
+
+    /// [`Tensor::argmin`] with `axis` kept as size 1.
+    #[track_caller]
+    pub fn argmin_keepdim(&self, axis: isize) -> Tensor {
+        arg_reduce_kept(self, ArgKind::Min, axis, Loc::caller())
+    }
+
     /// Running sum along `axis`: element i is the sum of elements 0..=i.
     #[track_caller]
     pub fn cumsum(&self, axis: isize) -> Tensor {
@@ -460,4 +473,12 @@ impl Tensor {
     pub fn erf(&self) -> Tensor {
         apply(Op::Erf(Erf), &[self], Loc::caller())
     }
+}
+
+/// An arg-reduction with its axis put back as size 1 (a reshape of the reduced indices).
+fn arg_reduce_kept(x: &Tensor, kind: ArgKind, axis: isize, loc: Loc) -> Tensor {
+    let a = crate::graph::record::axis(axis, x.rank(), "argmax_keepdim/argmin_keepdim", loc);
+    let mut dims: Vec<isize> = x.dims().iter().map(|&d| d as isize).collect();
+    dims[a] = 1;
+    arg_reduce(x, kind, axis, loc).try_reshape_at(&dims, loc).unwrap_or_else(|e| raise(e))
 }
