@@ -2,12 +2,16 @@
 //! count per floating-point output) and to the graph that locates a trip (one count per floating-point node).
 //! lazuli's op set has no `is_finite`; `|x| < inf` is the same test (false for NaN and ±inf) from ops that every
 //! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
+//!
+//! [`guard`] keeps a step's state from a non-finite step, as dynamic loss scaling does: every state output
+//! becomes `select(all_finite, new, old)`, so a tripped step returns its inputs' values and the old buffers may
+//! still be donated (the program itself hands them back).
 
-use crate::dtype::DType;
+use crate::dtype::{DType, TensorType};
 use crate::graph::{Graph, Loc, NodeId};
 use crate::op::Op;
 use crate::ops::elementwise::{Compare, CompareDir, Select, Unary, UnaryKind};
-use crate::ops::layout::Reshape;
+use crate::ops::layout::{BroadcastInDim, Reshape};
 use crate::ops::leaf::Constant;
 use crate::ops::reduce::{Reduce, ReduceKind};
 use crate::ops::slicing::Concatenate;
@@ -46,6 +50,31 @@ fn count_one(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String> {
     g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![count], loc)
 }
 
+/// Guard `g`'s state: with `counts` (from [`count_nonfinite`]) all zero, each output `j` of `pairs` keeps its
+/// value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ is an error.
+pub fn guard(g: &mut Graph, counts: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let sum = Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false });
+    let total = g.push(sum, vec![counts], loc)?;
+    let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
+    let all_finite = g.push(Op::Compare(Compare { dir: CompareDir::Eq }), vec![total, zero], loc)?;
+    for &(i, j) in pairs {
+        let (old, new) = (g.params[i], g.outputs[j]);
+        if g.nodes[old].ty != g.nodes[new].ty {
+            return Err(format!("guarding output {j} ({}) with parameter {i} ({})", g.nodes[new].ty, g.nodes[old].ty));
+        }
+        let dims = g.nodes[new].ty.dims.to_vec();
+        let keep = match dims.is_empty() {
+            true => all_finite,
+            false => g.push(Op::BroadcastInDim(BroadcastInDim { dims, map: Vec::new() }), vec![all_finite], loc)?,
+        };
+        g.outputs[j] = g.push(Op::Select(Select), vec![keep, new, old], loc)?;
+    }
+    Ok(())
+}
+
 /// The floating-point nodes of `g` among `ids`.
 pub fn floating(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<NodeId> {
     ids.into_iter().filter(|&i| g.nodes[i].ty.dtype.is_float()).collect()
@@ -54,7 +83,7 @@ pub fn floating(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<NodeId>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::TensorType;
+    use crate::ops::elementwise::BinaryKind;
     use ndarray::{ArrayD, IxDyn};
 
     /// The reference interpreter counts NaN and both infinities, per node, in order.
@@ -70,5 +99,27 @@ mod tests {
         let bv = ArrayD::from_elem(IxDyn(&[]), 70000.0); // past f16's largest: rounds to inf
         let out = g.evaluate(&[av.unwrap(), bv]).unwrap();
         assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0]);
+    }
+
+    /// A guarded output is the new value while every counted output is finite, else the parameter it replaces;
+    /// unguarded outputs keep their value either way.
+    #[test]
+    fn a_guard_returns_the_old_state_on_a_trip() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let ty = TensorType::new(DType::F32, [2]);
+        let (w, x) = (g.parameter(ty.clone(), loc), g.parameter(ty, loc));
+        let new_w = g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Div }), vec![w, x], loc);
+        let new_w = new_w.unwrap();
+        g.outputs = vec![new_w, new_w];
+        let counts = count_nonfinite(&mut g, &[new_w], loc).unwrap().unwrap();
+        guard(&mut g, counts, &[(0, 0)], loc).unwrap();
+        let run = |x: [f64; 2]| {
+            let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 4.0]).unwrap();
+            let out = g.evaluate(&[w, ArrayD::from_shape_vec(IxDyn(&[2]), x.to_vec()).unwrap()]).unwrap();
+            out.iter().map(|o| o.iter().copied().collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        assert_eq!(run([1.0, 2.0]), vec![vec![3.0, 2.0], vec![3.0, 2.0]]);
+        assert_eq!(run([1.0, 0.0]), vec![vec![3.0, 4.0], vec![3.0, f64::INFINITY]]);
     }
 }
