@@ -2,7 +2,8 @@
 //! output: each floating-point output's count of non-finite elements, one small `i32` vector that XLA fuses with
 //! the outputs' producers. Under `stop` and `skip` the program also guards its state (`hlo::finite::guard`): each
 //! parameter or optimizer state output becomes `select(all_finite, new, old)`, so a tripped step hands back the
-//! values it was given, donation stays on (only old state to its own successor), and nothing waits for the host.
+//! values it was given, old state can still be donated to it, and nothing waits for the host (`stop` donates
+//! only old state to its own successor, keeping the step's other inputs for the locator).
 //! `finish` keeps the counts as the step's pending check and hands them to no tensor.
 //!
 //! `stop` and `log` read the check at the next materialization, before it launches anything (and at `wait()` and

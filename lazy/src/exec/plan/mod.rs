@@ -74,8 +74,9 @@ pub(crate) fn plan_walk(rt: &Runtime, walk: Walk) -> Result<Plan> {
 /// Everything but the cache lookup: the mesh and its layouts (parameters keep their placement, outputs get the
 /// shardings the ops' rules propagate), the donations, and the key they all enter. With the finite check on, the
 /// program counts its outputs' non-finite values; under `Stop` and `Skip` it guards its state (see
-/// `CheckFinite`) and donates only old state to its guarded successor, under `Log` it donates nothing (a trip is
-/// located by running the step again on its inputs). A checked program has a key of its own.
+/// `CheckFinite`), which old state may then still be donated to. `Skip` donates as usual; `Stop` donates only old
+/// state to its guarded successor and `Log` nothing, since a trip is located by running the step again on its
+/// inputs. A checked program has a key of its own.
 pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Result<Plan> {
     let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.has_constraint)?;
     let checked = crate::exec::finite::enabled(check);
@@ -89,8 +90,8 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Resul
     });
     let guards = if crate::exec::finite::guards(check) { successor_pairs(&walk) } else { Vec::new() };
     let donation = match check {
-        CheckFinite::Off if donate => Donation::Any,
-        CheckFinite::Stop | CheckFinite::Skip if donate => Donation::Successors,
+        CheckFinite::Off | CheckFinite::Skip if donate => Donation::Any,
+        CheckFinite::Stop if donate => Donation::Successors,
         _ => Donation::None,
     };
     let donated = plan_donation(&mut walk, donation);
