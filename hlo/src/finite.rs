@@ -56,8 +56,7 @@ pub fn guard(g: &mut Graph, counts: NodeId, pairs: &[(usize, usize)], loc: Loc) 
     if pairs.is_empty() {
         return Ok(());
     }
-    let sum = Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false });
-    let total = g.push(sum, vec![counts], loc)?;
+    let total = total(g, counts, loc)?;
     let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
     let all_finite = g.push(Op::Compare(Compare { dir: CompareDir::Eq }), vec![total, zero], loc)?;
     for &(i, j) in pairs {
@@ -73,6 +72,49 @@ pub fn guard(g: &mut Graph, counts: NodeId, pairs: &[(usize, usize)], loc: Loc) 
         g.outputs[j] = g.push(Op::Select(Select), vec![keep, new, old], loc)?;
     }
     Ok(())
+}
+
+/// `i32[]`: the sum of a vector of counts.
+fn total(g: &mut Graph, counts: NodeId, loc: Loc) -> Result<NodeId, String> {
+    g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false }), vec![counts], loc)
+}
+
+/// `counts` (one per output, when there are any) followed by the total of `decided` (0 when there is none), as
+/// one `i32` vector.
+pub fn with_total(g: &mut Graph, counts: Option<NodeId>, decided: Option<NodeId>, loc: Loc) -> Result<NodeId, String> {
+    let last = match decided {
+        Some(d) => {
+            let t = total(g, d, loc)?;
+            g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![t], loc)?
+        }
+        None => g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, [1]))), vec![], loc)?,
+    };
+    match counts {
+        Some(c) => g.push(Op::Concatenate(Concatenate { dim: 0 }), vec![c, last], loc),
+        None => Ok(last),
+    }
+}
+
+/// What decides a cheap guard of `pairs` (`(parameter, output)`): the floating-point values entering the
+/// update, that is the operands of the guarded outputs other than the old state and other guarded outputs (an
+/// optimizer's gradients and hyperparameters), and the floating-point outputs that are not guarded (the loss). The
+/// guard's select then depends on nothing the update computes, so XLA can fuse it into the update's kernels; a
+/// non-finite value that the update itself makes from these is not caught by it.
+pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
+    let guarded: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
+    let old: Vec<NodeId> = pairs.iter().map(|&(i, _)| g.params[i]).collect();
+    let mut seen = vec![false; g.nodes.len()];
+    let mut out = Vec::new();
+    let operands = guarded.iter().flat_map(|&o| g.nodes[o].operands.iter().copied());
+    let unguarded = g.outputs.iter().copied().filter(|o| !guarded.contains(o));
+    for x in operands.chain(unguarded) {
+        let skip = seen[x] || guarded.contains(&x) || old.contains(&x);
+        if !skip && g.nodes[x].ty.dtype.is_float() {
+            out.push(x);
+        }
+        seen[x] = true;
+    }
+    out
 }
 
 /// The floating-point nodes of `g` among `ids`.

@@ -78,18 +78,44 @@ pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)]) -> u64
 
 /// `graph` with the check's output appended (after the step's own outputs) and the `guards` applied, for
 /// emitting. On a mesh the counts have the layout `counts_sharding`.
-pub(crate) fn with_check(graph: &Graph, guards: &[(usize, usize)], counts_sharding: Option<String>) -> Result<Graph> {
+///
+/// Under `stop` the guard is decided by the outputs the step computes (every non-finite output keeps the state,
+/// so a trip can always be run again from it), and the counts are theirs. Under `skip`, which is meant to stay
+/// on, it is decided by the values entering the update (`hlo::finite::update_inputs`: the loss, the gradients),
+/// so that the select fuses into the update; the counts are those of the outputs as returned, followed by the
+/// non-finite values that entered the update. A non-finite value that the update makes from finite inputs then
+/// reaches the state, and reading the check says so.
+pub(crate) fn with_check(
+    graph: &Graph,
+    guards: &[(usize, usize)],
+    mode: CheckFinite,
+    counts_sharding: Option<String>,
+) -> Result<Graph> {
     let mut g = graph.clone();
-    let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
     let loc = g.outputs.first().map_or(Loc::caller(), |&o| g.nodes[o].loc);
-    let counts = lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)?;
-    // A step without floating-point outputs still gets an output, so that every checked program has one more.
-    let counts = match counts {
-        Some(c) => {
-            lazuli_hlo::finite::guard(&mut g, c, guards, loc).map_err(Error::Internal)?;
-            c
+    let counts = match mode {
+        CheckFinite::Skip => {
+            let entering = lazuli_hlo::finite::update_inputs(&g, guards);
+            let entering = lazuli_hlo::finite::count_nonfinite(&mut g, &entering, loc).map_err(Error::Internal)?;
+            if let Some(e) = entering {
+                lazuli_hlo::finite::guard(&mut g, e, guards, loc).map_err(Error::Internal)?;
+            }
+            let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
+            let counts = lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)?;
+            lazuli_hlo::finite::with_total(&mut g, counts, entering, loc).map_err(Error::Internal)?
         }
-        None => g.push(zero_counts(), Vec::new(), loc).map_err(Error::Internal)?,
+        _ => {
+            let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
+            match lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)? {
+                Some(c) => {
+                    lazuli_hlo::finite::guard(&mut g, c, guards, loc).map_err(Error::Internal)?;
+                    c
+                }
+                // A step without floating-point outputs still gets an output, so that every checked program has
+                // one more.
+                None => g.push(zero_counts(), Vec::new(), loc).map_err(Error::Internal)?,
+            }
+        }
     };
     g.outputs.push(counts);
     if g.partitions > 0 {
@@ -143,11 +169,20 @@ pub(crate) fn check_pending() -> Result<()> {
 /// goes to stderr, and `skip` counts the step in `Metrics::skipped_steps`. Each trip is also an event
 /// (`EventKind::NonFinite`).
 fn read(pending: Pending) -> Result<()> {
-    let counts = counts(&pending)?;
-    if counts.iter().all(|&c| c == 0) {
+    let mut counts = counts(&pending)?;
+    // Under skip, the last count is of the values that entered the update: non-zero, the state was kept.
+    let entered = if pending.mode == CheckFinite::Skip { counts.pop().unwrap_or(0) } else { 0 };
+    if entered == 0 && counts.iter().all(|&c| c == 0) {
         return Ok(());
     }
     let mode = pending.mode;
+    if mode == CheckFinite::Skip && entered == 0 {
+        // The update itself made the non-finite state, from finite gradients: nothing kept it.
+        let report = report(&pending, &counts, None, 0)
+            + "\n  the update made them from finite inputs: the state could not be kept (stop locates the op)";
+        emit_event(&pending, report.lines().map(str::to_string).collect());
+        return Err(Error::NonFinite { at: pending.at, op_at: None, op: None, report });
+    }
     if mode == CheckFinite::Skip {
         Counters::add(&COUNTERS.skipped_steps, 1);
     }
@@ -156,7 +191,7 @@ fn read(pending: Pending) -> Result<()> {
         Some(r) if first || mode == CheckFinite::Stop => Some(locate::locate(runtime()?, &r.graph, &r.inputs)),
         _ => None,
     };
-    let report = report(&pending, &counts, located.as_ref());
+    let report = report(&pending, &counts, located.as_ref(), entered);
     emit_event(&pending, report.lines().map(str::to_string).collect());
     match mode {
         CheckFinite::Stop => {
@@ -177,7 +212,8 @@ fn read(pending: Pending) -> Result<()> {
 
 /// The counts of the pending check, read from the device (its step has finished or is about to).
 fn counts(p: &Pending) -> Result<Vec<u64>> {
-    let ty = TensorType::new(lazuli_hlo::DType::I32, [p.checked.len().max(1)]);
+    let n = if p.mode == CheckFinite::Skip { p.checked.len() + 1 } else { p.checked.len().max(1) };
+    let ty = TensorType::new(lazuli_hlo::DType::I32, [n]);
     let bytes = p.counts.to_host(&ty)?;
     Ok(bytes_to_f64(lazuli_hlo::DType::I32, &bytes).into_iter().map(|c| c as u64).collect())
 }
@@ -187,7 +223,7 @@ const SHOWN: usize = 6;
 
 /// The report of a trip: the step, the outputs with non-finite values, what became of its state, and where the
 /// values came from.
-fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Located>>>) -> String {
+fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Located>>>, entered: u64) -> String {
     let bad: Vec<String> = p
         .checked
         .iter()
@@ -205,8 +241,11 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Lo
         out += &format!("    … and {} more\n", n - SHOWN);
     }
     match p.mode {
-        CheckFinite::Skip => {
-            out += "  skipped: parameters and optimizer state keep their values from before the step\n"
+        CheckFinite::Skip if entered > 0 => {
+            out += &format!(
+                "  skipped: {entered} non-finite values entered the update; parameters and optimizer state keep \
+                 their values from before the step\n"
+            )
         }
         CheckFinite::Stop => out += "  parameters and optimizer state keep their values from before the step\n",
         _ => {}
@@ -215,7 +254,10 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Lo
         Some(Ok(Some(l))) => out += &l.describe(),
         Some(Ok(None)) => out += "  no op of the step made a non-finite value when it ran again on the same inputs",
         Some(Err(e)) => out += &format!("  locating the first non-finite value failed: {e}"),
-        None if p.mode == CheckFinite::Skip => out += "  not located under skip (stop locates the first op)",
+        None if p.mode == CheckFinite::Skip && entered > 0 => {
+            out += "  not located under skip (stop locates the first op)"
+        }
+        None if p.mode == CheckFinite::Skip => {}
         None => out += "  not located: only the first trip is reported under log",
     }
     out
