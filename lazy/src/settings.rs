@@ -127,9 +127,11 @@ pub enum CheckFinite {
     /// reads the check (the next step boundary, `wait()` or read), naming the first op that made a non-finite value
     /// from finite operands and its line. The next step is launched only after the check is read.
     Stop,
-    /// A trip leaves the state as it was before the step and the run carries on, like dynamic loss scaling's
-    /// skipped step: an event, a line on stderr for the first one, and `Metrics::skipped_steps`. The check is read
-    /// after the next step is launched, so the device is never left without work.
+    /// A step whose loss or gradients (what enters the update) are not all finite leaves the state as it was
+    /// before it and the run carries on, like dynamic loss scaling's skipped step: an event, a report on stderr
+    /// for the first one, and `Metrics::skipped_steps`. The check is read after the next step is launched, so the
+    /// device is never left without work. A non-finite value that the update makes from finite inputs reaches the
+    /// state and is an [`Error::NonFinite`] saying so.
     Skip,
     /// The step's values are kept, non-finite or not, and the run carries on; the first trip is located and its
     /// report printed to stderr. Donation is off, so that the step can run again on its inputs.
