@@ -129,9 +129,9 @@ pub enum CheckFinite {
     Stop,
     /// A step whose loss or gradients (what enters the update) are not all finite leaves the state as it was
     /// before it and the run carries on, like dynamic loss scaling's skipped step: an event, a report on stderr
-    /// for the first one, and `Metrics::skipped_steps`. The check is read after the next step is launched, so the
-    /// device is never left without work. A non-finite value that the update makes from finite inputs reaches the
-    /// state and is an [`Error::NonFinite`] saying so.
+    /// for the first one, and `Metrics::skipped_steps`. A step's check is read once two later programs are
+    /// launched (or at `wait()`), so checking never waits for the device. A non-finite value that the update
+    /// makes from finite inputs reaches the state and is an [`Error::NonFinite`] saying so.
     Skip,
     /// The step's values are kept, non-finite or not, and the run carries on; the first trip is located and its
     /// report printed to stderr. Donation is off, so that the step can run again on its inputs.

@@ -40,8 +40,8 @@ use plan::Plan;
 /// [`MAX_GRAPH_NODES`]. `cause` and `at` say why and where, for diagnostics and errors.
 pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
     let started = Instant::now();
-    // The previous step's check, before anything new is launched (reads come here too); a `skip` check is read
-    // once this materialization's program is queued.
+    // The previous step's check, before anything new is launched (reads come here too); `skip`'s older checks
+    // are read once this materialization's program is queued.
     let previous = finite::before_launch()?;
     if !targets.iter().any(|t| t.is_pending()) {
         return finite::after_launch(previous);

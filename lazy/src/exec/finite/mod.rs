@@ -9,11 +9,12 @@
 //! `stop` and `log` read the check at the next materialization, before it launches anything (and at `wait()` and
 //! reads), when the host waits for that step anyway; a trip is located by [`locate`]: the step runs again on its
 //! inputs (under `stop` the guarded outputs are those inputs, so the step's IR and its other inputs are kept)
-//! with every floating-point node's count as output. `skip` reads a step's check after the next step is
-//! launched, so the device always has the next step queued, and locates nothing.
+//! with every floating-point node's count as output. `skip` reads a step's check once two later programs are
+//! launched, so that reading it never waits for the device, and locates nothing.
 
 mod locate;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 
@@ -46,7 +47,8 @@ pub(crate) struct Replay {
     pub inputs: Vec<Data>,
 }
 
-static PENDING: Mutex<Option<Pending>> = Mutex::new(None);
+/// Checks not read yet, oldest first: one under `stop` and `log`, up to two under `skip`.
+static PENDING: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
 /// Whether `PENDING` holds a check: the common case (checking off) costs one load per materialization.
 static HAS_PENDING: AtomicBool = AtomicBool::new(false);
 /// `log` and `skip` print their first trip's report only; later trips are events.
@@ -132,37 +134,45 @@ fn zero_counts() -> lazuli_hlo::Op {
 /// where the mode locates trips, what to run it again from.
 pub(crate) fn keep(counts: Data, checked: Vec<(TensorType, Loc)>, replay: Option<Replay>, at: Loc, mode: CheckFinite) {
     let pending = Pending { counts, checked, replay, at, step: diagnostics::current_step(), mode };
-    *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(pending);
+    PENDING.lock().unwrap_or_else(|e| e.into_inner()).push_back(pending);
     HAS_PENDING.store(true, Relaxed);
 }
 
-fn take() -> Option<Pending> {
+/// The pending checks, oldest first: all of them, or all but the newest.
+fn take(all: bool) -> Vec<Pending> {
     if !HAS_PENDING.load(Relaxed) {
-        return None;
+        return Vec::new();
     }
-    let pending = PENDING.lock().unwrap_or_else(|e| e.into_inner()).take();
-    HAS_PENDING.store(false, Relaxed);
-    pending
+    let mut queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let n = if all { queue.len() } else { queue.len().saturating_sub(1) };
+    let taken = queue.drain(..n).collect();
+    HAS_PENDING.store(!queue.is_empty(), Relaxed);
+    taken
 }
 
-/// Before a materialization launches anything: read a `stop` or `log` check now (an `Err` on a `stop` trip), and
-/// hand a `skip` check back, to be read by [`after_launch`] once the next program is queued.
-pub(crate) fn before_launch() -> Result<Option<Pending>> {
-    match take() {
-        Some(p) if p.mode == CheckFinite::Skip => Ok(Some(p)),
-        Some(p) => read(p).map(|()| None),
-        None => Ok(None),
+/// Before a materialization launches anything: read a `stop` or `log` check now (an `Err` on a `stop` trip).
+/// Under `skip` hand back every check but the newest, to be read by [`after_launch`] once this program is
+/// queued: a step's check is read once two later programs were launched, and the in-flight bound has waited for
+/// that step by then, so reading it never waits for the device.
+pub(crate) fn before_launch() -> Result<Vec<Pending>> {
+    if !HAS_PENDING.load(Relaxed) {
+        return Ok(Vec::new());
     }
+    if runtime()?.config.check_finite == CheckFinite::Skip {
+        return Ok(take(false));
+    }
+    take(true).into_iter().try_for_each(read)?;
+    Ok(Vec::new())
 }
 
-/// Read the check [`before_launch`] handed back.
-pub(crate) fn after_launch(pending: Option<Pending>) -> Result<()> {
-    pending.map_or(Ok(()), read)
+/// Read the checks [`before_launch`] handed back.
+pub(crate) fn after_launch(pending: Vec<Pending>) -> Result<()> {
+    pending.into_iter().try_for_each(read)
 }
 
-/// Read the pending check, whatever its mode (`wait()`).
+/// Read every pending check, whatever its mode (`wait()`).
 pub(crate) fn check_pending() -> Result<()> {
-    take().map_or(Ok(()), read)
+    take(true).into_iter().try_for_each(read)
 }
 
 /// Read a check: an [`Error::NonFinite`] on a trip under `stop`; under `log` and `skip` the first trip's report
