@@ -262,7 +262,14 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
         Error::NonFinite { report, .. } => assert!(report.contains("the state could not be kept"), "{report}"),
         other => panic!("expected NonFinite, got {other}"),
     }
+    // A program that updates no state has nothing to skip: its trip is an event, not a skipped step.
+    events::start_capture();
+    let z = Tensor::from_slice(&[0.0f32, 1.0], &[2]).log();
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![f32::NEG_INFINITY, 0.0]);
+    lazuli::wait().unwrap();
     assert_eq!(lazuli::metrics().skipped_steps, 1);
+    let last = events::take_captured().into_iter().rfind(|e| e.kind == EventKind::NonFinite).unwrap();
+    assert!(last.explanation.join("\n").contains("updates no state: nothing to skip"), "{last:?}");
 }
 
 #[test]

@@ -158,7 +158,7 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
     } else {
         None
     };
-    finite::keep(counts, checked, replay, at, mode);
+    finite::keep(counts, checked, replay, at, mode, !plan.guards.is_empty());
     Ok(())
 }
 

@@ -39,6 +39,8 @@ pub(crate) struct Pending {
     at: Loc,
     step: u64,
     mode: CheckFinite,
+    /// The program guards some state (it updates parameters or optimizer state).
+    guarded: bool,
 }
 
 /// A step's IR (without the check) and its inputs, in parameter order.
@@ -132,8 +134,15 @@ fn zero_counts() -> lazuli_hlo::Op {
 
 /// Keep a launched step's check until it is read: its counts, its floating-point outputs' types and lines, and,
 /// where the mode locates trips, what to run it again from.
-pub(crate) fn keep(counts: Data, checked: Vec<(TensorType, Loc)>, replay: Option<Replay>, at: Loc, mode: CheckFinite) {
-    let pending = Pending { counts, checked, replay, at, step: diagnostics::current_step(), mode };
+pub(crate) fn keep(
+    counts: Data,
+    checked: Vec<(TensorType, Loc)>,
+    replay: Option<Replay>,
+    at: Loc,
+    mode: CheckFinite,
+    guarded: bool,
+) {
+    let pending = Pending { counts, checked, replay, at, step: diagnostics::current_step(), mode, guarded };
     PENDING.lock().unwrap_or_else(|e| e.into_inner()).push_back(pending);
     HAS_PENDING.store(true, Relaxed);
 }
@@ -186,14 +195,14 @@ fn read(pending: Pending) -> Result<()> {
         return Ok(());
     }
     let mode = pending.mode;
-    if mode == CheckFinite::Skip && entered == 0 {
+    if mode == CheckFinite::Skip && entered == 0 && pending.guarded {
         // The update itself made the non-finite state, from finite gradients: nothing kept it.
         let report = report(&pending, &counts, None, 0)
             + "\n  the update made them from finite inputs: the state could not be kept (stop locates the op)";
         emit_event(&pending, report.lines().map(str::to_string).collect());
         return Err(Error::NonFinite { at: pending.at, op_at: None, op: None, report });
     }
-    if mode == CheckFinite::Skip {
+    if mode == CheckFinite::Skip && pending.guarded {
         Counters::add(&COUNTERS.skipped_steps, 1);
     }
     let first = !REPORTED.swap(true, Relaxed);
@@ -251,6 +260,7 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Lo
         out += &format!("    … and {} more\n", n - SHOWN);
     }
     match p.mode {
+        CheckFinite::Skip if !p.guarded => out += "  the program updates no state: nothing to skip\n",
         CheckFinite::Skip if entered > 0 => {
             out += &format!(
                 "  skipped: {entered} non-finite values entered the update; parameters and optimizer state keep \
@@ -264,7 +274,7 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Lo
         Some(Ok(Some(l))) => out += &l.describe(),
         Some(Ok(None)) => out += "  no op of the step made a non-finite value when it ran again on the same inputs",
         Some(Err(e)) => out += &format!("  locating the first non-finite value failed: {e}"),
-        None if p.mode == CheckFinite::Skip && entered > 0 => {
+        None if p.mode == CheckFinite::Skip && entered > 0 && p.guarded => {
             out += "  not located under skip (stop locates the first op)"
         }
         None if p.mode == CheckFinite::Skip => {}
