@@ -2,7 +2,9 @@
 //! variance is annealed towards zero on the host; at step 5 it reaches zero and `log` of it goes to -inf, making
 //! the loss and every gradient non-finite from then on. With `LAZULI_CHECK_FINITE=stop` the step's own program
 //! counts its outputs' non-finite values, and the next read (here the loss) returns an error naming the first op
-//! that made one from finite operands, with its line; the example prints it and exits normally.
+//! that made one from finite operands, with its line; the example prints it and exits normally. With
+//! `LAZULI_CHECK_FINITE=skip` every step from step 5 on is skipped instead: its loss prints as non-finite, the
+//! model keeps its weights from step 4, and the run ends with the count of skipped steps.
 //!
 //! LAZULI_CHECK_FINITE=stop cargo run --release --example nan_hunt
 
@@ -35,6 +37,12 @@ fn main() -> lazuli::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    println!("no error: run with LAZULI_CHECK_FINITE=stop to locate the first non-finite value");
+    lazuli::wait()?; // reads the last step's check
+    let skipped = lazuli::metrics().skipped_steps;
+    if skipped > 0 {
+        println!("{skipped} step(s) skipped: the weights are those of the last finite step");
+    } else {
+        println!("no error: run with LAZULI_CHECK_FINITE=stop to locate the first non-finite value");
+    }
     Ok(())
 }

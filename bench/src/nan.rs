@@ -146,6 +146,7 @@ pub fn run(cfg: NanConfig, python: &Path, device: &str) -> BenchResult<()> {
     std::fs::create_dir_all(&dir)?;
     let plain = lazuli_child(cfg, "off", device);
     let checked = lazuli_child(cfg, "stop", device);
+    let skipping = lazuli_child(cfg, "skip", device);
     let torch = python_child(python, &dir, "torch", cfg);
     let jax = python_child(python, &dir, "jax", cfg);
     let _ = std::fs::remove_dir_all(&dir);
@@ -182,6 +183,16 @@ pub fn run(cfg: NanConfig, python: &Path, device: &str) -> BenchResult<()> {
             p.as_ref().err().map(|e| e.to_string()),
             c.as_ref().err().map(|e| e.to_string())
         ),
+    }
+    if let (Ok(p), Ok(s)) = (&plain, &skipping) {
+        let (ps, ss) = (p["step_s"].as_f64().unwrap_or(f64::NAN), s["step_s"].as_f64().unwrap_or(f64::NAN));
+        println!(
+            "| lazuli, `LAZULI_CHECK_FINITE=skip` | {} | {} | {:+.1}% | (skipped, no error) | no (skip does not locate) | {} |",
+            duration(ps),
+            duration(ss),
+            100.0 * (ss / ps - 1.0),
+            s["message"].as_str().unwrap_or("")
+        );
     }
     for side in [&torch, &jax] {
         match side {

@@ -2,12 +2,16 @@
 //! count per floating-point output) and to the graph that locates a trip (one count per floating-point node).
 //! lazuli's op set has no `is_finite`; `|x| < inf` is the same test (false for NaN and ±inf) from ops that every
 //! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
+//!
+//! [`guard`] keeps a step's state from a non-finite step, as dynamic loss scaling does: every state output
+//! becomes `select(all_finite, new, old)`, so a tripped step returns its inputs' values and the old buffers may
+//! still be donated (the program itself hands them back).
 
-use crate::dtype::DType;
+use crate::dtype::{DType, TensorType};
 use crate::graph::{Graph, Loc, NodeId};
 use crate::op::Op;
 use crate::ops::elementwise::{Compare, CompareDir, Select, Unary, UnaryKind};
-use crate::ops::layout::Reshape;
+use crate::ops::layout::{BroadcastInDim, Reshape};
 use crate::ops::leaf::Constant;
 use crate::ops::reduce::{Reduce, ReduceKind};
 use crate::ops::slicing::Concatenate;
@@ -46,6 +50,73 @@ fn count_one(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String> {
     g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![count], loc)
 }
 
+/// Guard `g`'s state: with `counts` (from [`count_nonfinite`]) all zero, each output `j` of `pairs` keeps its
+/// value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ is an error.
+pub fn guard(g: &mut Graph, counts: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let total = total(g, counts, loc)?;
+    let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
+    let all_finite = g.push(Op::Compare(Compare { dir: CompareDir::Eq }), vec![total, zero], loc)?;
+    for &(i, j) in pairs {
+        let (old, new) = (g.params[i], g.outputs[j]);
+        if g.nodes[old].ty != g.nodes[new].ty {
+            return Err(format!("guarding output {j} ({}) with parameter {i} ({})", g.nodes[new].ty, g.nodes[old].ty));
+        }
+        let dims = g.nodes[new].ty.dims.to_vec();
+        let keep = match dims.is_empty() {
+            true => all_finite,
+            false => g.push(Op::BroadcastInDim(BroadcastInDim { dims, map: Vec::new() }), vec![all_finite], loc)?,
+        };
+        g.outputs[j] = g.push(Op::Select(Select), vec![keep, new, old], loc)?;
+    }
+    Ok(())
+}
+
+/// `i32[]`: the sum of a vector of counts.
+fn total(g: &mut Graph, counts: NodeId, loc: Loc) -> Result<NodeId, String> {
+    g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false }), vec![counts], loc)
+}
+
+/// `counts` (one per output, when there are any) followed by the total of `decided` (0 when there is none), as
+/// one `i32` vector.
+pub fn with_total(g: &mut Graph, counts: Option<NodeId>, decided: Option<NodeId>, loc: Loc) -> Result<NodeId, String> {
+    let last = match decided {
+        Some(d) => {
+            let t = total(g, d, loc)?;
+            g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![t], loc)?
+        }
+        None => g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, [1]))), vec![], loc)?,
+    };
+    match counts {
+        Some(c) => g.push(Op::Concatenate(Concatenate { dim: 0 }), vec![c, last], loc),
+        None => Ok(last),
+    }
+}
+
+/// What decides a cheap guard of `pairs` (`(parameter, output)`): the floating-point values entering the
+/// update, that is the operands of the guarded outputs other than the old state and other guarded outputs (an
+/// optimizer's gradients and hyperparameters), and the floating-point outputs that are not guarded (the loss). The
+/// guard's select then depends on nothing the update computes, so XLA can fuse it into the update's kernels; a
+/// non-finite value that the update itself makes from these is not caught by it.
+pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
+    let guarded: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
+    let old: Vec<NodeId> = pairs.iter().map(|&(i, _)| g.params[i]).collect();
+    let mut seen = vec![false; g.nodes.len()];
+    let mut out = Vec::new();
+    let operands = guarded.iter().flat_map(|&o| g.nodes[o].operands.iter().copied());
+    let unguarded = g.outputs.iter().copied().filter(|o| !guarded.contains(o));
+    for x in operands.chain(unguarded) {
+        let skip = seen[x] || guarded.contains(&x) || old.contains(&x);
+        if !skip && g.nodes[x].ty.dtype.is_float() {
+            out.push(x);
+        }
+        seen[x] = true;
+    }
+    out
+}
+
 /// The floating-point nodes of `g` among `ids`.
 pub fn floating(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<NodeId> {
     ids.into_iter().filter(|&i| g.nodes[i].ty.dtype.is_float()).collect()
@@ -54,7 +125,7 @@ pub fn floating(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<NodeId>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::TensorType;
+    use crate::ops::elementwise::BinaryKind;
     use ndarray::{ArrayD, IxDyn};
 
     /// The reference interpreter counts NaN and both infinities, per node, in order.
@@ -70,5 +141,27 @@ mod tests {
         let bv = ArrayD::from_elem(IxDyn(&[]), 70000.0); // past f16's largest: rounds to inf
         let out = g.evaluate(&[av.unwrap(), bv]).unwrap();
         assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0]);
+    }
+
+    /// A guarded output is the new value while every counted output is finite, else the parameter it replaces;
+    /// unguarded outputs keep their value either way.
+    #[test]
+    fn a_guard_returns_the_old_state_on_a_trip() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let ty = TensorType::new(DType::F32, [2]);
+        let (w, x) = (g.parameter(ty.clone(), loc), g.parameter(ty, loc));
+        let new_w = g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Div }), vec![w, x], loc);
+        let new_w = new_w.unwrap();
+        g.outputs = vec![new_w, new_w];
+        let counts = count_nonfinite(&mut g, &[new_w], loc).unwrap().unwrap();
+        guard(&mut g, counts, &[(0, 0)], loc).unwrap();
+        let run = |x: [f64; 2]| {
+            let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 4.0]).unwrap();
+            let out = g.evaluate(&[w, ArrayD::from_shape_vec(IxDyn(&[2]), x.to_vec()).unwrap()]).unwrap();
+            out.iter().map(|o| o.iter().copied().collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        assert_eq!(run([1.0, 2.0]), vec![vec![3.0, 2.0], vec![3.0, 2.0]]);
+        assert_eq!(run([1.0, 0.0]), vec![vec![3.0, 4.0], vec![3.0, f64::INFINITY]]);
     }
 }

@@ -54,7 +54,7 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_DONATE", "donation of dying inputs' buffers to outputs", "1, 0", "1"),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
-    v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, log", "off"),
+    v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, skip, log", "off"),
     v("LAZULI_CHECK_INDICES", "index_select and embedding checked like index_select_checked", "1, 0", "0"),
     v("LAZULI_COORDINATOR", "the coordinator of a multi-process group (`lazuli-run` sets it)", "host:port", "unset"),
     v("LAZULI_PROCESS_ID", "this process's id in its group", "0 to N-1", "unset"),
@@ -144,19 +144,28 @@ impl Default for CpuLauncher {
     }
 }
 
-/// What a step whose outputs hold NaN or infinite values does (`LAZULI_CHECK_FINITE`). When on, every
-/// single-device program computes one more, tiny output (each floating-point output's count of non-finite
-/// elements), read at the next step boundary, `wait()` or read; buffer donation is off, so that a trip can be
-/// located by running the step again on its inputs (`exec/finite/`).
+/// What a step whose outputs hold NaN or infinite values does (`LAZULI_CHECK_FINITE`). When on, every program
+/// computes one more, tiny output (each floating-point output's count of non-finite elements). Under `Stop` and
+/// `Skip` the program also keeps its state: each parameter and optimizer state output becomes the value it
+/// replaces when any output is non-finite, so donation stays on and a tripped step changes nothing
+/// (`exec/finite/`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CheckFinite {
     /// No check (the default): programs are as recorded.
     #[default]
     Off,
-    /// A trip is an [`Error::NonFinite`] from the next call that reads the check, naming the first op that made a
-    /// non-finite value from finite operands and its line.
+    /// A trip leaves the state as it was before the step and is an [`Error::NonFinite`] from the next call that
+    /// reads the check (the next step boundary, `wait()` or read), naming the first op that made a non-finite value
+    /// from finite operands and its line. The next step is launched only after the check is read.
     Stop,
-    /// A trip's report is printed to stderr once and the program carries on.
+    /// A step whose loss or gradients (what enters the update) are not all finite leaves the state as it was
+    /// before it and the run carries on, like dynamic loss scaling's skipped step: an event, a report on stderr
+    /// for the first one, and `Metrics::skipped_steps`. A step's check is read once two later programs are
+    /// launched (or at `wait()`), so checking never waits for the device. A non-finite value that the update
+    /// makes from finite inputs reaches the state and is an [`Error::NonFinite`] saying so.
+    Skip,
+    /// The step's values are kept, non-finite or not, and the run carries on; the first trip is located and its
+    /// report printed to stderr. Donation is off, so that the step can run again on its inputs.
     Log,
 }
 
@@ -242,8 +251,9 @@ pub(crate) fn check_finite() -> Result<CheckFinite> {
         Some(v) => match v.to_ascii_lowercase().as_str() {
             "off" | "0" => Ok(CheckFinite::Off),
             "stop" => Ok(CheckFinite::Stop),
+            "skip" => Ok(CheckFinite::Skip),
             "log" => Ok(CheckFinite::Log),
-            _ => Err(bad("LAZULI_CHECK_FINITE", &v, "off, stop or log")),
+            _ => Err(bad("LAZULI_CHECK_FINITE", &v, "off, stop, skip or log")),
         },
     }
 }

@@ -4,7 +4,7 @@
 
 use lazuli::diagnostics::{events, EventKind};
 use lazuli::nn::{Activation, HostRng, Mlp, Param};
-use lazuli::{AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, Tensor};
+use lazuli::{mesh, AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, PartitionSpec, Tensor};
 
 use crate::common::child;
 
@@ -105,7 +105,12 @@ fn an_optimizer_update_is_located_at_the_step_line() {
     let (op, at, report) = located(&e);
     assert_eq!((op, at.file, at.line), ("adamw_update", file!(), line), "{report}");
     assert!(report.contains("3 of 3 non-finite"), "{report}");
-    assert!(w.get().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+    // The guarded step handed the state it was given back: the weight and both moments are as before it.
+    assert!(report.contains("keep their values from before the step"), "{report}");
+    assert_eq!(w.get().to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    for (name, t) in opt.state() {
+        assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0; 3], "{name}");
+    }
 }
 
 #[test]
@@ -123,7 +128,7 @@ fn log_mode_reports_and_carries_on() {
     assert_eq!(trips.iter().map(|e| e.step).collect::<Vec<_>>(), vec![2, 3, 4]);
     let first = trips[0].explanation.join("\n");
     assert!(first.contains(&format!("first non-finite value: log at {}:{line}", file!())), "{first}");
-    assert!(trips[1].explanation[0].contains("not located"));
+    assert!(trips[1].explanation.join("\n").contains("not located: only the first trip"));
     let report = lazuli::diagnostics::report::render(&lazuli::diagnostics::report::analyse(&trips));
     assert!(report.contains(&format!("step 2 at {}:", file!())) && report.contains("log at"), "{report}");
     assert!(y.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
@@ -189,8 +194,142 @@ fn a_malformed_setting_names_the_variable() {
         }
         Some("sometimes") => {
             let e = Config::from_env().unwrap_err().to_string();
-            assert!(e.contains("LAZULI_CHECK_FINITE=\"sometimes\": expected off, stop or log"), "{e}");
+            assert!(e.contains("LAZULI_CHECK_FINITE=\"sometimes\": expected off, stop, skip or log"), "{e}");
         }
         Some(_) => assert_eq!(Config::from_env().unwrap().check_finite, CheckFinite::Log),
+    }
+}
+
+/// Host copies of every parameter and optimizer state tensor, as bits.
+fn state_bits(model: &Mlp, opt: &AdamW) -> Vec<(String, Vec<u32>)> {
+    let params = model.named_params().into_iter().map(|(n, p)| (n, p.get()));
+    params
+        .chain(opt.state())
+        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()))
+        .collect()
+}
+
+#[test]
+fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
+    if child::alone(module_path!(), "skip_keeps_parameters_and_optimizer_state_bit_identical") {
+        return; // the runtime's configuration, the counters and the captured events are process-wide
+    }
+    init(CheckFinite::Skip);
+    events::start_capture();
+    let model = Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
+    let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
+    // `scale` is a host scalar: inf at the bad step makes the loss and every gradient non-finite.
+    let step = |opt: &mut AdamW, scale: f32| {
+        let loss = (&model.forward(&x) - &target).pow(2.0).mean_all() * Tensor::scalar(scale);
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync().unwrap();
+        loss
+    };
+    for _ in 0..3 {
+        step(&mut opt, 1.0);
+    }
+    let before = state_bits(&model, &opt);
+    let donated = lazuli::metrics().bytes_donated;
+    let bad = step(&mut opt, f32::INFINITY);
+    let after_bad = state_bits(&model, &opt);
+    assert!(bad.item::<f32>().unwrap().is_infinite());
+    assert_eq!(before, after_bad, "the skipped step changed the state");
+    // The state was still donated: the guarded program hands the old buffers back.
+    assert!(lazuli::metrics().bytes_donated > donated);
+    // The run carries on from the kept state: the next step is finite and moves the weights.
+    let next = step(&mut opt, 1.0);
+    assert!(next.item::<f32>().unwrap().is_finite());
+    lazuli::wait().unwrap();
+    assert_ne!(state_bits(&model, &opt), before);
+    assert_eq!(lazuli::metrics().skipped_steps, 1);
+    let trips: Vec<_> = events::take_captured().into_iter().filter(|e| e.kind == EventKind::NonFinite).collect();
+    assert_eq!(trips.len(), 1);
+    let text = trips[0].explanation.join("\n");
+    assert!(text.contains("entered the update; parameters and optimizer state keep their values"), "{text}");
+    // Skip's guard is decided by the values entering the update: a NaN that AdamW makes from a finite gradient
+    // (0 / 0 with eps = 0) reaches the state, and the check says so instead of counting a skip.
+    let w = Param::new(Tensor::from_slice(&[1.0f32, 2.0], &[2]));
+    let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.1).eps(0.0);
+    (&w.get() * 0.0).sum_all().backward();
+    opt.step();
+    opt.zero_grad();
+    lazuli::sync().unwrap();
+    match lazuli::wait().unwrap_err() {
+        Error::NonFinite { report, .. } => assert!(report.contains("the state could not be kept"), "{report}"),
+        other => panic!("expected NonFinite, got {other}"),
+    }
+    // A program that updates no state has nothing to skip: its trip is an event, not a skipped step.
+    events::start_capture();
+    let z = Tensor::from_slice(&[0.0f32, 1.0], &[2]).log();
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![f32::NEG_INFINITY, 0.0]);
+    lazuli::wait().unwrap();
+    assert_eq!(lazuli::metrics().skipped_steps, 1);
+    let last = events::take_captured().into_iter().rfind(|e| e.kind == EventKind::NonFinite).unwrap();
+    assert!(last.explanation.join("\n").contains("updates no state: nothing to skip"), "{last:?}");
+}
+
+#[test]
+fn a_sharded_step_is_located_at_its_line() {
+    if child::alone(module_path!(), "a_sharded_step_is_located_at_its_line") {
+        return; // the runtime (on 4 devices) is process-wide
+    }
+    lazuli::init(Config { check_finite: CheckFinite::Stop, cpu_device_count: 4, ..Config::from_env().unwrap() })
+        .unwrap();
+    let m = mesh(&[("data", 4)]).unwrap();
+    let model = Mlp::new(&mut HostRng::new(4), &[2, 8, 1], Activation::Tanh, DType::F32);
+    lazuli::shard_params(&model, &m, |_, t| PartitionSpec::replicated(t.rank()));
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let xs: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 2.0).collect();
+    let x = Tensor::from_slice(&xs, &[8, 2]).shard(&m, &PartitionSpec::split(2, 0, "data"));
+    let line = line!() + 4;
+    let step = |opt: &mut AdamW, floor: f32| {
+        let y = model.forward(&x);
+        // The planted op: log of a value that reaches 0 when `floor` is 0.
+        let loss = (y.pow(2.0) + Tensor::scalar(floor)).log().mean_all();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()
+    };
+    step(&mut opt, 1.0).unwrap();
+    let before = state_bits(&model, &opt);
+    // One parameter set to zero makes y = 0 for every row: log(0) = -inf.
+    for (_, p) in model.named_params() {
+        p.set(p.get() * 0.0);
+    }
+    let zeroed = state_bits(&model, &opt);
+    assert_ne!(before, zeroed);
+    step(&mut opt, 0.0).unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    // The program ran on the mesh; its state kept its layout and its values from before the step.
+    let w = &model.named_params()[0].1;
+    assert_eq!(w.get().sharding().unwrap().mesh, m);
+    assert_eq!(state_bits(&model, &opt), zeroed);
+}
+
+#[test]
+fn an_overflow_in_f16_and_bf16_is_located_at_its_line() {
+    if child::alone(module_path!(), "an_overflow_in_f16_and_bf16_is_located_at_its_line") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    // f16's largest value is 65504, bf16's about 3.4e38: squaring 300 and 2e19 overflows, from finite operands.
+    for (dtype, name, big) in [(DType::F16, "f16", 300.0f32), (DType::BF16, "bf16", 2e19)] {
+        let x = Tensor::from_slice(&[1.0f32, big], &[2]).to_dtype(dtype);
+        let line = line!() + 1;
+        let y = &x * &x;
+        let _total = y.sum_all();
+        lazuli::sync().unwrap();
+        let e = lazuli::wait().unwrap_err();
+        let (op, at, report) = located(&e);
+        assert_eq!((op, at.file, at.line), ("mul", file!(), line), "{dtype:?}: {report}");
+        assert!(report.contains(&format!("{name}[2] recorded at {}:{line}", file!())), "{report}");
+        assert!(report.contains("1 of 2 non-finite") && report.contains("0 NaN, 0 inf"), "{report}");
     }
 }

@@ -19,6 +19,7 @@ pub(crate) struct Counters {
     pub finish_ns: AtomicU64,
     pub wait_ns: AtomicU64,
     pub queued: AtomicU64,
+    pub skipped_steps: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -37,6 +38,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     finish_ns: AtomicU64::new(0),
     wait_ns: AtomicU64::new(0),
     queued: AtomicU64::new(0),
+    skipped_steps: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -81,6 +83,8 @@ pub struct Metrics {
     pub finish_ms: f64,
     /// Waiting for launched programs to finish (`wait()`, and a full launch queue); reads' waits not included.
     pub wait_ms: f64,
+    /// Steps whose outputs held NaN or infinities and whose state was kept as it was (`LAZULI_CHECK_FINITE=skip`).
+    pub skipped_steps: u64,
 }
 
 /// The counters now.
@@ -102,6 +106,7 @@ pub fn metrics() -> Metrics {
         upload_ms: c.upload_ns.load(Relaxed) as f64 / 1e6,
         finish_ms: c.finish_ns.load(Relaxed) as f64 / 1e6,
         wait_ms: c.wait_ns.load(Relaxed) as f64 / 1e6,
+        skipped_steps: c.skipped_steps.load(Relaxed),
     }
 }
 
@@ -124,6 +129,7 @@ impl std::ops::Sub for Metrics {
             upload_ms: self.upload_ms - b.upload_ms,
             finish_ms: self.finish_ms - b.finish_ms,
             wait_ms: self.wait_ms - b.wait_ms,
+            skipped_steps: self.skipped_steps - b.skipped_steps,
         }
     }
 }
@@ -143,6 +149,10 @@ impl fmt::Display for Metrics {
             self.bytes_donated,
             self.disk_cache_hits,
             self.disk_cache_misses
-        )
+        )?;
+        if self.skipped_steps > 0 {
+            write!(f, ", skipped steps: {}", self.skipped_steps)?;
+        }
+        Ok(())
     }
 }

@@ -271,14 +271,16 @@ pub fn analyse(events: &[Event]) -> Report {
     }
 }
 
-/// One line per trip of the finite check: its step and the report's line naming the first non-finite value.
+/// One line per trip of the finite check: its step and the report's line naming the first non-finite value, or
+/// saying that the step was skipped.
 fn non_finite(events: &[Event]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.kind == EventKind::NonFinite)
         .map(|e| {
-            let first = e.explanation.iter().find(|l| l.contains("first non-finite value")).map(|l| l.trim());
-            format!("step {} at {}: {}", e.step, e.site(), first.unwrap_or("not located"))
+            let line = |start: &str| e.explanation.iter().map(|l| l.trim()).find(|l| l.starts_with(start));
+            let what = line("first non-finite value").or_else(|| line("skipped"));
+            format!("step {} at {}: {}", e.step, e.site(), what.unwrap_or("not located"))
         })
         .collect()
 }

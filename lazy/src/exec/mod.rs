@@ -41,17 +41,18 @@ use plan::Plan;
 /// [`MAX_GRAPH_NODES`]. `cause` and `at` say why and where, for diagnostics and errors.
 pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
     let started = Instant::now();
-    // The previous step's check, before anything new is launched (reads come here too).
-    finite::check_pending()?;
+    // The previous step's check, before anything new is launched (reads come here too); `skip`'s older checks
+    // are read once this materialization's program is queued.
+    let previous = finite::before_launch()?;
     index_check::read_computed()?;
     if !targets.iter().any(|t| t.is_pending()) {
-        return Ok(());
+        return finite::after_launch(previous);
     }
     // Checked indexing's reports still to compute are computed by this step too.
     let with_reports = index_check::with_reports(targets);
     let targets = with_reports.as_deref().unwrap_or(targets);
     let rt = runtime()?;
-    let Some(mut plan) = plan::plan(rt, targets, at)? else { return Ok(()) };
+    let Some(mut plan) = plan::plan(rt, targets, at)? else { return finite::after_launch(previous) };
     let hit = plan.cached.is_some();
     // Strict mode may refuse here, before anything is uploaded, compiled or donated. Diagnostics compare a new
     // program's IR with earlier ones; a cache hit needs no IR at all.
@@ -60,7 +61,7 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         program::fits_in_memory(rt, &plan.walk)?;
     }
     // Planning reads only this thread's graph; the device stages run one materialization at a time.
-    let _one = one_at_a_time();
+    let one = one_at_a_time();
     let t0 = Instant::now();
     Counters::add(&COUNTERS.boundary_ns, (t0 - started).as_nanos() as u64);
     let launch = Launch::choose(rt, &plan);
@@ -78,7 +79,8 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     let times = Times { transfer: t1 - t0, compile: t2 - t1, execute: t3 - t2 };
     finish(plan, outputs, check, cause, at, times, uploaded)?;
     Counters::add(&COUNTERS.finish_ns, t3.elapsed().as_nanos() as u64);
-    Ok(())
+    drop(one);
+    finite::after_launch(previous)
 }
 
 /// The device stages (upload, compile, launch, finish) of one materialization at a time in the process. Walks and
@@ -108,14 +110,14 @@ fn finish(
     times: Times,
     uploaded: u64,
 ) -> Result<()> {
+    if plan.checked {
+        keep_check(&mut plan, &mut outputs, at)?;
+    }
     for &i in &plan.donated {
         // The buffer now belongs to an output; nothing may read this node again.
         let leaf = &plan.walk.leaves[i];
         Counters::add(&COUNTERS.bytes_donated, leaf.ty.byte_size() as u64);
         leaf.take_data();
-    }
-    if plan.checked {
-        keep_check(&mut plan, &mut outputs, at)?;
     }
     for (node, data) in plan.walk.targets.iter().zip(outputs) {
         node.set_data(data);
@@ -147,15 +149,31 @@ fn at_exit() {
     crate::runtime::distributed::leave_at_exit();
 }
 
-/// A checked program's last output is its counts of non-finite values: kept, with the step's IR and inputs, as the
-/// pending check (`finite`), never given to a tensor. The IR is taken before the targets drop their recipes.
+/// A checked program's last output is its counts of non-finite values: kept as the pending check (`finite`),
+/// never given to a tensor, with the floating-point outputs' types and lines. Where trips are located, the step's
+/// IR (taken before the targets drop their recipes) and inputs are kept too: a donated input's value is its
+/// guarded output's, which on a trip is the input's own.
 fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
-    let counts =
-        outputs.pop().ok_or_else(|| crate::error::Error::Internal("a checked program without its check".into()))?;
-    let graph = plan.walk.graph().clone();
-    let inputs = plan.walk.leaves.iter().map(|l| l.lock().data.clone()).collect::<Option<Vec<Data>>>();
-    let inputs = inputs.ok_or_else(|| crate::error::Error::Internal("a checked step's input has no value".into()))?;
-    finite::keep(counts, graph, inputs, at);
+    let internal = |m: &str| crate::error::Error::Internal(m.into());
+    let counts = outputs.pop().ok_or_else(|| internal("a checked program without its check"))?;
+    let float_outputs = plan.walk.targets.iter().filter(|t| t.ty.dtype.is_float());
+    let checked = float_outputs.map(|t| (t.ty.clone(), t.loc)).collect();
+    let mode = runtime()?.config.check_finite;
+    let replay = if finite::replays(mode) {
+        let mut inputs = Vec::with_capacity(plan.walk.leaves.len());
+        for (i, leaf) in plan.walk.leaves.iter().enumerate() {
+            let donated_to = plan.walk.aliases.iter().find(|&&(p, _)| p == i).map(|&(_, j)| j);
+            let data = match donated_to {
+                Some(j) => Some(outputs[j].clone()),
+                None => leaf.lock().data.clone(),
+            };
+            inputs.push(data.ok_or_else(|| internal("a checked step's input has no value"))?);
+        }
+        Some(finite::Replay { graph: plan.walk.graph().clone(), inputs })
+    } else {
+        None
+    };
+    finite::keep(counts, checked, replay, at, mode, !plan.guards.is_empty());
     Ok(())
 }
 

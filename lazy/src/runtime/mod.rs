@@ -56,8 +56,8 @@ pub struct Config {
     /// (`LAZULI_COMPILE_CACHE_LIMIT`, default 2 GiB).
     pub compile_cache: CompileCache,
     pub compile_cache_limit: u64,
-    /// Count each step's non-finite output values in the step's own program, and stop or log on a trip
-    /// (`LAZULI_CHECK_FINITE`, default off). Turns buffer donation off while on.
+    /// Count each step's non-finite output values in the step's own program, and skip the step, stop or log on a
+    /// trip (`LAZULI_CHECK_FINITE`, default off; see `CheckFinite`).
     pub check_finite: CheckFinite,
     /// Join a multi-process group before the client is made (`LAZULI_COORDINATOR`, `LAZULI_PROCESS_ID`,
     /// `LAZULI_NUM_PROCESSES`, `LAZULI_HEARTBEAT_TIMEOUT`, `LAZULI_COORDINATOR_EXTERNAL`); `None`: one process.

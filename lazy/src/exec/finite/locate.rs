@@ -2,8 +2,10 @@
 //! floating-point operands are all finite. The step's IR runs again on its kept inputs, once with every
 //! floating-point node's count of non-finite elements as outputs (one vector), then once with that node's operands
 //! as outputs, whose ranges the report shows. Both programs are compiled here and not cached: a trip is rare.
+//! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
+//! same order, without a partitioned compile per trip (the model must then fit on one device).
 
-use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, TensorType};
+use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
 use lazuli_pjrt::Buffer;
 
 use crate::error::{Error, Result};
@@ -55,6 +57,7 @@ impl Located {
 /// running the step again made none.
 pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Option<Located>> {
     let _one = crate::exec::one_at_a_time();
+    let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let mut counting = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
@@ -80,6 +83,24 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Opt
         nonfinite: nonfinite[first],
         operands: operand_stats(rt, graph, first, inputs)?,
     }))
+}
+
+/// `graph` as one device runs it: no partitions, no layouts, and its sharding constraints (identities with a
+/// layout) as reshapes to their own shape.
+fn on_one_device(graph: &Graph) -> Graph {
+    let mut g = graph.clone();
+    if g.partitions == 0 {
+        return g;
+    }
+    g.partitions = 0;
+    g.param_shardings.clear();
+    g.output_shardings.clear();
+    for node in &mut g.nodes {
+        if let Op::ShardingConstraint(_) = node.op {
+            node.op = Op::Reshape(Reshape { dims: node.ty.dims.to_vec() });
+        }
+    }
+    g
 }
 
 /// The types of node `id`'s operands, with statistics of the floating-point ones.

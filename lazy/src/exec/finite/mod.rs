@@ -1,18 +1,26 @@
-//! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a single-device step's program
-//! computes one more output: each floating-point output's count of non-finite elements, one small `i32` vector
-//! that XLA fuses with the outputs' producers. `finish` keeps it as the step's pending check, with the step's IR
-//! and its input values (donation is off while checking, so the inputs survive the step), and hands it to no
-//! tensor. The next materialization (before it launches anything), `wait()` and reads read it: by then the host
-//! waits for that step anyway, so checking never waits for the device just to check. A trip is located by
-//! [`locate`]: the step runs again on its kept inputs with every floating-point node's count as output.
+//! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
+//! output: each floating-point output's count of non-finite elements, one small `i32` vector that XLA fuses with
+//! the outputs' producers. Under `stop` and `skip` the program also guards its state (`hlo::finite::guard`): each
+//! parameter or optimizer state output becomes `select(all_finite, new, old)`, so a tripped step hands back the
+//! values it was given, old state can still be donated to it, and nothing waits for the host (`stop` donates
+//! only old state to its own successor, keeping the step's other inputs for the locator).
+//! `finish` keeps the counts as the step's pending check and hands them to no tensor.
+//!
+//! `stop` and `log` read the check at the next materialization, before it launches anything (and at `wait()` and
+//! reads), when the host waits for that step anyway; a trip is located by [`locate`]: the step runs again on its
+//! inputs (under `stop` the guarded outputs are those inputs, so the step's IR and its other inputs are kept)
+//! with every floating-point node's count as output. `skip` reads a step's check once two later programs are
+//! launched, so that reading it never waits for the device, and locates nothing.
 
 mod locate;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use lazuli_hlo::{Graph, Loc, TensorType};
 
+use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::diagnostics::{self, EventKind};
 use crate::error::{Error, Result};
 use crate::graph::element::bytes_to_f64;
@@ -25,43 +33,98 @@ pub(crate) struct Pending {
     counts: Data,
     /// The checked outputs' types and lines, in the counts' order.
     checked: Vec<(TensorType, Loc)>,
-    /// The step's IR (without the check), for locating a trip.
-    graph: Graph,
-    /// The step's inputs, in parameter order.
-    inputs: Vec<Data>,
+    /// What a trip is located from (`stop` and `log`): the step's IR without the check, and its inputs.
+    replay: Option<Replay>,
     /// The line whose materialization ran the step, and the step's number.
     at: Loc,
     step: u64,
+    mode: CheckFinite,
+    /// The program guards some state (it updates parameters or optimizer state).
+    guarded: bool,
 }
 
-static PENDING: Mutex<Option<Pending>> = Mutex::new(None);
+/// A step's IR (without the check) and its inputs, in parameter order.
+pub(crate) struct Replay {
+    pub graph: Graph,
+    pub inputs: Vec<Data>,
+}
+
+/// Checks not read yet, oldest first: one under `stop` and `log`, up to two under `skip`.
+static PENDING: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
 /// Whether `PENDING` holds a check: the common case (checking off) costs one load per materialization.
 static HAS_PENDING: AtomicBool = AtomicBool::new(false);
-/// `log` prints its first trip's report only; later trips are events.
-static LOGGED: AtomicBool = AtomicBool::new(false);
+/// `log` and `skip` print their first trip's report only; later trips are events.
+static REPORTED: AtomicBool = AtomicBool::new(false);
 
 /// Whether steps are checked under this configuration.
 pub(crate) fn enabled(mode: CheckFinite) -> bool {
     mode != CheckFinite::Off
 }
 
-/// The executable-cache key of a checked program: another program than the unchecked one of the same structure.
-pub(crate) fn key(key: u64) -> u64 {
-    key ^ 0x6e6f_6e66_696e_6974 // "nonfinit"
+/// Whether a checked program keeps its state on a trip (and may donate it).
+pub(crate) fn guards(mode: CheckFinite) -> bool {
+    matches!(mode, CheckFinite::Stop | CheckFinite::Skip)
 }
 
-/// `graph` with the check's output appended (after the step's own outputs), for emitting.
-pub(crate) fn with_check(graph: &Graph) -> Result<Graph> {
+/// Whether the step is located on a trip, from its IR and inputs kept until its check is read.
+pub(crate) fn replays(mode: CheckFinite) -> bool {
+    matches!(mode, CheckFinite::Stop | CheckFinite::Log)
+}
+
+/// The executable-cache key of a checked program: another program than the unchecked one of the same structure,
+/// and than one with other guards.
+pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (key, "nonfinite", self::guards(mode), guards).hash(&mut h);
+    h.finish()
+}
+
+/// `graph` with the check's output appended (after the step's own outputs) and the `guards` applied, for
+/// emitting. On a mesh the counts have the layout `counts_sharding`.
+///
+/// Under `stop` the guard is decided by the outputs the step computes (every non-finite output keeps the state,
+/// so a trip can always be run again from it), and the counts are theirs. Under `skip`, which is meant to stay
+/// on, it is decided by the values entering the update (`hlo::finite::update_inputs`: the loss, the gradients),
+/// so that the select fuses into the update; the counts are those of the outputs as returned, followed by the
+/// non-finite values that entered the update. A non-finite value that the update makes from finite inputs then
+/// reaches the state, and reading the check says so.
+pub(crate) fn with_check(
+    graph: &Graph,
+    guards: &[(usize, usize)],
+    mode: CheckFinite,
+    counts_sharding: Option<String>,
+) -> Result<Graph> {
     let mut g = graph.clone();
-    let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
     let loc = g.outputs.first().map_or(Loc::caller(), |&o| g.nodes[o].loc);
-    let counts = lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)?;
-    // A step without floating-point outputs still gets an output, so that every checked program has one more.
-    let counts = match counts {
-        Some(c) => c,
-        None => g.push(zero_counts(), Vec::new(), loc).map_err(Error::Internal)?,
+    let counts = match mode {
+        CheckFinite::Skip => {
+            let entering = lazuli_hlo::finite::update_inputs(&g, guards);
+            let entering = lazuli_hlo::finite::count_nonfinite(&mut g, &entering, loc).map_err(Error::Internal)?;
+            if let Some(e) = entering {
+                lazuli_hlo::finite::guard(&mut g, e, guards, loc).map_err(Error::Internal)?;
+            }
+            let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
+            let counts = lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)?;
+            lazuli_hlo::finite::with_total(&mut g, counts, entering, loc).map_err(Error::Internal)?
+        }
+        _ => {
+            let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
+            match lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)? {
+                Some(c) => {
+                    lazuli_hlo::finite::guard(&mut g, c, guards, loc).map_err(Error::Internal)?;
+                    c
+                }
+                // A step without floating-point outputs still gets an output, so that every checked program has
+                // one more.
+                None => g.push(zero_counts(), Vec::new(), loc).map_err(Error::Internal)?,
+            }
+        }
     };
     g.outputs.push(counts);
+    if g.partitions > 0 {
+        g.output_shardings.push(counts_sharding);
+    }
     Ok(g)
 }
 
@@ -69,58 +132,107 @@ fn zero_counts() -> lazuli_hlo::Op {
     lazuli_hlo::Op::Constant(lazuli_hlo::Constant::new(0.0, TensorType::new(lazuli_hlo::DType::I32, [1])))
 }
 
-/// Keep a launched step's check until it is read. `graph` is the step's IR (its outputs the step's own).
-pub(crate) fn keep(counts: Data, graph: Graph, inputs: Vec<Data>, at: Loc) {
-    let checked = graph
-        .outputs
-        .iter()
-        .filter(|&&o| graph.nodes[o].ty.dtype.is_float())
-        .map(|&o| (graph.nodes[o].ty.clone(), graph.nodes[o].loc))
-        .collect();
-    let pending = Pending { counts, checked, graph, inputs, at, step: diagnostics::current_step() };
-    *PENDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(pending);
+/// Keep a launched step's check until it is read: its counts, its floating-point outputs' types and lines, and,
+/// where the mode locates trips, what to run it again from.
+pub(crate) fn keep(
+    counts: Data,
+    checked: Vec<(TensorType, Loc)>,
+    replay: Option<Replay>,
+    at: Loc,
+    mode: CheckFinite,
+    guarded: bool,
+) {
+    let pending = Pending { counts, checked, replay, at, step: diagnostics::current_step(), mode, guarded };
+    PENDING.lock().unwrap_or_else(|e| e.into_inner()).push_back(pending);
     HAS_PENDING.store(true, Relaxed);
 }
 
-/// Read the pending check, if any: an [`Error::NonFinite`] on a trip under `stop`; under `log` the first trip's
-/// report goes to stderr. Each trip is also an event (`EventKind::NonFinite`).
-pub(crate) fn check_pending() -> Result<()> {
+/// The pending checks, oldest first: all of them, or all but the newest.
+fn take(all: bool) -> Vec<Pending> {
     if !HAS_PENDING.load(Relaxed) {
+        return Vec::new();
+    }
+    let mut queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let n = if all { queue.len() } else { queue.len().saturating_sub(1) };
+    let taken = queue.drain(..n).collect();
+    HAS_PENDING.store(!queue.is_empty(), Relaxed);
+    taken
+}
+
+/// Before a materialization launches anything: read a `stop` or `log` check now (an `Err` on a `stop` trip).
+/// Under `skip` hand back every check but the newest, to be read by [`after_launch`] once this program is
+/// queued: a step's check is read once two later programs were launched, and the in-flight bound has waited for
+/// that step by then, so reading it never waits for the device.
+pub(crate) fn before_launch() -> Result<Vec<Pending>> {
+    if !HAS_PENDING.load(Relaxed) {
+        return Ok(Vec::new());
+    }
+    if runtime()?.config.check_finite == CheckFinite::Skip {
+        return Ok(take(false));
+    }
+    take(true).into_iter().try_for_each(read)?;
+    Ok(Vec::new())
+}
+
+/// Read the checks [`before_launch`] handed back.
+pub(crate) fn after_launch(pending: Vec<Pending>) -> Result<()> {
+    pending.into_iter().try_for_each(read)
+}
+
+/// Read every pending check, whatever its mode (`wait()`).
+pub(crate) fn check_pending() -> Result<()> {
+    take(true).into_iter().try_for_each(read)
+}
+
+/// Read a check: an [`Error::NonFinite`] on a trip under `stop`; under `log` and `skip` the first trip's report
+/// goes to stderr, and `skip` counts the step in `Metrics::skipped_steps`. Each trip is also an event
+/// (`EventKind::NonFinite`).
+fn read(pending: Pending) -> Result<()> {
+    let mut counts = counts(&pending)?;
+    // Under skip, the last count is of the values that entered the update: non-zero, the state was kept.
+    let entered = if pending.mode == CheckFinite::Skip { counts.pop().unwrap_or(0) } else { 0 };
+    if entered == 0 && counts.iter().all(|&c| c == 0) {
         return Ok(());
     }
-    let Some(pending) = PENDING.lock().unwrap_or_else(|e| e.into_inner()).take() else { return Ok(()) };
-    HAS_PENDING.store(false, Relaxed);
-    let counts = counts(&pending)?;
-    if counts.iter().all(|&c| c == 0) {
-        return Ok(());
+    let mode = pending.mode;
+    if mode == CheckFinite::Skip && entered == 0 && pending.guarded {
+        // The update itself made the non-finite state, from finite gradients: nothing kept it.
+        let report = report(&pending, &counts, None, 0)
+            + "\n  the update made them from finite inputs: the state could not be kept (stop locates the op)";
+        emit_event(&pending, report.lines().map(str::to_string).collect());
+        return Err(Error::NonFinite { at: pending.at, op_at: None, op: None, report });
     }
-    let rt = runtime()?;
-    let mode = rt.config.check_finite;
-    if mode == CheckFinite::Log && LOGGED.swap(true, Relaxed) {
-        emit_event(&pending, vec!["not located: only the first trip is reported under log".into()]);
-        return Ok(());
+    if mode == CheckFinite::Skip && pending.guarded {
+        Counters::add(&COUNTERS.skipped_steps, 1);
     }
-    let located = locate::locate(rt, &pending.graph, &pending.inputs);
-    let report = report(&pending, &counts, &located);
+    let first = !REPORTED.swap(true, Relaxed);
+    let located = match &pending.replay {
+        Some(r) if first || mode == CheckFinite::Stop => Some(locate::locate(runtime()?, &r.graph, &r.inputs)),
+        _ => None,
+    };
+    let report = report(&pending, &counts, located.as_ref(), entered);
     emit_event(&pending, report.lines().map(str::to_string).collect());
     match mode {
-        CheckFinite::Log => {
-            eprintln!("lazuli: non-finite values in the step materialized at {}:\n{report}", pending.at);
-            Ok(())
-        }
-        _ => {
+        CheckFinite::Stop => {
             let (op_at, op) = match &located {
-                Ok(Some(l)) => (Some(l.loc), Some(l.op)),
+                Some(Ok(Some(l))) => (Some(l.loc), Some(l.op)),
                 _ => (None, None),
             };
             Err(Error::NonFinite { at: pending.at, op_at, op, report })
+        }
+        _ => {
+            if first {
+                eprintln!("lazuli: non-finite values in the step materialized at {}:\n{report}", pending.at);
+            }
+            Ok(())
         }
     }
 }
 
 /// The counts of the pending check, read from the device (its step has finished or is about to).
 fn counts(p: &Pending) -> Result<Vec<u64>> {
-    let ty = TensorType::new(lazuli_hlo::DType::I32, [p.checked.len().max(1)]);
+    let n = if p.mode == CheckFinite::Skip { p.checked.len() + 1 } else { p.checked.len().max(1) };
+    let ty = TensorType::new(lazuli_hlo::DType::I32, [n]);
     let bytes = p.counts.to_host(&ty)?;
     Ok(bytes_to_f64(lazuli_hlo::DType::I32, &bytes).into_iter().map(|c| c as u64).collect())
 }
@@ -128,8 +240,9 @@ fn counts(p: &Pending) -> Result<Vec<u64>> {
 /// The outputs a report lists (a model's weights all go non-finite together; the first few say enough).
 const SHOWN: usize = 6;
 
-/// The report of a trip: the step, the outputs with non-finite values, and where they came from.
-fn report(p: &Pending, counts: &[u64], located: &Result<Option<locate::Located>>) -> String {
+/// The report of a trip: the step, the outputs with non-finite values, what became of its state, and where the
+/// values came from.
+fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Located>>>, entered: u64) -> String {
     let bad: Vec<String> = p
         .checked
         .iter()
@@ -146,10 +259,26 @@ fn report(p: &Pending, counts: &[u64], located: &Result<Option<locate::Located>>
     if n > SHOWN {
         out += &format!("    … and {} more\n", n - SHOWN);
     }
+    match p.mode {
+        CheckFinite::Skip if !p.guarded => out += "  the program updates no state: nothing to skip\n",
+        CheckFinite::Skip if entered > 0 => {
+            out += &format!(
+                "  skipped: {entered} non-finite values entered the update; parameters and optimizer state keep \
+                 their values from before the step\n"
+            )
+        }
+        CheckFinite::Stop => out += "  parameters and optimizer state keep their values from before the step\n",
+        _ => {}
+    }
     match located {
-        Ok(Some(l)) => out += &l.describe(),
-        Ok(None) => out += "  no op of the step made a non-finite value when it ran again on the same inputs",
-        Err(e) => out += &format!("  locating the first non-finite value failed: {e}"),
+        Some(Ok(Some(l))) => out += &l.describe(),
+        Some(Ok(None)) => out += "  no op of the step made a non-finite value when it ran again on the same inputs",
+        Some(Err(e)) => out += &format!("  locating the first non-finite value failed: {e}"),
+        None if p.mode == CheckFinite::Skip && entered > 0 && p.guarded => {
+            out += "  not located under skip (stop locates the first op)"
+        }
+        None if p.mode == CheckFinite::Skip => {}
+        None => out += "  not located: only the first trip is reported under log",
     }
     out
 }

@@ -14,7 +14,7 @@ use crate::diagnostics::Cause;
 use crate::error::Result;
 use crate::graph::tensor::Node;
 use crate::graph::walk::{walk, Walk};
-use crate::runtime::Runtime;
+use crate::runtime::{CheckFinite, Runtime};
 
 /// The most nodes one program is compiled from. XLA's compile memory grows faster than the graph (an
 /// elementwise chain with a host scalar per op, on the 2-core machine of BENCHMARKS.md: 10k nodes 0.3 GB, 25k
@@ -35,6 +35,9 @@ pub(crate) struct Plan {
     /// The program also counts its floating-point outputs' non-finite values (`exec/finite/`), in one extra
     /// output after the targets'.
     pub checked: bool,
+    /// `(parameter, output)`: state outputs that a checked program replaces by the parameter's value (the value
+    /// they succeed) when its outputs hold non-finite values (`Stop` and `Skip`).
+    pub guards: Vec<(usize, usize)>,
 }
 
 /// A sharded program's mesh, with each parameter's and each output's layout.
@@ -63,26 +66,66 @@ pub(crate) fn plan(rt: &Runtime, targets: &[Rc<Node>], at: Loc) -> Result<Option
 
 /// Layouts, donations, key and cache lookup of a walked graph.
 pub(crate) fn plan_walk(rt: &Runtime, walk: Walk) -> Result<Plan> {
-    let mut plan = prepare(walk, rt.config.donate, crate::exec::finite::enabled(rt.config.check_finite))?;
+    let mut plan = prepare(walk, rt.config.donate, rt.config.check_finite)?;
     lookup(rt, &mut plan);
     Ok(plan)
 }
 
 /// Everything but the cache lookup: the mesh and its layouts (parameters keep their placement, outputs get the
-/// shardings the ops' rules propagate), the donations, and the key they all enter. With `check` a single-device
-/// program is checked for non-finite outputs: it donates nothing (a trip is located by running the step again on
-/// its inputs) and has a key of its own.
-pub(crate) fn prepare(mut walk: Walk, donate: bool, check: bool) -> Result<Plan> {
+/// shardings the ops' rules propagate), the donations, and the key they all enter. With the finite check on, the
+/// program counts its outputs' non-finite values; under `Stop` and `Skip` it guards its state (see
+/// `CheckFinite`), which old state may then still be donated to. `Skip` donates as usual; `Stop` donates only old
+/// state to its guarded successor and `Log` nothing, since a trip is located by running the step again on its
+/// inputs. A checked program has a key of its own.
+pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Result<Plan> {
     let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.has_constraint)?;
+    let checked = crate::exec::finite::enabled(check);
     let mesh = mesh.map(|m| {
         let leaves = walk.leaves.clone();
-        let (params, outputs) = crate::exec::spmd::annotate(walk.graph(), &leaves, &m);
+        let (params, mut outputs) = crate::exec::spmd::annotate(walk.graph(), &leaves, &m);
+        if checked {
+            outputs.push(Arc::new(Sharding::replicated(&m, 1))); // the counts, read whole
+        }
         Placement { mesh: m, params, outputs }
     });
-    let checked = check && mesh.is_none();
-    let donated = plan_donation(&mut walk, donate && !checked);
-    let key = if checked { crate::exec::finite::key(walk.key()) } else { walk.key() };
-    Ok(Plan { walk, mesh, donated, key, cached: None, checked })
+    let guards = if crate::exec::finite::guards(check) { successor_pairs(&walk) } else { Vec::new() };
+    let donation = match check {
+        CheckFinite::Off | CheckFinite::Skip if donate => Donation::Any,
+        CheckFinite::Stop if donate => Donation::Successors,
+        _ => Donation::None,
+    };
+    let donated = plan_donation(&mut walk, donation);
+    let key = if checked { crate::exec::finite::key(walk.key(), check, &guards) } else { walk.key() };
+    Ok(Plan { walk, mesh, donated, key, cached: None, checked, guards })
+}
+
+/// Which buffers a program may donate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Donation {
+    None,
+    /// Only old state to the value that succeeds it (a guarded step hands the old value back on a trip).
+    Successors,
+    /// Any dying leaf to an output of its type and layout.
+    Any,
+}
+
+/// `(parameter, output)` for each leaf whose successor (the value that replaces it) is an output of its type.
+fn successor_pairs(w: &Walk) -> Vec<(usize, usize)> {
+    let mut output_of = vec![None; w.len()];
+    for (j, &o) in w.outputs.iter().enumerate() {
+        output_of[o] = Some(j);
+    }
+    let mut taken = vec![false; w.outputs.len()];
+    let mut pairs = Vec::new();
+    for (i, leaf) in w.leaves.iter().enumerate() {
+        let next = leaf.successor.get().and_then(|s| s.upgrade());
+        let j = next.and_then(|s| w.id_of(&s)).and_then(|id| output_of[id]);
+        if let Some(j) = j.filter(|&j| !taken[j] && w.targets[j].ty == leaf.ty) {
+            taken[j] = true;
+            pairs.push((i, j));
+        }
+    }
+    pairs
 }
 
 /// The executable cache's answer for the plan's key.
@@ -127,8 +170,8 @@ fn first_piece(traced: &Walk) -> Vec<Rc<Node>> {
 /// reference to it comes from a recipe dropped after the step: a target's (unless it keeps its recipe for a later
 /// `backward()`), or a dying node's. Users come after their operands in the graph, so one backward sweep decides.
 /// `Config::donate` (`LAZULI_DONATE=0`) turns donation off. Returns the donated parameter indices.
-fn plan_donation(w: &mut Walk, enabled: bool) -> Vec<usize> {
-    if !enabled {
+fn plan_donation(w: &mut Walk, donation: Donation) -> Vec<usize> {
+    if donation == Donation::None {
         return Vec::new();
     }
     let n = w.len();
@@ -163,10 +206,6 @@ fn plan_donation(w: &mut Walk, enabled: bool) -> Vec<usize> {
         }
     }
     dying_leaves.sort_unstable();
-    let mut output_of = vec![None; n];
-    for (j, &o) in w.outputs.iter().enumerate() {
-        output_of[o] = Some(j);
-    }
     let mut used = vec![false; w.outputs.len()];
     let mut donated = vec![false; w.leaves.len()];
     let shardings = w.graph.as_ref().map(|g| (&g.param_shardings, &g.output_shardings));
@@ -177,16 +216,16 @@ fn plan_donation(w: &mut Walk, enabled: bool) -> Vec<usize> {
     let mut aliases = Vec::new();
     // First each leaf to its own successor (an old weight to its new value): XLA then updates it in place. Any
     // other pairing of equal types is valid but makes XLA copy buffers around the fusions that read them.
-    for &i in &dying_leaves {
-        let next = w.leaves[i].successor.get().and_then(|s| s.upgrade());
-        let j = next.and_then(|s| w.id_of(&s)).and_then(|id| output_of[id]);
-        if let Some(j) = j.filter(|&j| fits(i, j, &used)) {
+    let mut dying = vec![false; w.leaves.len()];
+    dying_leaves.iter().for_each(|&i| dying[i] = true);
+    for (i, j) in successor_pairs(w) {
+        if dying[i] && fits(i, j, &used) {
             used[j] = true;
             donated[i] = true;
             aliases.push((i, j));
         }
     }
-    for &i in &dying_leaves {
+    for &i in dying_leaves.iter().filter(|_| donation == Donation::Any) {
         if donated[i] {
             continue;
         }

@@ -34,9 +34,11 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
     };
     let key = plan.key;
     let checked = plan.checked;
+    let counts_sharding = plan.mesh.as_ref().and_then(|p| p.outputs.last()).map(|s| s.hlo());
     let graph = plan.walk.graph();
     let text = if checked {
-        emit(&super::finite::with_check(graph)?, &EmitOptions::default())
+        let mode = rt.config.check_finite;
+        emit(&super::finite::with_check(graph, &plan.guards, mode, counts_sharding)?, &EmitOptions::default())
     } else {
         emit(graph, &EmitOptions::default())
     };
