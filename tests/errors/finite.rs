@@ -105,12 +105,8 @@ fn an_optimizer_update_is_located_at_the_step_line() {
     let (op, at, report) = located(&e);
     assert_eq!((op, at.file, at.line), ("adamw_update", file!(), line), "{report}");
     assert!(report.contains("3 of 3 non-finite"), "{report}");
-    // The guarded step handed the state it was given back: the weight and both moments are as before it.
-    assert!(report.contains("keep their values from before the step"), "{report}");
-    assert_eq!(w.get().to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
-    for (name, t) in opt.state() {
-        assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0; 3], "{name}");
-    }
+    // `stop` does not guard the state (`skip` does): the update's NaNs are the weight's values now.
+    assert!(w.get().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
 }
 
 #[test]
@@ -307,10 +303,10 @@ fn a_sharded_step_is_located_at_its_line() {
     let e = lazuli::wait().unwrap_err();
     let (op, at, report) = located(&e);
     assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
-    // The program ran on the mesh; its state kept its layout and its values from before the step.
+    // The program ran on the mesh and its state kept its layout (`stop` does not guard the values: `skip` does).
     let w = &model.named_params()[0].1;
     assert_eq!(w.get().sharding().unwrap().mesh, m);
-    assert_eq!(state_bits(&model, &opt), zeroed);
+    assert_ne!(state_bits(&model, &opt), zeroed);
 }
 
 #[test]

@@ -1,15 +1,14 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
 //! output: each floating-point output's count of non-finite elements, one small `i32` vector that XLA fuses with
-//! the outputs' producers. Under `stop` and `skip` the program also guards its state (`hlo::finite::guard`): each
+//! the outputs' producers. Under `skip` the program also guards its state (`hlo::finite::guard`): each
 //! parameter or optimizer state output becomes `select(all_finite, new, old)`, so a tripped step hands back the
-//! values it was given, old state can still be donated to it, and nothing waits for the host (`stop` donates
-//! only old state to its own successor, keeping the step's other inputs for the locator).
-//! `finish` keeps the counts as the step's pending check and hands them to no tensor.
+//! values it was given, old state can still be donated to it, and nothing waits for the host. `stop` and `log`
+//! donate nothing and keep the step's IR and inputs for the locator (guarding `stop` too measured slower on the
+//! H200). `finish` keeps the counts as the step's pending check and hands them to no tensor.
 //!
 //! `stop` and `log` read the check at the next materialization, before it launches anything (and at `wait()` and
 //! reads), when the host waits for that step anyway; a trip is located by [`locate`]: the step runs again on its
-//! inputs (under `stop` the guarded outputs are those inputs, so the step's IR and its other inputs are kept)
-//! with every floating-point node's count as output. `skip` reads a step's check once two later programs are
+//! kept inputs with every floating-point node's count as output. `skip` reads a step's check once two later programs are
 //! launched, so that reading it never waits for the device, and locates nothing.
 
 mod locate;
@@ -61,9 +60,9 @@ pub(crate) fn enabled(mode: CheckFinite) -> bool {
     mode != CheckFinite::Off
 }
 
-/// Whether a checked program keeps its state on a trip (and may donate it).
+/// Whether a checked program keeps its state on a trip (and may donate it): `skip` only.
 pub(crate) fn guards(mode: CheckFinite) -> bool {
-    matches!(mode, CheckFinite::Stop | CheckFinite::Skip)
+    matches!(mode, CheckFinite::Skip)
 }
 
 /// Whether the step is located on a trip, from its IR and inputs kept until its check is read.
@@ -83,9 +82,8 @@ pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)]) -> u64
 /// `graph` with the check's output appended (after the step's own outputs) and the `guards` applied, for
 /// emitting. On a mesh the counts have the layout `counts_sharding`.
 ///
-/// Under `stop` the guard is decided by the outputs the step computes (every non-finite output keeps the state,
-/// so a trip can always be run again from it), and the counts are theirs. Under `skip`, which is meant to stay
-/// on, it is decided by the values entering the update (`hlo::finite::update_inputs`: the loss, the gradients),
+/// Under `stop` and `log` nothing is guarded and the counts are the outputs'. Under `skip`, which is meant to stay
+/// on, the guard is decided by the values entering the update (`hlo::finite::update_inputs`: the loss, the gradients),
 /// so that the select fuses into the update; the counts are those of the outputs as returned, followed by the
 /// non-finite values that entered the update. A non-finite value that the update makes from finite inputs then
 /// reaches the state, and reading the check says so.
@@ -267,7 +265,6 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Lo
                  their values from before the step\n"
             )
         }
-        CheckFinite::Stop => out += "  parameters and optimizer state keep their values from before the step\n",
         _ => {}
     }
     match located {

@@ -73,10 +73,10 @@ pub(crate) fn plan_walk(rt: &Runtime, walk: Walk) -> Result<Plan> {
 
 /// Everything but the cache lookup: the mesh and its layouts (parameters keep their placement, outputs get the
 /// shardings the ops' rules propagate), the donations, and the key they all enter. With the finite check on, the
-/// program counts its outputs' non-finite values; under `Stop` and `Skip` it guards its state (see
-/// `CheckFinite`), which old state may then still be donated to. `Skip` donates as usual; `Stop` donates only old
-/// state to its guarded successor and `Log` nothing, since a trip is located by running the step again on its
-/// inputs. A checked program has a key of its own.
+/// program counts its outputs' non-finite values; under `Skip` it guards its state (see `CheckFinite`), so it
+/// donates as usual. `Stop` and `Log` donate nothing, since a trip is located by running the step again on its
+/// inputs (a guarded `stop` that donated its state measured slower on the H200:
+/// `docs/perf-log/2026-12-01-nan-skip.md`). A checked program has a key of its own.
 pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Result<Plan> {
     let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.has_constraint)?;
     let checked = crate::exec::finite::enabled(check);
@@ -91,7 +91,7 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Resul
     let guards = if crate::exec::finite::guards(check) { successor_pairs(&walk) } else { Vec::new() };
     let donation = match check {
         CheckFinite::Off | CheckFinite::Skip if donate => Donation::Any,
-        CheckFinite::Stop if donate => Donation::Successors,
+
         _ => Donation::None,
     };
     let donated = plan_donation(&mut walk, donation);
@@ -103,8 +103,6 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Resul
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Donation {
     None,
-    /// Only old state to the value that succeeds it (a guarded step hands the old value back on a trip).
-    Successors,
     /// Any dying leaf to an output of its type and layout.
     Any,
 }
