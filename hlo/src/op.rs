@@ -258,6 +258,18 @@ pub(crate) fn signature(name: &str, want: &[TensorType], operands: &[&TensorType
     Err(InferError::Shape(format!("{name} was built for ({}), got ({})", want.join(", "), got.join(", "))))
 }
 
+/// `axis` names a dimension of `t`; `name` is the checking op's.
+pub(crate) fn axis_in_range(name: &str, t: &TensorType, axis: usize) -> Result<(), InferError> {
+    if axis < t.rank() {
+        return Ok(());
+    }
+    Err(InferError::Axis {
+        axis: axis as i64,
+        rank: t.rank(),
+        message: format!("{name}: axis {axis} is out of range for {t}"),
+    })
+}
+
 pub(crate) fn arity(name: &str, operands: &[&TensorType], n: usize) -> Result<(), InferError> {
     if operands.len() == n {
         Ok(())

@@ -6,7 +6,7 @@
 use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::infer_error::InferError;
-use crate::op::{Op, OpRules};
+use crate::op::{axis_in_range, Op, OpRules};
 use crate::ops::composite::{expanded, same_float};
 use crate::ops::elementwise::{CompareDir, UnaryKind};
 use crate::ops::reduce::ReduceKind;
@@ -200,13 +200,7 @@ impl Softmax {
     /// `n` operands of one float type, and the axis in range; `name` is the checking op's.
     fn check(&self, name: &str, operands: &[&TensorType], n: usize) -> Result<TensorType, InferError> {
         let t = same_float(name, operands, n)?;
-        if self.axis >= t.rank() {
-            return Err(InferError::Axis {
-                axis: self.axis as i64,
-                rank: t.rank(),
-                message: format!("{name}: axis {} out of range for {t}", self.axis),
-            });
-        }
+        axis_in_range(name, &t, self.axis)?;
         Ok(t)
     }
 }

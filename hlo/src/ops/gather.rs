@@ -13,18 +13,12 @@ use ndarray::{ArrayD, IxDyn};
 use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::{i64_array, LowerCx};
-use crate::op::{arity, Op, OpRules};
+use crate::op::{arity, axis_in_range, Op, OpRules};
 use crate::ops::elementwise::CompareDir;
 
 /// Result dimensions of indexing `x` along `axis` with indices of dims `idx`: `axis` replaced by `idx`.
 fn indexed_dims(x: &TensorType, axis: usize, idx: &TensorType, name: &str) -> Result<Vec<usize>, InferError> {
-    if axis >= x.rank() {
-        return Err(InferError::Axis {
-            axis: axis as i64,
-            rank: x.rank(),
-            message: format!("{name}: axis {axis} is out of range for {x}"),
-        });
-    }
+    axis_in_range(name, x, axis)?;
     if !idx.dtype.is_int() {
         return Err(InferError::DType(format!("{name}: indices must have an integer dtype, got {idx}")));
     }

@@ -9,7 +9,7 @@ use ndarray::{ArrayD, Axis};
 use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::{i64_array, LowerCx};
-use crate::op::{arity, Op, OpRules};
+use crate::op::{arity, axis_in_range, Op, OpRules};
 
 /// `x[0], x[0]+x[1], …` along `axis`; with `reverse`, the sums run from the end (`x[n-1], x[n-1]+x[n-2], …`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -32,13 +32,7 @@ impl OpRules for CumSum {
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("cumsum", operands, 1)?;
         let t = operands[0];
-        if self.axis >= t.rank() {
-            return Err(InferError::Axis {
-                axis: self.axis as i64,
-                rank: t.rank(),
-                message: format!("cumsum: axis {} is out of range for {t}", self.axis),
-            });
-        }
+        axis_in_range("cumsum", t, self.axis)?;
         if t.dtype == DType::Bool {
             return Err(InferError::DType(format!("cumsum is not defined for {t}; convert to an integer type first")));
         }
@@ -134,13 +128,7 @@ impl OpRules for ArgReduce {
         let name = self.name();
         arity(name, operands, 1)?;
         let t = operands[0];
-        if self.axis >= t.rank() {
-            return Err(InferError::Axis {
-                axis: self.axis as i64,
-                rank: t.rank(),
-                message: format!("{name}: axis {} is out of range for {t}", self.axis),
-            });
-        }
+        axis_in_range(name, t, self.axis)?;
         if t.dtype == DType::Bool || t.dims[self.axis] == 0 {
             return Err(InferError::DType(format!("{name} is not defined for {t} along axis {}", self.axis)));
         }

@@ -14,7 +14,7 @@ use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::LowerCx;
 use crate::infer_error::InferError;
-use crate::op::{arity, Op, OpRules};
+use crate::op::{arity, axis_in_range, Op, OpRules};
 use crate::ops::gather::ScatterAdd;
 use crate::ops::leaf::Iota;
 
@@ -61,13 +61,7 @@ impl OpRules for Sort {
         let name = self.name();
         arity(name, operands, 1)?;
         let t = operands[0];
-        if self.axis >= t.rank() {
-            return Err(InferError::Axis {
-                axis: self.axis as i64,
-                rank: t.rank(),
-                message: format!("{name}: axis {} is out of range for {t}", self.axis),
-            });
-        }
+        axis_in_range(name, t, self.axis)?;
         if t.dtype == DType::Bool {
             return Err(InferError::DType(format!("{name} is not defined for {t}; convert to a number type first")));
         }
