@@ -145,6 +145,8 @@ fn run_two_processes(plugin: &str) -> Vec<BTreeMap<String, String>> {
                 .args(["probe_process", "--exact", "--nocapture", "--test-threads=1"])
                 .env(ROLE, p.to_string())
                 .env(PLUGIN, plugin)
+                // "default" is the default plugin even when the suite runs against the second one.
+                .env_remove("LAZULI_CPU_PLUGIN")
                 .env("CUDA_VISIBLE_DEVICES", p.to_string())
                 .env(DIR, &dir)
                 .stdout(Stdio::piped())
