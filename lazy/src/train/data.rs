@@ -3,7 +3,7 @@
 //!
 //! A [`TokenFile`] is a file of little-endian `u16` or `u32` token ids and nothing else (the layout of
 //! nanoGPT's `train.bin`). It is read with positional reads rather than memory-mapped: mapping a file needs
-//! `unsafe` (a file truncated under the mapping faults on access), and a batch reads only `B` windows of
+//! code outside Rust's safety checks (a file truncated under the mapping faults on access), and a batch reads only `B` windows of
 //! `T + 1` ids, so the whole file never has to be in memory either way.
 //!
 //! [`Batches`] yields batch after batch; batch `k` depends only on the seed and `k` (its generator is

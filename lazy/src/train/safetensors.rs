@@ -6,7 +6,7 @@
 //! Loading reads the header, checks every entry (dtype, shape, offsets inside the file, sizes) before reading any
 //! data, then reads each tensor's bytes straight from its offset into the tensor's own buffer: the file is never
 //! held in memory whole, so the peak is the tensors themselves. (A memory map would save nothing more, since each
-//! tensor owns its bytes, and would need `unsafe`, which this crate forbids, and turn a file truncated under it
+//! tensor owns its bytes, and would need code outside Rust's safety checks, which this crate forbids, and turn a file truncated under it
 //! into SIGBUS.) Saving writes atomically, as checkpoints do.
 
 use std::collections::{BTreeMap, HashMap};

@@ -2,7 +2,7 @@
 //! would have (so the exit status still says "killed by SIGTERM").
 //!
 //! On the first save, for each of the two signals whose disposition is still the default (neither caught nor
-//! ignored, read from `/proc/self/status`), lazuli registers through `signal-hook` (the crate forbids `unsafe`):
+//! ignored, read from `/proc/self/status`), lazuli registers through `signal-hook` (this crate has no raw signal code of its own):
 //! - a handler that runs the default action at once while no save is writing ([`IDLE`]), so outside saves the
 //!   process behaves as before;
 //! - a watcher thread that receives the signal while a save is writing, removes the temp files of all saves in
