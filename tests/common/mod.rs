@@ -7,6 +7,15 @@ pub mod gradcheck;
 use lazuli::{DType, Tensor};
 use ndarray::{ArrayD, IxDyn};
 
+/// The message of the panic `f` must raise (lazuli's panics carry text).
+pub fn panic_message(f: impl FnOnce()) -> String {
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("expected a panic");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .expect("a panic with a text message")
+}
+
 /// splitmix64: deterministic, dependency-free test data.
 pub struct Rng(u64);
 

@@ -5,11 +5,7 @@
 use lazuli::{DType, Tensor};
 
 use crate::common::child;
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>().cloned().unwrap_or_default()
-}
+use crate::common::panic_message;
 
 #[test]
 fn a_shape_whose_size_overflows_is_refused_at_the_callers_line() {

@@ -2,14 +2,8 @@
 //! `try_scan` / `try_while_loop`, the panic of `scan` / `while_loop`), a condition that is not a bool scalar,
 //! branches of a `cond` that return different types, and a scan with nothing to count its steps.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
+use crate::common::panic_message;
 use lazuli::{cond, scan, try_cond, try_scan, try_while_loop, while_loop, DType, Error, Scan, Tensor};
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>().cloned().unwrap_or_default()
-}
 
 /// `err` names line `line` of this file.
 #[track_caller]

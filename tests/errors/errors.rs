@@ -1,22 +1,16 @@
 //! Bad input gets a clear error naming the user's line, before anything reaches XLA.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use std::sync::Mutex;
 
 use lazuli::{DType, Tensor};
 
 use crate::common::child;
+use crate::common::panic_message;
 
 /// The compile counter is process-wide; the tests of this binary take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Run `f`, expect a panic, return its message.
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap()
-}
-
 #[test]
 fn shape_mismatch_names_the_users_line() {
     if child::alone(module_path!(), "shape_mismatch_names_the_users_line") {

@@ -2,15 +2,9 @@
 //! the panicking op (checked against ndarray); on operands that do not, the structured error (which op, the
 //! shapes or dtypes, the axis, the backend) naming the caller's line, with the message the panicking op gives.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
+use crate::common::panic_message;
 use lazuli::{AttentionOptions, DType, Error, Implementation, Tensor, TritonKernel};
 use ndarray::{Array2, ArrayD, IxDyn};
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>().cloned().unwrap_or_default()
-}
 
 /// The message without its "recorded at" line (the `Err` and the panic are recorded on different lines).
 fn without_line(msg: &str) -> &str {

@@ -5,8 +5,7 @@
 
 use crate::common::{self, gradcheck::check_grad, Rng};
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
+use crate::common::panic_message;
 use lazuli::{cond, scan, while_loop, DType, Scan, Tensor};
 
 fn rand(rng: &mut Rng, dims: &[usize]) -> Tensor {
@@ -16,14 +15,6 @@ fn rand(rng: &mut Rng, dims: &[usize]) -> Tensor {
 
 fn vec_of(t: &Tensor) -> Vec<f64> {
     t.to_vec::<f64>().unwrap()
-}
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
 }
 
 /// XLA's value, the reference interpreter's and the unrolled computation's agree.

@@ -4,8 +4,7 @@
 
 use crate::common;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
+use crate::common::panic_message;
 use lazuli::{DType, Implementation, Tensor, TritonKernel};
 
 /// A kernel text with one pointer per argument; on the CPU it is checked, never compiled.
@@ -13,14 +12,6 @@ fn ir(name: &str, pointers: usize) -> String {
     let args: Vec<String> =
         (0..pointers).map(|i| format!("%a{i}: !tt.ptr<f32> {{tt.divisibility = 16 : i32}}")).collect();
     format!("module {{\n  tt.func public @{name}({}) {{\n    tt.return\n  }}\n}}\n", args.join(", "))
-}
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
 }
 
 #[test]

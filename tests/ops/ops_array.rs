@@ -4,8 +4,7 @@
 
 use crate::common;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
+use crate::common::panic_message;
 use common::{array, tensor_of, tolerance, values, Rng};
 use lazuli::{DType, Tensor};
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
@@ -409,11 +408,6 @@ fn empty_dimensions() {
 }
 
 /// Run `f`, expect a panic, return its message.
-pub(crate) fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap()
-}
-
 #[test]
 fn bad_input_names_the_callers_line() {
     let x = Tensor::from_slice(&[1.0f32; 12], &[3, 4]);

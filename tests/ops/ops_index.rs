@@ -8,7 +8,8 @@ use common::Rng;
 use lazuli::{DType, Tensor};
 use ndarray::{ArrayD, Axis, IxDyn};
 
-use super::ops_array::{check, panic_message, run, whole};
+use super::ops_array::{check, run, whole};
+use crate::common::panic_message;
 
 /// Stable sort of every lane along `axis` in ndarray: (values, positions). NaN is the largest value.
 fn sort_nd(x: &ArrayD<f64>, axis: usize, descending: bool) -> (ArrayD<f64>, ArrayD<f64>) {

@@ -5,8 +5,7 @@
 
 use crate::common;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
+use crate::common::panic_message;
 use common::gradcheck::check_grad;
 use common::{array, assert_close, tensor_of, values, Rng};
 use lazuli::{DType, Precision, Tensor};
@@ -242,11 +241,6 @@ fn max_pool_ties_send_the_gradient_to_the_first_maximum() {
     let want = vec![1.0, 0.0, 10.0, 0.0, 100.0, 0.0, 0.0, 1000.0, 0.0, 0.0, 0.0, 0.0];
     assert_eq!(got, want);
     assert_eq!(r.iter().copied().collect::<Vec<_>>(), want, "reference interpreter");
-}
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap()
 }
 
 #[test]

@@ -5,9 +5,9 @@
 
 use crate::common;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::common::panic_message;
 use common::{assert_close, tensor_of};
 use lazuli::{DType, Tensor};
 
@@ -18,11 +18,6 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>().cloned().or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string())).unwrap()
-}
 
 fn mean_var(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
