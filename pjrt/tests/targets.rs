@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use lazuli_pjrt::provision::{self, targets, Device, Host, Sources, Target, TARGETS};
+use lazuli_pjrt::provision::{self, targets, Device, Host, LibraryWheel, Sources, Target, TARGETS};
 use lazuli_pjrt::{ClientOptions, Error, Plugin};
 
 const CHILD: &str = "LAZULI_TEST_TARGETS_CHILD";
@@ -152,7 +152,7 @@ fn clients_without_hardware_fail_clearly_and_in_time() {
         if name == "cuda13" {
             // No NVIDIA driver here, nor the nvidia-* wheels: both named, with where they come from.
             assert!(stderr.contains("libcuda.so.1 (the NVIDIA driver"), "{stderr}");
-            assert!(stderr.contains("libcublas.so.13 (pip wheel nvidia-cublas>=13.0.0.19"), "{stderr}");
+            assert!(stderr.contains("libcublas.so.13 (pip wheel nvidia-cublas==13.1.0.3"), "{stderr}");
         }
     }
 }
@@ -232,25 +232,36 @@ fn a_corrupted_wheel_is_refused() {
     fs::remove_dir_all(&root).unwrap();
 }
 
-/// The CUDA runtime's wheel (2.5 MB), kept in the cache's `test-wheels/` so a machine downloads it once.
+/// The pinned wheel `name` of the CUDA 13 rows.
+fn cuda13_wheel(name: &str) -> &'static LibraryWheel {
+    let target = targets::target("cuda13-0.11.2").unwrap();
+    provision::library_wheels(target).into_iter().find(|w| w.name() == name).unwrap()
+}
+
+/// The CUDA runtime's pinned wheel (2.2 MB), kept in the cache's `test-wheels/` so a machine downloads it once.
 fn cuda_runtime_wheel() -> PathBuf {
-    const WHEEL: &str = "nvidia_cuda_runtime-13.5.37-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl";
-    const SHA256: &str = "df2b79a8852f10d1fef8c848489c49eebb5754051bf870202a862831412b179d";
+    static FETCHED: std::sync::Mutex<()> = std::sync::Mutex::new(()); // two tests use it
+    let _once = FETCHED.lock().unwrap_or_else(|p| p.into_inner());
+    let pin = cuda13_wheel("nvidia-cuda-runtime");
     let dir = provision::cache_dir().unwrap().join("test-wheels");
-    let wheel = dir.join(WHEEL);
+    let wheel = dir.join(pin.file);
     if !wheel.is_file() {
         let status = Command::new("python3")
             .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
-            .args(["--platform", "manylinux_2_17_x86_64", "nvidia-cuda-runtime==13.5.37", "-d"])
+            .args(pin.pip_args())
+            .args([pin.requirement, "-d"])
             .arg(&dir)
             .status()
             .unwrap();
-        assert!(status.success() && wheel.is_file(), "pip download of {WHEEL} failed");
+        assert!(status.success() && wheel.is_file(), "pip download of {} failed", pin.file);
     }
-    use sha2::Digest;
-    let digest: String = sha2::Sha256::digest(fs::read(&wheel).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(digest, SHA256, "{}", wheel.display());
+    assert_eq!(sha256(&wheel), pin.sha256, "{}", wheel.display());
     wheel
+}
+
+fn sha256(path: &Path) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(fs::read(path).unwrap()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn write_executable(path: &Path, text: &str) {
@@ -259,45 +270,178 @@ fn write_executable(path: &Path, text: &str) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// The CUDA plugin's libraries are opened before it, by absolute path: unpacked from a wheel in `LAZULI_WHEELS`,
-/// or from the site-packages of the Python in use (the plugin itself still the pinned one); those found
-/// nowhere are named when the client fails.
+/// The small pinned CUDA 13 wheels (the runtime, 2.2 MB, and CUPTI, 10.7 MB) fetched with pip into the default
+/// cache (once per machine), checked and unpacked; with `LAZULI_PYTHON=none` the plugin then opens `libcudart`
+/// from there by absolute path (it loads without a GPU driver), and names the libraries still missing with the
+/// exact `pip download` lines of their pinned wheels.
 #[test]
-fn cuda_libraries_from_wheels_or_site_packages_are_opened_first() {
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-cudart-{}", std::process::id()));
-    let wheels = root.join("wheels");
-    fs::create_dir_all(&wheels).unwrap();
-    let wheel = cuda_runtime_wheel();
-    fs::copy(&wheel, wheels.join(wheel.file_name().unwrap())).unwrap();
-    // A Python without site-packages: the libraries can only come from the wheels.
-    let no_site = root.join("no-site-python");
-    write_executable(&no_site, "#!/bin/sh\nexit 1\n");
-    let cuda13 = PathBuf::from("cuda13");
-    let env = [("LAZULI_TARGET", cuda13.as_path()), ("LAZULI_WHEELS", &wheels), ("LAZULI_PYTHON", &no_site)];
+fn pinned_cuda_libraries_are_fetched_unpacked_and_opened_from_the_cache() {
+    let target = targets::target("cuda13-0.11.2").unwrap();
+    let sources = Sources::default();
+    provision::pinned_plugin_path_in(target, &sources).unwrap(); // the child runs no pip
+    let small = [cuda13_wheel("nvidia-cuda-runtime"), cuda13_wheel("nvidia-cuda-cupti")];
+    let dir = provision::fetch_library_wheels_in(target, &small, &sources).unwrap();
+    let cudart = dir.join("nvidia/cu13/lib/libcudart.so.13");
+    assert!(cudart.is_file() && dir.join("nvidia/cu13/lib/libcupti.so.13").is_file(), "{}", dir.display());
+
+    let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
+    let env = [("LAZULI_TARGET", name.as_path()), ("LAZULI_PYTHON", none.as_path())];
     let (out, _) = run_child("client", Device::Cuda, &env, Duration::from_secs(120));
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
-    let unpacked = provision::cache_dir().unwrap().join("libs/nvidia/cu13/lib/libcudart.so.13");
-    assert!(stdout.contains(&format!("preloaded {}", unpacked.canonicalize().unwrap().display())), "{stdout}");
+    assert!(stdout.contains(&format!("preloaded {}", cudart.canonicalize().unwrap().display())), "{stdout}");
     assert!(!stderr.contains("\n  libcudart.so.13 ("), "found, yet named missing: {stderr}");
-    assert!(stderr.contains("\n  libcublas.so.13 (pip wheel nvidia-cublas"), "{stderr}");
-    let fetch = "--platform manylinux1_x86_64 \"nvidia-nvjitlink>=13.0.39\" \"nvidia-cuda-nvrtc";
-    assert!(stderr.contains(fetch) && stderr.contains("-d DIR` and set LAZULI_WHEELS=DIR"), "{stderr}");
+    assert!(stderr.contains("\n  libcublas.so.13 (pip wheel nvidia-cublas==13.1.0.3"), "{stderr}");
+    let cublas = "python3 -m pip download --no-deps --only-binary=:all: --platform manylinux_2_27_x86_64 \
+                  nvidia-cublas==13.1.0.3 -d DIR";
+    assert!(stderr.contains(cublas) && stderr.contains("set LAZULI_WHEELS=DIR"), "{stderr}");
+    assert!(!stderr.contains("nvidia-cuda-runtime=="), "the runtime is there, yet listed: {stderr}");
+}
 
-    // A Python whose site-packages hold the CUDA runtime and ptxas, as `pip install "jax[cuda13]"` leaves them.
+/// Where the driver is (here a stand-in `libcuda.so.1` on `LD_LIBRARY_PATH`), the wheels of libraries found
+/// nowhere are fetched when the plugin is provisioned: here the runtime's, from `LAZULI_WHEELS` (the others are
+/// marked unpacked in a fresh cache, so nothing else is fetched). A library of another version in site-packages is
+/// used, and the log line says so.
+#[test]
+fn cuda_libraries_found_nowhere_are_fetched_and_site_packages_win() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-cudart-{}", std::process::id()));
+    let (wheels, cache, driver) = (root.join("wheels"), root.join("cache"), root.join("driver"));
+    let target = targets::target("cuda13-0.11.2").unwrap();
+    let runtime = cuda13_wheel("nvidia-cuda-runtime");
+    fs::create_dir_all(&wheels).unwrap();
+    fs::copy(cuda_runtime_wheel(), wheels.join(runtime.file)).unwrap();
+    let unpacked = cache.join("libs/cuda13");
+    fs::create_dir_all(unpacked.join(".unpacked")).unwrap();
+    for wheel in provision::library_wheels(target).into_iter().filter(|w| *w != runtime) {
+        fs::write(unpacked.join(".unpacked").join(wheel.file), wheel.sha256).unwrap();
+    }
+    fs::create_dir_all(&driver).unwrap();
+    fs::write(driver.join("libcuda.so.1"), "").unwrap();
+    let plugin = provision::pinned_plugin_path_in(target, &Sources::default()).unwrap();
+    let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
+    let env = [
+        ("LAZULI_TARGET", name.as_path()),
+        ("LAZULI_GPU_PLUGIN", &plugin),
+        ("LAZULI_CACHE_DIR", &cache),
+        ("LAZULI_WHEELS", &wheels),
+        ("LAZULI_PYTHON", &none),
+        ("LD_LIBRARY_PATH", &driver),
+    ];
+    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let cudart = unpacked.join("nvidia/cu13/lib/libcudart.so.13");
+    assert!(stderr.contains(&format!("unpacking nvidia-cuda-runtime==13.0.96 from {}", wheels.display())));
+    assert!(stdout.contains(&format!("preloaded {}", cudart.canonicalize().unwrap().display())), "{stdout}");
+    assert!(wheels.join(runtime.file).is_file(), "the user's wheel was deleted");
+
+    // A Python whose site-packages hold another CUDA runtime and the CUDA tools, as `pip install "jax[cuda13]"`
+    // leaves them.
     let site = root.join("site-packages");
-    fs::create_dir_all(site.join("nvidia/cu13/lib")).unwrap();
-    fs::create_dir_all(site.join("nvidia/cu13/bin")).unwrap();
-    fs::copy(&unpacked, site.join("nvidia/cu13/lib/libcudart.so.13")).unwrap();
+    for dir in
+        ["nvidia/cu13/lib", "nvidia/cu13/bin", "nvidia/cu13/nvvm/libdevice", "nvidia_cuda_runtime-13.0.48.dist-info"]
+    {
+        fs::create_dir_all(site.join(dir)).unwrap();
+    }
+    fs::copy(&cudart, site.join("nvidia/cu13/lib/libcudart.so.13")).unwrap();
     fs::write(site.join("nvidia/cu13/bin/ptxas"), "").unwrap();
     let python = root.join("python");
     write_executable(&python, &format!("#!/bin/sh\necho '{}'\n", site.display()));
-    let env = [("LAZULI_TARGET", cuda13.as_path()), ("LAZULI_PYTHON", &python)];
+    let env = [("LAZULI_TARGET", name.as_path()), ("LAZULI_PYTHON", &python)];
     let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     let from_site = site.join("nvidia/cu13/lib/libcudart.so.13").canonicalize().unwrap();
     assert!(stdout.contains(&format!("preloaded {}", from_site.display())), "{stdout}");
     assert!(stdout.contains(&format!("cuda data dir {}", site.join("nvidia/cu13").display())), "{stdout}");
+    let note = format!("using nvidia-cuda-runtime 13.0.48 from {} (libcudart.so.13", site.display());
+    assert!(stderr.contains(&note) && stderr.contains("lazuli pins 13.0.96"), "{stderr}");
+    fs::remove_dir_all(&root).unwrap();
+}
+
+/// A corrupted library wheel in `LAZULI_WHEELS` is refused, naming the file and both sha256, and kept (it is the
+/// user's); nothing is unpacked. Offline, the error lists the exact `pip download` line of every pinned wheel.
+#[test]
+fn a_corrupted_library_wheel_is_refused_and_offline_the_pinned_lines_are_printed() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-libs-{}", std::process::id()));
+    let (wheels, cache) = (root.join("wheels"), root.join("cache"));
+    fs::create_dir_all(&wheels).unwrap();
+    let target = targets::target("cuda13-0.11.2").unwrap();
+    let runtime = cuda13_wheel("nvidia-cuda-runtime");
+    let corrupted = wheels.join(runtime.file);
+    let mut bytes = fs::read(cuda_runtime_wheel()).unwrap();
+    bytes[1000] ^= 1;
+    fs::write(&corrupted, &bytes).unwrap();
+    let sources = Sources { wheels: Some(wheels), cache_dir: Some(cache.clone()), ..Sources::default() };
+    let err = provision::fetch_library_wheels_in(target, &[runtime], &sources).unwrap_err().to_string();
+    let refused = format!("{} has sha256 {}, expected {}", runtime.file, sha256(&corrupted), runtime.sha256);
+    assert!(err.contains(&refused), "{err}");
+    assert!(corrupted.is_file(), "the user's wheel was deleted");
+    assert!(!cache.join("libs/cuda13/nvidia/cu13/lib/libcudart.so.13").exists());
+
+    // A Python whose pip fails as it does without a network.
+    let python = root.join("python");
+    write_executable(&python, "#!/bin/sh\necho 'ERROR: No matching distribution found' >&2\nexit 1\n");
+    let sources = Sources { python: Some(python.display().to_string()), cache_dir: Some(cache), ..Sources::default() };
+    let all = provision::library_wheels(target);
+    let err = provision::fetch_library_wheels_in(target, &all, &sources).unwrap_err().to_string();
+    assert!(err.contains("No matching distribution found") && err.contains("fetch the 13 pinned wheels"), "{err}");
+    for wheel in &all {
+        let line = format!(
+            "-m pip download --no-deps --only-binary=:all: {} {} -d DIR",
+            wheel.pip_args().join(" "),
+            wheel.requirement
+        );
+        assert!(err.contains(&line), "{line} not in {err}");
+    }
+    assert!(err.contains("nvidia-cudnn-cu13==9.19.0.56") && err.contains("set LAZULI_WHEELS=DIR"), "{err}");
+    fs::remove_dir_all(&root).unwrap();
+}
+
+/// The whole pinned CUDA 13 set of the 0.11.2 row (13 wheels, 1.85 GB) fetched with pip into a fresh cache,
+/// checked and unpacked; the plugin then opens every library from there (no Python: `LAZULI_PYTHON=none`) and
+/// fails only for want of the driver. Prints the sha256 of every file the table names, for comparing with an
+/// installed copy.
+#[test]
+#[ignore = "downloads 1.85 GB"]
+fn the_whole_cuda13_set_is_fetched_and_only_the_driver_is_missing() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("targets-cuda13-set");
+    let cache = root.join("cache");
+    let target = targets::target("cuda13-0.11.2").unwrap();
+    let plugin = provision::pinned_plugin_path_in(target, &Sources::default()).unwrap();
+    let sources = Sources { cache_dir: Some(cache.clone()), ..Sources::default() };
+    let start = Instant::now();
+    let dir = provision::fetch_library_wheels_in(target, &provision::library_wheels(target), &sources).unwrap();
+    eprintln!("fetched and unpacked in {:.0} s", start.elapsed().as_secs_f64());
+    let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
+    let env = [
+        ("LAZULI_TARGET", name.as_path()),
+        ("LAZULI_GPU_PLUGIN", &plugin),
+        ("LAZULI_CACHE_DIR", &cache),
+        ("LAZULI_PYTHON", &none),
+    ];
+    let (out, _) = run_child("client", Device::Cuda, &env, Duration::from_secs(300));
+    let (stdout, stderr) = text(&out);
+    eprintln!("{stdout}\n{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    for library in target.libraries.iter().filter(|l| l.pinned.is_some()) {
+        let path = dir.join(library.dir).join(library.soname).canonicalize().unwrap();
+        assert!(stdout.contains(&format!("preloaded {}", path.display())), "{} not opened: {stdout}", library.soname);
+    }
+    assert!(stdout.contains(&format!("cuda data dir {}", dir.join("nvidia/cu13").display())), "{stdout}");
+    let missing = stderr.split("These libraries it needs were not found:").nth(1).unwrap_or_else(|| panic!("{stderr}"));
+    let named: Vec<&str> = missing.lines().filter(|l| l.starts_with("  lib")).collect();
+    assert_eq!(named.len(), 1, "{stderr}");
+    assert!(named[0].starts_with("  libcuda.so.1 (the NVIDIA driver"), "{stderr}");
+    assert!(!stderr.contains("could not be opened"), "{stderr}");
+    let mut files: Vec<PathBuf> =
+        target.libraries.iter().filter(|l| l.pinned.is_some()).map(|l| dir.join(l.dir).join(l.soname)).collect();
+    files.extend(["bin/ptxas", "nvvm/libdevice/libdevice.10.bc"].map(|f| dir.join(target.cuda_data_dir).join(f)));
+    use std::os::unix::fs::PermissionsExt;
+    let ptxas = fs::metadata(dir.join(target.cuda_data_dir).join("bin/ptxas")).unwrap();
+    assert!(ptxas.permissions().mode() & 0o111 != 0, "ptxas is not executable");
+    for file in files {
+        println!("{}  {}", sha256(&file), file.strip_prefix(&dir).unwrap().display());
+    }
     fs::remove_dir_all(&root).unwrap();
 }

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::libraries::{self, Arranged};
-use super::targets::{targets_of, Device, Library, Target};
+use super::library_wheels;
+use super::targets::{targets_of, Device, Library, LibraryWheel, Target};
 use super::{cpu_plugin_path_in, pinned_plugin_path_in, python_paths, user_plugin, Sources};
 use crate::error::{Error, Result};
 use crate::{Client, ClientOptions, Plugin};
@@ -39,7 +40,7 @@ const INSTALLED: &str = "the site-packages of ";
 /// Finds (or fetches) `device`'s plugin and arranges its libraries. Loads nothing.
 pub fn device_plugin_in(device: Device, sources: &Sources) -> Result<DevicePlugin> {
     let (path, target, origin) = locate(device, sources)?;
-    let Arranged { preload, missing, cuda_data_dir } = libraries::arrange(target, &path, sources);
+    let Arranged { preload, missing, cuda_data_dir } = libraries::arrange(target, &path, sources)?;
     // An installed plugin's XLA finds the tools beside itself, in the same site-packages.
     let cuda_data_dir = cuda_data_dir.filter(|_| !origin.starts_with(INSTALLED));
     Ok(DevicePlugin { path, target, origin, preload, missing, unopened: Vec::new(), cuda_data_dir })
@@ -168,11 +169,27 @@ fn hints(found: &DevicePlugin) -> String {
     let mut text = String::new();
     if !found.missing.is_empty() {
         text.push_str(&format!("\nThese libraries it needs were not found:{}", libraries::describe(&found.missing)));
+        let mut pinned: Vec<&LibraryWheel> = Vec::new();
         let mut wheels: Vec<String> = Vec::new();
-        for wheel in found.missing.iter().filter_map(|l| l.wheel).map(|w| format!("\"{w}\"")) {
-            if !wheels.contains(&wheel) {
-                wheels.push(wheel);
+        for library in &found.missing {
+            match (library.pinned, library.wheel) {
+                (Some(pin), _) if !pinned.contains(&pin) => pinned.push(pin),
+                (None, Some(wheel)) if !wheels.contains(&format!("\"{wheel}\"")) => wheels.push(format!("\"{wheel}\"")),
+                _ => {}
             }
+        }
+        if !pinned.is_empty() && found.cuda_data_dir.is_none() && !found.origin.starts_with(INSTALLED) {
+            pinned.extend(found.target.cuda_tools); // ptxas and libdevice, for XLA's compiler
+        }
+        if !pinned.is_empty() {
+            let system: Vec<&str> =
+                found.target.libraries.iter().filter(|l| l.wheel.is_none()).map(|l| l.soname).collect();
+            text.push_str(&format!(
+                "\nlazuli fetches their pinned wheels itself where the plugin can run (with {}); to fetch them \
+                 elsewhere:{}\nthen set LAZULI_WHEELS=DIR here",
+                system.join(", "),
+                library_wheels::download_commands(&pinned, "python3")
+            ));
         }
         if !wheels.is_empty() {
             text.push_str(&format!(
@@ -180,7 +197,7 @@ fn hints(found: &DevicePlugin) -> String {
                  where there is a network with `python3 -m pip download --no-deps --only-binary=:all: {platforms} \
                  {list} -d DIR` and set LAZULI_WHEELS=DIR here",
                 list = wheels.join(" "),
-                // NVIDIA's wheels carry older manylinux tags than the plugins; pip matches only the tags named.
+                // Wheels carry older manylinux tags than the plugins; pip matches only the tags named.
                 platforms = ["manylinux_2_27", "manylinux_2_17", "manylinux2014", "manylinux_2_5", "manylinux1"]
                     .map(|p| format!("--platform {p}_x86_64"))
                     .join(" ")

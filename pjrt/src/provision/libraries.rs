@@ -12,8 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::elf::dynamic_section;
-use super::targets::{Library, Target};
+use super::library_wheels::{fetch_library_wheels_in, is_unpacked, library_dir_in};
+use super::targets::{Library, LibraryWheel, Target};
 use super::{cache_dir_in, file_name, python_paths, unique, Sources};
+use crate::error::Result;
 
 /// Which of a target's libraries to open first, and which were found nowhere.
 pub(super) struct Arranged {
@@ -24,19 +26,28 @@ pub(super) struct Arranged {
 }
 
 /// Finds each of `target`'s libraries: in site-packages or the cache (to be preloaded), or on the system's
-/// search path (left to the loader); unpacks those still missing from wheels in `LAZULI_WHEELS`.
-pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources) -> Arranged {
+/// search path (left to the loader); unpacks those still missing from wheels in `LAZULI_WHEELS`, and fetches the
+/// pinned wheels of those found nowhere when the machine has what the plugin needs beyond them (its driver):
+/// without it the plugin cannot start, so nothing is downloaded. An error only when that fetch fails.
+pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources) -> Result<Arranged> {
     if target.libraries.is_empty() && target.cuda_data_dir.is_empty() {
         // Nothing to look for: no Python or loader cache to ask (every CPU process starts here).
-        return Arranged { preload: Vec::new(), missing: Vec::new(), cuda_data_dir: None };
+        return Ok(Arranged { preload: Vec::new(), missing: Vec::new(), cuda_data_dir: None });
     }
-    let mut roots = python_paths(sources);
+    let site = python_paths(sources);
     let cache = cache_dir_in(sources).ok().map(|d| d.join("libs"));
     if let (Some(cache), Some(wheels)) = (&cache, &sources.wheels) {
         unpack_from_wheels(target, wheels, cache);
     }
-    roots.extend(cache);
+    let pinned_dir = (!target.library_dir.is_empty()).then(|| library_dir_in(target, sources).ok()).flatten();
     let system = SystemSearch::new(plugin);
+    if let Some(dir) = &pinned_dir {
+        let absent = absent_wheels(target, &site, dir, &system);
+        if !absent.is_empty() && missing_system_libraries(target).is_empty() {
+            fetch_library_wheels_in(target, &absent, sources)?;
+        }
+    }
+    let roots: Vec<PathBuf> = site.iter().chain(&pinned_dir).chain(&cache).cloned().collect();
     let (mut preload, mut missing) = (Vec::new(), Vec::new());
     for library in target.libraries {
         let in_wheel_dir = (!library.dir.is_empty())
@@ -48,10 +59,72 @@ pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources)
             None => missing.push(library),
         }
     }
+    note_other_versions(target, &site);
     let cuda_data_dir = (!target.cuda_data_dir.is_empty())
-        .then(|| roots.iter().map(|r| r.join(target.cuda_data_dir)).find(|d| d.join("bin").join("ptxas").is_file()))
+        .then(|| roots.iter().map(|r| r.join(target.cuda_data_dir)).find(|d| has_cuda_tools(d)))
         .flatten();
-    Arranged { preload, missing, cuda_data_dir }
+    Ok(Arranged { preload, missing, cuda_data_dir })
+}
+
+/// `bin/ptxas` and libdevice, what XLA compiles CUDA kernels with.
+fn has_cuda_tools(dir: &Path) -> bool {
+    dir.join("bin").join("ptxas").is_file() && dir.join("nvvm").join("libdevice").is_dir()
+}
+
+/// The pinned wheels whose libraries (or tools) are neither in site-packages, nor unpacked in `dir`, nor on
+/// the system's search path.
+fn absent_wheels(target: &Target, site: &[PathBuf], dir: &Path, system: &SystemSearch) -> Vec<&'static LibraryWheel> {
+    let in_site = |relative: &Path| site.iter().any(|r| r.join(relative).exists());
+    let mut absent: Vec<&'static LibraryWheel> = Vec::new();
+    for library in target.libraries {
+        let Some(wheel) = library.pinned else { continue };
+        let found = in_site(&Path::new(library.dir).join(library.soname))
+            || is_unpacked(dir, wheel)
+            || system.finds(library.soname);
+        if !found && !absent.contains(&wheel) {
+            absent.push(wheel);
+        }
+    }
+    let tools_in_site = site.iter().any(|r| has_cuda_tools(&r.join(target.cuda_data_dir)));
+    if !tools_in_site {
+        absent.extend(target.cuda_tools.iter().filter(|w| !is_unpacked(dir, w)));
+    }
+    absent
+}
+
+/// Says so, once per wheel, when a library preloaded from site-packages is another version than the pinned one:
+/// it is used (it is what the user installed), but a difference in behaviour may come from it.
+fn note_other_versions(target: &Target, site: &[PathBuf]) {
+    let mut noted: Vec<&str> = Vec::new();
+    for library in target.libraries {
+        let Some(wheel) = library.pinned else { continue };
+        // Site-packages come first in the search: a copy there is the one preloaded.
+        let Some(root) = site.iter().find(|r| r.join(library.dir).join(library.soname).is_file()) else { continue };
+        if noted.contains(&wheel.file) {
+            continue;
+        }
+        noted.push(wheel.file);
+        match installed_version(root, wheel.name()) {
+            Some(version) if version != wheel.version() => eprintln!(
+                "lazuli: using {} {version} from {} ({} of the PJRT {} plugin); lazuli pins {}",
+                wheel.name(),
+                root.display(),
+                library.soname,
+                target.device.name(),
+                wheel.version()
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// The version of the distribution `name` installed in `site_packages`, from its `.dist-info` directory's name.
+fn installed_version(site_packages: &Path, name: &str) -> Option<String> {
+    let prefix = format!("{}-", name.replace('-', "_"));
+    fs::read_dir(site_packages).ok()?.flatten().find_map(|entry| {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        file_name.strip_prefix(&prefix)?.strip_suffix(".dist-info").map(String::from)
+    })
 }
 
 /// The part of a load error that says which of the plugin's `DT_NEEDED` libraries cannot be found, and where
@@ -111,7 +184,8 @@ fn unpack_from_wheels(target: &Target, wheels: &Path, cache: &Path) {
     let Ok(entries) = fs::read_dir(wheels) else { return };
     let wheel_files: Vec<PathBuf> =
         entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "whl")).collect();
-    for library in target.libraries.iter().filter(|l| l.wheel.is_some() && !l.dir.is_empty()) {
+    // The pinned ones come from their own files, checked by sha256 (`library_wheels`).
+    for library in target.libraries.iter().filter(|l| l.wheel.is_some() && l.pinned.is_none() && !l.dir.is_empty()) {
         if cache.join(library.dir).join(library.soname).is_file() {
             continue;
         }

@@ -1,4 +1,5 @@
-//! Finding PJRT plugins, and fetching the CPU plugin into a per-user cache on first use.
+//! Finding PJRT plugins, and fetching the CPU plugin into a per-user cache on first use (other devices' plugins,
+//! and the CUDA libraries, the same way: `device.rs`, `library_wheels.rs`).
 //!
 //! The CPU plugin comes from a PyPI wheel, fetched once with `pip download`, checked against a pinned
 //! sha256, and unpacked into `<cache>/plugins/<pip name>-<version>/`. The unpacked file has a pinned size
@@ -14,14 +15,17 @@
 //! | `LAZULI_PJRT_PLUGIN` | path of the CPU plugin to use; nothing is fetched |
 //! | `LAZULI_CPU_PLUGIN` | `lammps-jax-pjrt-cpu` (default) or `xla-cpu-pjrt` |
 //! | `LAZULI_CACHE_DIR` | cache root (else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`) |
-//! | `LAZULI_PYTHON` | the Python that runs pip and knows the site-packages (default `python3`) |
+//! | `LAZULI_PYTHON` | the Python that runs pip and knows the site-packages (default `python3`); `none`: no Python, no site-packages |
+//! | `LAZULI_WHEELS` | a directory of wheel files (plugins, CUDA libraries) to take before downloading |
 //! | `LAZULI_GPU_PLUGIN` | path of the CUDA plugin |
 //! | `LAZULI_TPU_PLUGIN`, `TPU_LIBRARY_PATH` | path of the TPU plugin |
 
 mod cached;
+mod cuda_libraries;
 mod device;
 mod elf;
 mod libraries;
+mod library_wheels;
 pub mod targets;
 
 use std::fs;
@@ -35,7 +39,8 @@ use crate::error::{Error, Result};
 use cached::{Cached, Depth};
 pub use device::{create_device_client, device_plugin_in, load_device_plugin, DevicePlugin, CLIENT_CREATE_TIMEOUT};
 pub(crate) use elf::check_shared_object;
-pub use targets::{Device, Host, Library, Target, TARGETS};
+pub use library_wheels::{fetch_library_wheels_in, library_wheels};
+pub use targets::{Device, Host, Library, LibraryWheel, Target, TARGETS};
 
 /// The CPU plugins lazuli knows how to fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -117,7 +122,8 @@ pub struct Sources {
     pub wheels: Option<PathBuf>,
     /// `LAZULI_CACHE_DIR`: the cache directory (default `$XDG_CACHE_HOME/lazuli`, else `~/.cache/lazuli`).
     pub cache_dir: Option<PathBuf>,
-    /// `LAZULI_PYTHON`: the Python whose pip fetches plugins and whose site-packages are searched (`python3`).
+    /// `LAZULI_PYTHON`: the Python whose pip fetches plugins and libraries and whose site-packages are searched
+    /// (`python3`); `none`: no Python at all.
     pub python: Option<String>,
 }
 
@@ -146,9 +152,15 @@ impl Sources {
         })
     }
 
-    /// The Python to run.
+    /// The Python to run (and to name in messages).
     pub(crate) fn python(&self) -> String {
-        self.python.clone().unwrap_or_else(|| "python3".into())
+        self.python.clone().filter(|_| self.runs_python()).unwrap_or_else(|| "python3".into())
+    }
+
+    /// `false` for `LAZULI_PYTHON=none`: no site-packages are searched and no pip is run, so everything comes
+    /// from lazuli's cache, `LAZULI_WHEELS` or the variables naming files.
+    pub(crate) fn runs_python(&self) -> bool {
+        self.python.as_deref() != Some("none")
     }
 }
 
@@ -304,8 +316,12 @@ pub(crate) fn user_plugin(path: PathBuf, var: &str) -> Result<PathBuf> {
     }
 }
 
-/// site.getsitepackages() + getusersitepackages() + sys.path of the Python in use; empty if it fails.
+/// site.getsitepackages() + getusersitepackages() + sys.path of the Python in use; empty if it fails or
+/// `LAZULI_PYTHON=none`.
 pub(crate) fn python_paths(sources: &Sources) -> Vec<PathBuf> {
+    if !sources.runs_python() {
+        return Vec::new();
+    }
     let script =
         "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
     match Command::new(sources.python()).args(["-c", script]).output() {
@@ -352,7 +368,8 @@ fn fetch(target: &Target, dir: &Path, so: &Path, sources: &Sources) -> std::resu
             spec.download_mb,
             dir.display()
         );
-        let wheel = pip_download(spec, &download_dir, &sources.python());
+        let requirement = format!("{}=={}", spec.pip_name, spec.version);
+        let wheel = pip_download(&requirement, spec.pip_args, spec.wheel_file, &download_dir, sources);
         if wheel.is_err() {
             let _ = fs::remove_dir_all(&download_dir);
         }
@@ -373,12 +390,22 @@ fn fetch(target: &Target, dir: &Path, so: &Path, sources: &Sources) -> std::resu
     result
 }
 
-fn pip_download(spec: &PluginSpec, into: &Path, python: &str) -> std::result::Result<PathBuf, String> {
-    let requirement = format!("{}=={}", spec.pip_name, spec.version);
-    let out = Command::new(python)
+/// `pip download --no-deps` of one pinned file into `into`; the path of the file, or why not.
+fn pip_download<A: AsRef<std::ffi::OsStr>>(
+    requirement: &str,
+    pip_args: &[A],
+    wheel_file: &str,
+    into: &Path,
+    sources: &Sources,
+) -> std::result::Result<PathBuf, String> {
+    if !sources.runs_python() {
+        return Err(format!("LAZULI_PYTHON=none: lazuli runs no Python, so no pip downloads {requirement}"));
+    }
+    let python = sources.python();
+    let out = Command::new(&python)
         .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
-        .args(spec.pip_args)
-        .arg(&requirement)
+        .args(pip_args)
+        .arg(requirement)
         .arg("-d")
         .arg(into)
         .output()
@@ -388,11 +415,11 @@ fn pip_download(spec: &PluginSpec, into: &Path, python: &str) -> std::result::Re
         let tail: Vec<&str> = stderr.lines().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
         return Err(format!("`{python} -m pip download {requirement}` failed: {}", tail.join(" / ")));
     }
-    let wheel = into.join(spec.wheel_file);
+    let wheel = into.join(wheel_file);
     if wheel.is_file() {
         Ok(wheel)
     } else {
-        Err(format!("pip did not produce {}", spec.wheel_file))
+        Err(format!("pip did not produce {wheel_file}"))
     }
 }
 

@@ -6,8 +6,10 @@
 //! `pip download --no-deps`, hashed, unpacked and loaded on x86-64 Linux); `pjrt/tests/targets.rs` checks them
 //! again. The libraries are the plugin's `DT_NEEDED` entries (read with [`super::elf`]) and, for CUDA, the ones
 //! the plugin opens at run time (jax's own loader lists the same); the wheels that provide them are those the
-//! matching `jax-*-plugin` package requires.
+//! matching `jax-*-plugin` package requires. CUDA's are pinned too, each to one wheel file and sha256
+//! (`cuda_libraries.rs`), and fetched like the plugin when found nowhere.
 
+use super::cuda_libraries::{CUDA12_LIBRARIES, CUDA12_TOOLS, CUDA13_LIBRARIES, CUDA13_TOOLS};
 use super::PluginSpec;
 
 /// What a target runs on; [`Device::setting`] is its `LAZULI_DEVICE` value.
@@ -80,6 +82,8 @@ pub struct Library {
     pub soname: &'static str,
     /// The pip requirement whose wheel carries it, or `None` where only the system provides it.
     pub wheel: Option<&'static str>,
+    /// That wheel pinned (CUDA's): lazuli fetches it when the library is found nowhere.
+    pub pinned: Option<&'static LibraryWheel>,
     /// Its directory inside site-packages (and inside that wheel), e.g. `nvidia/cu13/lib`.
     pub dir: &'static str,
     /// `true`: a `DT_NEEDED` entry, so `dlopen` of the plugin fails without it. `false`: opened by the plugin at
@@ -87,6 +91,39 @@ pub struct Library {
     pub needed: bool,
     /// Where it comes from otherwise (a system package, a driver).
     pub system: &'static str,
+}
+
+/// A wheel that carries libraries or tools a plugin needs, pinned like the plugin's own wheel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LibraryWheel {
+    /// `name==version`, as pip takes it.
+    pub requirement: &'static str,
+    pub file: &'static str,
+    pub sha256: &'static str,
+    /// The file's size in bytes.
+    pub bytes: u64,
+}
+
+impl LibraryWheel {
+    pub fn name(&self) -> &'static str {
+        self.requirement.split("==").next().unwrap_or(self.requirement)
+    }
+
+    pub fn version(&self) -> &'static str {
+        self.requirement.split("==").nth(1).unwrap_or("")
+    }
+
+    /// Its size in MB, for messages.
+    pub fn megabytes(&self) -> u64 {
+        self.bytes.div_ceil(1_000_000)
+    }
+
+    /// `--platform` arguments naming the file's own platform tags (NVIDIA's wheels carry older and differing
+    /// manylinux tags, and pip matches only the tags named), so that `pip download` picks exactly this file.
+    pub fn pip_args(&self) -> Vec<String> {
+        let tags = self.file.strip_suffix(".whl").and_then(|stem| stem.rsplit('-').next()).unwrap_or("");
+        tags.split('.').flat_map(|tag| ["--platform".to_string(), tag.to_string()]).collect()
+    }
 }
 
 /// Where a target's plugin can run.
@@ -120,6 +157,11 @@ pub struct Target {
     /// Where, relative to site-packages, the CUDA tools XLA compiles with lie (`bin/ptxas`, `nvvm/libdevice`):
     /// XLA's `xla_gpu_cuda_data_dir`. Empty for other devices.
     pub cuda_data_dir: &'static str,
+    /// The pinned wheels that put those tools into `cuda_data_dir`.
+    pub cuda_tools: &'static [LibraryWheel],
+    /// Where under `<cache>/libs/` the pinned wheels of `libraries` and `cuda_tools` are unpacked, laid out as pip
+    /// lays them out in site-packages; rows pinning the same wheels share it. Empty where nothing is pinned.
+    pub library_dir: &'static str,
 }
 
 /// The oldest C API whose struct layouts lazuli's bindings use (see `ffi::MIN_API_VERSION`), and the newest
@@ -142,56 +184,9 @@ const GPU_OPTIONS: &[(&str, &str)] = &[
     ("mock_gpu_topology", "string"),
 ];
 
-const fn nvidia(soname: &'static str, wheel: &'static str, dir: &'static str) -> Library {
-    Library { soname, wheel: Some(wheel), dir, needed: false, system: "the CUDA toolkit (/usr/local/cuda/lib64)" }
-}
-
 const fn needs(soname: &'static str, wheel: &'static str, dir: &'static str, system: &'static str) -> Library {
-    Library { soname, wheel: Some(wheel), dir, needed: true, system }
+    Library { soname, wheel: Some(wheel), pinned: None, dir, needed: true, system }
 }
-
-const DRIVER: Library = Library {
-    soname: "libcuda.so.1",
-    wheel: None,
-    dir: "",
-    needed: false,
-    system: "the NVIDIA driver (e.g. the libnvidia-compute package); only a machine with an NVIDIA GPU has it",
-};
-
-/// What the CUDA 13 plugin opens at run time, in the order jax's own loader opens them (dependencies first).
-/// The wheels are those `jax-cuda13-plugin[with-cuda]` requires (jax pins only lower bounds).
-const CUDA13_LIBRARIES: &[Library] = &[
-    DRIVER,
-    nvidia("libcudart.so.13", "nvidia-cuda-runtime>=13.0.48", "nvidia/cu13/lib"),
-    nvidia("libnvJitLink.so.13", "nvidia-nvjitlink>=13.0.39", "nvidia/cu13/lib"),
-    nvidia("libnvrtc.so.13", "nvidia-cuda-nvrtc>=13.0.48", "nvidia/cu13/lib"),
-    nvidia("libcublasLt.so.13", "nvidia-cublas>=13.0.0.19", "nvidia/cu13/lib"),
-    nvidia("libcublas.so.13", "nvidia-cublas>=13.0.0.19", "nvidia/cu13/lib"),
-    nvidia("libnccl.so.2", "nvidia-nccl-cu13>=2.27.7", "nvidia/nccl/lib"),
-    nvidia("libcupti.so.13", "nvidia-cuda-cupti>=13.0.48", "nvidia/cu13/lib"),
-    nvidia("libcusparse.so.12", "nvidia-cusparse>=12.6.2.49", "nvidia/cu13/lib"),
-    nvidia("libcusolver.so.12", "nvidia-cusolver>=12.0.3.29", "nvidia/cu13/lib"),
-    nvidia("libcufft.so.12", "nvidia-cufft>=12.0.0.15", "nvidia/cu13/lib"),
-    nvidia("libnvshmem_host.so.3", "nvidia-nvshmem-cu13>=3.3.20", "nvidia/nvshmem/lib"),
-    nvidia("libcudnn.so.9", "nvidia-cudnn-cu13>=9.12.0.46,<10", "nvidia/cudnn/lib"),
-];
-
-/// As [`CUDA13_LIBRARIES`], for `jax-cuda12-plugin[with-cuda]`.
-const CUDA12_LIBRARIES: &[Library] = &[
-    DRIVER,
-    nvidia("libcudart.so.12", "nvidia-cuda-runtime-cu12>=12.1.105", "nvidia/cuda_runtime/lib"),
-    nvidia("libnvJitLink.so.12", "nvidia-nvjitlink-cu12>=12.1.105", "nvidia/nvjitlink/lib"),
-    nvidia("libnvrtc.so.12", "nvidia-cuda-nvrtc-cu12>=12.1.55", "nvidia/cuda_nvrtc/lib"),
-    nvidia("libcublasLt.so.12", "nvidia-cublas-cu12>=12.1.3.1", "nvidia/cublas/lib"),
-    nvidia("libcublas.so.12", "nvidia-cublas-cu12>=12.1.3.1", "nvidia/cublas/lib"),
-    nvidia("libnccl.so.2", "nvidia-nccl-cu12>=2.18.1", "nvidia/nccl/lib"),
-    nvidia("libcupti.so.12", "nvidia-cuda-cupti-cu12>=12.1.105", "nvidia/cuda_cupti/lib"),
-    nvidia("libcusparse.so.12", "nvidia-cusparse-cu12>=12.1.0.106", "nvidia/cusparse/lib"),
-    nvidia("libcusolver.so.11", "nvidia-cusolver-cu12>=11.4.5.107", "nvidia/cusolver/lib"),
-    nvidia("libcufft.so.11", "nvidia-cufft-cu12>=11.0.2.54", "nvidia/cufft/lib"),
-    nvidia("libnvshmem_host.so.3", "nvidia-nvshmem-cu12>=3.2.5", "nvidia/nvshmem/lib"),
-    nvidia("libcudnn.so.9", "nvidia-cudnn-cu12>=9.10.2.21,<10", "nvidia/cudnn/lib"),
-];
 
 /// The ROCm plugin's `DT_NEEDED` entries beyond the C runtime; the wheels are those
 /// `jax-rocm7-plugin[with-rocm]` requires, else a ROCm 7 installation in /opt/rocm/lib.
@@ -238,6 +233,7 @@ const ONEAPI_LIBRARIES: &[Library] = &[
     Library {
         soname: "libze_loader.so.1",
         wheel: None,
+        pinned: None,
         dir: "",
         needed: true,
         system: "the Level Zero loader (level-zero / libze1) of Intel's GPU driver",
@@ -245,6 +241,7 @@ const ONEAPI_LIBRARIES: &[Library] = &[
     Library {
         soname: "libze_tracing_layer.so.1",
         wheel: None,
+        pinned: None,
         dir: "",
         needed: true,
         system: "the Level Zero loader (level-zero / libze1) of Intel's GPU driver",
@@ -277,8 +274,9 @@ const fn cuda(
     plugin: PluginSpec,
     installed_as: &'static str,
     api: (i32, i32),
-    libraries: &'static [Library],
+    (libraries, cuda_tools): (&'static [Library], &'static [LibraryWheel]),
     cuda_data_dir: &'static str,
+    library_dir: &'static str,
 ) -> Target {
     Target {
         name,
@@ -292,6 +290,8 @@ const fn cuda(
         libraries,
         create_options: GPU_OPTIONS,
         cuda_data_dir,
+        cuda_tools,
+        library_dir,
     }
 }
 
@@ -319,6 +319,8 @@ pub const TARGETS: &[Target] = &[
         libraries: &[],
         create_options: CPU_OPTIONS,
         cuda_data_dir: "",
+        cuda_tools: &[],
+        library_dir: "",
     },
     Target {
         name: "xla-cpu-pjrt",
@@ -342,6 +344,8 @@ pub const TARGETS: &[Target] = &[
         libraries: &[],
         create_options: &[("cpu_device_count", "int64")],
         cuda_data_dir: "",
+        cuda_tools: &[],
+        library_dir: "",
     },
     cuda(
         "cuda13",
@@ -358,8 +362,9 @@ pub const TARGETS: &[Target] = &[
         ),
         "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
         (0, 116),
-        CUDA13_LIBRARIES,
+        (CUDA13_LIBRARIES, CUDA13_TOOLS),
         "nvidia/cu13",
+        "cuda13",
     ),
     cuda(
         "cuda13-0.11.2",
@@ -376,8 +381,9 @@ pub const TARGETS: &[Target] = &[
         ),
         "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
         (0, 115),
-        CUDA13_LIBRARIES,
+        (CUDA13_LIBRARIES, CUDA13_TOOLS),
         "nvidia/cu13",
+        "cuda13",
     ),
     cuda(
         "cuda12",
@@ -394,8 +400,9 @@ pub const TARGETS: &[Target] = &[
         ),
         "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
         (0, 116),
-        CUDA12_LIBRARIES,
+        (CUDA12_LIBRARIES, CUDA12_TOOLS),
         "nvidia/cuda_nvcc",
+        "cuda12",
     ),
     cuda(
         "cuda12-0.11.2",
@@ -412,8 +419,9 @@ pub const TARGETS: &[Target] = &[
         ),
         "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
         (0, 115),
-        CUDA12_LIBRARIES,
+        (CUDA12_LIBRARIES, CUDA12_TOOLS),
         "nvidia/cuda_nvcc",
+        "cuda12",
     ),
     Target {
         name: "libtpu",
@@ -437,6 +445,8 @@ pub const TARGETS: &[Target] = &[
         libraries: &[],
         create_options: &[],
         cuda_data_dir: "",
+        cuda_tools: &[],
+        library_dir: "",
     },
     Target {
         name: "rocm7",
@@ -460,6 +470,8 @@ pub const TARGETS: &[Target] = &[
         libraries: ROCM_LIBRARIES,
         create_options: GPU_OPTIONS,
         cuda_data_dir: "",
+        cuda_tools: &[],
+        library_dir: "",
     },
     Target {
         name: "oneapi",
@@ -483,6 +495,8 @@ pub const TARGETS: &[Target] = &[
         libraries: ONEAPI_LIBRARIES,
         create_options: GPU_OPTIONS,
         cuda_data_dir: "",
+        cuda_tools: &[],
+        library_dir: "",
     },
     Target {
         name: "metal",
@@ -509,6 +523,8 @@ pub const TARGETS: &[Target] = &[
         libraries: &[],
         create_options: &[],
         cuda_data_dir: "",
+        cuda_tools: &[],
+        library_dir: "",
     },
 ];
 
@@ -529,7 +545,35 @@ pub fn targets_of(device: Device) -> impl Iterator<Item = &'static Target> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::library_wheels;
     use super::*;
+
+    #[test]
+    fn pinned_library_wheels_agree_with_their_rows() {
+        for t in TARGETS {
+            for library in t.libraries {
+                let Some(wheel) = library.pinned else { continue };
+                assert_eq!(library.wheel, Some(wheel.requirement), "{}", library.soname);
+                let stem = format!("{}-{}-py3-none-", wheel.name().replace('-', "_"), wheel.version());
+                assert!(wheel.file.starts_with(&stem) && wheel.file.ends_with("_x86_64.whl"), "{}", wheel.file);
+                assert!(wheel.sha256.len() == 64 && wheel.sha256.bytes().all(|b| b.is_ascii_hexdigit()));
+                assert!(library.dir.starts_with("nvidia/") && library.dir.ends_with("/lib"), "{}", library.dir);
+            }
+            assert_eq!(t.cuda_tools.is_empty(), t.cuda_data_dir.is_empty(), "{}", t.name);
+            assert_eq!(t.library_dir.is_empty(), library_wheels(t).is_empty(), "{}", t.name);
+            // Rows that unpack into one directory pin the same files.
+            for u in TARGETS.iter().filter(|u| !t.library_dir.is_empty() && u.library_dir == t.library_dir) {
+                assert_eq!(library_wheels(t), library_wheels(u), "{} and {}", t.name, u.name);
+            }
+        }
+        let cuda13 = target("cuda13-0.11.2").unwrap();
+        let wheels = library_wheels(cuda13);
+        assert_eq!(wheels.len(), 13, "eleven library wheels (cuBLAS carries two libraries), nvcc and nvvm");
+        let runtime = wheels[0];
+        assert_eq!((runtime.name(), runtime.version(), runtime.megabytes()), ("nvidia-cuda-runtime", "13.0.96", 3));
+        let platforms = ["--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64"];
+        assert_eq!(runtime.pip_args(), platforms);
+    }
 
     #[test]
     fn names_are_unique_and_every_device_has_a_row() {
