@@ -41,7 +41,12 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_TARGET", "a pinned plugin of the target table, even if one is installed", "a row's name", "unset"),
     v("LAZULI_WHEELS", "wheel files to take plugins and libraries from before downloading", "a directory", "unset"),
     v("LAZULI_CACHE_DIR", "where plugins and compiled programs are kept", "a directory", "~/.cache/lazuli"),
-    v("LAZULI_PYTHON", "the Python whose pip fetches plugins", "a command", "python3"),
+    v(
+        "LAZULI_PYTHON",
+        "the Python whose pip fetches plugins and libraries; none: no Python, no site-packages",
+        "a command, or none",
+        "python3",
+    ),
     v("LAZULI_CPU_DEVICES", "virtual CPU devices", "1 to 2048", "1"),
     v("LAZULI_CPU_LAUNCHER", "where CPU programs run", "1 (on), 0 (off), always", "1 with two cores or more"),
     v("LAZULI_CPU_ASYNC", "CPU programs on the plugin's threads", "1, 0", "0"),
