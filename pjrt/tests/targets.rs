@@ -385,7 +385,7 @@ fn a_corrupted_library_wheel_is_refused_and_offline_the_pinned_lines_are_printed
     let sources = Sources { python: Some(python.display().to_string()), cache_dir: Some(cache), ..Sources::default() };
     let all = provision::library_wheels(target);
     let err = provision::fetch_library_wheels_in(target, &all, &sources).unwrap_err().to_string();
-    assert!(err.contains("No matching distribution found") && err.contains("fetch the 13 pinned wheels"), "{err}");
+    assert!(err.contains("No matching distribution found") && err.contains("fetch these 13 wheels"), "{err}");
     for wheel in &all {
         let line = format!(
             "-m pip download --no-deps --only-binary=:all: {} {} -d DIR",

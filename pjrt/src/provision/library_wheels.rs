@@ -61,11 +61,11 @@ pub fn fetch_library_wheels_in(target: &Target, wheels: &[&LibraryWheel], source
     };
     let missing = absent(&dir); // again, under the lock
     let to_download: Vec<&&LibraryWheel> = missing.iter().filter(|w| given(w, sources).is_none()).collect();
-    if !to_download.is_empty() {
+    if !to_download.is_empty() && sources.runs_python() {
         eprintln!(
-            "lazuli: fetching {} library wheels of the PJRT {} plugin ({} MB in all) into {}",
-            to_download.len(),
+            "lazuli: fetching the libraries of the PJRT {} plugin: {}, {} MB in all, into {}",
             target.device.name(),
+            count(to_download.len()),
             to_download.iter().map(|w| w.megabytes()).sum::<u64>(),
             dir.display()
         );
@@ -88,7 +88,9 @@ fn fetch_one(wheel: &LibraryWheel, dir: &Path, sources: &Sources) -> std::result
         eprintln!("lazuli: unpacking {} from {} into {}", wheel.requirement, path.display(), dir.display());
         return verify(wheel, &path).and_then(|()| unpack(wheel, &path, dir));
     }
-    eprintln!("lazuli: fetching {} ({} MB)", wheel.requirement, wheel.megabytes());
+    if sources.runs_python() {
+        eprintln!("lazuli: fetching {} ({} MB)", wheel.requirement, wheel.megabytes());
+    }
     let download_dir = unique(dir, "download");
     let result = pip_download(wheel.requirement, &wheel.pip_args(), wheel.file, &download_dir, sources)
         .and_then(|path| verify(wheel, &path).and_then(|()| unpack(wheel, &path, dir)));
@@ -152,6 +154,14 @@ fn set_mode(_: &Path, _: Option<u32>) -> std::io::Result<()> {
     Ok(())
 }
 
+fn count(wheels: usize) -> String {
+    if wheels == 1 {
+        "1 wheel".into()
+    } else {
+        format!("{wheels} wheels")
+    }
+}
+
 /// The `pip download` line of each wheel, with its pinned version and its own platform tags.
 pub(super) fn download_commands(wheels: &[&LibraryWheel], python: &str) -> String {
     wheels
@@ -169,12 +179,12 @@ pub(super) fn download_commands(wheels: &[&LibraryWheel], python: &str) -> Strin
 fn offline_error(target: &Target, missing: &[&LibraryWheel], dir: &Path, reason: &str, sources: &Sources) -> Error {
     Error::Provision(format!(
         "lazuli could not fetch the libraries of the PJRT {what} plugin ({name}): {reason}\n\
-         Where there is a network, fetch the {count} pinned wheels ({mb} MB):{commands}\n\
+         Where there is a network, fetch these {count} ({mb} MB):{commands}\n\
          then copy DIR here and set LAZULI_WHEELS=DIR: lazuli checks each wheel's sha256 and unpacks it into {dir}. \
          Or install them into the Python lazuli uses (python3 -m pip install {list}).",
         what = target.device.name(),
         name = target.name,
-        count = missing.len(),
+        count = count(missing.len()),
         mb = missing.iter().map(|w| w.megabytes()).sum::<u64>(),
         commands = download_commands(missing, &sources.python()),
         dir = dir.display(),
