@@ -1,7 +1,8 @@
 //! The libraries a plugin needs: where each is, which to open before the plugin, and, when `dlopen` fails, which
 //! are nowhere to be found and where they come from.
 //!
-//! A library from a wheel (CUDA's `nvidia-*`) is looked for in the Python environment's site-packages, then in
+//! A library from a wheel is looked for in the Python environment's site-packages, then in the cache: a pinned
+//! one (CUDA's `nvidia-*`) in `<cache>/libs/<library_dir>/`, where `library_wheels` fetches it, others in
 //! `<cache>/libs/` (unpacked there from wheels in `LAZULI_WHEELS`). Those found are opened by absolute path
 //! before the plugin, in the table's order (dependencies first, as jax's own loader does): the plugin's `dlopen`
 //! of the soname then finds them loaded, whatever its run path says, with no `LD_LIBRARY_PATH`.
@@ -47,9 +48,12 @@ pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources)
             fetch_library_wheels_in(target, &absent, sources)?;
         }
     }
-    let roots: Vec<PathBuf> = site.iter().chain(&pinned_dir).chain(&cache).cloned().collect();
+    // A pinned library comes from its own wheel's directory, an unpinned one from those unpacked by hand.
+    let pinned_roots: Vec<PathBuf> = site.iter().chain(&pinned_dir).cloned().collect();
+    let other_roots: Vec<PathBuf> = site.iter().chain(&cache).cloned().collect();
     let (mut preload, mut missing) = (Vec::new(), Vec::new());
     for library in target.libraries {
+        let roots = if library.pinned.is_some() { &pinned_roots } else { &other_roots };
         let in_wheel_dir = (!library.dir.is_empty())
             .then(|| roots.iter().map(|r| r.join(library.dir).join(library.soname)).find(|p| p.is_file()))
             .flatten();
@@ -61,7 +65,7 @@ pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources)
     }
     note_other_versions(target, &site);
     let cuda_data_dir = (!target.cuda_data_dir.is_empty())
-        .then(|| roots.iter().map(|r| r.join(target.cuda_data_dir)).find(|d| has_cuda_tools(d)))
+        .then(|| pinned_roots.iter().map(|r| r.join(target.cuda_data_dir)).find(|d| has_cuda_tools(d)))
         .flatten();
     Ok(Arranged { preload, missing, cuda_data_dir })
 }

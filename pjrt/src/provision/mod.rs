@@ -15,7 +15,7 @@
 //! | `LAZULI_PJRT_PLUGIN` | path of the CPU plugin to use; nothing is fetched |
 //! | `LAZULI_CPU_PLUGIN` | `lammps-jax-pjrt-cpu` (default) or `xla-cpu-pjrt` |
 //! | `LAZULI_CACHE_DIR` | cache root (else `$XDG_CACHE_HOME/lazuli`, else `$HOME/.cache/lazuli`) |
-//! | `LAZULI_PYTHON` | the Python that runs pip and knows the site-packages (default `python3`); `none`: no Python, no site-packages |
+//! | `LAZULI_PYTHON` | the Python that runs pip and knows the site-packages (`python3`); `none`: no Python at all |
 //! | `LAZULI_WHEELS` | a directory of wheel files (plugins, CUDA libraries) to take before downloading |
 //! | `LAZULI_GPU_PLUGIN` | path of the CUDA plugin |
 //! | `LAZULI_TPU_PLUGIN`, `TPU_LIBRARY_PATH` | path of the TPU plugin |
