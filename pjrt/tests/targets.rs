@@ -359,6 +359,45 @@ fn cuda_libraries_found_nowhere_are_fetched_and_site_packages_win() {
     fs::remove_dir_all(&root).unwrap();
 }
 
+/// `LAZULI_PYTHON=none` searches no site-packages: a Python whose path (here through `PYTHONPATH`) holds a CUDA
+/// plugin and runtime provides both, and with `none` neither is seen.
+#[test]
+fn python_none_searches_no_site_packages() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-python-none-{}", std::process::id()));
+    let site = root.join("site-packages");
+    fs::create_dir_all(site.join("nvidia/cu13/lib")).unwrap();
+    fs::create_dir_all(site.join("jax_plugins/xla_cuda13")).unwrap();
+    let target = targets::target("cuda13").unwrap();
+    let sources = Sources::default();
+    let plugin = provision::pinned_plugin_path_in(target, &sources).unwrap();
+    std::os::unix::fs::symlink(&plugin, site.join(target.installed_as)).unwrap();
+    let dir = provision::fetch_library_wheels_in(target, &[cuda13_wheel("nvidia-cuda-runtime")], &sources).unwrap();
+    fs::copy(dir.join("nvidia/cu13/lib/libcudart.so.13"), site.join("nvidia/cu13/lib/libcudart.so.13")).unwrap();
+    let from_site = site.join("nvidia/cu13/lib/libcudart.so.13").canonicalize().unwrap();
+
+    let (out, _) = run_child("load", Device::Cuda, &[("PYTHONPATH", &site)], Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("from the site-packages of python3"), "{stdout}");
+    assert!(stdout.contains(&format!("preloaded {}", from_site.display())), "{stdout}");
+
+    let none = PathBuf::from("none");
+    let env = [("PYTHONPATH", site.as_path()), ("LAZULI_PYTHON", none.as_path())];
+    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    let searched = "no PJRT CUDA plugin is installed in any site-packages (LAZULI_PYTHON=none: none are searched)";
+    assert!(stderr.contains(searched) && stderr.contains("libcuda.so.1 (the NVIDIA driver"), "{stderr}");
+    // The pinned plugin still loads, its runtime not from that site-packages.
+    let cuda13 = PathBuf::from("cuda13");
+    let env = [("PYTHONPATH", site.as_path()), ("LAZULI_PYTHON", none.as_path()), ("LAZULI_TARGET", &cuda13)];
+    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(!stdout.contains(&from_site.display().to_string()), "{stdout}");
+    fs::remove_dir_all(&root).unwrap();
+}
+
 /// A corrupted library wheel in `LAZULI_WHEELS` is refused, naming the file and both sha256, and kept (it is the
 /// user's); nothing is unpacked. Offline, the error lists the exact `pip download` line of every pinned wheel.
 #[test]

@@ -240,11 +240,11 @@ fn locate(device: Device, sources: &Sources) -> Result<(PathBuf, &'static Target
     let absent = libraries::missing_system_libraries(default);
     if !absent.is_empty() {
         return Err(Error::Provision(format!(
-            "LAZULI_DEVICE={}: no PJRT {} plugin is installed in the site-packages of {}, and this machine lacks \
-             what it needs to run one, so none was fetched:{}\nSet LAZULI_TARGET={} to fetch its plugin anyway.",
+            "LAZULI_DEVICE={}: no PJRT {} plugin is installed in {}, and this machine lacks what it needs to run \
+             one, so none was fetched:{}\nSet LAZULI_TARGET={} to fetch its plugin anyway.",
             device.setting(),
             device.name(),
-            sources.python(),
+            sources.site_packages(),
             libraries::describe(&absent),
             default.name
         )));
@@ -280,10 +280,10 @@ fn installed(device: Device, sources: &Sources) -> Option<(PathBuf, &'static Tar
 /// The fetch error, with the other ways to get a plugin first.
 fn not_installed(target: &Target, sources: &Sources, fetch: Error) -> Error {
     Error::Provision(format!(
-        "no PJRT {} plugin is installed in the site-packages of {} and none could be fetched.\n{fetch}\n  \
-         3. or install it into that Python: {} -m pip install {}=={}",
+        "no PJRT {} plugin is installed in {} and none could be fetched.\n{fetch}\n  \
+         3. or install it into the Python lazuli uses: {} -m pip install {}=={}",
         target.device.name(),
-        sources.python(),
+        sources.site_packages(),
         sources.python(),
         target.plugin.pip_name,
         target.plugin.version,

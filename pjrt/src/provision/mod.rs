@@ -157,6 +157,15 @@ impl Sources {
         self.python.clone().filter(|_| self.runs_python()).unwrap_or_else(|| "python3".into())
     }
 
+    /// Where installed plugins are looked for, for messages.
+    pub(crate) fn site_packages(&self) -> String {
+        if self.runs_python() {
+            format!("the site-packages of {}", self.python())
+        } else {
+            "any site-packages (LAZULI_PYTHON=none: none are searched)".into()
+        }
+    }
+
     /// `false` for `LAZULI_PYTHON=none`: no site-packages are searched and no pip is run, so everything comes
     /// from lazuli's cache, `LAZULI_WHEELS` or the variables naming files.
     pub(crate) fn runs_python(&self) -> bool {
