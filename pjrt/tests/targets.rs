@@ -359,6 +359,41 @@ fn cuda_libraries_found_nowhere_are_fetched_and_site_packages_win() {
     fs::remove_dir_all(&root).unwrap();
 }
 
+/// A CUDA toolkit of the system's (here `CUDA_HOME`) holds `ptxas` and libdevice: the tools wheels are not
+/// fetched (offline, with no Python, fetching would fail), and XLA is pointed at the toolkit.
+#[test]
+fn a_system_cuda_toolkit_stands_in_for_the_tools_wheels() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-toolkit-{}", std::process::id()));
+    let (cache, driver, toolkit) = (root.join("cache"), root.join("driver"), root.join("cuda"));
+    let target = targets::target("cuda13-0.11.2").unwrap();
+    let unpacked = cache.join("libs/cuda13/.unpacked");
+    fs::create_dir_all(&unpacked).unwrap();
+    for wheel in provision::library_wheels(target).into_iter().filter(|w| !target.cuda_tools.contains(w)) {
+        fs::write(unpacked.join(wheel.file), wheel.sha256).unwrap();
+    }
+    fs::create_dir_all(&driver).unwrap();
+    fs::write(driver.join("libcuda.so.1"), "").unwrap();
+    fs::create_dir_all(toolkit.join("bin")).unwrap();
+    fs::create_dir_all(toolkit.join("nvvm/libdevice")).unwrap();
+    write_executable(&toolkit.join("bin/ptxas"), "#!/bin/sh\n");
+    let plugin = provision::pinned_plugin_path_in(target, &Sources::default()).unwrap();
+    let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
+    let env = [
+        ("LAZULI_TARGET", name.as_path()),
+        ("LAZULI_GPU_PLUGIN", &plugin),
+        ("LAZULI_CACHE_DIR", &cache),
+        ("LAZULI_PYTHON", &none),
+        ("LD_LIBRARY_PATH", &driver),
+        ("CUDA_HOME", &toolkit),
+    ];
+    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("cuda data dir {}", toolkit.display())), "{stdout}");
+    assert!(!stderr.contains("nvidia-cuda-nvcc"), "the tools wheel was wanted: {stderr}");
+    fs::remove_dir_all(&root).unwrap();
+}
+
 /// `LAZULI_PYTHON=none` searches no site-packages: a Python whose path (here through `PYTHONPATH`) holds a CUDA
 /// plugin and runtime provides both, and with `none` neither is seen.
 #[test]

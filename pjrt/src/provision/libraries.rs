@@ -66,8 +66,16 @@ pub(super) fn arrange(target: &'static Target, plugin: &Path, sources: &Sources)
     note_other_versions(target, &site);
     let cuda_data_dir = (!target.cuda_data_dir.is_empty())
         .then(|| pinned_roots.iter().map(|r| r.join(target.cuda_data_dir)).find(|d| has_cuda_tools(d)))
-        .flatten();
+        .flatten()
+        .or_else(|| (!target.cuda_data_dir.is_empty()).then(system_cuda_toolkit).flatten());
     Ok(Arranged { preload, missing, cuda_data_dir })
+}
+
+/// A CUDA toolkit installed on the system (`CUDA_HOME`, `CUDA_PATH`, else `/usr/local/cuda`) that holds what XLA
+/// compiles with: then no tools wheel is fetched, and XLA is pointed at it.
+fn system_cuda_toolkit() -> Option<PathBuf> {
+    let named = ["CUDA_HOME", "CUDA_PATH"].into_iter().filter_map(std::env::var_os).map(PathBuf::from);
+    named.chain([PathBuf::from("/usr/local/cuda")]).find(|root| has_cuda_tools(root))
 }
 
 /// `bin/ptxas` and libdevice, what XLA compiles CUDA kernels with.
@@ -76,7 +84,7 @@ fn has_cuda_tools(dir: &Path) -> bool {
 }
 
 /// The pinned wheels whose libraries (or tools) are neither in site-packages, nor unpacked in `dir`, nor on
-/// the system's search path.
+/// the system's search path (for the tools: in a system CUDA toolkit).
 fn absent_wheels(target: &Target, site: &[PathBuf], dir: &Path, system: &SystemSearch) -> Vec<&'static LibraryWheel> {
     let in_site = |relative: &Path| site.iter().any(|r| r.join(relative).exists());
     let mut absent: Vec<&'static LibraryWheel> = Vec::new();
@@ -90,7 +98,7 @@ fn absent_wheels(target: &Target, site: &[PathBuf], dir: &Path, system: &SystemS
         }
     }
     let tools_in_site = site.iter().any(|r| has_cuda_tools(&r.join(target.cuda_data_dir)));
-    if !tools_in_site {
+    if !tools_in_site && system_cuda_toolkit().is_none() {
         absent.extend(target.cuda_tools.iter().filter(|w| !is_unpacked(dir, w)));
     }
     absent
