@@ -5,9 +5,12 @@
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
+use std::time::Instant;
+
 use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
 use lazuli_pjrt::Buffer;
 
+use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::error::{Error, Result};
 use crate::exec::upload::element_type;
 use crate::graph::element::bytes_to_f64;
@@ -140,12 +143,16 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     let text = emit(&graph, &EmitOptions::default());
     let options = rt.single_device_options();
     let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
+    let compiling = Instant::now();
     let exe = loop {
         match rt.client.compile(&text, &options) {
             Err(source) if rt.drop_unknown_default(&source) => continue,
             done => break done.map_err(|source| Error::Compile { at, source })?,
         }
     };
+    Counters::add(&COUNTERS.locate_compiles, 1);
+    Counters::add(&COUNTERS.locate_compile_ns, compiling.elapsed().as_nanos() as u64);
+    let running = Instant::now();
     let uploaded = upload(rt, &graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
     for (data, up) in inputs.iter().zip(&uploaded) {
@@ -156,7 +163,9 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
         });
     }
     let outs = exe.execute(&args).map_err(|source| Error::Execute { at, source })?;
-    Ok(outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?)
+    let host = outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?;
+    Counters::add(&COUNTERS.locate_run_ns, running.elapsed().as_nanos() as u64);
+    Ok(host)
 }
 
 /// Device copies of the inputs that are not single device buffers (host data, shards).
