@@ -105,10 +105,12 @@ pub fn side(cfg: NanConfig) -> BenchResult<Value> {
         step(1.0)?;
     }
     let step_s = t0.elapsed().as_secs_f64() / cfg.steps as f64;
+    let before = lazuli::metrics();
     let t0 = Instant::now();
     // The bad step, then one more: a check reads the flag at the next boundary or read.
     let outcome = step(-1e30).and_then(|_| step(1.0));
     let trip_s = t0.elapsed().as_secs_f64();
+    let m = lazuli::metrics() - before;
     let (planted_line, names_line) = match &outcome {
         Ok(_) => names_planted_log(""),
         Err(e) => names_planted_log(&e.to_string()),
@@ -118,6 +120,8 @@ pub fn side(cfg: NanConfig) -> BenchResult<Value> {
         Err(e) => e.to_string().lines().next().unwrap_or("").to_string(),
     };
     Ok(json!({"step_s": step_s, "trip_s": trip_s, "message": message, "names_line": names_line,
+              "check_read_s": m.finite_read_ms / 1e3, "locate_compiles": m.locate_compiles,
+              "locate_compile_s": m.locate_compile_ms / 1e3, "locate_run_s": m.locate_run_ms / 1e3,
               "planted_line": planted_line, "runtime": lazuli::runtime_info()?.to_string()}))
 }
 
