@@ -8,14 +8,14 @@
 use std::time::Instant;
 
 use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
-use lazuli_pjrt::Buffer;
+use lazuli_pjrt::{Buffer, CompileOptions, XlaOption};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::error::{Error, Result};
 use crate::exec::upload::element_type;
 use crate::graph::element::bytes_to_f64;
 use crate::graph::tensor::Data;
-use crate::runtime::Runtime;
+use crate::runtime::{Backend, Runtime};
 
 /// The op a trip started at.
 pub(crate) struct Located {
@@ -141,7 +141,7 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     let mut graph = graph.clone();
     graph.aliases.clear();
     let text = emit(&graph, &EmitOptions::default());
-    let options = rt.single_device_options();
+    let options = options(rt);
     let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
     let compiling = Instant::now();
     let exe = loop {
@@ -166,6 +166,18 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     let host = outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?;
     Counters::add(&COUNTERS.locate_run_ns, running.elapsed().as_nanos() as u64);
     Ok(host)
+}
+
+/// The locator's compile options. On the CPU, without LLVM's optimizations: the programs run once, and compiling
+/// the counting one is most of a trip's time, which this shortens more than it slows the run
+/// (`docs/perf-log/2026-12-01-nan-gpt.md`). Other backends keep their defaults: a GPU's kernels at that level were
+/// not measured.
+fn options(rt: &Runtime) -> CompileOptions {
+    let mut options = rt.single_device_options();
+    if rt.config.backend == Backend::Cpu {
+        options.xla_options.push(("xla_backend_optimization_level".into(), XlaOption::Int(0)));
+    }
+    options
 }
 
 /// Device copies of the inputs that are not single device buffers (host data, shards).
