@@ -212,12 +212,13 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
     }
     init(CheckFinite::Skip);
     events::start_capture();
-    let model = Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let new_model = || Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let model = new_model();
     let mut opt = AdamW::new(model.named_params(), 1e-2);
     let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
     let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
     // `scale` is a host scalar: inf at the bad step makes the loss and every gradient non-finite.
-    let step = |opt: &mut AdamW, scale: f32| {
+    let step = |model: &Mlp, opt: &mut AdamW, scale: f32| {
         let loss = (&model.forward(&x) - &target).pow(2.0).mean_all() * Tensor::scalar(scale);
         loss.backward();
         opt.step();
@@ -226,22 +227,30 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
         loss
     };
     for _ in 0..3 {
-        step(&mut opt, 1.0);
+        step(&model, &mut opt, 1.0);
     }
     let before = state_bits(&model, &opt);
     let donated = lazuli::metrics().bytes_donated;
-    let bad = step(&mut opt, f32::INFINITY);
+    let bad = step(&model, &mut opt, f32::INFINITY);
     let after_bad = state_bits(&model, &opt);
     assert!(bad.item::<f32>().unwrap().is_infinite());
     assert_eq!(before, after_bad, "the skipped step changed the state");
     // The state was still donated: the guarded program hands the old buffers back.
     assert!(lazuli::metrics().bytes_donated > donated);
     // The run carries on from the kept state: the next step is finite and moves the weights.
-    let next = step(&mut opt, 1.0);
+    let next = step(&model, &mut opt, 1.0);
     assert!(next.item::<f32>().unwrap().is_finite());
     lazuli::wait().unwrap();
     assert_ne!(state_bits(&model, &opt), before);
     assert_eq!(lazuli::metrics().skipped_steps, 1);
+    // ... exactly as if the bad step had never run: AdamW's bias correction counts the steps applied, not taken.
+    let clean_model = new_model();
+    let mut clean_opt = AdamW::new(clean_model.named_params(), 1e-2);
+    for _ in 0..4 {
+        step(&clean_model, &mut clean_opt, 1.0);
+    }
+    lazuli::wait().unwrap();
+    assert_eq!(state_bits(&model, &opt), state_bits(&clean_model, &clean_opt), "the skipped step counted");
     let trips: Vec<_> = events::take_captured().into_iter().filter(|e| e.kind == EventKind::NonFinite).collect();
     assert_eq!(trips.len(), 1);
     let text = trips[0].explanation.join("\n");
