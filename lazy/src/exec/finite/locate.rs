@@ -5,6 +5,7 @@
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
@@ -69,7 +70,7 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Opt
         return Ok(None);
     };
     counting.outputs = vec![counts];
-    let host = run(rt, &counting, inputs)?;
+    let host = run(rt, &counting, inputs, Some(&COUNTERS.locate_count_compile_ns))?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
     for (&id, c) in floats.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
         nonfinite[id] = c as u64;
@@ -114,7 +115,7 @@ fn operand_stats(rt: &Runtime, graph: &Graph, id: NodeId, inputs: &[Data]) -> Re
     }
     let mut reading = graph.clone();
     reading.outputs = operands.clone();
-    let host = run(rt, &reading, inputs)?;
+    let host = run(rt, &reading, inputs, None)?;
     Ok(operands
         .iter()
         .zip(host)
@@ -136,8 +137,9 @@ fn stats(values: &[f64]) -> Stats {
     }
 }
 
-/// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes.
-fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
+/// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes. The compile's
+/// time is added to `locate_compile_ns` and to `also_count`.
+fn run(rt: &Runtime, graph: &Graph, inputs: &[Data], also_count: Option<&AtomicU64>) -> Result<Vec<Vec<u8>>> {
     let mut graph = graph.clone();
     graph.aliases.clear();
     let text = emit(&graph, &EmitOptions::default());
@@ -151,7 +153,11 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
         }
     };
     Counters::add(&COUNTERS.locate_compiles, 1);
-    Counters::add(&COUNTERS.locate_compile_ns, compiling.elapsed().as_nanos() as u64);
+    let compiled = compiling.elapsed().as_nanos() as u64;
+    Counters::add(&COUNTERS.locate_compile_ns, compiled);
+    if let Some(counter) = also_count {
+        Counters::add(counter, compiled);
+    }
     let running = Instant::now();
     let uploaded = upload(rt, &graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
