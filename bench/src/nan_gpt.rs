@@ -218,13 +218,15 @@ fn print_trip(stop: &Value) {
          runs | rest | (trip − counting compile) / step | goal |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let others = match compiles {
+        0 | 1 => "none".to_string(),
+        n => format!("{} ({})", duration(compile - counting), n - 1),
+    };
     println!(
-        "| {} | {} | {} | {} ({}) | {} | {} | {ratio:.1} | ≤ {GOAL_STEPS} ({}) |",
+        "| {} | {} | {} | {others} | {} | {} | {ratio:.1} | ≤ {GOAL_STEPS} ({}) |",
         duration(trip),
         duration(read),
         duration(counting),
-        duration(compile - counting),
-        compiles.saturating_sub(1),
         duration(runs),
         duration(rest),
         if ratio <= GOAL_STEPS { "met" } else { "not met" }
