@@ -4,7 +4,9 @@
 
 use lazuli::diagnostics::{events, EventKind};
 use lazuli::nn::{Activation, HostRng, Mlp, Param};
-use lazuli::{mesh, AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, PartitionSpec, Tensor};
+use lazuli::{
+    checkpoint, mesh, AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, PartitionSpec, Tensor,
+};
 
 use crate::common::child;
 
@@ -251,6 +253,19 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
     }
     lazuli::wait().unwrap();
     assert_eq!(state_bits(&model, &opt), state_bits(&clean_model, &clean_opt), "the skipped step counted");
+    assert_eq!((opt.steps(), opt.steps_applied().unwrap(), clean_opt.steps_applied().unwrap()), (5, 4, 4));
+    // A checkpoint saves the steps applied: a run resumed from it goes on as the clean one does.
+    let path = std::env::temp_dir().join(format!("lazuli-skip-{}.safetensors", std::process::id()));
+    checkpoint::save(&path, &model, Some(&opt), &[], &Default::default()).unwrap();
+    let resumed_model = Mlp::new(&mut HostRng::new(9), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let mut resumed_opt = AdamW::new(resumed_model.named_params(), 1e-2);
+    let (_, meta) = checkpoint::load(&path, &resumed_model, Some(&mut resumed_opt)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(meta.optimizer_steps, 4);
+    step(&resumed_model, &mut resumed_opt, 1.0);
+    step(&clean_model, &mut clean_opt, 1.0);
+    lazuli::wait().unwrap();
+    assert_eq!(state_bits(&resumed_model, &resumed_opt), state_bits(&clean_model, &clean_opt));
     let trips: Vec<_> = events::take_captured().into_iter().filter(|e| e.kind == EventKind::NonFinite).collect();
     assert_eq!(trips.len(), 1);
     let text = trips[0].explanation.join("\n");

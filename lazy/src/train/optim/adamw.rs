@@ -185,6 +185,12 @@ impl Optimizer for AdamW {
     fn steps(&self) -> u64 {
         self.steps
     }
+    fn steps_applied(&self) -> Result<u64> {
+        match &self.applied {
+            Some(count) => Ok(count.item::<f64>()? as u64),
+            None => Ok(self.steps),
+        }
+    }
     fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::with_capacity(2 * self.params.len());
         for (i, (name, _)) in self.params.iter().enumerate() {
