@@ -121,8 +121,7 @@ pub fn side(cfg: NanConfig) -> BenchResult<Value> {
     };
     Ok(json!({"step_s": step_s, "trip_s": trip_s, "message": message, "names_line": names_line,
               "check_read_s": m.finite_read_ms / 1e3, "locate_compiles": m.locate_compiles,
-              "locate_compile_s": m.locate_compile_ms / 1e3, "locate_count_compile_s": m.locate_count_compile_ms / 1e3,
-              "locate_run_s": m.locate_run_ms / 1e3,
+              "locate_compile_s": m.locate_compile_ms / 1e3, "locate_run_s": m.locate_run_ms / 1e3,
               "planted_line": planted_line, "runtime": lazuli::runtime_info()?.to_string()}))
 }
 

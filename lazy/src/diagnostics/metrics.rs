@@ -23,7 +23,6 @@ pub(crate) struct Counters {
     pub finite_read_ns: AtomicU64,
     pub locate_compiles: AtomicU64,
     pub locate_compile_ns: AtomicU64,
-    pub locate_count_compile_ns: AtomicU64,
     pub locate_run_ns: AtomicU64,
 }
 
@@ -47,7 +46,6 @@ pub(crate) static COUNTERS: Counters = Counters {
     finite_read_ns: AtomicU64::new(0),
     locate_compiles: AtomicU64::new(0),
     locate_compile_ns: AtomicU64::new(0),
-    locate_count_compile_ns: AtomicU64::new(0),
     locate_run_ns: AtomicU64::new(0),
 };
 
@@ -97,14 +95,11 @@ pub struct Metrics {
     pub skipped_steps: u64,
     /// Reading steps' finite checks (`LAZULI_CHECK_FINITE`): mostly waiting for the checked step to finish.
     pub finite_read_ms: f64,
-    /// Programs compiled to locate a trip's first non-finite value (`LAZULI_CHECK_FINITE=stop` and `log`);
-    /// not in `compiles`.
+    /// Programs compiled to locate a trip's first non-finite value (`LAZULI_CHECK_FINITE=stop` and `log`), one
+    /// per located trip; not in `compiles`.
     pub locate_compiles: u64,
     /// Time compiling those programs; not in `compile_ms`.
     pub locate_compile_ms: f64,
-    /// Of `locate_compile_ms`, compiling the programs that count every node's non-finite values (one per located
-    /// trip); the rest compiled the programs that read the found node's operands.
-    pub locate_count_compile_ms: f64,
     /// Time running them: uploading the kept inputs, executing, reading the results.
     pub locate_run_ms: f64,
 }
@@ -132,7 +127,6 @@ pub fn metrics() -> Metrics {
         finite_read_ms: c.finite_read_ns.load(Relaxed) as f64 / 1e6,
         locate_compiles: c.locate_compiles.load(Relaxed),
         locate_compile_ms: c.locate_compile_ns.load(Relaxed) as f64 / 1e6,
-        locate_count_compile_ms: c.locate_count_compile_ns.load(Relaxed) as f64 / 1e6,
         locate_run_ms: c.locate_run_ns.load(Relaxed) as f64 / 1e6,
     }
 }
@@ -160,7 +154,6 @@ impl std::ops::Sub for Metrics {
             finite_read_ms: self.finite_read_ms - b.finite_read_ms,
             locate_compiles: self.locate_compiles - b.locate_compiles,
             locate_compile_ms: self.locate_compile_ms - b.locate_compile_ms,
-            locate_count_compile_ms: self.locate_count_compile_ms - b.locate_count_compile_ms,
             locate_run_ms: self.locate_run_ms - b.locate_run_ms,
         }
     }

@@ -6,7 +6,6 @@
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
-use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
@@ -73,7 +72,7 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Opt
     let extremes = lazuli_hlo::finite::extremes(&mut probe, &float_operands(graph, &floats), loc);
     let extremes = extremes.map_err(Error::Internal)?;
     probe.outputs = std::iter::once(counts).chain(extremes.iter().map(|&(v, _)| v)).collect();
-    let host = run(rt, &probe, inputs, Some(&COUNTERS.locate_count_compile_ns))?;
+    let host = run(rt, &probe, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
     for (&id, c) in floats.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
         nonfinite[id] = c as u64;
@@ -133,9 +132,8 @@ fn on_one_device(graph: &Graph) -> Graph {
     g
 }
 
-/// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes. The compile's
-/// time is added to `locate_compile_ns` and to `also_count`.
-fn run(rt: &Runtime, graph: &Graph, inputs: &[Data], also_count: Option<&AtomicU64>) -> Result<Vec<Vec<u8>>> {
+/// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes.
+fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     let mut graph = graph.clone();
     graph.aliases.clear();
     let text = emit(&graph, &EmitOptions::default());
@@ -149,11 +147,7 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data], also_count: Option<&AtomicU
         }
     };
     Counters::add(&COUNTERS.locate_compiles, 1);
-    let compiled = compiling.elapsed().as_nanos() as u64;
-    Counters::add(&COUNTERS.locate_compile_ns, compiled);
-    if let Some(counter) = also_count {
-        Counters::add(counter, compiled);
-    }
+    Counters::add(&COUNTERS.locate_compile_ns, compiling.elapsed().as_nanos() as u64);
     let running = Instant::now();
     let uploaded = upload(rt, &graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
@@ -170,8 +164,8 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data], also_count: Option<&AtomicU
     Ok(host)
 }
 
-/// The locator's compile options. On the CPU, without LLVM's optimizations: the programs run once, and compiling
-/// the counting one is most of a trip's time, which this shortens more than it slows the run
+/// The locator's compile options. On the CPU, without LLVM's optimizations: the program runs once, and compiling
+/// it is most of a trip's time, which this shortens more than it slows the run
 /// (`docs/perf-log/2026-12-01-nan-gpt.md`). Other backends keep their defaults: a GPU's kernels at that level were
 /// not measured.
 fn options(rt: &Runtime) -> CompileOptions {
