@@ -353,3 +353,32 @@ fn an_overflow_in_f16_and_bf16_is_located_at_its_line() {
         assert!(report.contains("1 of 2 non-finite") && report.contains("0 NaN, 0 inf"), "{report}");
     }
 }
+
+#[test]
+fn skip_on_a_mesh_keeps_the_state_and_the_step_count() {
+    if child::alone(module_path!(), "skip_on_a_mesh_keeps_the_state_and_the_step_count") {
+        return; // the runtime (on 4 devices) is process-wide
+    }
+    lazuli::init(Config { check_finite: CheckFinite::Skip, cpu_device_count: 4, ..Config::from_env().unwrap() })
+        .unwrap();
+    let m = mesh(&[("data", 4)]).unwrap();
+    let xs: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 2.0).collect();
+    let x = Tensor::from_slice(&xs, &[8, 2]).shard(&m, &PartitionSpec::split(2, 0, "data"));
+    let run = |scales: &[f32]| {
+        let model = Mlp::new(&mut HostRng::new(4), &[2, 8, 1], Activation::Tanh, DType::F32);
+        lazuli::shard_params(&model, &m, |_, t| PartitionSpec::replicated(t.rank()));
+        let mut opt = AdamW::new(model.named_params(), 1e-2);
+        for &scale in scales {
+            let loss = model.forward(&x).pow(2.0).mean_all() * Tensor::scalar(scale);
+            loss.backward();
+            opt.step();
+            opt.zero_grad();
+            lazuli::sync().unwrap();
+        }
+        lazuli::wait().unwrap();
+        (state_bits(&model, &opt), opt.steps_applied().unwrap())
+    };
+    let skipped = run(&[1.0, f32::INFINITY, 1.0]);
+    assert_eq!(skipped, run(&[1.0, 1.0]));
+    assert_eq!(skipped.1, 2);
+}
