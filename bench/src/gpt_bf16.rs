@@ -59,7 +59,11 @@ fn attention_fused(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     linear(&a.proj, &y.to_dtype(DType::F32).reshape(&[b, t, d]))
 }
 
-fn block(blk: &Block, x: &Tensor, attn: Attention) -> Tensor {
+/// An op applied to one block's MLP branch before it joins the residual stream: `(block, op)`. The planted-NaN
+/// benchmark (`nan_gpt`) puts an op there that goes non-finite at a step of its choosing.
+pub type Plant<'a> = (usize, &'a dyn Fn(&Tensor) -> Tensor);
+
+fn block(blk: &Block, x: &Tensor, attn: Attention, plant: Option<&dyn Fn(&Tensor) -> Tensor>) -> Tensor {
     let h = layer_norm(&blk.ln1, x);
     let a = match attn {
         Attention::Written => attention(&blk.attn, &h),
@@ -67,27 +71,43 @@ fn block(blk: &Block, x: &Tensor, attn: Attention) -> Tensor {
     };
     let x = x + a;
     let m = linear(&blk.fc_proj, &linear(&blk.fc, &layer_norm(&blk.ln2, &x)).gelu());
-    x + m
+    match plant {
+        Some(op) => x + op(&m),
+        None => x + m,
+    }
 }
 
 /// Mean next-token cross-entropy of `ids: [B, T]` against `targets: [B, T]` (no dropout).
 pub fn loss(g: &Gpt, ids: &Tensor, targets: &Tensor, attn: Attention) -> BenchResult<Tensor> {
+    loss_planted(g, ids, targets, attn, None)
+}
+
+/// [`loss`] with `plant` applied in its block (unrolled blocks only).
+pub fn loss_planted(
+    g: &Gpt,
+    ids: &Tensor,
+    targets: &Tensor,
+    attn: Attention,
+    plant: Option<Plant>,
+) -> BenchResult<Tensor> {
     let t = ids.dims()[1];
     let pos = Tensor::arange(t, DType::I32);
     let mut x = g.wte.forward(ids) + g.wpe.forward(&pos);
     match &g.scanned {
         // One block's ops in the graph, run once per layer on that layer's slice of the stacked weights.
+        Some(_) if plant.is_some() => return Err("a planted op needs unrolled blocks".into()),
         Some(s) => {
             let weights: Vec<Tensor> = s.stacked.iter().map(|(_, p)| p.get()).collect();
-            let body = |h: &[Tensor], w: &[Tensor]| (vec![block(&s.block(w), &h[0], attn)], vec![]);
+            let body = |h: &[Tensor], w: &[Tensor]| (vec![block(&s.block(w), &h[0], attn, None)], vec![]);
             x = s.scan().run(body, std::slice::from_ref(&x), &weights).0.remove(0);
         }
         None => {
-            for blk in &g.blocks {
+            for (i, blk) in g.blocks.iter().enumerate() {
+                let op = plant.filter(|&(at, _)| at == i).map(|(_, op)| op);
                 x = if g.config.checkpoint_blocks {
-                    x.checkpoint(|x| block(blk, x, attn))
+                    x.checkpoint(|x| block(blk, x, attn, op))
                 } else {
-                    block(blk, &x, attn)
+                    block(blk, &x, attn, op)
                 };
             }
         }

@@ -8,7 +8,8 @@
 //! - [`compare`]: alternating runs and the CPU table rows; [`gpu`]: the GPU rows, one process per framework and
 //!   attention variant; [`trace`]: the host-side cost of a step, phase by phase;
 //!   [`compile`]: cold compile against a warm start from the persistent compile cache; [`attention`]: attention
-//!   alone, lazuli's implementations beside JAX's cuDNN call and PyTorch's SDPA.
+//!   alone, lazuli's implementations beside JAX's cuDNN call and PyTorch's SDPA; [`nan`]: a planted NaN caught by
+//!   lazuli's finite check, PyTorch and JAX; [`nan_gpt`]: the same in GPT-2 small's step, the trip timed.
 #![forbid(unsafe_code)]
 
 pub mod attention;
@@ -18,6 +19,7 @@ pub mod depth;
 pub mod gpt_bf16;
 pub mod gpu;
 pub mod nan;
+pub mod nan_gpt;
 pub mod profile;
 pub mod pyenv;
 pub mod stats;

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use clap::{Parser, Subcommand};
 use lazuli_bench::compare::{self, Options, Row};
 use lazuli_bench::gpu::{self, GpuJob};
+use lazuli_bench::nan_gpt::GptNanConfig;
 use lazuli_bench::stats::{duration, machine, rustc_version, today};
 use lazuli_bench::trace::{self, TraceRow};
 use lazuli_bench::workloads::{Attention, Workload};
@@ -161,23 +162,39 @@ enum Cmd {
     },
     /// The same planted NaN caught by lazuli (`LAZULI_CHECK_FINITE=stop`), PyTorch (`detect_anomaly`) and JAX
     /// (`jax_debug_nans`): step time without and with checking, time from the bad step to the error, and whether
-    /// the error names the planted line.
+    /// the error names the planted line. `--workload gpt2`: the GPU benchmarks' GPT-2 small step, lazuli alone,
+    /// with the trip's time split and the goal (trip − one compile) / step ≤ 3.
     Nan {
-        #[arg(long, default_value_t = 1024)]
-        batch: usize,
-        #[arg(long, default_value_t = 1024)]
-        dim: usize,
-        #[arg(long, default_value_t = 12)]
-        layers: usize,
-        /// The layer whose `log` goes NaN.
-        #[arg(long, default_value_t = 5)]
-        planted: usize,
-        /// Timed steps per measurement.
-        #[arg(long, default_value_t = 20)]
-        steps: usize,
+        /// `mlp` (the residual MLP, beside PyTorch and JAX) or `gpt2`.
+        #[arg(long, default_value = "mlp")]
+        workload: String,
+        /// Default: 1024 (mlp), 8 (gpt2).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Width. Default: 1024 (mlp), 768 (gpt2, one head per 64).
+        #[arg(long)]
+        dim: Option<usize>,
+        /// Default: 12.
+        #[arg(long)]
+        layers: Option<usize>,
+        /// The layer whose `log` goes NaN. Default: 5 (mlp, gpt2), 1 (gpt2 --tiny).
+        #[arg(long)]
+        planted: Option<usize>,
+        /// Timed steps per measurement. Default: 20 (mlp), 10 (gpt2).
+        #[arg(long)]
+        steps: Option<usize>,
+        /// gpt2: tokens per sequence (default 1024).
+        #[arg(long)]
+        seq: Option<usize>,
+        /// gpt2: vocabulary (default 50304).
+        #[arg(long)]
+        vocab: Option<usize>,
+        /// gpt2: the dry-run size for a CPU (2 layers, d=128, T=64, B=2, vocabulary 512) before the options above.
+        #[arg(long)]
+        tiny: bool,
         #[arg(long, default_value = "gpu")]
         device: String,
-        /// A Python with PyTorch and JAX, instead of the harness's own environment.
+        /// A Python with PyTorch and JAX, instead of the harness's own environment (mlp only).
         #[arg(long)]
         python: Option<PathBuf>,
     },
@@ -189,6 +206,24 @@ enum Cmd {
         dim: usize,
         #[arg(long)]
         layers: usize,
+        #[arg(long)]
+        planted: usize,
+        #[arg(long)]
+        steps: usize,
+    },
+    /// (internal) lazuli's side of `nan --workload gpt2`, under the process's `LAZULI_CHECK_FINITE`; prints one
+    /// JSON line.
+    NanGptSide {
+        #[arg(long)]
+        batch: usize,
+        #[arg(long)]
+        seq: usize,
+        #[arg(long)]
+        layers: usize,
+        #[arg(long)]
+        dim: usize,
+        #[arg(long)]
+        vocab: usize,
         #[arg(long)]
         planted: usize,
         #[arg(long)]
@@ -259,9 +294,39 @@ fn main() {
         }
         Cmd::Depth { layers, tiny, device, steps } => lazuli_bench::depth::run(&layers, tiny, &device, steps),
         Cmd::Memory { batches, device, steps } => lazuli_bench::depth::memory(&batches, &device, steps),
-        Cmd::Nan { batch, dim, layers, planted, steps, device, python } => {
-            let cfg = lazuli_bench::nan::NanConfig { batch, dim, layers, planted, steps };
-            pyenv::ensure(python.as_deref()).and_then(|py| lazuli_bench::nan::run(cfg, &py, &device))
+        Cmd::Nan { workload, batch, dim, layers, planted, steps, seq, vocab, tiny, device, python } => {
+            match workload.as_str() {
+                "mlp" => {
+                    let cfg = lazuli_bench::nan::NanConfig {
+                        batch: batch.unwrap_or(1024),
+                        dim: dim.unwrap_or(1024),
+                        layers: layers.unwrap_or(12),
+                        planted: planted.unwrap_or(5),
+                        steps: steps.unwrap_or(20),
+                    };
+                    pyenv::ensure(python.as_deref()).and_then(|py| lazuli_bench::nan::run(cfg, &py, &device))
+                }
+                "gpt2" => {
+                    let base = if tiny { GptNanConfig::tiny() } else { GptNanConfig::gpt2_small() };
+                    let cfg = GptNanConfig {
+                        batch: batch.unwrap_or(base.batch),
+                        seq: seq.unwrap_or(base.seq),
+                        layers: layers.unwrap_or(base.layers),
+                        dim: dim.unwrap_or(base.dim),
+                        vocab: vocab.unwrap_or(base.vocab),
+                        planted: planted.unwrap_or(base.planted),
+                        steps: steps.unwrap_or(base.steps),
+                    };
+                    lazuli_bench::nan_gpt::run(cfg, &device)
+                }
+                other => Err(format!("nan: unknown workload {other:?} (expected mlp or gpt2)").into()),
+            }
+        }
+        Cmd::NanGptSide { batch, seq, layers, dim, vocab, planted, steps } => {
+            let cfg = GptNanConfig { batch, seq, layers, dim, vocab, planted, steps };
+            lazuli_bench::nan_gpt::side(cfg)
+                .inspect_err(|e| println!("{}", serde_json::json!({"error": e.to_string()})))
+                .map(|v| println!("{v}"))
         }
         Cmd::NanSide { batch, dim, layers, planted, steps } => {
             let cfg = lazuli_bench::nan::NanConfig { batch, dim, layers, planted, steps };

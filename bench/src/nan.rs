@@ -6,6 +6,8 @@
 //! `mean(h²)`, SGD; layer `planted` takes `log(y * y + poison)`. With `poison = 1` all is finite; at the bad step
 //! `poison = -1e30`, and that `log` makes NaN from finite inputs. Each framework draws its own weights.
 
+use std::cell::Cell;
+use std::panic::Location;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -36,16 +38,24 @@ impl NanConfig {
 }
 
 thread_local! {
-    /// The line of the planted `log` in [`forward`], noted when it is recorded.
-    static PLANTED_LINE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Where the planted `log` was recorded, noted when it is.
+    static PLANTED_AT: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
 }
 
 /// `log(y * y + poison)`, recorded at the caller's line (the ops take their line from their caller).
 #[track_caller]
-fn planted_log(y: &Tensor, poison: f64) -> Tensor {
-    let line = std::panic::Location::caller().line();
-    PLANTED_LINE.with(|l| l.set(line));
+pub(crate) fn planted_log(y: &Tensor, poison: f64) -> Tensor {
+    let at = Location::caller();
+    PLANTED_AT.with(|l| l.set(Some(at)));
     (y * y + poison).log()
+}
+
+/// The planted `log`'s line, and whether `error` names the op at that line as the first non-finite value.
+pub(crate) fn names_planted_log(error: &str) -> (u32, bool) {
+    match PLANTED_AT.with(|l| l.get()) {
+        Some(at) => (at.line(), error.contains(&format!("first non-finite value: log at {}:{}", at.file(), at.line()))),
+        None => (0, false),
+    }
 }
 
 fn forward(ws: &[(Param, Param)], x: &Tensor, poison: f64, planted: usize) -> Tensor {
@@ -95,20 +105,23 @@ pub fn side(cfg: NanConfig) -> BenchResult<Value> {
         step(1.0)?;
     }
     let step_s = t0.elapsed().as_secs_f64() / cfg.steps as f64;
+    let before = lazuli::metrics();
     let t0 = Instant::now();
     // The bad step, then one more: a check reads the flag at the next boundary or read.
     let outcome = step(-1e30).and_then(|_| step(1.0));
     let trip_s = t0.elapsed().as_secs_f64();
-    let planted_line = PLANTED_LINE.with(|l| l.get());
-    let (message, names_line) = match &outcome {
-        Ok(v) => (format!("no error (loss {v})"), false),
-        Err(e) => {
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("").to_string();
-            (first, text.contains(&format!("{}:{planted_line}", file!())))
-        }
+    let m = lazuli::metrics() - before;
+    let (planted_line, names_line) = match &outcome {
+        Ok(_) => names_planted_log(""),
+        Err(e) => names_planted_log(&e.to_string()),
+    };
+    let message = match &outcome {
+        Ok(v) => format!("no error (loss {v})"),
+        Err(e) => e.to_string().lines().next().unwrap_or("").to_string(),
     };
     Ok(json!({"step_s": step_s, "trip_s": trip_s, "message": message, "names_line": names_line,
+              "check_read_s": m.finite_read_ms / 1e3, "locate_compiles": m.locate_compiles,
+              "locate_compile_s": m.locate_compile_ms / 1e3, "locate_run_s": m.locate_run_ms / 1e3,
               "planted_line": planted_line, "runtime": lazuli::runtime_info()?.to_string()}))
 }
 

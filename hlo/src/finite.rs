@@ -1,5 +1,6 @@
 //! Counting non-finite values inside a program: the nodes `LAZULI_CHECK_FINITE` adds to a step's graph (one
-//! count per floating-point output) and to the graph that locates a trip (one count per floating-point node).
+//! count per floating-point output) and to the graph that locates a trip (one count per floating-point node, and
+//! the [`extremes`] of their operands).
 //! lazuli's op set has no `is_finite`; `|x| < inf` is the same test (false for NaN and ±inf) from ops that every
 //! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
 //!
@@ -42,12 +43,48 @@ fn count_one(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String> {
     let finite = g.push(Op::Compare(Compare { dir: CompareDir::Lt }), vec![abs, inf], loc)?;
     let zero = g.push(splat(0.0, DType::I32), vec![], loc)?;
     let one = g.push(splat(1.0, DType::I32), vec![], loc)?;
-    let mut count = g.push(Op::Select(Select), vec![finite, zero, one], loc)?;
-    if ty.rank() > 0 {
-        let axes = (0..ty.rank()).collect();
-        count = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes, keep: false }), vec![count], loc)?;
+    let flags = g.push(Op::Select(Select), vec![finite, zero, one], loc)?;
+    reduce_to_one(g, flags, ReduceKind::Sum, loc)
+}
+
+/// `[1]`: node `x` reduced over all its axes by `kind`.
+fn reduce_to_one(g: &mut Graph, x: NodeId, kind: ReduceKind, loc: Loc) -> Result<NodeId, String> {
+    let rank = g.nodes[x].ty.rank();
+    let mut reduced = x;
+    if rank > 0 {
+        let axes = (0..rank).collect();
+        reduced = g.push(Op::Reduce(Reduce { kind, axes, keep: false }), vec![x], loc)?;
     }
-    g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![count], loc)
+    g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![reduced], loc)
+}
+
+/// Add nodes to `g` computing the smallest and the largest element of each of `of` (floating-point nodes): one
+/// vector per dtype among them, in that dtype so that the values are exact, holding `min, max` of each of its
+/// nodes in `of`'s order. Returns each vector's node with the nodes it covers. The new nodes carry `loc`. A node
+/// without elements has `inf, -inf` (the reductions' identities); the values of a node with NaN elements are
+/// whatever the device's min and max make of NaN.
+pub fn extremes(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
+    let mut by_dtype: Vec<(DType, Vec<NodeId>)> = Vec::new();
+    for &x in of {
+        let dtype = g.nodes[x].ty.dtype;
+        if !dtype.is_float() {
+            return Err(format!("the extremes of {}, which is not floating-point", g.nodes[x].ty));
+        }
+        match by_dtype.iter_mut().find(|(d, _)| *d == dtype) {
+            Some((_, xs)) => xs.push(x),
+            None => by_dtype.push((dtype, vec![x])),
+        }
+    }
+    let mut out = Vec::with_capacity(by_dtype.len());
+    for (_, xs) in by_dtype {
+        let mut parts = Vec::with_capacity(2 * xs.len());
+        for &x in &xs {
+            parts.push(reduce_to_one(g, x, ReduceKind::Min, loc)?);
+            parts.push(reduce_to_one(g, x, ReduceKind::Max, loc)?);
+        }
+        out.push((g.push(Op::Concatenate(Concatenate { dim: 0 }), parts, loc)?, xs));
+    }
+    Ok(out)
 }
 
 /// Guard `g`'s state: with `counts` (from [`count_nonfinite`]) all zero, each output `j` of `pairs` keeps its
@@ -141,6 +178,27 @@ mod tests {
         let bv = ArrayD::from_elem(IxDyn(&[]), 70000.0); // past f16's largest: rounds to inf
         let out = g.evaluate(&[av.unwrap(), bv]).unwrap();
         assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0]);
+    }
+
+    /// Each node's smallest and largest element, grouped by dtype in the order of `of`; an empty node's are the
+    /// identities.
+    #[test]
+    fn extremes_by_the_reference() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let a = g.parameter(TensorType::new(DType::F32, [2, 2]), loc);
+        let b = g.parameter(TensorType::new(DType::F16, []), loc);
+        let c = g.parameter(TensorType::new(DType::F32, [0]), loc);
+        let groups = extremes(&mut g, &[a, b, c], loc).unwrap();
+        assert_eq!(groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), vec![vec![a, c], vec![b]]);
+        g.outputs = groups.iter().map(|&(v, _)| v).collect();
+        let av = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.5, -3.0, 0.25, 2.0]).unwrap();
+        let bv = ArrayD::from_elem(IxDyn(&[]), -7.0);
+        let cv = ArrayD::from_shape_vec(IxDyn(&[0]), vec![]).unwrap();
+        let out = g.evaluate(&[av, bv, cv]).unwrap();
+        let values = |i: usize| out[i].iter().copied().collect::<Vec<_>>();
+        assert_eq!(values(0), vec![-3.0, 2.0, f64::INFINITY, f64::NEG_INFINITY]);
+        assert_eq!(values(1), vec![-7.0, -7.0]);
     }
 
     /// A guarded output is the new value while every counted output is finite, else the parameter it replaces;

@@ -4,7 +4,9 @@
 
 use lazuli::diagnostics::{events, EventKind};
 use lazuli::nn::{Activation, HostRng, Mlp, Param};
-use lazuli::{mesh, AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, PartitionSpec, Tensor};
+use lazuli::{
+    checkpoint, mesh, AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, PartitionSpec, Tensor,
+};
 
 use crate::common::child;
 
@@ -212,12 +214,13 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
     }
     init(CheckFinite::Skip);
     events::start_capture();
-    let model = Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let new_model = || Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let model = new_model();
     let mut opt = AdamW::new(model.named_params(), 1e-2);
     let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
     let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
     // `scale` is a host scalar: inf at the bad step makes the loss and every gradient non-finite.
-    let step = |opt: &mut AdamW, scale: f32| {
+    let step = |model: &Mlp, opt: &mut AdamW, scale: f32| {
         let loss = (&model.forward(&x) - &target).pow(2.0).mean_all() * Tensor::scalar(scale);
         loss.backward();
         opt.step();
@@ -226,22 +229,43 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
         loss
     };
     for _ in 0..3 {
-        step(&mut opt, 1.0);
+        step(&model, &mut opt, 1.0);
     }
     let before = state_bits(&model, &opt);
     let donated = lazuli::metrics().bytes_donated;
-    let bad = step(&mut opt, f32::INFINITY);
+    let bad = step(&model, &mut opt, f32::INFINITY);
     let after_bad = state_bits(&model, &opt);
     assert!(bad.item::<f32>().unwrap().is_infinite());
     assert_eq!(before, after_bad, "the skipped step changed the state");
     // The state was still donated: the guarded program hands the old buffers back.
     assert!(lazuli::metrics().bytes_donated > donated);
     // The run carries on from the kept state: the next step is finite and moves the weights.
-    let next = step(&mut opt, 1.0);
+    let next = step(&model, &mut opt, 1.0);
     assert!(next.item::<f32>().unwrap().is_finite());
     lazuli::wait().unwrap();
     assert_ne!(state_bits(&model, &opt), before);
     assert_eq!(lazuli::metrics().skipped_steps, 1);
+    // ... exactly as if the bad step had never run: AdamW's bias correction counts the steps applied, not taken.
+    let clean_model = new_model();
+    let mut clean_opt = AdamW::new(clean_model.named_params(), 1e-2);
+    for _ in 0..4 {
+        step(&clean_model, &mut clean_opt, 1.0);
+    }
+    lazuli::wait().unwrap();
+    assert_eq!(state_bits(&model, &opt), state_bits(&clean_model, &clean_opt), "the skipped step counted");
+    assert_eq!((opt.steps(), opt.steps_applied().unwrap(), clean_opt.steps_applied().unwrap()), (5, 4, 4));
+    // A checkpoint saves the steps applied: a run resumed from it goes on as the clean one does.
+    let path = std::env::temp_dir().join(format!("lazuli-skip-{}.safetensors", std::process::id()));
+    checkpoint::save(&path, &model, Some(&opt), &[], &Default::default()).unwrap();
+    let resumed_model = Mlp::new(&mut HostRng::new(9), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let mut resumed_opt = AdamW::new(resumed_model.named_params(), 1e-2);
+    let (_, meta) = checkpoint::load(&path, &resumed_model, Some(&mut resumed_opt)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(meta.optimizer_steps, 4);
+    step(&resumed_model, &mut resumed_opt, 1.0);
+    step(&clean_model, &mut clean_opt, 1.0);
+    lazuli::wait().unwrap();
+    assert_eq!(state_bits(&resumed_model, &resumed_opt), state_bits(&clean_model, &clean_opt));
     let trips: Vec<_> = events::take_captured().into_iter().filter(|e| e.kind == EventKind::NonFinite).collect();
     assert_eq!(trips.len(), 1);
     let text = trips[0].explanation.join("\n");
@@ -328,4 +352,33 @@ fn an_overflow_in_f16_and_bf16_is_located_at_its_line() {
         assert!(report.contains(&format!("{name}[2] recorded at {}:{line}", file!())), "{report}");
         assert!(report.contains("1 of 2 non-finite") && report.contains("0 NaN, 0 inf"), "{report}");
     }
+}
+
+#[test]
+fn skip_on_a_mesh_keeps_the_state_and_the_step_count() {
+    if child::alone(module_path!(), "skip_on_a_mesh_keeps_the_state_and_the_step_count") {
+        return; // the runtime (on 4 devices) is process-wide
+    }
+    lazuli::init(Config { check_finite: CheckFinite::Skip, cpu_device_count: 4, ..Config::from_env().unwrap() })
+        .unwrap();
+    let m = mesh(&[("data", 4)]).unwrap();
+    let xs: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 2.0).collect();
+    let x = Tensor::from_slice(&xs, &[8, 2]).shard(&m, &PartitionSpec::split(2, 0, "data"));
+    let run = |scales: &[f32]| {
+        let model = Mlp::new(&mut HostRng::new(4), &[2, 8, 1], Activation::Tanh, DType::F32);
+        lazuli::shard_params(&model, &m, |_, t| PartitionSpec::replicated(t.rank()));
+        let mut opt = AdamW::new(model.named_params(), 1e-2);
+        for &scale in scales {
+            let loss = model.forward(&x).pow(2.0).mean_all() * Tensor::scalar(scale);
+            loss.backward();
+            opt.step();
+            opt.zero_grad();
+            lazuli::sync().unwrap();
+        }
+        lazuli::wait().unwrap();
+        (state_bits(&model, &opt), opt.steps_applied().unwrap())
+    };
+    let skipped = run(&[1.0, f32::INFINITY, 1.0]);
+    assert_eq!(skipped, run(&[1.0, 1.0]));
+    assert_eq!(skipped.1, 2);
 }

@@ -20,6 +20,10 @@ pub(crate) struct Counters {
     pub wait_ns: AtomicU64,
     pub queued: AtomicU64,
     pub skipped_steps: AtomicU64,
+    pub finite_read_ns: AtomicU64,
+    pub locate_compiles: AtomicU64,
+    pub locate_compile_ns: AtomicU64,
+    pub locate_run_ns: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -39,6 +43,10 @@ pub(crate) static COUNTERS: Counters = Counters {
     wait_ns: AtomicU64::new(0),
     queued: AtomicU64::new(0),
     skipped_steps: AtomicU64::new(0),
+    finite_read_ns: AtomicU64::new(0),
+    locate_compiles: AtomicU64::new(0),
+    locate_compile_ns: AtomicU64::new(0),
+    locate_run_ns: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -85,6 +93,15 @@ pub struct Metrics {
     pub wait_ms: f64,
     /// Steps whose outputs held NaN or infinities and whose state was kept as it was (`LAZULI_CHECK_FINITE=skip`).
     pub skipped_steps: u64,
+    /// Reading steps' finite checks (`LAZULI_CHECK_FINITE`): mostly waiting for the checked step to finish.
+    pub finite_read_ms: f64,
+    /// Programs compiled to locate a trip's first non-finite value (`LAZULI_CHECK_FINITE=stop` and `log`), one
+    /// per located trip; not in `compiles`.
+    pub locate_compiles: u64,
+    /// Time compiling those programs; not in `compile_ms`.
+    pub locate_compile_ms: f64,
+    /// Time running them: uploading the kept inputs, executing, reading the results.
+    pub locate_run_ms: f64,
 }
 
 /// The counters now.
@@ -107,6 +124,10 @@ pub fn metrics() -> Metrics {
         finish_ms: c.finish_ns.load(Relaxed) as f64 / 1e6,
         wait_ms: c.wait_ns.load(Relaxed) as f64 / 1e6,
         skipped_steps: c.skipped_steps.load(Relaxed),
+        finite_read_ms: c.finite_read_ns.load(Relaxed) as f64 / 1e6,
+        locate_compiles: c.locate_compiles.load(Relaxed),
+        locate_compile_ms: c.locate_compile_ns.load(Relaxed) as f64 / 1e6,
+        locate_run_ms: c.locate_run_ns.load(Relaxed) as f64 / 1e6,
     }
 }
 
@@ -130,6 +151,10 @@ impl std::ops::Sub for Metrics {
             finish_ms: self.finish_ms - b.finish_ms,
             wait_ms: self.wait_ms - b.wait_ms,
             skipped_steps: self.skipped_steps - b.skipped_steps,
+            finite_read_ms: self.finite_read_ms - b.finite_read_ms,
+            locate_compiles: self.locate_compiles - b.locate_compiles,
+            locate_compile_ms: self.locate_compile_ms - b.locate_compile_ms,
+            locate_run_ms: self.locate_run_ms - b.locate_run_ms,
         }
     }
 }

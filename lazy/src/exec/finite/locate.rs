@@ -1,18 +1,22 @@
 //! Locating a trip: the first node, in program order, whose result holds non-finite values while its
-//! floating-point operands are all finite. The step's IR runs again on its kept inputs, once with every
-//! floating-point node's count of non-finite elements as outputs (one vector), then once with that node's operands
-//! as outputs, whose ranges the report shows. Both programs are compiled here and not cached: a trip is rare.
+//! floating-point operands are all finite. The step's IR runs again on its kept inputs as one program whose outputs
+//! are every floating-point node's count of non-finite elements (one vector) and the smallest and largest element
+//! of every floating-point operand of those nodes, so that the found node's operand ranges, which the report
+//! shows, come from the same run. It is compiled here and not cached: a trip is rare.
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
-use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
-use lazuli_pjrt::Buffer;
+use std::time::Instant;
 
+use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
+use lazuli_pjrt::{Buffer, CompileOptions, XlaOption};
+
+use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::error::{Error, Result};
 use crate::exec::upload::element_type;
 use crate::graph::element::bytes_to_f64;
 use crate::graph::tensor::Data;
-use crate::runtime::Runtime;
+use crate::runtime::{Backend, Runtime};
 
 /// The op a trip started at.
 pub(crate) struct Located {
@@ -59,14 +63,16 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Opt
     let _one = crate::exec::one_at_a_time();
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
-    let mut counting = graph.clone();
+    let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
-    let Some(counts) = lazuli_hlo::finite::count_nonfinite(&mut counting, &floats, loc).map_err(Error::Internal)?
-    else {
+    let Some(counts) = lazuli_hlo::finite::count_nonfinite(&mut probe, &floats, loc).map_err(Error::Internal)? else {
         return Ok(None);
     };
-    counting.outputs = vec![counts];
-    let host = run(rt, &counting, inputs)?;
+    // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.
+    let extremes = lazuli_hlo::finite::extremes(&mut probe, &float_operands(graph, &floats), loc);
+    let extremes = extremes.map_err(Error::Internal)?;
+    probe.outputs = std::iter::once(counts).chain(extremes.iter().map(|&(v, _)| v)).collect();
+    let host = run(rt, &probe, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
     for (&id, c) in floats.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
         nonfinite[id] = c as u64;
@@ -75,14 +81,37 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Opt
     let Some(first) = floats.iter().copied().find(|&id| nonfinite[id] > 0 && finite_operands(id)) else {
         return Ok(None);
     };
+    let mut range = vec![None; graph.nodes.len()];
+    for ((_, of), bytes) in extremes.iter().zip(&host[1..]) {
+        let values = bytes_to_f64(graph.nodes[of[0]].ty.dtype, bytes);
+        for (&id, pair) in of.iter().zip(values.chunks(2)) {
+            range[id] = Some((pair[0], pair[1]));
+        }
+    }
     let node = &graph.nodes[first];
-    Ok(Some(Located {
-        op: node.op.name(),
-        loc: node.loc,
-        ty: node.ty.clone(),
-        nonfinite: nonfinite[first],
-        operands: operand_stats(rt, graph, first, inputs)?,
-    }))
+    let mut operands = Vec::with_capacity(node.operands.len());
+    for &o in &node.operands {
+        let ty = graph.nodes[o].ty.clone();
+        // The operands are finite: no NaN, no infinity.
+        let stats = match range[o] {
+            Some((min, max)) => Some(Stats { min, max, nan: 0, inf: 0 }),
+            None if ty.dtype.is_float() => return Err(Error::Internal("an operand's range was not computed".into())),
+            None => None,
+        };
+        operands.push((ty, stats));
+    }
+    Ok(Some(Located { op: node.op.name(), loc: node.loc, ty: node.ty.clone(), nonfinite: nonfinite[first], operands }))
+}
+
+/// The floating-point nodes that are operands of `floats`, each once, in program order.
+fn float_operands(graph: &Graph, floats: &[NodeId]) -> Vec<NodeId> {
+    let mut wanted = vec![false; graph.nodes.len()];
+    for &id in floats {
+        for &o in &graph.nodes[id].operands {
+            wanted[o] = graph.nodes[o].ty.dtype.is_float();
+        }
+    }
+    (0..graph.nodes.len()).filter(|&id| wanted[id]).collect()
 }
 
 /// `graph` as one device runs it: no partitions, no layouts, and its sharding constraints (identities with a
@@ -103,49 +132,23 @@ fn on_one_device(graph: &Graph) -> Graph {
     g
 }
 
-/// The types of node `id`'s operands, with statistics of the floating-point ones.
-fn operand_stats(rt: &Runtime, graph: &Graph, id: NodeId, inputs: &[Data]) -> Result<Vec<(TensorType, Option<Stats>)>> {
-    let operands = graph.nodes[id].operands.clone();
-    if operands.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut reading = graph.clone();
-    reading.outputs = operands.clone();
-    let host = run(rt, &reading, inputs)?;
-    Ok(operands
-        .iter()
-        .zip(host)
-        .map(|(&o, bytes)| {
-            let ty = graph.nodes[o].ty.clone();
-            let stats = ty.dtype.is_float().then(|| stats(&bytes_to_f64(ty.dtype, &bytes)));
-            (ty, stats)
-        })
-        .collect())
-}
-
-fn stats(values: &[f64]) -> Stats {
-    let numbers = || values.iter().copied().filter(|v| !v.is_nan());
-    Stats {
-        min: numbers().fold(f64::INFINITY, f64::min),
-        max: numbers().fold(f64::NEG_INFINITY, f64::max),
-        nan: values.iter().filter(|v| v.is_nan()).count(),
-        inf: values.iter().filter(|v| v.is_infinite()).count(),
-    }
-}
-
 /// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes.
 fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     let mut graph = graph.clone();
     graph.aliases.clear();
     let text = emit(&graph, &EmitOptions::default());
-    let options = rt.single_device_options();
+    let options = options(rt);
     let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
+    let compiling = Instant::now();
     let exe = loop {
         match rt.client.compile(&text, &options) {
             Err(source) if rt.drop_unknown_default(&source) => continue,
             done => break done.map_err(|source| Error::Compile { at, source })?,
         }
     };
+    Counters::add(&COUNTERS.locate_compiles, 1);
+    Counters::add(&COUNTERS.locate_compile_ns, compiling.elapsed().as_nanos() as u64);
+    let running = Instant::now();
     let uploaded = upload(rt, &graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
     for (data, up) in inputs.iter().zip(&uploaded) {
@@ -156,7 +159,21 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
         });
     }
     let outs = exe.execute(&args).map_err(|source| Error::Execute { at, source })?;
-    Ok(outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?)
+    let host = outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?;
+    Counters::add(&COUNTERS.locate_run_ns, running.elapsed().as_nanos() as u64);
+    Ok(host)
+}
+
+/// The locator's compile options. On the CPU, without LLVM's optimizations: the program runs once, and compiling
+/// it is most of a trip's time, which this shortens more than it slows the run
+/// (`docs/perf-log/2026-12-01-nan-gpt.md`). Other backends keep their defaults: a GPU's kernels at that level were
+/// not measured.
+fn options(rt: &Runtime) -> CompileOptions {
+    let mut options = rt.single_device_options();
+    if rt.config.backend == Backend::Cpu {
+        options.xla_options.push(("xla_backend_optimization_level".into(), XlaOption::Int(0)));
+    }
+    options
 }
 
 /// Device copies of the inputs that are not single device buffers (host data, shards).

@@ -231,7 +231,9 @@ fn read(pending: Pending) -> Result<()> {
 fn counts(p: &Pending) -> Result<Vec<u64>> {
     let n = if p.mode == CheckFinite::Skip { p.checked.len() + 1 } else { p.checked.len().max(1) };
     let ty = TensorType::new(lazuli_hlo::DType::I32, [n]);
+    let reading = std::time::Instant::now();
     let bytes = p.counts.to_host(&ty)?;
+    Counters::add(&COUNTERS.finite_read_ns, reading.elapsed().as_nanos() as u64);
     Ok(bytes_to_f64(lazuli_hlo::DType::I32, &bytes).into_iter().map(|c| c as u64).collect())
 }
 

@@ -84,7 +84,8 @@ pub fn save(
 
     let mut meta: HashMap<String, String> = user.iter().map(|(k, v)| (format!("user.{k}"), v.clone())).collect();
     meta.insert("format".into(), FORMAT.into());
-    meta.insert("optimizer_steps".into(), optimizer.map(|o| o.steps()).unwrap_or(0).to_string());
+    let steps = optimizer.map(|o| o.steps_applied()).transpose()?.unwrap_or(0);
+    meta.insert("optimizer_steps".into(), steps.to_string());
     integrity::seal(&blobs.iter().map(Blob::described).collect::<Vec<_>>(), &mut meta);
     let header = header(&blobs, Some(meta)).map_err(|e| call.err(e))?;
     let parts: Vec<&[u8]> = blobs.iter().map(|b| b.bytes.as_slice()).collect();

@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use lazuli_hlo::{Fused, FusedBuilder, Loc, UnaryKind};
+use lazuli_hlo::{DType, Fused, FusedBuilder, Loc, UnaryKind};
 
 use super::{take_state, zeros_like_host, Optimizer, Scalars};
 use crate::error::Result;
 use crate::graph::autodiff::no_grad;
 use crate::graph::record::fused;
 use crate::graph::tensor::Tensor;
+use crate::settings::CheckFinite;
 use crate::train::nn::Param;
 
 /// AdamW (Adam with decoupled weight decay), as PyTorch's `AdamW` computes it. The moments are device tensors; the
@@ -29,6 +30,8 @@ pub struct AdamW {
     /// Decoupled weight decay (default 0.01).
     pub weight_decay: f64,
     steps: u64,
+    /// Under `LAZULI_CHECK_FINITE=skip`: the steps applied, an f64 scalar on the device (see `applied_corrections`).
+    applied: Option<Tensor>,
 }
 
 impl AdamW {
@@ -36,7 +39,18 @@ impl AdamW {
     pub fn new(params: Vec<(String, Param)>, lr: f64) -> AdamW {
         let exp_avg = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
         let exp_avg_sq = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
-        AdamW { params, exp_avg, exp_avg_sq, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, steps: 0 }
+        AdamW {
+            params,
+            exp_avg,
+            exp_avg_sq,
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            steps: 0,
+            applied: None,
+        }
     }
 
     /// With moment decays `beta1` and `beta2`.
@@ -93,6 +107,30 @@ fn expressions() -> &'static [Fused; 3] {
     })
 }
 
+impl AdamW {
+    /// Under `LAZULI_CHECK_FINITE=skip`, the bias corrections' factors `lr / bc1` and `1 / √bc2` of this step (f64
+    /// scalars), computed in the program from the count of steps applied: device state that the check's guard
+    /// keeps on a skipped step as it keeps the moments, so that the steps after a skipped one correct as if it had
+    /// never run. A count on the host could not follow exactly: skip reads a step's check two launches later, when
+    /// the next steps are recorded already. Otherwise `None`: the factors are host scalars.
+    #[track_caller]
+    fn applied_corrections(&mut self) -> Option<(Tensor, Tensor)> {
+        let skipping = crate::runtime::runtime().is_ok_and(|rt| rt.config.check_finite == CheckFinite::Skip);
+        if !skipping {
+            return None;
+        }
+        let before = (self.steps - 1) as f64;
+        let applied = self.applied.get_or_insert_with(|| Tensor::scalar_of(DType::F64, before));
+        let t = &*applied + 1.0;
+        // 1 − β^t, in f64 as the host computes it otherwise.
+        let correction = |beta: f64| 1.0 - (&t * beta.ln()).exp();
+        let step_size = Tensor::scalar_of(DType::F64, self.lr) / correction(self.beta1);
+        let inv_sqrt_bc2 = 1.0 / correction(self.beta2).sqrt();
+        super::replace(applied, t);
+        Some((step_size, inv_sqrt_bc2))
+    }
+}
+
 impl Optimizer for AdamW {
     fn step(&mut self) {
         self.steps += 1;
@@ -103,6 +141,7 @@ impl Optimizer for AdamW {
         let step_size = self.lr / bc1;
         let inv_sqrt_bc2 = 1.0 / bc2.sqrt();
         let decay = 1.0 - self.lr * self.weight_decay;
+        let applied = self.applied_corrections();
         let mut s = Scalars::new();
         let [moment, square_moment, update] = expressions();
         let at = Loc::caller();
@@ -115,7 +154,11 @@ impl Optimizer for AdamW {
                 let Some(g) = p.grad() else { continue };
                 let dt = g.dtype();
                 if scalars.as_ref().is_none_or(|(d, _)| *d != dt) {
-                    scalars = Some((dt, hyper.iter().map(|&v| s.scalar(dt, v)).collect()));
+                    let mut c: Vec<Tensor> = hyper.iter().map(|&v| s.scalar(dt, v)).collect();
+                    if let Some((step_size, inv_sqrt_bc2)) = &applied {
+                        (c[5], c[6]) = (step_size.to_dtype(dt), inv_sqrt_bc2.to_dtype(dt));
+                    }
+                    scalars = Some((dt, c));
                 }
                 let c = &scalars.as_ref().expect("set above").1;
                 let w = p.get();
@@ -142,6 +185,12 @@ impl Optimizer for AdamW {
     fn steps(&self) -> u64 {
         self.steps
     }
+    fn steps_applied(&self) -> Result<u64> {
+        match &self.applied {
+            Some(count) => Ok(count.item::<f64>()? as u64),
+            None => Ok(self.steps),
+        }
+    }
     fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::with_capacity(2 * self.params.len());
         for (i, (name, _)) in self.params.iter().enumerate() {
@@ -156,6 +205,7 @@ impl Optimizer for AdamW {
             self.exp_avg_sq[i] = take_state(state, &format!("{name}.exp_avg_sq"), p)?;
         }
         self.steps = steps;
+        self.applied = None;
         Ok(())
     }
 }

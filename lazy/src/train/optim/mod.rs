@@ -35,6 +35,12 @@ pub trait Optimizer {
     fn set_lr(&mut self, lr: f64);
     /// Number of `step()` calls so far.
     fn steps(&self) -> u64;
+    /// Number of steps whose update was applied: [`Optimizer::steps`] less the steps that
+    /// `LAZULI_CHECK_FINITE=skip` skipped, where the optimizer counts them on the device (AdamW; reading that
+    /// count waits for the last step). A checkpoint saves this count.
+    fn steps_applied(&self) -> Result<u64> {
+        Ok(self.steps())
+    }
     /// Named state tensors (for checkpoints), e.g. `"layers.0.weight.exp_avg"`.
     fn state(&self) -> Vec<(String, Tensor)>;
     /// Restore state saved by `state()` and the step count.

@@ -1,0 +1,236 @@
+//! `lazuli-bench nan --workload gpt2`: the planted NaN of [`crate::nan`] in the GPT-2 step of the GPU benchmarks
+//! (`gpt_bf16`: bf16 matmuls, fused attention; AdamW as `Workload::gpt2_small_gpu`), lazuli alone. Block
+//! `planted` adds `log(m·m + poison)` of its MLP branch `m` to the residual stream instead of `m`; `poison` is 1
+//! until the bad step and −1e30 at it, where that `log` makes NaN from finite inputs.
+//!
+//! Measured, each setting in a process of its own: the step (each reading its loss) without the check, with `stop`
+//! and with `skip`; and under `stop` the time from the start of the bad step to its error, split by the runtime's
+//! metrics into waiting for the check (the bad step's own run, mostly), the locator's compile, its run (uploads,
+//! execution, reading back) and the rest (recording and launching the bad step, the report); whether the error
+//! names the planted op and line; and the issue's goal, (trip − one compile) / step ≤ 3.
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use lazuli::nn::{Gpt, GptConfig, HostRng};
+use lazuli::{AdamW, Optimizer, Tensor};
+use serde_json::{json, Value};
+
+use crate::gpt_bf16;
+use crate::nan::{names_planted_log, planted_log};
+use crate::stats::{duration, machine, median, today};
+use crate::workloads::{Attention, Opt, Workload};
+use crate::BenchResult;
+
+/// The issue's goal for the time from a trip to the named op, in steps (one compile allowed on top).
+const GOAL_STEPS: f64 = 3.0;
+
+/// The model's sizes and the run's length.
+#[derive(Clone, Copy, Debug)]
+pub struct GptNanConfig {
+    pub batch: usize,
+    pub seq: usize,
+    pub layers: usize,
+    /// Width of the residual stream; one head per 64.
+    pub dim: usize,
+    pub vocab: usize,
+    /// The block whose MLP branch takes the planted `log`.
+    pub planted: usize,
+    /// Timed steps before the bad one.
+    pub steps: usize,
+}
+
+impl GptNanConfig {
+    /// GPT-2 small as the GPU benchmarks run it: B = 8, T = 1024, 12 layers of d = 768, vocabulary 50304.
+    pub fn gpt2_small() -> GptNanConfig {
+        GptNanConfig { batch: 8, seq: 1024, layers: 12, dim: 768, vocab: 50304, planted: 5, steps: 10 }
+    }
+
+    /// The dry-run size (as `gpu --tiny`): B = 2, T = 64, 2 layers of d = 128, vocabulary 512.
+    pub fn tiny() -> GptNanConfig {
+        GptNanConfig { batch: 2, seq: 64, layers: 2, dim: 128, vocab: 512, planted: 1, steps: 10 }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let pairs = [
+            ("--batch", self.batch),
+            ("--seq", self.seq),
+            ("--layers", self.layers),
+            ("--dim", self.dim),
+            ("--vocab", self.vocab),
+            ("--planted", self.planted),
+            ("--steps", self.steps),
+        ];
+        pairs.iter().flat_map(|(k, v)| [k.to_string(), v.to_string()]).collect()
+    }
+
+    fn gpt(&self) -> GptConfig {
+        GptConfig {
+            n_layer: self.layers,
+            d_model: self.dim,
+            n_head: (self.dim / 64).max(1),
+            block_size: self.seq,
+            dropout: 0.0,
+            ..GptConfig::gpt2_small(self.vocab)
+        }
+    }
+}
+
+/// The model and the GPU benchmarks' AdamW.
+fn model(cfg: &GptNanConfig) -> BenchResult<(Gpt, AdamW)> {
+    let gpt = Gpt::new(&mut HostRng::new(1), cfg.gpt());
+    let Opt::AdamW { lr, beta1, beta2, eps, weight_decay } = Workload::gpt2_small_gpu().opt else {
+        return Err("the GPU workload's optimizer is not AdamW".into());
+    };
+    let opt =
+        AdamW::new(lazuli::Module::named_params(&gpt), lr).betas(beta1, beta2).eps(eps).weight_decay(weight_decay);
+    Ok((gpt, opt))
+}
+
+/// In the child (`nan-gpt-side`): the step and, under `stop`, the trip, under the process's
+/// `LAZULI_CHECK_FINITE`, as one JSON line.
+pub fn side(cfg: GptNanConfig) -> BenchResult<Value> {
+    let (gpt, mut opt) = model(&cfg)?;
+    let mut data = HostRng::new(1001);
+    let vocab = cfg.vocab as u64;
+    let ids: Vec<i32> = (0..cfg.batch * cfg.seq).map(|_| data.below(vocab) as i32).collect();
+    // Each target a fixed function of its token, as in the GPU workload: the loss falls from the first step.
+    let targets: Vec<i32> = ids.iter().map(|&t| ((t as u64 * 7 + 3) % vocab) as i32).collect();
+    let mut step = |poison: f64| -> BenchResult<f32> {
+        let x = Tensor::from_slice(&ids, &[cfg.batch, cfg.seq]);
+        let y = Tensor::from_slice(&targets, &[cfg.batch, cfg.seq]);
+        let plant = |m: &Tensor| planted_log(m, poison);
+        let loss = gpt_bf16::loss_planted(&gpt, &x, &y, Attention::Fused, Some((cfg.planted, &plant)))?;
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()?;
+        Ok(loss.item::<f32>()?)
+    };
+    let (t0, before) = (Instant::now(), lazuli::metrics());
+    let first_loss = step(1.0)?;
+    let first_s = t0.elapsed().as_secs_f64();
+    let first = lazuli::metrics() - before;
+    step(1.0)?;
+    let mut times = Vec::with_capacity(cfg.steps);
+    for _ in 0..cfg.steps {
+        let t0 = Instant::now();
+        step(1.0)?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let before = lazuli::metrics();
+    let t0 = Instant::now();
+    // The bad step reads its own loss: under `stop` that read reads the step's check first.
+    let outcome = step(-1e30);
+    let trip_s = t0.elapsed().as_secs_f64();
+    let m = lazuli::metrics() - before;
+    let text = outcome.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+    let (planted_line, names_line) = names_planted_log(&text);
+    let message = match &outcome {
+        Ok(v) => format!("no error (loss {v})"),
+        Err(_) => text.lines().next().unwrap_or("").to_string(),
+    };
+    let located = text.lines().find(|l| l.contains("first non-finite value")).unwrap_or("").trim().to_string();
+    Ok(json!({
+        "step_s": median(&times), "first_s": first_s, "first_loss": first_loss, "trip_s": trip_s,
+        "first_compile_s": first.compile_ms / 1e3, "first_from_disk": first.disk_cache_hits > 0,
+        "check_read_s": m.finite_read_ms / 1e3, "locate_compiles": m.locate_compiles,
+        "locate_compile_s": m.locate_compile_ms / 1e3,
+        "locate_run_s": m.locate_run_ms / 1e3,
+        "message": message, "located": located, "names_line": names_line, "planted_line": planted_line,
+        "params": lazuli::Module::num_params(&gpt), "runtime": lazuli::runtime_info()?.to_string(),
+    }))
+}
+
+fn child(cfg: GptNanConfig, check: &str, device: &str) -> BenchResult<Value> {
+    eprintln!("lazuli-bench: nan, gpt2, LAZULI_CHECK_FINITE={check} on the {device}");
+    let out = Command::new(std::env::current_exe()?)
+        .arg("nan-gpt-side")
+        .args(cfg.args())
+        .env("LAZULI_CHECK_FINITE", check)
+        .env("LAZULI_DEVICE", device)
+        // The first step compiles, to set beside the locator's compile.
+        .env("LAZULI_COMPILE_CACHE", "off")
+        .stderr(Stdio::inherit())
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match serde_json::from_str::<Value>(text.lines().last().unwrap_or("")) {
+        Ok(v) if v["error"].is_string() => Err(format!("nan-gpt-side: {}", v["error"]).into()),
+        Ok(v) => Ok(v),
+        Err(_) => Err(format!("nan-gpt-side failed ({})", out.status).into()),
+    }
+}
+
+fn seconds(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The GPT-2 case, printed as two tables: the step under each setting, and the trip under `stop`.
+pub fn run(cfg: GptNanConfig, device: &str) -> BenchResult<()> {
+    let off = child(cfg, "off", device)?;
+    let stop = child(cfg, "stop", device)?;
+    let skip = child(cfg, "skip", device);
+    println!("## lazuli-bench nan, gpt2, {}", today());
+    println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
+    println!("- host: {}; lazuli's device: {device} ({})", machine(), stop["runtime"].as_str().unwrap_or("?"));
+    println!(
+        "- model: GPT ({} parameters), {} layers of d = {}, B = {}, T = {}, vocabulary {}, bf16 matmuls, fused \
+         attention, AdamW; block {} adds log(m·m + poison) of its MLP branch, poison −1e30 at the bad step; each \
+         step reads its loss; {} timed steps (median)",
+        stop["params"], cfg.layers, cfg.dim, cfg.batch, cfg.seq, cfg.vocab, cfg.planted, cfg.steps
+    );
+    let step_off = seconds(&off, "step_s");
+    println!("\n| `LAZULI_CHECK_FINITE` | step | cost against off | first step | its compile |");
+    println!("|---|---|---|---|---|");
+    for (name, side) in [("off", Ok(&off)), ("stop", Ok(&stop)), ("skip", skip.as_ref())] {
+        match side {
+            Ok(v) => {
+                let s = seconds(v, "step_s");
+                let first = duration(seconds(v, "first_s"));
+                let from = if v["first_from_disk"].as_bool() == Some(true) { " (from the disk cache)" } else { "" };
+                let compile = duration(seconds(v, "first_compile_s"));
+                println!(
+                    "| {name} | {} | {:+.1}% | {first} | {compile}{from} |",
+                    duration(s),
+                    100.0 * (s / step_off - 1.0)
+                );
+            }
+            Err(e) => println!("| {name} | failed: {e} | | | |"),
+        }
+    }
+    print_trip(&stop);
+    Ok(())
+}
+
+/// The trip under `stop`: where its time went and the goal's ratio.
+fn print_trip(stop: &Value) {
+    let (trip, step) = (seconds(stop, "trip_s"), seconds(stop, "step_s"));
+    let (read, compile, runs) =
+        (seconds(stop, "check_read_s"), seconds(stop, "locate_compile_s"), seconds(stop, "locate_run_s"));
+    let compiles = stop["locate_compiles"].as_u64().unwrap_or(0);
+    let rest = trip - read - compile - runs;
+    // The goal allows one compile on top of the steps; a locator that compiled more pays for the others.
+    let one_compile = if compiles > 0 { compile / compiles as f64 } else { 0.0 };
+    let ratio = (trip - one_compile) / step;
+    println!(
+        "\n| bad step to error | waiting for the check | locator compiles | locator runs | rest | (trip − one compile) \
+         / step | goal |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} ({compiles}) | {} | {} | {ratio:.1} | ≤ {GOAL_STEPS} ({}) |",
+        duration(trip),
+        duration(read),
+        duration(compile),
+        duration(runs),
+        duration(rest),
+        if ratio <= GOAL_STEPS { "met" } else { "not met" }
+    );
+    println!(
+        "\nNames the planted line and op: {} (planted at line {}). The error: `{}`; `{}`",
+        stop["names_line"],
+        stop["planted_line"],
+        stop["message"].as_str().unwrap_or(""),
+        stop["located"].as_str().unwrap_or("")
+    );
+}
