@@ -1,12 +1,14 @@
 //! Counting non-finite values inside a program: the nodes `LAZULI_CHECK_FINITE` adds to a step's graph (one
-//! count per floating-point output) and to the graph that locates a trip (one count per floating-point node, and
-//! the [`extremes`] of their operands).
+//! count per group of floating-point outputs, [`count_nonfinite_grouped`]) and to the graph that locates a trip
+//! (one count per floating-point node, and the [`extremes`] of their operands).
 //! lazuli's op set has no `is_finite`; `|x| < inf` is the same test (false for NaN and ±inf) from ops that every
 //! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
 //!
 //! [`guard`] keeps a step's state from a non-finite step, as dynamic loss scaling does: every state output
 //! becomes `select(all_finite, new, old)`, so a tripped step returns its inputs' values and the old buffers may
 //! still be donated (the program itself hands them back).
+
+use std::ops::Range;
 
 use crate::dtype::{DType, TensorType};
 use crate::graph::{Graph, Loc, NodeId};
@@ -29,6 +31,63 @@ pub fn count_nonfinite(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Option<
         return Ok(Some(counts[0]));
     }
     g.push(Op::Concatenate(Concatenate { dim: 0 }), counts, loc).map(Some)
+}
+
+/// At most this many tensors, and this many elements, share one count of [`count_nonfinite_grouped`]: few enough
+/// operands for XLA to fuse their concatenation into the counting reduction.
+const GROUP_TENSORS: usize = 32;
+const GROUP_ELEMENTS: usize = 1 << 30;
+
+/// How [`count_nonfinite_grouped`] splits tensors of these types, in order, into counted groups: runs of one dtype
+/// of at most [`GROUP_TENSORS`] tensors and [`GROUP_ELEMENTS`] elements (a larger tensor is a group alone).
+pub fn count_groups(types: &[&TensorType]) -> Vec<Range<usize>> {
+    let mut groups: Vec<Range<usize>> = Vec::new();
+    let mut elements = 0;
+    for (i, ty) in types.iter().enumerate() {
+        let joins = groups.last().is_some_and(|r| {
+            r.len() < GROUP_TENSORS && types[r.start].dtype == ty.dtype && elements + ty.elements() <= GROUP_ELEMENTS
+        });
+        match groups.last_mut() {
+            Some(r) if joins => {
+                r.end = i + 1;
+                elements += ty.elements();
+            }
+            _ => {
+                groups.push(i..i + 1);
+                elements = ty.elements();
+            }
+        }
+    }
+    groups
+}
+
+/// As [`count_nonfinite`], with one count per group of [`count_groups`] instead of one per node: each group's
+/// tensors are flattened and concatenated into one counting reduction. A step checks hundreds of outputs, and a
+/// reduction per output is a kernel launch per output (two, and a zeroing, for large ones); a group is one.
+pub fn count_nonfinite_grouped(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Option<NodeId>, String> {
+    let types: Vec<&TensorType> = of.iter().map(|&x| &g.nodes[x].ty).collect();
+    let groups = count_groups(&types);
+    let mut counts = Vec::with_capacity(groups.len());
+    for group in groups {
+        let members = &of[group];
+        let counted = match members {
+            [one] => *one,
+            _ => {
+                let mut flat = Vec::with_capacity(members.len());
+                for &x in members {
+                    let n = g.nodes[x].ty.elements();
+                    flat.push(g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![x], loc)?);
+                }
+                g.push(Op::Concatenate(Concatenate { dim: 0 }), flat, loc)?
+            }
+        };
+        counts.push(count_one(g, counted, loc)?);
+    }
+    match counts.len() {
+        0 => Ok(None),
+        1 => Ok(Some(counts[0])),
+        _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), counts, loc).map(Some),
+    }
 }
 
 /// `i32[1]`: how many elements of node `x` are NaN or infinite.
@@ -199,6 +258,33 @@ mod tests {
         let values = |i: usize| out[i].iter().copied().collect::<Vec<_>>();
         assert_eq!(values(0), vec![-3.0, 2.0, f64::INFINITY, f64::NEG_INFINITY]);
         assert_eq!(values(1), vec![-7.0, -7.0]);
+    }
+
+    /// Groups are runs of one dtype, at most `GROUP_TENSORS` long; each counts all of its members' elements.
+    #[test]
+    fn grouped_counts_cover_each_group() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let mut xs = vec![g.parameter(TensorType::new(DType::F32, [2, 3]), loc)];
+        xs.push(g.parameter(TensorType::new(DType::F32, []), loc));
+        xs.push(g.parameter(TensorType::new(DType::F16, [4]), loc));
+        xs.extend((0..GROUP_TENSORS + 1).map(|_| g.parameter(TensorType::new(DType::F32, [2]), loc)));
+        let types: Vec<TensorType> = xs.iter().map(|&x| g.nodes[x].ty.clone()).collect();
+        let groups = count_groups(&types.iter().collect::<Vec<_>>());
+        let n = xs.len();
+        assert_eq!(groups, vec![0..2, 2..3, 3..3 + GROUP_TENSORS, 3 + GROUP_TENSORS..n]);
+        let counts = count_nonfinite_grouped(&mut g, &xs, loc).unwrap().unwrap();
+        g.outputs = vec![counts];
+        let mut values = vec![
+            ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, f64::NAN, 0.0, 0.0, f64::INFINITY, 3.0]).unwrap(),
+            ArrayD::from_elem(IxDyn(&[]), f64::NEG_INFINITY),
+            ArrayD::from_shape_vec(IxDyn(&[4]), vec![70000.0, 1.0, 2.0, 3.0]).unwrap(),
+        ];
+        values.extend(
+            (0..GROUP_TENSORS + 1).map(|i| ArrayD::from_elem(IxDyn(&[2]), if i == 5 { f64::NAN } else { 1.0 })),
+        );
+        let out = g.evaluate(&values).unwrap();
+        assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0, 2.0, 0.0]);
     }
 
     /// A guarded output is the new value while every counted output is finite, else the parameter it replaces;

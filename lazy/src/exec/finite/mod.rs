@@ -1,6 +1,7 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
-//! output: each floating-point output's count of non-finite elements, one small `i32` vector that XLA fuses with
-//! the outputs' producers. Under `skip` the program also guards its state (`hlo::finite::guard`): each
+//! output: counts of non-finite elements, one small `i32` vector, one count per group of floating-point outputs
+//! (`hlo::finite::count_groups`): one reduction per group, not per output, since a launch per output cost more
+//! than the reading. Under `skip` the program also guards its state (`hlo::finite::guard`): each
 //! parameter or optimizer state output becomes `select(all_finite, new, old)`, so a tripped step hands back the
 //! values it was given, old state can still be donated to it, and nothing waits for the host. `stop` and `log`
 //! donate nothing and keep the step's IR and inputs for the locator (guarding `stop` too measured slower on the
@@ -14,7 +15,7 @@
 mod locate;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use lazuli_hlo::{Graph, Loc, TensorType};
@@ -28,9 +29,9 @@ use crate::runtime::{runtime, CheckFinite};
 
 /// A step whose check has not been read yet.
 pub(crate) struct Pending {
-    /// The counts, one per entry of `checked`.
+    /// The counts, one per group of `checked` (`lazuli_hlo::finite::count_groups`).
     counts: Data,
-    /// The checked outputs' types and lines, in the counts' order.
+    /// The checked outputs' types and lines, in the order the counts group them.
     checked: Vec<(TensorType, Loc)>,
     /// What a trip is located from (`stop` and `log`): the step's IR without the check, and its inputs.
     replay: Option<Replay>,
@@ -54,6 +55,10 @@ static PENDING: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
 static HAS_PENDING: AtomicBool = AtomicBool::new(false);
 /// `log` and `skip` print their first trip's report only; later trips are events.
 static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Under `skip`: this many skipped steps in a row end the run (the state, not a batch, is then the likely cause).
+pub(crate) const SKIPS_IN_A_ROW: u64 = 5;
+static SKIPPED_IN_A_ROW: AtomicU64 = AtomicU64::new(0);
 
 /// Whether steps are checked under this configuration.
 pub(crate) fn enabled(mode: CheckFinite) -> bool {
@@ -83,10 +88,10 @@ pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)]) -> u64
 /// emitting. On a mesh the counts have the layout `counts_sharding`.
 ///
 /// Under `stop` and `log` nothing is guarded and the counts are the outputs'. Under `skip`, which is meant to stay
-/// on, the guard is decided by the values entering the update (`hlo::finite::update_inputs`: the loss, the gradients),
-/// so that the select fuses into the update; the counts are those of the outputs as returned, followed by the
-/// non-finite values that entered the update. A non-finite value that the update makes from finite inputs then
-/// reaches the state, and reading the check says so.
+/// on, the guard is decided by the values entering the update (`hlo::finite::update_inputs`: the loss, the
+/// gradients), so that the select fuses into the update, and the one count is theirs: as dynamic loss scaling, skip
+/// reads no state. A non-finite state that an update makes from finite inputs makes the next steps' losses
+/// non-finite; [`SKIPS_IN_A_ROW`] skipped steps in a row end the run with an error that says so.
 pub(crate) fn with_check(
     graph: &Graph,
     guards: &[(usize, usize)],
@@ -98,17 +103,16 @@ pub(crate) fn with_check(
     let counts = match mode {
         CheckFinite::Skip => {
             let entering = lazuli_hlo::finite::update_inputs(&g, guards);
-            let entering = lazuli_hlo::finite::count_nonfinite(&mut g, &entering, loc).map_err(Error::Internal)?;
+            let entering =
+                lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &entering, loc).map_err(Error::Internal)?;
             if let Some(e) = entering {
                 lazuli_hlo::finite::guard(&mut g, e, guards, loc).map_err(Error::Internal)?;
             }
-            let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
-            let counts = lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)?;
-            lazuli_hlo::finite::with_total(&mut g, counts, entering, loc).map_err(Error::Internal)?
+            lazuli_hlo::finite::with_total(&mut g, None, entering, loc).map_err(Error::Internal)?
         }
         _ => {
             let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
-            match lazuli_hlo::finite::count_nonfinite(&mut g, &outputs, loc).map_err(Error::Internal)? {
+            match lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &outputs, loc).map_err(Error::Internal)? {
                 Some(c) => {
                     lazuli_hlo::finite::guard(&mut g, c, guards, loc).map_err(Error::Internal)?;
                     c
@@ -190,18 +194,24 @@ fn read(pending: Pending) -> Result<()> {
     // Under skip, the last count is of the values that entered the update: non-zero, the state was kept.
     let entered = if pending.mode == CheckFinite::Skip { counts.pop().unwrap_or(0) } else { 0 };
     if entered == 0 && counts.iter().all(|&c| c == 0) {
+        if pending.mode == CheckFinite::Skip && pending.guarded {
+            SKIPPED_IN_A_ROW.store(0, Relaxed);
+        }
         return Ok(());
     }
     let mode = pending.mode;
-    if mode == CheckFinite::Skip && entered == 0 && pending.guarded {
-        // The update itself made the non-finite state, from finite gradients: nothing kept it.
-        let report = report(&pending, &counts, None, 0)
-            + "\n  the update made them from finite inputs: the state could not be kept (stop locates the op)";
-        emit_event(&pending, report.lines().map(str::to_string).collect());
-        return Err(Error::NonFinite { at: pending.at, op_at: None, op: None, report });
-    }
     if mode == CheckFinite::Skip && pending.guarded {
         Counters::add(&COUNTERS.skipped_steps, 1);
+        if SKIPPED_IN_A_ROW.fetch_add(1, Relaxed) + 1 >= SKIPS_IN_A_ROW {
+            SKIPPED_IN_A_ROW.store(0, Relaxed);
+            let report = report(&pending, &counts, None, entered)
+                + &format!(
+                    "\n  {SKIPS_IN_A_ROW} steps in a row were skipped: the state itself is likely non-finite (an \
+                     update can make it so from finite inputs, which skip does not read); stop locates the op"
+                );
+            emit_event(&pending, report.lines().map(str::to_string).collect());
+            return Err(Error::NonFinite { at: pending.at, op_at: None, op: None, report });
+        }
     }
     let first = !REPORTED.swap(true, Relaxed);
     let located = match &pending.replay {
@@ -229,12 +239,18 @@ fn read(pending: Pending) -> Result<()> {
 
 /// The counts of the pending check, read from the device (its step has finished or is about to).
 fn counts(p: &Pending) -> Result<Vec<u64>> {
-    let n = if p.mode == CheckFinite::Skip { p.checked.len() + 1 } else { p.checked.len().max(1) };
+    let groups = groups(p).len();
+    let n = if p.mode == CheckFinite::Skip { 1 } else { groups.max(1) };
     let ty = TensorType::new(lazuli_hlo::DType::I32, [n]);
     let reading = std::time::Instant::now();
     let bytes = p.counts.to_host(&ty)?;
     Counters::add(&COUNTERS.finite_read_ns, reading.elapsed().as_nanos() as u64);
     Ok(bytes_to_f64(lazuli_hlo::DType::I32, &bytes).into_iter().map(|c| c as u64).collect())
+}
+
+/// The groups of `p.checked` that the counts count, in order.
+fn groups(p: &Pending) -> Vec<std::ops::Range<usize>> {
+    lazuli_hlo::finite::count_groups(&p.checked.iter().map(|(ty, _)| ty).collect::<Vec<_>>())
 }
 
 /// The outputs a report lists (a model's weights all go non-finite together; the first few say enough).
@@ -243,21 +259,22 @@ const SHOWN: usize = 6;
 /// The report of a trip: the step, the outputs with non-finite values, what became of its state, and where the
 /// values came from.
 fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Located>>>, entered: u64) -> String {
-    let bad: Vec<String> = p
-        .checked
-        .iter()
-        .zip(counts)
-        .filter(|(_, &c)| c > 0)
-        .map(|((ty, loc), c)| format!("    {ty} recorded at {loc}: {c} of {} non-finite", ty.elements()))
-        .collect();
-    let (n, total) = (bad.len(), p.checked.len());
-    let mut out = format!("  step {}: {n} of its {total} floating-point outputs hold non-finite values\n", p.step);
-    for line in bad.iter().take(SHOWN) {
-        out += line;
-        out += "\n";
+    let mut out = format!("  step {}:\n", p.step);
+    if counts.iter().any(|&c| c > 0) {
+        out += "  non-finite values among its floating-point outputs:\n";
     }
-    if n > SHOWN {
-        out += &format!("    … and {} more\n", n - SHOWN);
+    let mut shown = 0;
+    for (group, &c) in groups(p).into_iter().zip(counts).filter(|(_, &c)| c > 0) {
+        let members = &p.checked[group];
+        let elements: usize = members.iter().map(|(ty, _)| ty.elements()).sum();
+        match members {
+            [(ty, loc)] => out += &format!("    {ty} recorded at {loc}: {c} of {elements} non-finite\n"),
+            _ => out += &format!("    {c} of {elements} non-finite in one count of {} outputs:\n", members.len()),
+        }
+        for (ty, loc) in members.iter().filter(|_| members.len() > 1).take(SHOWN.saturating_sub(shown)) {
+            out += &format!("      {ty} recorded at {loc}\n");
+            shown += 1;
+        }
     }
     match p.mode {
         CheckFinite::Skip if !p.guarded => out += "  the program updates no state: nothing to skip\n",
