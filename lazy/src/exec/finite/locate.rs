@@ -57,16 +57,25 @@ impl Located {
     }
 }
 
-/// The first node of `graph` that made a non-finite value from finite operands, run on `inputs`; `None` when
-/// running the step again made none.
-pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Option<Located>> {
+/// What running a step again found.
+pub(crate) struct Replayed {
+    /// The first node that made a non-finite value from finite operands; `None` when the run made none.
+    pub first: Option<Located>,
+    /// Each floating-point output's non-finite elements in that run, in output order: the step check counts
+    /// groups of outputs, this names them one by one.
+    pub outputs: Vec<u64>,
+}
+
+/// Run `graph` again on `inputs`: its first node that made a non-finite value from finite operands, and its
+/// outputs' counts.
+pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Replayed> {
     let _one = crate::exec::one_at_a_time();
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
     let Some(counts) = lazuli_hlo::finite::count_nonfinite(&mut probe, &floats, loc).map_err(Error::Internal)? else {
-        return Ok(None);
+        return Ok(Replayed { first: None, outputs: Vec::new() });
     };
     // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.
     let extremes = lazuli_hlo::finite::extremes(&mut probe, &float_operands(graph, &floats), loc);
@@ -77,9 +86,11 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Opt
     for (&id, c) in floats.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
         nonfinite[id] = c as u64;
     }
+    let float_outputs = graph.outputs.iter().filter(|&&o| graph.nodes[o].ty.dtype.is_float());
+    let outputs = float_outputs.map(|&o| nonfinite[o]).collect();
     let finite_operands = |id: NodeId| graph.nodes[id].operands.iter().all(|&o| nonfinite[o] == 0);
     let Some(first) = floats.iter().copied().find(|&id| nonfinite[id] > 0 && finite_operands(id)) else {
-        return Ok(None);
+        return Ok(Replayed { first: None, outputs });
     };
     let mut range = vec![None; graph.nodes.len()];
     for ((_, of), bytes) in extremes.iter().zip(&host[1..]) {
@@ -100,7 +111,9 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Opt
         };
         operands.push((ty, stats));
     }
-    Ok(Some(Located { op: node.op.name(), loc: node.loc, ty: node.ty.clone(), nonfinite: nonfinite[first], operands }))
+    let located =
+        Located { op: node.op.name(), loc: node.loc, ty: node.ty.clone(), nonfinite: nonfinite[first], operands };
+    Ok(Replayed { first: Some(located), outputs })
 }
 
 /// The floating-point nodes that are operands of `floats`, each once, in program order.

@@ -56,8 +56,9 @@ static HAS_PENDING: AtomicBool = AtomicBool::new(false);
 /// `log` and `skip` print their first trip's report only; later trips are events.
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
-/// Under `skip`: this many skipped steps in a row end the run (the state, not a batch, is then the likely cause).
-pub(crate) const SKIPS_IN_A_ROW: u64 = 5;
+/// Under `skip`: this many skipped steps in a row end the run. A bad batch is skipped once; a run that skips step
+/// after step is stuck (its state non-finite, or an input that stays bad), and says so instead of skipping forever.
+pub(crate) const SKIPS_IN_A_ROW: u64 = 20;
 static SKIPPED_IN_A_ROW: AtomicU64 = AtomicU64::new(0);
 
 /// Whether steps are checked under this configuration.
@@ -206,8 +207,9 @@ fn read(pending: Pending) -> Result<()> {
             SKIPPED_IN_A_ROW.store(0, Relaxed);
             let report = report(&pending, &counts, None, entered)
                 + &format!(
-                    "\n  {SKIPS_IN_A_ROW} steps in a row were skipped: the state itself is likely non-finite (an \
-                     update can make it so from finite inputs, which skip does not read); stop locates the op"
+                    "\n  {SKIPS_IN_A_ROW} steps in a row were skipped: either the state itself is non-finite (an \
+                     update can make it so from finite inputs, which skip does not read) or an input stays bad; stop \
+                     locates the op"
                 );
             emit_event(&pending, report.lines().map(str::to_string).collect());
             return Err(Error::NonFinite { at: pending.at, op_at: None, op: None, report });
@@ -223,7 +225,7 @@ fn read(pending: Pending) -> Result<()> {
     match mode {
         CheckFinite::Stop => {
             let (op_at, op) = match &located {
-                Some(Ok(Some(l))) => (Some(l.loc), Some(l.op)),
+                Some(Ok(locate::Replayed { first: Some(l), .. })) => (Some(l.loc), Some(l.op)),
                 _ => (None, None),
             };
             Err(Error::NonFinite { at: pending.at, op_at, op, report })
@@ -258,7 +260,58 @@ const SHOWN: usize = 6;
 
 /// The report of a trip: the step, the outputs with non-finite values, what became of its state, and where the
 /// values came from.
-fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Located>>>, entered: u64) -> String {
+fn report(p: &Pending, counts: &[u64], located: Option<&Result<locate::Replayed>>, entered: u64) -> String {
+    let mut out = match located {
+        Some(Ok(replayed)) if replayed.outputs.len() == p.checked.len() => by_output(p, &replayed.outputs),
+        _ => by_group(p, counts),
+    };
+    match p.mode {
+        CheckFinite::Skip if !p.guarded => out += "  the program updates no state: nothing to skip\n",
+        CheckFinite::Skip if entered > 0 => {
+            out += &format!(
+                "  skipped: {entered} non-finite values entered the update; parameters and optimizer state keep \
+                 their values from before the step\n"
+            )
+        }
+        _ => {}
+    }
+    match located {
+        Some(Ok(locate::Replayed { first: Some(l), .. })) => out += &l.describe(),
+        Some(Ok(_)) => out += "  no op of the step made a non-finite value when it ran again on the same inputs",
+        Some(Err(e)) => out += &format!("  locating the first non-finite value failed: {e}"),
+        None if p.mode == CheckFinite::Skip && entered > 0 && p.guarded => {
+            out += "  not located under skip (stop locates the first op)"
+        }
+        None if p.mode == CheckFinite::Skip => {}
+        None => out += "  not located: only the first trip is reported under log",
+    }
+    out
+}
+
+/// The outputs with non-finite values, one by one, from the counts of a run of the step again.
+fn by_output(p: &Pending, counts: &[u64]) -> String {
+    let bad: Vec<String> = p
+        .checked
+        .iter()
+        .zip(counts)
+        .filter(|(_, &c)| c > 0)
+        .map(|((ty, loc), c)| format!("    {ty} recorded at {loc}: {c} of {} non-finite", ty.elements()))
+        .collect();
+    let (n, total) = (bad.len(), p.checked.len());
+    let mut out = format!("  step {}: {n} of its {total} floating-point outputs hold non-finite values\n", p.step);
+    for line in bad.iter().take(SHOWN) {
+        out += line;
+        out += "\n";
+    }
+    if n > SHOWN {
+        out += &format!("    … and {} more\n", n - SHOWN);
+    }
+    out
+}
+
+/// The groups of outputs with non-finite values, as the step's check counted them: each group's count and its
+/// members (the first few).
+fn by_group(p: &Pending, counts: &[u64]) -> String {
     let mut out = format!("  step {}:\n", p.step);
     if counts.iter().any(|&c| c > 0) {
         out += "  non-finite values among its floating-point outputs:\n";
@@ -275,26 +328,6 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<Option<locate::Lo
             out += &format!("      {ty} recorded at {loc}\n");
             shown += 1;
         }
-    }
-    match p.mode {
-        CheckFinite::Skip if !p.guarded => out += "  the program updates no state: nothing to skip\n",
-        CheckFinite::Skip if entered > 0 => {
-            out += &format!(
-                "  skipped: {entered} non-finite values entered the update; parameters and optimizer state keep \
-                 their values from before the step\n"
-            )
-        }
-        _ => {}
-    }
-    match located {
-        Some(Ok(Some(l))) => out += &l.describe(),
-        Some(Ok(None)) => out += "  no op of the step made a non-finite value when it ran again on the same inputs",
-        Some(Err(e)) => out += &format!("  locating the first non-finite value failed: {e}"),
-        None if p.mode == CheckFinite::Skip && entered > 0 && p.guarded => {
-            out += "  not located under skip (stop locates the first op)"
-        }
-        None if p.mode == CheckFinite::Skip => {}
-        None => out += "  not located: only the first trip is reported under log",
     }
     out
 }
