@@ -298,6 +298,25 @@ fn pinned_cuda_libraries_are_fetched_unpacked_and_opened_from_the_cache() {
     assert!(!stderr.contains("nvidia-cuda-runtime=="), "the runtime is there, yet listed: {stderr}");
 }
 
+/// Under `root`: a fresh cache in which every pinned wheel of `target` but those `fetched` picks is marked
+/// unpacked (so nothing else is fetched), and a stand-in driver directory (an empty `libcuda.so.1`, for
+/// `LD_LIBRARY_PATH`): the machine on which lazuli fetches what it finds nowhere.
+fn marked_cache_and_driver(
+    target: &Target,
+    root: &Path,
+    fetched: impl Fn(&LibraryWheel) -> bool,
+) -> (PathBuf, PathBuf) {
+    let (cache, driver) = (root.join("cache"), root.join("driver"));
+    let unpacked = cache.join("libs").join(target.library_dir).join(".unpacked");
+    fs::create_dir_all(&unpacked).unwrap();
+    for wheel in provision::library_wheels(target).into_iter().filter(|w| !fetched(w)) {
+        fs::write(unpacked.join(wheel.file), wheel.sha256).unwrap();
+    }
+    fs::create_dir_all(&driver).unwrap();
+    fs::write(driver.join("libcuda.so.1"), "").unwrap();
+    (cache, driver)
+}
+
 /// Where the driver is (here a stand-in `libcuda.so.1` on `LD_LIBRARY_PATH`), the wheels of libraries found
 /// nowhere are fetched when the plugin is provisioned: here the runtime's, from `LAZULI_WHEELS` (the others are
 /// marked unpacked in a fresh cache, so nothing else is fetched). A library of another version in site-packages is
@@ -305,18 +324,13 @@ fn pinned_cuda_libraries_are_fetched_unpacked_and_opened_from_the_cache() {
 #[test]
 fn cuda_libraries_found_nowhere_are_fetched_and_site_packages_win() {
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-cudart-{}", std::process::id()));
-    let (wheels, cache, driver) = (root.join("wheels"), root.join("cache"), root.join("driver"));
+    let wheels = root.join("wheels");
     let target = targets::target("cuda13-0.11.2").unwrap();
     let runtime = cuda13_wheel("nvidia-cuda-runtime");
     fs::create_dir_all(&wheels).unwrap();
     fs::copy(cuda_runtime_wheel(), wheels.join(runtime.file)).unwrap();
+    let (cache, driver) = marked_cache_and_driver(target, &root, |w| w == runtime);
     let unpacked = cache.join("libs/cuda13");
-    fs::create_dir_all(unpacked.join(".unpacked")).unwrap();
-    for wheel in provision::library_wheels(target).into_iter().filter(|w| *w != runtime) {
-        fs::write(unpacked.join(".unpacked").join(wheel.file), wheel.sha256).unwrap();
-    }
-    fs::create_dir_all(&driver).unwrap();
-    fs::write(driver.join("libcuda.so.1"), "").unwrap();
     let plugin = provision::pinned_plugin_path_in(target, &Sources::default()).unwrap();
     let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
     let env = [
@@ -364,15 +378,9 @@ fn cuda_libraries_found_nowhere_are_fetched_and_site_packages_win() {
 #[test]
 fn a_system_cuda_toolkit_stands_in_for_the_tools_wheels() {
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("targets-toolkit-{}", std::process::id()));
-    let (cache, driver, toolkit) = (root.join("cache"), root.join("driver"), root.join("cuda"));
+    let toolkit = root.join("cuda");
     let target = targets::target("cuda13-0.11.2").unwrap();
-    let unpacked = cache.join("libs/cuda13/.unpacked");
-    fs::create_dir_all(&unpacked).unwrap();
-    for wheel in provision::library_wheels(target).into_iter().filter(|w| !target.cuda_tools.contains(w)) {
-        fs::write(unpacked.join(wheel.file), wheel.sha256).unwrap();
-    }
-    fs::create_dir_all(&driver).unwrap();
-    fs::write(driver.join("libcuda.so.1"), "").unwrap();
+    let (cache, driver) = marked_cache_and_driver(target, &root, |w| target.cuda_tools.contains(w));
     fs::create_dir_all(toolkit.join("bin")).unwrap();
     fs::create_dir_all(toolkit.join("nvvm/libdevice")).unwrap();
     write_executable(&toolkit.join("bin/ptxas"), "#!/bin/sh\n");
