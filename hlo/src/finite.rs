@@ -35,17 +35,17 @@ pub fn count_nonfinite(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Option<
 
 /// At most this many tensors, and this many elements, share one count of [`count_nonfinite_grouped`]: few enough
 /// operands for XLA to fuse their concatenation into the counting reduction.
-const GROUP_TENSORS: usize = 32;
+pub const GROUP_TENSORS: usize = 32;
 const GROUP_ELEMENTS: usize = 1 << 30;
 
 /// How [`count_nonfinite_grouped`] splits tensors of these types, in order, into counted groups: runs of one dtype
-/// of at most [`GROUP_TENSORS`] tensors and [`GROUP_ELEMENTS`] elements (a larger tensor is a group alone).
-pub fn count_groups(types: &[&TensorType]) -> Vec<Range<usize>> {
+/// of at most `most` tensors and [`GROUP_ELEMENTS`] elements (a larger tensor is a group alone).
+pub fn count_groups(types: &[&TensorType], most: usize) -> Vec<Range<usize>> {
     let mut groups: Vec<Range<usize>> = Vec::new();
     let mut elements = 0;
     for (i, ty) in types.iter().enumerate() {
         let joins = groups.last().is_some_and(|r| {
-            r.len() < GROUP_TENSORS && types[r.start].dtype == ty.dtype && elements + ty.elements() <= GROUP_ELEMENTS
+            r.len() < most && types[r.start].dtype == ty.dtype && elements + ty.elements() <= GROUP_ELEMENTS
         });
         match groups.last_mut() {
             Some(r) if joins => {
@@ -64,9 +64,9 @@ pub fn count_groups(types: &[&TensorType]) -> Vec<Range<usize>> {
 /// As [`count_nonfinite`], with one count per group of [`count_groups`] instead of one per node: each group's
 /// tensors are flattened and concatenated into one counting reduction. A step checks hundreds of outputs, and a
 /// reduction per output is a kernel launch per output (two, and a zeroing, for large ones); a group is one.
-pub fn count_nonfinite_grouped(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Option<NodeId>, String> {
+pub fn count_nonfinite_grouped(g: &mut Graph, of: &[NodeId], most: usize, loc: Loc) -> Result<Option<NodeId>, String> {
     let types: Vec<&TensorType> = of.iter().map(|&x| &g.nodes[x].ty).collect();
-    let groups = count_groups(&types);
+    let groups = count_groups(&types, most);
     let mut counts = Vec::with_capacity(groups.len());
     for group in groups {
         let members = &of[group];
@@ -270,10 +270,10 @@ mod tests {
         xs.push(g.parameter(TensorType::new(DType::F16, [4]), loc));
         xs.extend((0..GROUP_TENSORS + 1).map(|_| g.parameter(TensorType::new(DType::F32, [2]), loc)));
         let types: Vec<TensorType> = xs.iter().map(|&x| g.nodes[x].ty.clone()).collect();
-        let groups = count_groups(&types.iter().collect::<Vec<_>>());
+        let groups = count_groups(&types.iter().collect::<Vec<_>>(), GROUP_TENSORS);
         let n = xs.len();
         assert_eq!(groups, vec![0..2, 2..3, 3..3 + GROUP_TENSORS, 3 + GROUP_TENSORS..n]);
-        let counts = count_nonfinite_grouped(&mut g, &xs, loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &xs, GROUP_TENSORS, loc).unwrap().unwrap();
         g.outputs = vec![counts];
         let mut values = vec![
             ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, f64::NAN, 0.0, 0.0, f64::INFINITY, 3.0]).unwrap(),

@@ -1,7 +1,7 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
 //! output: counts of non-finite elements, one small `i32` vector, one count per group of floating-point outputs
-//! (`hlo::finite::count_groups`): one reduction per group, not per output, since a launch per output cost more
-//! than the reading. Under `skip` the program also guards its state (`hlo::finite::guard`): each
+//! (`hlo::finite::count_groups`): one reduction per group, not per output, since on a GPU a launch per output cost
+//! more than the reading (on the CPU the two measured the same within its noise). Under `skip` the program also guards its state (`hlo::finite::guard`): each
 //! parameter or optimizer state output becomes `select(all_finite, new, old)`, so a tripped step hands back the
 //! values it was given, old state can still be donated to it, and nothing waits for the host. `stop` and `log`
 //! donate nothing and keep the step's IR and inputs for the locator (guarding `stop` too measured slower on the
@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use lazuli_hlo::finite::GROUP_TENSORS;
 use lazuli_hlo::{Graph, Loc, TensorType};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
@@ -29,7 +30,7 @@ use crate::runtime::{runtime, CheckFinite};
 
 /// A step whose check has not been read yet.
 pub(crate) struct Pending {
-    /// The counts, one per group of `checked` (`lazuli_hlo::finite::count_groups`).
+    /// The counts, one per group of `checked` ([`groups`]).
     counts: Data,
     /// The checked outputs' types and lines, in the order the counts group them.
     checked: Vec<(TensorType, Loc)>,
@@ -104,8 +105,8 @@ pub(crate) fn with_check(
     let counts = match mode {
         CheckFinite::Skip => {
             let entering = lazuli_hlo::finite::update_inputs(&g, guards);
-            let entering =
-                lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &entering, loc).map_err(Error::Internal)?;
+            let entering = lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &entering, GROUP_TENSORS, loc)
+                .map_err(Error::Internal)?;
             if let Some(e) = entering {
                 lazuli_hlo::finite::guard(&mut g, e, guards, loc).map_err(Error::Internal)?;
             }
@@ -113,7 +114,8 @@ pub(crate) fn with_check(
         }
         _ => {
             let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
-            match lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &outputs, loc).map_err(Error::Internal)? {
+            let counts = lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &outputs, GROUP_TENSORS, loc);
+            match counts.map_err(Error::Internal)? {
                 Some(c) => {
                     lazuli_hlo::finite::guard(&mut g, c, guards, loc).map_err(Error::Internal)?;
                     c
@@ -252,7 +254,7 @@ fn counts(p: &Pending) -> Result<Vec<u64>> {
 
 /// The groups of `p.checked` that the counts count, in order.
 fn groups(p: &Pending) -> Vec<std::ops::Range<usize>> {
-    lazuli_hlo::finite::count_groups(&p.checked.iter().map(|(ty, _)| ty).collect::<Vec<_>>())
+    lazuli_hlo::finite::count_groups(&p.checked.iter().map(|(ty, _)| ty).collect::<Vec<_>>(), GROUP_TENSORS)
 }
 
 /// The outputs a report lists (a model's weights all go non-finite together; the first few say enough).
