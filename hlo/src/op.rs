@@ -244,6 +244,59 @@ impl Op {
             Op::Checkpoint(_) => None,
         }
     }
+
+    /// Whether every element of this op's result is an element of one of its operands (layout, slicing,
+    /// gathering, selection, sorting): such an op cannot make a non-finite value from finite operands, so the
+    /// NaN locator does not count its result (`lazy/src/exec/finite/locate.rs`). Exhaustive, so a new op must say.
+    pub fn only_moves_values(&self) -> bool {
+        match self {
+            Op::Reshape(_)
+            | Op::Transpose(_)
+            | Op::BroadcastInDim(_)
+            | Op::Slice(_)
+            | Op::Concatenate(_)
+            | Op::Pad(_)
+            | Op::Reverse(_)
+            | Op::Take(_)
+            | Op::Select(_)
+            | Op::Sort(_)
+            | Op::ShardingConstraint(_) => true,
+            // Parameters and constants are where non-finite inputs and masks enter: counted, so that they are seen.
+            Op::Parameter(_)
+            | Op::Constant(_)
+            | Op::Iota(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Convert(_)
+            | Op::BitcastConvert(_)
+            | Op::Reduce(_)
+            | Op::DotGeneral(_)
+            | Op::ScatterAdd(_)
+            | Op::ScatterReduce(_)
+            | Op::CumSum(_)
+            | Op::ArgReduce(_)
+            | Op::Erf(_)
+            | Op::RngBitGenerator(_)
+            | Op::Convolution(_)
+            | Op::ReduceWindow(_)
+            | Op::SelectAndScatter(_)
+            | Op::Fused(_)
+            | Op::Normalize(_)
+            | Op::NormalizeGrad(_)
+            | Op::Gelu(_)
+            | Op::GeluGrad(_)
+            | Op::Softmax(_)
+            | Op::SoftmaxGrad(_)
+            | Op::Relu(_)
+            | Op::ReluGrad(_)
+            | Op::CrossEntropy(_)
+            | Op::CrossEntropyGrad(_)
+            | Op::Kernel(_)
+            | Op::Control(_)
+            | Op::Checkpoint(_) => false,
+        }
+    }
 }
 
 /// Check an operand count; every family's `infer` starts with this.

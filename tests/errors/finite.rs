@@ -445,3 +445,27 @@ fn grouped_counts_on_the_plugin_match_the_reference() {
         out[0].to_host().unwrap().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(got, want);
 }
+
+/// The locator counts only ops that can make a non-finite value, not those that move values (transpose, select,
+/// reshape, …): a `-inf` made by a `log`, moved through a transpose and a select that keeps it, then multiplied,
+/// is located at the `log`; an output that is a reshape is named with its own count.
+#[test]
+fn a_value_moved_by_layout_ops_is_located_where_it_was_made() {
+    if child::alone(module_path!(), "a_value_moved_by_layout_ops_is_located_where_it_was_made") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    let w = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0], &[2, 2]);
+    let line = line!() + 1;
+    let y = w.log();
+    let moved = y.transpose(&[1, 0]);
+    let kept = moved.gt(-1.0e30).select(&moved, &moved);
+    let _product = &kept * 2.0;
+    let _flat = kept.reshape(&[4]);
+    lazuli::sync().unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert!(report.contains("f32[4] recorded at"), "the reshaped output is named: {report}");
+    assert!(report.contains("1 of 4 non-finite"), "{report}");
+}

@@ -1,6 +1,7 @@
 //! Locating a trip: the first node, in program order, whose result holds non-finite values while its
 //! floating-point operands are all finite. The step's IR runs again on its kept inputs as one program whose outputs
-//! are every floating-point node's count of non-finite elements (one vector) and the smallest and largest element
+//! are the count of non-finite elements of every floating-point node that can make one (not of those that only
+//! move values) and of every output (one vector), and the smallest and largest element
 //! of every floating-point operand of those nodes, so that the found node's operand ranges, which the report
 //! shows, come from the same run. It is compiled here and not cached: a trip is rare.
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
@@ -72,24 +73,27 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
     let _one = crate::exec::one_at_a_time();
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
+    let counted = counted(graph, &floats);
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
-    let Some(counts) = lazuli_hlo::finite::count_nonfinite(&mut probe, &floats, loc).map_err(Error::Internal)? else {
+    let Some(counts) = lazuli_hlo::finite::count_nonfinite(&mut probe, &counted, loc).map_err(Error::Internal)? else {
         return Ok(Replayed { first: None, outputs: Vec::new() });
     };
     // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.
-    let extremes = lazuli_hlo::finite::extremes(&mut probe, &float_operands(graph, &floats), loc);
+    let extremes = lazuli_hlo::finite::extremes(&mut probe, &float_operands(graph, &counted), loc);
     let extremes = extremes.map_err(Error::Internal)?;
     probe.outputs = std::iter::once(counts).chain(extremes.iter().map(|&(v, _)| v)).collect();
     let host = run(rt, &probe, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
-    for (&id, c) in floats.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
+    for (&id, c) in counted.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
         nonfinite[id] = c as u64;
     }
     let float_outputs = graph.outputs.iter().filter(|&&o| graph.nodes[o].ty.dtype.is_float());
     let outputs = float_outputs.map(|&o| nonfinite[o]).collect();
+    // The first counted node with non-finite values made them: an uncounted operand (0 here) only moved values
+    // made before it, by a counted node that would come first.
     let finite_operands = |id: NodeId| graph.nodes[id].operands.iter().all(|&o| nonfinite[o] == 0);
-    let Some(first) = floats.iter().copied().find(|&id| nonfinite[id] > 0 && finite_operands(id)) else {
+    let Some(first) = counted.iter().copied().find(|&id| nonfinite[id] > 0 && finite_operands(id)) else {
         return Ok(Replayed { first: None, outputs });
     };
     let mut range = vec![None; graph.nodes.len()];
@@ -114,6 +118,16 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
     let located =
         Located { op: node.op.name(), loc: node.loc, ty: node.ty.clone(), nonfinite: nonfinite[first], operands };
     Ok(Replayed { first: Some(located), outputs })
+}
+
+/// The floating-point nodes whose non-finite elements the locating run counts: those that can make a non-finite
+/// value from finite operands (not those that only move values: a reshape, a slice, a select, …), which are what
+/// the search looks for, and the outputs, which the report names. Counting fewer nodes is a smaller program to
+/// compile (GPT-2's step at the CPU dry-run size: 13% less, `docs/perf-log/2026-12-01-gelu-flags-grouped-check.md`).
+fn counted(graph: &Graph, floats: &[NodeId]) -> Vec<NodeId> {
+    let mut is_output = vec![false; graph.nodes.len()];
+    graph.outputs.iter().for_each(|&o| is_output[o] = true);
+    floats.iter().copied().filter(|&id| is_output[id] || !graph.nodes[id].op.only_moves_values()).collect()
 }
 
 /// The floating-point nodes that are operands of `floats`, each once, in program order.
