@@ -317,6 +317,25 @@ fn marked_cache_and_driver(
     (cache, driver)
 }
 
+/// A child that provisions and loads `target`'s pinned plugin with `cache`, the stand-in `driver`, no Python, and
+/// `more` variables; it must succeed. Its stdout and stderr.
+fn load_without_python(target: &Target, cache: &Path, driver: &Path, more: &[(&str, &Path)]) -> (String, String) {
+    let plugin = provision::pinned_plugin_path_in(target, &Sources::default()).unwrap();
+    let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
+    let mut env = vec![
+        ("LAZULI_TARGET", name.as_path()),
+        ("LAZULI_GPU_PLUGIN", &plugin),
+        ("LAZULI_CACHE_DIR", cache),
+        ("LAZULI_PYTHON", &none),
+        ("LD_LIBRARY_PATH", driver),
+    ];
+    env.extend_from_slice(more);
+    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 /// Where the driver is (here a stand-in `libcuda.so.1` on `LD_LIBRARY_PATH`), the wheels of libraries found
 /// nowhere are fetched when the plugin is provisioned: here the runtime's, from `LAZULI_WHEELS` (the others are
 /// marked unpacked in a fresh cache, so nothing else is fetched). A library of another version in site-packages is
@@ -331,19 +350,7 @@ fn cuda_libraries_found_nowhere_are_fetched_and_site_packages_win() {
     fs::copy(cuda_runtime_wheel(), wheels.join(runtime.file)).unwrap();
     let (cache, driver) = marked_cache_and_driver(target, &root, |w| w == runtime);
     let unpacked = cache.join("libs/cuda13");
-    let plugin = provision::pinned_plugin_path_in(target, &Sources::default()).unwrap();
-    let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
-    let env = [
-        ("LAZULI_TARGET", name.as_path()),
-        ("LAZULI_GPU_PLUGIN", &plugin),
-        ("LAZULI_CACHE_DIR", &cache),
-        ("LAZULI_WHEELS", &wheels),
-        ("LAZULI_PYTHON", &none),
-        ("LD_LIBRARY_PATH", &driver),
-    ];
-    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
-    let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, stderr) = load_without_python(target, &cache, &driver, &[("LAZULI_WHEELS", &wheels)]);
     let cudart = unpacked.join("nvidia/cu13/lib/libcudart.so.13");
     assert!(stderr.contains(&format!("unpacking nvidia-cuda-runtime==13.0.96 from {}", wheels.display())));
     assert!(stdout.contains(&format!("preloaded {}", cudart.canonicalize().unwrap().display())), "{stdout}");
@@ -361,6 +368,7 @@ fn cuda_libraries_found_nowhere_are_fetched_and_site_packages_win() {
     fs::write(site.join("nvidia/cu13/bin/ptxas"), "").unwrap();
     let python = root.join("python");
     write_executable(&python, &format!("#!/bin/sh\necho '{}'\n", site.display()));
+    let name = PathBuf::from(target.name);
     let env = [("LAZULI_TARGET", name.as_path()), ("LAZULI_PYTHON", &python)];
     let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
     let (stdout, stderr) = text(&out);
@@ -384,19 +392,7 @@ fn a_system_cuda_toolkit_stands_in_for_the_tools_wheels() {
     fs::create_dir_all(toolkit.join("bin")).unwrap();
     fs::create_dir_all(toolkit.join("nvvm/libdevice")).unwrap();
     write_executable(&toolkit.join("bin/ptxas"), "#!/bin/sh\n");
-    let plugin = provision::pinned_plugin_path_in(target, &Sources::default()).unwrap();
-    let (name, none) = (PathBuf::from(target.name), PathBuf::from("none"));
-    let env = [
-        ("LAZULI_TARGET", name.as_path()),
-        ("LAZULI_GPU_PLUGIN", &plugin),
-        ("LAZULI_CACHE_DIR", &cache),
-        ("LAZULI_PYTHON", &none),
-        ("LD_LIBRARY_PATH", &driver),
-        ("CUDA_HOME", &toolkit),
-    ];
-    let (out, _) = run_child("load", Device::Cuda, &env, Duration::from_secs(120));
-    let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (stdout, stderr) = load_without_python(target, &cache, &driver, &[("CUDA_HOME", &toolkit)]);
     assert!(stdout.contains(&format!("cuda data dir {}", toolkit.display())), "{stdout}");
     assert!(!stderr.contains("nvidia-cuda-nvcc"), "the tools wheel was wanted: {stderr}");
     fs::remove_dir_all(&root).unwrap();
