@@ -23,14 +23,7 @@ use crate::ops::slicing::Concatenate;
 /// `i32[of.len()]` vector in that order; returns the vector's node, or `None` when `of` is empty. The new nodes
 /// carry `loc`. Counts saturate nowhere: a tensor of more than `i32::MAX` elements would wrap.
 pub fn count_nonfinite(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Option<NodeId>, String> {
-    let counts = of.iter().map(|&x| count_one(g, x, loc)).collect::<Result<Vec<_>, _>>()?;
-    if counts.is_empty() {
-        return Ok(None);
-    }
-    if counts.len() == 1 {
-        return Ok(Some(counts[0]));
-    }
-    g.push(Op::Concatenate(Concatenate { dim: 0 }), counts, loc).map(Some)
+    count_nonfinite_grouped(g, of, 1, loc)
 }
 
 /// At most this many tensors, and this many elements, share one count of [`count_nonfinite_grouped`]: few enough
@@ -175,19 +168,14 @@ fn total(g: &mut Graph, counts: NodeId, loc: Loc) -> Result<NodeId, String> {
     g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false }), vec![counts], loc)
 }
 
-/// `counts` (one per output, when there are any) followed by the total of `decided` (0 when there is none), as
-/// one `i32` vector.
-pub fn with_total(g: &mut Graph, counts: Option<NodeId>, decided: Option<NodeId>, loc: Loc) -> Result<NodeId, String> {
-    let last = match decided {
-        Some(d) => {
-            let t = total(g, d, loc)?;
-            g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![t], loc)?
-        }
-        None => g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, [1]))), vec![], loc)?,
-    };
+/// `i32[1]`: the total of a vector of counts, 0 when there is none.
+pub fn total_of(g: &mut Graph, counts: Option<NodeId>, loc: Loc) -> Result<NodeId, String> {
     match counts {
-        Some(c) => g.push(Op::Concatenate(Concatenate { dim: 0 }), vec![c, last], loc),
-        None => Ok(last),
+        Some(c) => {
+            let t = total(g, c, loc)?;
+            g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![t], loc)
+        }
+        None => g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, [1]))), vec![], loc),
     }
 }
 

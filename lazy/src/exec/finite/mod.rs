@@ -32,7 +32,8 @@ use crate::runtime::{runtime, CheckFinite};
 pub(crate) struct Pending {
     /// The counts, one per group of `checked` ([`groups`]).
     counts: Data,
-    /// The checked outputs' types and lines, in the order the counts group them.
+    /// The checked outputs' types and lines, in the order the counts group them (none under `skip`, whose one
+    /// count is of what entered the update).
     checked: Vec<(TensorType, Loc)>,
     /// What a trip is located from (`stop` and `log`): the step's IR without the check, and its inputs.
     replay: Option<Replay>,
@@ -110,7 +111,7 @@ pub(crate) fn with_check(
             if let Some(e) = entering {
                 lazuli_hlo::finite::guard(&mut g, e, guards, loc).map_err(Error::Internal)?;
             }
-            lazuli_hlo::finite::with_total(&mut g, None, entering, loc).map_err(Error::Internal)?
+            lazuli_hlo::finite::total_of(&mut g, entering, loc).map_err(Error::Internal)?
         }
         _ => {
             let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
@@ -243,8 +244,7 @@ fn read(pending: Pending) -> Result<()> {
 
 /// The counts of the pending check, read from the device (its step has finished or is about to).
 fn counts(p: &Pending) -> Result<Vec<u64>> {
-    let groups = groups(p).len();
-    let n = if p.mode == CheckFinite::Skip { 1 } else { groups.max(1) };
+    let n = if p.mode == CheckFinite::Skip { 1 } else { groups(p).len().max(1) };
     let ty = TensorType::new(lazuli_hlo::DType::I32, [n]);
     let reading = std::time::Instant::now();
     let bytes = p.counts.to_host(&ty)?;
