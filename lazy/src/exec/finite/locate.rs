@@ -123,7 +123,7 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
 /// The floating-point nodes whose non-finite elements the locating run counts: those that can make a non-finite
 /// value from finite operands (not those that only move values: a reshape, a slice, a select, …), which are what
 /// the search looks for, and the outputs, which the report names. Counting fewer nodes is a smaller program to
-/// compile (GPT-2's step at the CPU dry-run size: 13% less, `docs/perf-log/2026-12-01-gelu-flags-grouped-check.md`).
+/// compile, and the compile is most of a trip (`docs/perf-log/2026-12-01-gelu-flags-grouped-check.md`).
 fn counted(graph: &Graph, floats: &[NodeId]) -> Vec<NodeId> {
     let mut is_output = vec![false; graph.nodes.len()];
     graph.outputs.iter().for_each(|&o| is_output[o] = true);
