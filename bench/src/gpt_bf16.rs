@@ -24,8 +24,10 @@ fn linear(l: &Linear, x: &Tensor) -> Tensor {
     }
 }
 
+/// The normalization with its result in bf16, the matmul's operand type: one kernel on a GPU (with
+/// `LAZULI_LAYER_NORM=composite`, the f32 formula and a conversion, as the matmul would convert it).
 fn layer_norm(ln: &LayerNorm, x: &Tensor) -> Tensor {
-    ln.forward(x)
+    ln.forward_as(x, DType::BF16)
 }
 
 fn attention(a: &CausalSelfAttention, x: &Tensor) -> Tensor {

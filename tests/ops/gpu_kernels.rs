@@ -244,3 +244,69 @@ fn the_gpt_trains_to_the_same_losses_with_and_without_fused_attention() {
         }
     }
 }
+
+/// `y = layer_norm(x) · w + b` in `out` and the gradients of `sum(y · r)` for x, w and b, read as f64: by the
+/// fused op, or by the formula of separate ops (the reference, computed in f32).
+fn layer_norm_and_grads(rows: &[usize], width: usize, dtype: DType, out: DType, fused: bool) -> Vec<Vec<f64>> {
+    let mut dims = rows.to_vec();
+    dims.push(width);
+    let n: usize = dims.iter().product();
+    let x_vals: Vec<f32> = data(n, 11).into_iter().map(|v| round(3.0 * v + 0.5, dtype)).collect();
+    let w_vals: Vec<f32> = data(width, 12).into_iter().map(|v| round(1.0 + 0.5 * v, dtype)).collect();
+    let b_vals: Vec<f32> = data(width, 13).into_iter().map(|v| round(0.3 * v, dtype)).collect();
+    let (x, w, b) = if fused {
+        (
+            host_tensor(&x_vals, &dims, dtype),
+            host_tensor(&w_vals, &[width], dtype),
+            host_tensor(&b_vals, &[width], dtype),
+        )
+    } else {
+        (
+            Tensor::from_slice(&x_vals, &dims),
+            Tensor::from_slice(&w_vals, &[width]),
+            Tensor::from_slice(&b_vals, &[width]),
+        )
+    };
+    let (x, w, b) = (x.requires_grad(), w.requires_grad(), b.requires_grad());
+    let y = if fused {
+        x.layer_norm_affine(&w, &b, 1e-5, out).to_dtype(DType::F32)
+    } else {
+        let y = x.layer_norm(&[-1], 1e-5) * &w + &b;
+        // Rounded to `out` as the kernel rounds its result.
+        y.to_dtype(out).to_dtype(DType::F32)
+    };
+    let r = Tensor::from_slice(&data(n, 14), &dims);
+    let grads = lazuli::grad(&(&y * &r).sum_all(), &[&x, &w, &b]);
+    std::iter::once(&y).chain(&grads).map(|t| t.to_dtype(DType::F64).to_vec::<f64>().expect("read")).collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn fused_layer_norm_matches_the_formula_forward_and_backward() {
+    require_gpu();
+    use DType::{BF16, F16, F32};
+    // (leading dims, width, x dtype, result dtype, tolerance): GPT-2 small's, widths not a power of two, rows
+    // not a multiple of a block, 16-bit inputs and results.
+    let cases: [(&[usize], usize, DType, DType, f64); 6] = [
+        (&[8, 1024], 768, F32, BF16, 1e-2),
+        (&[8, 1024], 768, F32, F32, 1e-5),
+        (&[3, 37], 100, F32, F32, 1e-5),
+        (&[5], 4096, F32, BF16, 1e-2),
+        (&[4, 33], 768, BF16, BF16, 1.5e-2),
+        (&[129], 1600, F16, F32, 4e-3),
+    ];
+    let mut failures = Vec::new();
+    for (rows, width, dtype, out, tolerance) in cases {
+        let got = layer_norm_and_grads(rows, width, dtype, out, true);
+        let want = layer_norm_and_grads(rows, width, dtype, out, false);
+        let errors: Vec<f64> = got.iter().zip(&want).map(|(g, w)| relative_error(g, w)).collect();
+        let finite = got.iter().flatten().all(|v| v.is_finite());
+        let shown: Vec<String> = errors.iter().map(|e| format!("{e:.1e}")).collect();
+        println!("layer norm {rows:?}×{width} {dtype}→{out}: relative error y, dx, dw, db {}", shown.join(", "));
+        // The gradients sum over rows in another order (and from a rounded cotangent for 16-bit results).
+        if !finite || errors[0] > tolerance || errors[1..].iter().any(|&e| e > tolerance.max(2e-3)) {
+            failures.push(format!("{rows:?}×{width} {dtype}→{out}: {errors:?} (finite: {finite})"));
+        }
+    }
+    assert!(failures.is_empty(), "the layer-norm kernels disagree with the formula:\n{}", failures.join("\n"));
+}

@@ -89,6 +89,13 @@ fn softmax_family_gradients() {
         }
         check_grad(&format!("layer_norm {dims:?} {axes:?}"), &[x.clone()], |t| t[0].layer_norm(axes, 1e-5));
     }
+    for dims in [&[5][..], &[3, 4], &[2, 3, 4]] {
+        let d = dims[dims.len() - 1];
+        let (x, w, b) = (data(70, dims, -3.0, 3.0), data(71, &[d], 0.5, 1.5), data(72, &[d], -1.0, 1.0));
+        check_grad(&format!("layer_norm_affine {dims:?}"), &[x, w, b], |t| {
+            t[0].layer_norm_affine(&t[1], &t[2], 1e-5, t[0].dtype())
+        });
+    }
     // Large logits: the max-shift keeps everything finite.
     let big = data(50, &[2, 4], 500.0, 510.0);
     check_grad("log_softmax large", &[big.clone()], |t| t[0].log_softmax(1));

@@ -7,6 +7,7 @@
 //! checked by [`TritonCall::validate`] before it reaches a program.
 
 pub mod flash;
+pub mod layer_norm;
 pub mod ttir;
 
 use lazuli_hlo::emit::MlirString;

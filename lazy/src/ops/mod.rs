@@ -10,6 +10,7 @@ mod conv;
 pub mod custom_kernel;
 pub mod einsum;
 pub mod indexing;
+mod layer_norm;
 pub(crate) mod nn_functional;
 mod operators;
 pub mod random;

@@ -44,6 +44,9 @@ pub struct Config {
     /// Which attention implementation `scaled_dot_product_attention` records (`LAZULI_ATTENTION`): the fastest
     /// that applies (default), or one forced; forcing one that cannot apply is an error at the recording line.
     pub attention: Implementation,
+    /// Which layer-norm implementation `Tensor::layer_norm_affine` (and `nn::LayerNorm`) records
+    /// (`LAZULI_LAYER_NORM`): lazuli's Triton kernels where they apply (default), or the composite.
+    pub layer_norm: Implementation,
     /// Where plugins come from (`LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`,
     /// `LAZULI_TPU_PLUGIN`, `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`); `plugin_path`, when set, wins.
     pub plugins: Sources,
@@ -75,6 +78,7 @@ impl Default for Config {
             cpu_launcher: CpuLauncher::default(),
             xla_options: Vec::new(),
             attention: Implementation::Auto,
+            layer_norm: Implementation::Auto,
             plugins: Sources::default(),
             donate: true,
             dump_dir: None,
@@ -98,6 +102,7 @@ impl Config {
             cpu_launcher: settings::cpu_launcher()?,
             xla_options: settings::xla_options()?,
             attention: settings::attention()?,
+            layer_norm: settings::layer_norm()?,
             plugins: settings::plugin_sources()?,
             donate: settings::donate()?,
             dump_dir: settings::dump_dir()?,

@@ -152,10 +152,18 @@ impl LayerNorm {
         LayerNorm { weight: Param::new(ones), bias: Param::new(zeros), eps }
     }
 
-    /// `x: [..., dim]` normalized over its last dimension, scaled and shifted.
+    /// `x: [..., dim]` normalized over its last dimension, scaled and shifted (one op:
+    /// [`Tensor::layer_norm_affine`], a fused kernel on NVIDIA GPUs).
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.layer_norm(&[-1], self.eps) * self.weight.get() + self.bias.get()
+        self.forward_as(x, x.dtype())
+    }
+
+    /// [`LayerNorm::forward`] with the result in `dtype`: bf16 for a matmul that follows, written by the kernel
+    /// instead of converted after it.
+    #[track_caller]
+    pub fn forward_as(&self, x: &Tensor, dtype: DType) -> Tensor {
+        x.layer_norm_affine(&self.weight.get(), &self.bias.get(), self.eps, dtype)
     }
 }
 

@@ -1,0 +1,352 @@
+//! Layer normalization with scale and shift over the last axis of `x: [N, D]` (any leading shape, flattened) as
+//! two Triton kernels, generated per shape signature:
+//!
+//! - the forward normalizes a block of rows per program and writes `y = (x - mean) · rstd · w + b` in the output
+//!   type (the bf16 a following matmul reads, say) and each row's `mean` and `rstd = 1/√(var + eps)` in f32, which
+//!   is all the backward needs: no normalized copy of `x` is kept;
+//! - the backward walks a strided set of row blocks per program, writes `dx` and accumulates the program's share
+//!   of `dw = Σ dy · x̂` and `db = Σ dy` in registers, written once as one row of `[programs, D]` partial sums
+//!   that the caller adds up: the two column reductions cost no pass of their own over `[N, D]`.
+//!
+//! Everything is computed in f32. Rows are padded to the next power of two and masked, so any `D` up to
+//! [`MAX_D`] works; row blocks past `N` are masked too.
+
+use super::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
+use super::TritonCall;
+
+/// The widest row a program holds in registers.
+pub const MAX_D: usize = 16384;
+
+/// One layer-norm signature: what a generated kernel is specialized to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LayerNormSpec {
+    /// Rows (the product of the leading dimensions) and the normalized width.
+    pub rows: usize,
+    pub width: usize,
+    /// Element types of `x` (and `dx`), of `w` and `b`, and of `y` (and `dy`).
+    pub x: Scalar,
+    pub params: Scalar,
+    pub y: Scalar,
+    /// `f64::to_bits` of epsilon.
+    pub eps_bits: u64,
+}
+
+impl LayerNormSpec {
+    pub fn eps(&self) -> f64 {
+        f64::from_bits(self.eps_bits)
+    }
+
+    /// The row padded to a power of two.
+    pub fn block_d(&self) -> usize {
+        self.width.next_power_of_two()
+    }
+
+    /// Rows per block: a block of about 4,096 elements (one row when rows are that wide).
+    pub fn block_rows(&self) -> usize {
+        (4096 / self.block_d()).clamp(1, 16)
+    }
+
+    /// Row blocks, and the programs the backward runs (each walks every `programs`-th block).
+    pub fn blocks(&self) -> usize {
+        self.rows.div_ceil(self.block_rows())
+    }
+
+    pub fn backward_programs(&self) -> usize {
+        self.blocks().min(BACKWARD_PROGRAMS)
+    }
+
+    fn num_warps(&self) -> u32 {
+        if self.block_d() * self.block_rows() >= 8192 {
+            8
+        } else {
+            4
+        }
+    }
+
+    /// Why the kernels do not take this signature (`None`: they do).
+    pub fn unsupported(&self) -> Option<String> {
+        if self.width == 0 || self.rows == 0 {
+            return Some("an empty tensor".into());
+        }
+        if self.width > MAX_D {
+            return Some(format!("rows of {} elements are wider than the kernel's {MAX_D}", self.width));
+        }
+        if self.rows.checked_mul(self.width).is_none_or(|n| n > i32::MAX as usize) {
+            return Some(format!("{} × {} elements do not fit 32-bit offsets", self.rows, self.width));
+        }
+        let floats = [self.x, self.params, self.y].iter().all(|s| s.is_float());
+        (!floats).then(|| "the layer-norm kernels take float tensors".into())
+    }
+
+    fn name(&self, what: &str) -> String {
+        format!(
+            "lazuli_layer_norm_{what}_{}x{}_{}_{}_{}",
+            self.rows,
+            self.width,
+            self.x.mlir(),
+            self.params.mlir(),
+            self.y.mlir()
+        )
+    }
+}
+
+/// Programs of the backward: enough to fill an H100/H200 a few times over, few enough that the partial sums
+/// stay small next to `x`.
+const BACKWARD_PROGRAMS: usize = 512;
+
+/// Where one block of rows lies: its row indices `[R]`, the column indices `[D']`, the masks and the element
+/// offsets `[R, D']`.
+struct Block {
+    rows: Value,
+    row_ok: Value,
+    ok: Value,
+    offsets: Value,
+}
+
+impl Block {
+    /// The block starting at row `first` (an i32 scalar).
+    fn at(k: &mut Kernel, spec: &LayerNormSpec, first: &Value) -> Block {
+        let (r, d) = (spec.block_rows(), spec.block_d());
+        let range = k.make_range(0, r as u32);
+        let start = k.splat(first, &[r]);
+        let rows = k.named("rows").add(&start, &range);
+        let n = k.full_int(Scalar::I32, &[r], spec.rows as i64);
+        let row_ok = k.named("row_ok").cmp(Cmp::Lt, &rows, &n);
+        let (cols, col_ok) = columns(k, spec);
+        let ok_r = k.as_column(&row_ok, d);
+        let ok_c = k.as_row(&col_ok, r);
+        let ok = k.named("ok").and(&ok_r, &ok_c);
+        let stride = k.full_int(Scalar::I32, &[r], spec.width as i64);
+        let row_start = k.mul(&rows, &stride);
+        let row_start = k.as_column(&row_start, d);
+        let cols = k.as_row(&cols, r);
+        let offsets = k.named("offs").add(&row_start, &cols);
+        Block { rows, row_ok, ok, offsets }
+    }
+
+    /// The block of a `[N, D]` argument, as f32 (0 where masked).
+    fn load(&self, k: &mut Kernel, arg: &Value, name: &str) -> Value {
+        let ptrs = pointers(k, arg, &self.offsets);
+        let zero = k.full_float(arg.ty().scalar_of(), self.offsets.shape(), 0.0);
+        let v = k.named(name).load(&ptrs, Some(&self.ok), Some(&zero));
+        k.convert(&v, Scalar::F32)
+    }
+
+    fn store(&self, k: &mut Kernel, arg: &Value, v: &Value) {
+        let ptrs = pointers(k, arg, &self.offsets);
+        let v = k.convert(v, arg.ty().scalar_of());
+        k.store(&ptrs, &v, Some(&self.ok));
+    }
+
+    /// One f32 value per row of the block (0 past the last row).
+    fn load_rows(&self, k: &mut Kernel, arg: &Value, name: &str) -> Value {
+        let ptrs = pointers(k, arg, &self.rows);
+        let zero = k.full_float(Scalar::F32, self.rows.shape(), 0.0);
+        k.named(name).load(&ptrs, Some(&self.row_ok), Some(&zero))
+    }
+
+    fn store_rows(&self, k: &mut Kernel, arg: &Value, v: &Value) {
+        let ptrs = pointers(k, arg, &self.rows);
+        k.store(&ptrs, v, Some(&self.row_ok));
+    }
+}
+
+/// `w` or `b` as f32 `[D']` (0 past the width).
+fn load_params(k: &mut Kernel, spec: &LayerNormSpec, arg: &Value, name: &str) -> Value {
+    let (cols, col_ok) = columns(k, spec);
+    let ptrs = pointers(k, arg, &cols);
+    let zero = k.full_float(arg.ty().scalar_of(), cols.shape(), 0.0);
+    let v = k.named(name).load(&ptrs, Some(&col_ok), Some(&zero));
+    k.convert(&v, Scalar::F32)
+}
+
+/// The column indices of a padded row, `[D']`, and which of them lie in the row.
+fn columns(k: &mut Kernel, spec: &LayerNormSpec) -> (Value, Value) {
+    let d = spec.block_d();
+    let cols = k.make_range(0, d as u32);
+    let width = k.full_int(Scalar::I32, &[d], spec.width as i64);
+    let col_ok = k.named("col_ok").cmp(Cmp::Lt, &cols, &width);
+    (cols, col_ok)
+}
+
+/// `arg + offsets`, elementwise.
+fn pointers(k: &mut Kernel, arg: &Value, offsets: &Value) -> Value {
+    let base = k.splat(arg, offsets.shape());
+    k.addptr(&base, offsets)
+}
+
+/// Each row's sum divided by the width: `[R, D'] → [R]`.
+fn row_mean(k: &mut Kernel, spec: &LayerNormSpec, v: &Value) -> Value {
+    let s = k.reduce(v, 1, Reduction::Sum);
+    let n = k.full_float(Scalar::F32, s.shape(), spec.width as f64);
+    k.div(&s, &n)
+}
+
+/// The forward: operands `x, w, b`, results `y, mean, rstd` (`mean` and `rstd` f32 `[N]`).
+pub fn forward(spec: &LayerNormSpec) -> TritonCall {
+    let name = spec.name("fwd");
+    let mut k = Kernel::new(&name);
+    let x_arg = k.ptr_arg("x", spec.x);
+    let w_arg = k.ptr_arg("w", spec.params);
+    let b_arg = k.ptr_arg("b", spec.params);
+    let y_arg = k.ptr_arg("y", spec.y);
+    let mean_arg = k.ptr_arg("mean", Scalar::F32);
+    let rstd_arg = k.ptr_arg("rstd", Scalar::F32);
+    let (r, d) = (spec.block_rows(), spec.block_d());
+
+    let pid = k.program_id(0);
+    let block_rows = k.const_i32(r as i32);
+    let first = k.named("first").mul(&pid, &block_rows);
+    let blk = Block::at(&mut k, spec, &first);
+    let x = blk.load(&mut k, &x_arg, "x");
+    let mean = row_mean(&mut k, spec, &x);
+    let mean_col = k.as_column(&mean, d);
+    let centered = k.sub(&x, &mean_col);
+    let zero = k.full_float(Scalar::F32, &[r, d], 0.0);
+    let centered = k.named("xc").select(&blk.ok, &centered, &zero);
+    let squares = k.mul(&centered, &centered);
+    let var = row_mean(&mut k, spec, &squares);
+    let eps = k.full_float(Scalar::F32, &[r], spec.eps());
+    let var_eps = k.add(&var, &eps);
+    let rstd = k.named("rstd").math("rsqrt", &var_eps);
+    let rstd_col = k.as_column(&rstd, d);
+    let xhat = k.named("xhat").mul(&centered, &rstd_col);
+    let w = load_params(&mut k, spec, &w_arg, "w");
+    let b = load_params(&mut k, spec, &b_arg, "b");
+    let w = k.as_row(&w, r);
+    let b = k.as_row(&b, r);
+    let scaled = k.mul(&xhat, &w);
+    let y = k.named("y").add(&scaled, &b);
+    blk.store(&mut k, &y_arg, &y);
+    blk.store_rows(&mut k, &mean_arg, &mean);
+    blk.store_rows(&mut k, &rstd_arg, &rstd);
+
+    TritonCall { name, ir: k.finish(), grid: [spec.blocks() as u32, 1, 1], num_warps: spec.num_warps(), num_stages: 1 }
+}
+
+/// The backward: operands `x, w, dy, mean, rstd`, results `dx` and the partial sums of `dw` and `db`, f32
+/// `[programs, D]` (row `p` is program `p`'s share; the caller sums over rows).
+pub fn backward(spec: &LayerNormSpec) -> TritonCall {
+    let name = spec.name("bwd");
+    let mut k = Kernel::new(&name);
+    let x_arg = k.ptr_arg("x", spec.x);
+    let w_arg = k.ptr_arg("w", spec.params);
+    let dy_arg = k.ptr_arg("dy", spec.y);
+    let mean_arg = k.ptr_arg("mean", Scalar::F32);
+    let rstd_arg = k.ptr_arg("rstd", Scalar::F32);
+    let dx_arg = k.ptr_arg("dx", spec.x);
+    let dw_arg = k.ptr_arg("dw_part", Scalar::F32);
+    let db_arg = k.ptr_arg("db_part", Scalar::F32);
+    let (r, d) = (spec.block_rows(), spec.block_d());
+    let programs = spec.backward_programs();
+    let rounds = spec.blocks().div_ceil(programs);
+
+    let pid = k.program_id(0);
+    let w = load_params(&mut k, spec, &w_arg, "w");
+    let w = k.as_row(&w, r);
+    let dw0 = k.named("dw_acc").full_float(Scalar::F32, &[d], 0.0);
+    let db0 = k.named("db_acc").full_float(Scalar::F32, &[d], 0.0);
+    let (lo, hi, one) = (k.const_i32(0), k.const_i32(rounds as i32), k.const_i32(1));
+    let acc = k.for_loop((&lo, &hi, &one), &[dw0, db0], |k, round, acc| {
+        // Block `pid + round · programs`: neighbouring programs read neighbouring rows at the same time.
+        let stride = k.const_i32(programs as i32);
+        let step = k.mul(round, &stride);
+        let block = k.add(&pid, &step);
+        let rows_per = k.const_i32(r as i32);
+        let first = k.named("first").mul(&block, &rows_per);
+        let blk = Block::at(k, spec, &first);
+        let x = blk.load(k, &x_arg, "x");
+        let dy = blk.load(k, &dy_arg, "dy");
+        let mean = blk.load_rows(k, &mean_arg, "mean");
+        let rstd = blk.load_rows(k, &rstd_arg, "rstd");
+        let mean_col = k.as_column(&mean, d);
+        let rstd_col = k.as_column(&rstd, d);
+        let centered = k.sub(&x, &mean_col);
+        let xhat = k.mul(&centered, &rstd_col);
+        let zero = k.full_float(Scalar::F32, &[r, d], 0.0);
+        let xhat = k.named("xhat").select(&blk.ok, &xhat, &zero);
+        let wdy = k.named("wdy").mul(&dy, &w);
+        // dx = rstd · (w·dy − x̂ · mean(x̂ · w·dy) − mean(w·dy)) per row.
+        let xw = k.mul(&xhat, &wdy);
+        let c1 = row_mean(k, spec, &xw);
+        let c2 = row_mean(k, spec, &wdy);
+        let c1 = k.as_column(&c1, d);
+        let c2 = k.as_column(&c2, d);
+        let along = k.mul(&xhat, &c1);
+        let along = k.add(&along, &c2);
+        let inner = k.sub(&wdy, &along);
+        let dx = k.named("dx").mul(&inner, &rstd_col);
+        blk.store(k, &dx_arg, &dx);
+        let dyx = k.mul(&dy, &xhat);
+        let dw_rows = k.reduce(&dyx, 0, Reduction::Sum);
+        let db_rows = k.reduce(&dy, 0, Reduction::Sum);
+        let dw = k.add(&acc[0], &dw_rows);
+        let db = k.add(&acc[1], &db_rows);
+        vec![dw, db]
+    });
+    let (cols, col_ok) = columns(&mut k, spec);
+    let width_s = k.const_i32(spec.width as i32);
+    let row = k.mul(&pid, &width_s);
+    let row = k.splat(&row, &[d]);
+    let offsets = k.add(&row, &cols);
+    for (arg, v) in [(&dw_arg, &acc[0]), (&db_arg, &acc[1])] {
+        let ptrs = pointers(&mut k, arg, &offsets);
+        k.store(&ptrs, v, Some(&col_ok));
+    }
+
+    TritonCall { name, ir: k.finish(), grid: [programs as u32, 1, 1], num_warps: spec.num_warps(), num_stages: 1 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt2() -> LayerNormSpec {
+        LayerNormSpec {
+            rows: 8192,
+            width: 768,
+            x: Scalar::F32,
+            params: Scalar::F32,
+            y: Scalar::BF16,
+            eps_bits: 1e-5f64.to_bits(),
+        }
+    }
+
+    #[test]
+    fn the_calls_are_well_formed_for_the_gpt2_shape() {
+        let spec = gpt2();
+        assert_eq!((spec.block_d(), spec.block_rows(), spec.blocks(), spec.backward_programs()), (1024, 4, 2048, 512));
+        let f = forward(&spec);
+        f.validate(3, 3).expect("forward");
+        assert_eq!(f.grid, [2048, 1, 1]);
+        let b = backward(&spec);
+        b.validate(5, 3).expect("backward");
+        assert_eq!(b.grid, [512, 1, 1]);
+        // The output is rounded to bf16 in the kernel; statistics are f32; the row is padded to 1024 and masked.
+        assert!(f.ir.contains("arith.truncf") && f.ir.contains("!tt.ptr<bf16>"), "{}", f.ir);
+        assert!(f.ir.contains("math.rsqrt"), "{}", f.ir);
+        assert!(f.ir.contains("tt.make_range {end = 1024 : i32, start = 0 : i32}"), "{}", f.ir);
+        assert!(f.ir.contains("arith.constant dense<768> : tensor<1024xi32>"), "{}", f.ir);
+        // Four rounds of 512 programs over 2,048 blocks, two column sums carried.
+        assert!(b.ir.contains("scf.for") && b.ir.contains("arith.constant 4 : i32"), "{}", b.ir);
+        assert_eq!(b.ir.matches("\"tt.reduce\"").count(), 4, "{}", b.ir);
+    }
+
+    #[test]
+    fn ragged_and_wide_rows_get_masks_or_are_refused() {
+        let mut spec = gpt2();
+        spec.rows = 7;
+        spec.width = 100;
+        assert_eq!((spec.block_d(), spec.block_rows(), spec.blocks()), (128, 16, 1));
+        forward(&spec).validate(3, 3).expect("forward");
+        backward(&spec).validate(5, 3).expect("backward");
+        spec.width = MAX_D + 1;
+        assert!(spec.unsupported().expect("too wide").contains("wider"));
+        spec.width = 4096;
+        spec.rows = 1 << 20;
+        assert!(spec.unsupported().expect("too many").contains("32-bit"));
+        spec.rows = 4;
+        spec.x = Scalar::I32;
+        assert!(spec.unsupported().expect("ints").contains("float"));
+    }
+}
