@@ -1,5 +1,6 @@
 //! `nn::Gpt`'s forward pass with bf16 matmuls: every matmul's operands are converted to bf16 and its result
-//! back to f32; weights, layer norms, softmax, residuals and the optimizer stay f32. Same layout and order of
+//! back to f32 (layer norms and the MLP's bias + GELU compute in f32 and write their results in bf16, the next
+//! matmul's operand type); weights, softmax, residuals and the optimizer stay f32. Same layout and order of
 //! operations as `lazuli::nn::gpt` (and as the Python worker's model), so only the matmul precision differs.
 //! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]). The blocks run
 //! unrolled, each recomputed in the backward pass (`GptConfig::checkpoint_blocks`), or as one scanned body over
@@ -13,7 +14,23 @@ use crate::BenchResult;
 
 /// `a @ b` on bf16 operands, result in f32.
 fn mm(a: &Tensor, b: &Tensor) -> Tensor {
-    a.to_dtype(DType::BF16).matmul(&b.to_dtype(DType::BF16)).to_dtype(DType::F32)
+    mm_bf16(a, b).to_dtype(DType::F32)
+}
+
+/// `a @ b` on bf16 operands, result in bf16 (the product's own type).
+fn mm_bf16(a: &Tensor, b: &Tensor) -> Tensor {
+    a.to_dtype(DType::BF16).matmul(&b.to_dtype(DType::BF16))
+}
+
+/// The MLP's first layer and GELU: the bf16 product, then its bias and GELU in f32 as one op (one kernel on a GPU;
+/// with `LAZULI_BIAS_GELU=composite`, the f32 conversion, the add and GELU, as `linear(..).gelu()` records them),
+/// rounded to bf16 for the next matmul.
+fn linear_gelu(l: &Linear, x: &Tensor) -> Tensor {
+    let y = mm_bf16(x, &l.weight.get());
+    match &l.bias {
+        Some(b) => y.bias_gelu(&b.get(), DType::BF16),
+        None => y.to_dtype(DType::F32).gelu(),
+    }
 }
 
 fn linear(l: &Linear, x: &Tensor) -> Tensor {
@@ -72,7 +89,7 @@ fn block(blk: &Block, x: &Tensor, attn: Attention, plant: Option<&dyn Fn(&Tensor
         Attention::Fused => attention_fused(&blk.attn, &h),
     };
     let x = x + a;
-    let m = linear(&blk.fc_proj, &linear(&blk.fc, &layer_norm(&blk.ln2, &x)).gelu());
+    let m = linear(&blk.fc_proj, &linear_gelu(&blk.fc, &layer_norm(&blk.ln2, &x)));
     match plant {
         Some(op) => x + op(&m),
         None => x + m,

@@ -25,7 +25,7 @@ pub use emit::{emit, EmitOptions};
 pub use graph::{Graph, Loc, Node, NodeId};
 pub use infer_error::InferError;
 pub use op::{Op, OpRules};
-pub use ops::activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad};
+pub use ops::activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad, GELU_A, GELU_K};
 pub use ops::checkpoint::{BlockDef, Checkpoint};
 pub use ops::control::{Control, ControlDef, ControlOp, ScanGrad};
 pub use ops::conv::Convolution;

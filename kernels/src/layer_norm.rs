@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use lazuli_hlo::{Builder, Choice, DType, Gradient, KernelDef, KernelOp, NormSpec, Normalize, Op, Program, TensorType};
-use lazuli_hlo::{OpRules, ReduceKind, UnaryKind};
+use lazuli_hlo::{OpRules, ReduceKind, Slice, UnaryKind};
 
+use crate::choice::{triton_or_composite, triton_scalar};
 use crate::triton::layer_norm::{self as ttln, LayerNormSpec};
-use crate::triton::ttir::Scalar;
 use crate::{Implementation, Target};
 
 /// One layer-norm call's signature.
@@ -104,7 +104,8 @@ fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<A
         let (y, mean, rstd) = composite(b, call, rows, x);
         vec![Some(y), Some(mean), Some(rstd)]
     })?;
-    let (spec, choice) = choose(call, rows, width, target, want)?;
+    let what = format!("{} → {}, {rows} rows of {width}", call.x.dtype, call.out);
+    let (spec, choice) = triton_or_composite(KERNEL, what, want, || triton_spec(call, rows, width, target))?;
     let (device, gradient) = match spec {
         Some(spec) => {
             let composite_def = layer_norm(call, target, Implementation::Composite)?;
@@ -122,18 +123,12 @@ fn triton_spec(call: &LayerNormCall, rows: usize, width: usize, target: &Target)
     if let Some(why) = target.no_gpu_kernels() {
         return Err(why);
     }
-    let scalar = |d: DType| match d {
-        DType::F32 => Ok(Scalar::F32),
-        DType::BF16 => Ok(Scalar::BF16),
-        DType::F16 => Ok(Scalar::F16),
-        other => Err(format!("lazuli's Triton layer norm takes f32, bf16 or f16, not {other}")),
-    };
     let spec = LayerNormSpec {
         rows,
         width,
-        x: scalar(call.x.dtype)?,
-        params: scalar(call.params.dtype)?,
-        y: scalar(call.out)?,
+        x: triton_scalar(call.x.dtype, KERNEL)?,
+        params: triton_scalar(call.params.dtype, KERNEL)?,
+        y: triton_scalar(call.out, KERNEL)?,
         eps_bits: call.eps_bits,
     };
     match spec.unsupported() {
@@ -142,29 +137,7 @@ fn triton_spec(call: &LayerNormCall, rows: usize, width: usize, target: &Target)
     }
 }
 
-/// Triton where it applies (or where forced, with an error saying why it cannot), else the composite.
-fn choose(
-    call: &LayerNormCall,
-    rows: usize,
-    width: usize,
-    target: &Target,
-    want: Implementation,
-) -> Result<(Option<LayerNormSpec>, Choice), String> {
-    let what = format!("{} → {}, {rows} rows of {width}", call.x.dtype, call.out);
-    let chose = |implementation: &'static str, reason: String| Choice { implementation, reason };
-    match want {
-        Implementation::Composite => Ok((None, chose("composite", "asked for".into()))),
-        Implementation::Cudnn => Err("layer_norm: cuDNN was asked for, but lazuli has no cuDNN layer norm".into()),
-        Implementation::Triton => match triton_spec(call, rows, width, target) {
-            Ok(spec) => Ok((Some(spec), chose("triton", what))),
-            Err(why) => Err(format!("layer_norm: Triton was asked for but {why}")),
-        },
-        Implementation::Auto => match triton_spec(call, rows, width, target) {
-            Ok(spec) => Ok((Some(spec), chose("triton", what))),
-            Err(why) => Ok((None, chose("composite", format!("{what}; {why}")))),
-        },
-    }
-}
+const KERNEL: &str = "layer_norm";
 
 /// `(y, mean, rstd)` of operands `x, w, b`, in lazuli's ops.
 fn composite<B: Builder>(b: &mut B, call: &LayerNormCall, rows: usize, x: &[B::V]) -> (B::V, B::V, B::V) {
@@ -226,16 +199,21 @@ fn backward_kernel(
     let composite =
         Program::record(&operands, |b, x| KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..3], &x[3], &x[4]))?;
     let triton = ttln::backward(spec);
-    triton.validate(5, 3)?;
-    let partial = TensorType::new(DType::F32, [spec.backward_programs(), spec.width]);
-    let results = vec![call.x.clone(), partial.clone(), partial];
+    triton.validate(5, 2)?;
+    let width = spec.width;
+    let partial = TensorType::new(DType::F32, [spec.backward_programs(), 2, width]);
+    let results = vec![call.x.clone(), partial];
     let device = Program::record(&operands, |b, x| {
         let (xv, w, dy, mean, rstd) = (&x[0], &x[1], &x[4], &x[5], &x[6]);
         let r = b.call(triton.custom_call(results.clone()), &[xv, w, dy, mean, rstd]);
-        let dw = b.sum(&r[1], &[0]);
-        let dw = b.convert(&dw, call.params.dtype);
-        let db = b.sum(&r[2], &[0]);
-        let db = b.convert(&db, call.params.dtype);
+        // One reduction for both sums, then dw and db apart.
+        let sums = b.sum(&r[1], &[0]);
+        let mut part = |i: usize| {
+            let row = b.op(Op::Slice(Slice::along(&[2, width], 0, i, i + 1, 1)), &[&sums]);
+            let row = b.reshape(&row, &[width]);
+            b.convert(&row, call.params.dtype)
+        };
+        let (dw, db) = (part(0), part(1));
         vec![Some(r[0].clone()), Some(dw), Some(db)]
     })?;
     let results = vec![call.x.clone(), call.params.clone(), call.params.clone()];
@@ -259,12 +237,7 @@ mod tests {
     use super::*;
 
     fn call(x: &[usize], out: DType) -> LayerNormCall {
-        LayerNormCall::new(
-            TensorType::new(DType::F32, x),
-            TensorType::new(DType::F32, [x[x.len() - 1]]),
-            out,
-            1e-5,
-        )
+        LayerNormCall::new(TensorType::new(DType::F32, x), TensorType::new(DType::F32, [x[x.len() - 1]]), out, 1e-5)
     }
 
     const H200: Target = Target::Cuda { compute_capability: Some((9, 0)) };
@@ -282,7 +255,7 @@ mod tests {
         let e = layer_norm(&c, &Target::Cpu, Implementation::Triton).expect_err("forced");
         assert!(e.contains("Triton was asked for but the device is cpu"), "{e}");
         let e = layer_norm(&c, &H200, Implementation::Cudnn).expect_err("no cudnn");
-        assert!(e.contains("no cuDNN layer norm"), "{e}");
+        assert!(e.contains("no cuDNN layer_norm"), "{e}");
     }
 
     #[test]

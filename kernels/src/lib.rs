@@ -10,10 +10,13 @@
 //! - [`attention`]: scaled dot-product attention (cuDNN flash attention, a Triton flash kernel, the composite).
 //! - [`custom`]: a user's own Triton kernel, with a composite or a gradient rule.
 //! - [`layer_norm`]: layer normalization with scale and shift (lazuli's Triton kernels, the composite).
+//! - [`bias_gelu`]: `gelu(x + b)`, a matmul's bias and activation (lazuli's Triton kernels, the composite).
 //! - [`triton`]: Triton custom calls (validation, escaping) and lazuli's Triton IR generators.
 #![forbid(unsafe_code)]
 
 pub mod attention;
+pub mod bias_gelu;
+mod choice;
 pub mod custom;
 pub mod layer_norm;
 pub mod triton;

@@ -54,6 +54,7 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_MATMUL_PRECISION", "the precision of f32 products", "default, high, highest", "default"),
     v("LAZULI_ATTENTION", "attention's implementation", "auto, cudnn, triton, composite", "auto"),
     v("LAZULI_LAYER_NORM", "layer norm's implementation (`nn::LayerNorm`)", "auto, triton, composite", "auto"),
+    v("LAZULI_BIAS_GELU", "bias + GELU's implementation (`Tensor::bias_gelu`)", "auto, triton, composite", "auto"),
     v("LAZULI_DUMP_DIR", "a directory every compiled program is written to", "a directory", "unset"),
     v("LAZULI_COMPILE_CACHE", "the persistent compile cache", "a directory, off", "<cache dir>/executables"),
     v("LAZULI_COMPILE_CACHE_LIMIT", "its size limit", "bytes, or with K, M, G", "2G"),
@@ -246,10 +247,11 @@ pub(crate) fn attention() -> Result<Implementation> {
     Implementation::parse(&v).ok_or_else(|| bad("LAZULI_ATTENTION", &v, "auto, cudnn, triton or composite"))
 }
 
-pub(crate) fn layer_norm() -> Result<Implementation> {
-    let v = var("LAZULI_LAYER_NORM").unwrap_or_default();
+/// A Triton kernel's setting (`LAZULI_LAYER_NORM`, `LAZULI_BIAS_GELU`): auto, triton or composite.
+pub(crate) fn triton_kernel(name: &'static str) -> Result<Implementation> {
+    let v = var(name).unwrap_or_default();
     match Implementation::parse(&v) {
-        Some(Implementation::Cudnn) | None => Err(bad("LAZULI_LAYER_NORM", &v, "auto, triton or composite")),
+        Some(Implementation::Cudnn) | None => Err(bad(name, &v, "auto, triton or composite")),
         Some(i) => Ok(i),
     }
 }

@@ -310,3 +310,50 @@ fn fused_layer_norm_matches_the_formula_forward_and_backward() {
     }
     assert!(failures.is_empty(), "the layer-norm kernels disagree with the formula:\n{}", failures.join("\n"));
 }
+
+/// `gelu(x + b)` in `out` and the gradients of `sum(y · r)` for x and b, read as f64: by the fused op, or by the
+/// formula of separate ops in f32 (the reference).
+fn bias_gelu_and_grads(rows: &[usize], cols: usize, dtype: DType, out: DType, fused: bool) -> Vec<Vec<f64>> {
+    let mut dims = rows.to_vec();
+    dims.push(cols);
+    let n: usize = dims.iter().product();
+    let x_vals: Vec<f32> = data(n, 21).into_iter().map(|v| round(4.0 * v, dtype)).collect();
+    let b_vals: Vec<f32> = data(cols, 22).into_iter().map(|v| 0.5 * v).collect();
+    let x = if fused { host_tensor(&x_vals, &dims, dtype) } else { Tensor::from_slice(&x_vals, &dims) };
+    let (x, b) = (x.requires_grad(), Tensor::from_slice(&b_vals, &[cols]).requires_grad());
+    let y = if fused {
+        x.bias_gelu(&b, out).to_dtype(DType::F32)
+    } else {
+        (&x + &b).gelu().to_dtype(out).to_dtype(DType::F32)
+    };
+    let r = Tensor::from_slice(&data(n, 23), &dims);
+    let grads = lazuli::grad(&(&y * &r).sum_all(), &[&x, &b]);
+    std::iter::once(&y).chain(&grads).map(|t| t.to_dtype(DType::F64).to_vec::<f64>().expect("read")).collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn fused_bias_gelu_matches_the_formula_forward_and_backward() {
+    require_gpu();
+    use DType::{BF16, F32};
+    // GPT-2 small's MLP (bf16 product in, bf16 out), f32, and ragged shapes (columns not a multiple of a block).
+    let cases: [(&[usize], usize, DType, DType, f64); 4] = [
+        (&[8, 1024], 3072, BF16, BF16, 1e-2),
+        (&[8, 1024], 3072, F32, F32, 1e-5),
+        (&[3, 37], 100, F32, BF16, 1e-2),
+        (&[7], 1000, BF16, F32, 1e-2),
+    ];
+    let mut failures = Vec::new();
+    for (rows, cols, dtype, out, tolerance) in cases {
+        let got = bias_gelu_and_grads(rows, cols, dtype, out, true);
+        let want = bias_gelu_and_grads(rows, cols, dtype, out, false);
+        let errors: Vec<f64> = got.iter().zip(&want).map(|(g, w)| relative_error(g, w)).collect();
+        let finite = got.iter().flatten().all(|v| v.is_finite());
+        let shown: Vec<String> = errors.iter().map(|e| format!("{e:.1e}")).collect();
+        println!("bias_gelu {rows:?}×{cols} {dtype}→{out}: relative error y, dx, db {}", shown.join(", "));
+        if !finite || errors.iter().any(|&e| e > tolerance) {
+            failures.push(format!("{rows:?}×{cols} {dtype}→{out}: {errors:?} (finite: {finite})"));
+        }
+    }
+    assert!(failures.is_empty(), "the bias-GELU kernels disagree with the formula:\n{}", failures.join("\n"));
+}

@@ -96,6 +96,10 @@ fn softmax_family_gradients() {
             t[0].layer_norm_affine(&t[1], &t[2], 1e-5, t[0].dtype())
         });
     }
+    for dims in [&[5][..], &[3, 4], &[2, 3, 4]] {
+        let (x, b) = (data(73, dims, -3.0, 3.0), data(74, &[dims[dims.len() - 1]], -1.0, 1.0));
+        check_grad(&format!("bias_gelu {dims:?}"), &[x, b], |t| t[0].bias_gelu(&t[1], DType::F64));
+    }
     // Large logits: the max-shift keeps everything finite.
     let big = data(50, &[2, 4], 500.0, 510.0);
     check_grad("log_softmax large", &[big.clone()], |t| t[0].log_softmax(1));

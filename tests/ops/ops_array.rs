@@ -431,6 +431,7 @@ fn bad_input_names_the_callers_line() {
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).softmax(0)))),
         (line!(), "at least one axis", panic_message(|| drop(x.layer_norm(&[], 1e-5)))),
         (line!(), "must be [4]", panic_message(|| drop(x.layer_norm_affine(&x, &x, 1e-5, DType::F32)))),
+        (line!(), "must be [4]", panic_message(|| drop(x.bias_gelu(&x, DType::F32)))),
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).gelu()))),
         (line!(), "bool", panic_message(|| drop(lazuli::where_(&x, &x, &x)))),
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).logsumexp_keepdim(&[0])))),

@@ -12,8 +12,8 @@ use crate::ops::elementwise::{CompareDir, UnaryKind};
 use crate::ops::reduce::ReduceKind;
 
 /// √(2/π) and the cubic coefficient of GELU's tanh form.
-const GELU_K: f64 = 0.797_884_560_802_865_4;
-const GELU_A: f64 = 0.044715;
+pub const GELU_K: f64 = 0.797_884_560_802_865_4;
+pub const GELU_A: f64 = 0.044715;
 
 /// `tanh(√(2/π) (x + 0.044715 x³))`, the inner value both GELU and its gradient need.
 fn gelu_tanh<B: Builder>(b: &mut B, x: &B::V) -> B::V {

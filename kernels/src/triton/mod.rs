@@ -6,6 +6,7 @@
 //! process inside compile, so every call is built from a [`TritonCall`], whose fields are exactly those keys, and
 //! checked by [`TritonCall::validate`] before it reaches a program.
 
+pub mod bias_gelu;
 pub mod flash;
 pub mod layer_norm;
 pub mod ttir;
@@ -93,6 +94,12 @@ impl TritonCall {
             result_layouts: Vec::new(),
         }
     }
+}
+
+/// A block of pointers: the pointer argument `arg` advanced by each of `offsets` (elements).
+pub(crate) fn pointers(k: &mut ttir::Kernel, arg: &ttir::Value, offsets: &ttir::Value) -> ttir::Value {
+    let base = k.splat(arg, offsets.shape());
+    k.addptr(&base, offsets)
 }
 
 /// `()`, `[]`, `{}` and `<>` balance outside string literals (a cheap check that catches truncated IR here,

@@ -47,6 +47,8 @@ pub struct Config {
     /// Which layer-norm implementation `Tensor::layer_norm_affine` (and `nn::LayerNorm`) records
     /// (`LAZULI_LAYER_NORM`): lazuli's Triton kernels where they apply (default), or the composite.
     pub layer_norm: Implementation,
+    /// Which bias + GELU implementation `Tensor::bias_gelu` records (`LAZULI_BIAS_GELU`), likewise.
+    pub bias_gelu: Implementation,
     /// Where plugins come from (`LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`,
     /// `LAZULI_TPU_PLUGIN`, `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`); `plugin_path`, when set, wins.
     pub plugins: Sources,
@@ -79,6 +81,7 @@ impl Default for Config {
             xla_options: Vec::new(),
             attention: Implementation::Auto,
             layer_norm: Implementation::Auto,
+            bias_gelu: Implementation::Auto,
             plugins: Sources::default(),
             donate: true,
             dump_dir: None,
@@ -102,7 +105,8 @@ impl Config {
             cpu_launcher: settings::cpu_launcher()?,
             xla_options: settings::xla_options()?,
             attention: settings::attention()?,
-            layer_norm: settings::layer_norm()?,
+            layer_norm: settings::triton_kernel("LAZULI_LAYER_NORM")?,
+            bias_gelu: settings::triton_kernel("LAZULI_BIAS_GELU")?,
             plugins: settings::plugin_sources()?,
             donate: settings::donate()?,
             dump_dir: settings::dump_dir()?,

@@ -182,8 +182,13 @@ impl Block {
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let x = x + self.attn.forward(&self.ln1.forward(x));
-        let m = self.fc_proj.forward(&self.fc.forward(&self.ln2.forward(&x)).gelu());
-        x + self.mlp_drop.forward(&m)
+        let h = self.ln2.forward(&x);
+        // The first layer's bias and GELU as one op (one kernel on a GPU).
+        let h = match &self.fc.bias {
+            Some(b) => h.matmul(&self.fc.weight.get()).bias_gelu(&b.get(), h.dtype()),
+            None => self.fc.forward(&h).gelu(),
+        };
+        x + self.mlp_drop.forward(&self.fc_proj.forward(&h))
     }
 }
 

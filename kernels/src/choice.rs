@@ -1,0 +1,40 @@
+//! What the kernels that have a Triton implementation and a composite share: the element types Triton takes, and
+//! the choice between the two with its reason.
+
+use lazuli_hlo::{Choice, DType};
+
+use crate::triton::ttir::Scalar;
+use crate::Implementation;
+
+/// The Triton element type of a float dtype the kernels take.
+pub(crate) fn triton_scalar(dtype: DType, kernel: &str) -> Result<Scalar, String> {
+    match dtype {
+        DType::F32 => Ok(Scalar::F32),
+        DType::BF16 => Ok(Scalar::BF16),
+        DType::F16 => Ok(Scalar::F16),
+        other => Err(format!("lazuli's Triton {kernel} takes f32, bf16 or f16, not {other}")),
+    }
+}
+
+/// Triton where it applies (or where forced, with an error saying why it cannot), else the composite. `what`
+/// describes the call for the reason; `triton` gives the kernels' spec or why they do not apply.
+pub(crate) fn triton_or_composite<S>(
+    kernel: &str,
+    what: String,
+    want: Implementation,
+    triton: impl FnOnce() -> Result<S, String>,
+) -> Result<(Option<S>, Choice), String> {
+    let chose = |implementation: &'static str, reason: String| Choice { implementation, reason };
+    match want {
+        Implementation::Composite => Ok((None, chose("composite", "asked for".into()))),
+        Implementation::Cudnn => Err(format!("{kernel}: cuDNN was asked for, but lazuli has no cuDNN {kernel}")),
+        Implementation::Triton => match triton() {
+            Ok(spec) => Ok((Some(spec), chose("triton", what))),
+            Err(why) => Err(format!("{kernel}: Triton was asked for but {why}")),
+        },
+        Implementation::Auto => match triton() {
+            Ok(spec) => Ok((Some(spec), chose("triton", what))),
+            Err(why) => Ok((None, chose("composite", format!("{what}; {why}")))),
+        },
+    }
+}
