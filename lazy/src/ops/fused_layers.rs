@@ -64,7 +64,7 @@ fn bias_gelu_at(x: &Tensor, b: &Tensor, out: DType, loc: Loc) -> Result<Tensor> 
         return try_apply(Op::Kernel(KernelOp::new(def, 0)), &[x, b], loc);
     }
     let wide = if x.dtype() == DType::F64 || b.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
-    let u = convert(x, wide, loc).try_binary_at(&convert(b, wide, loc), BinaryKind::Add, loc)?;
+    let u = convert(x, wide, loc).try_binary_at(convert(b, wide, loc), BinaryKind::Add, loc)?;
     Ok(convert(&try_apply(Op::Gelu(Gelu), &[&u], loc)?, out, loc))
 }
 
@@ -76,7 +76,7 @@ fn kernel(
     make: impl FnOnce(&crate::runtime::Runtime) -> std::result::Result<Arc<KernelDef>, String>,
 ) -> Result<Arc<KernelDef>> {
     let rt = runtime().map_err(|e| Error::Config(format!("{op} recorded at {loc}: {e}")))?;
-    make(&rt).map_err(|e| {
+    make(rt).map_err(|e| {
         let why = format!("{e} (asked for by {variable})");
         Error::Unsupported { op, backend: rt.target.to_string(), why, at: loc }
     })
