@@ -315,7 +315,8 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
 
 /// `stop` keeps the state as `skip` does, with donation on: a planted `log(0)` is located at its line with its
 /// step, and the parameters and AdamW's moments after the error are bit for bit those before the bad step,
-/// although two more steps were launched after it; the run can go on from there.
+/// although two more programs (an evaluation and a training step) were launched after it; the run can go on from
+/// there.
 #[test]
 fn stop_keeps_the_state_from_before_the_bad_step() {
     if child::alone(module_path!(), "stop_keeps_the_state_from_before_the_bad_step") {
@@ -341,10 +342,15 @@ fn stop_keeps_the_state_from_before_the_bad_step() {
     }
     let before = state_bits(&model, &opt);
     let donated = lazuli::metrics().bytes_donated;
-    // Step 3 is bad; steps 4 and 5 are launched after it, and step 5's `sync()` reads step 3's check.
-    let results: Vec<_> = [0.0, 1.0, 1.0].into_iter().map(|scale| step(&mut opt, scale)).collect();
-    assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
-    let (op, at, report) = located(results[2].as_ref().unwrap_err());
+    // Step 3 is bad. An evaluation (another program, which updates no state) and a training step are launched
+    // after it; the training step's `sync()` reads step 3's check. Both read the flag and hand it on.
+    let bad = step(&mut opt, 0.0);
+    let evaluated = model.forward(&x).sum_all();
+    let eval = lazuli::sync();
+    let next = step(&mut opt, 1.0);
+    assert!(bad.is_ok() && eval.is_ok(), "{bad:?} {eval:?}");
+    assert!(evaluated.item::<f32>().unwrap().is_finite());
+    let (op, at, report) = located(next.as_ref().unwrap_err());
     assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
     assert!(report.contains("step 3: "), "{report}");
     assert!(report.contains("as the 2 program(s) launched after it left them"), "{report}");
