@@ -1,10 +1,12 @@
 //! Finding where a NaN came from. A small regression MLP is trained with AdamW on a Gaussian likelihood whose noise
 //! variance is annealed towards zero on the host; at step 5 it reaches zero and `log` of it goes to -inf, making
-//! the loss and every gradient non-finite from then on. With `LAZULI_CHECK_FINITE=stop` the step's own program
-//! counts its outputs' non-finite values, and the next read (here the loss) returns an error naming the first op
-//! that made one from finite operands, with its line; the example prints it and exits normally. With
-//! `LAZULI_CHECK_FINITE=skip` every step from step 5 on is skipped instead: its loss prints as non-finite, the
-//! model keeps its weights from step 4, and the run ends with the count of skipped steps.
+//! the loss and every gradient non-finite from then on. With `LAZULI_CHECK_FINITE=stop` each step's own program
+//! counts the non-finite values that enter its update and, from the bad step on, keeps the weights and AdamW's
+//! state as they were before it. The step's check is read once a later step is launched, so that reading it never
+//! waits for the device: step 5's loss prints as NaN, and step 6's read of its loss returns an error naming the
+//! first op that made a non-finite value from finite operands, with its line; the example prints it and exits
+//! normally. With `LAZULI_CHECK_FINITE=skip` every step from step 5 on is skipped instead: its loss prints as
+//! non-finite, the model keeps its weights from step 4, and the run ends with the count of skipped steps.
 //!
 //! LAZULI_CHECK_FINITE=stop cargo run --release --example nan_hunt
 
@@ -27,8 +29,7 @@ fn main() -> lazuli::Result<()> {
         loss.backward();
         opt.step();
         opt.zero_grad();
-        lazuli::sync()?;
-        match loss.item::<f32>() {
+        match lazuli::sync().and_then(|()| loss.item::<f32>()) {
             Ok(value) => println!("step {step}: loss {value:.4}"),
             Err(e @ Error::NonFinite { .. }) => {
                 println!("step {step}: {e}");

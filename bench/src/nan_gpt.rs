@@ -4,9 +4,9 @@
 //! until the bad step and −1e30 at it, where that `log` makes NaN from finite inputs.
 //!
 //! Measured, each setting in a process of its own: the step (each reading its loss) without the check, with `stop`
-//! and with `skip`; and under `stop` the time from the start of the bad step to its error, split by the runtime's
-//! metrics into waiting for the check (the bad step's own run, mostly), the locator's compile, its run (uploads,
-//! execution, reading back) and the rest (recording and launching the bad step, the report); whether the error
+//! and with `skip`; and under `stop` the time from the start of the bad step to its error (read once two later
+//! steps are launched), split by the runtime's metrics into waiting for the check, the locator's compile, its run
+//! (uploads, execution, reading back) and the rest (the bad step and the two after it, the report); whether the error
 //! names the planted op and line; and the goal, (trip − one compile) / step ≤ 3.
 
 use std::process::{Command, Stdio};
@@ -120,8 +120,9 @@ pub fn side(cfg: GptNanConfig) -> BenchResult<Value> {
     }
     let before = lazuli::metrics();
     let t0 = Instant::now();
-    // The bad step reads its own loss: under `stop` that read reads the step's check first.
-    let outcome = step(-1e30);
+    // The bad step, then two more: under `stop` a step's check is read once two later steps are launched (the
+    // two keep the state from before the bad one).
+    let outcome = step(-1e30).and_then(|_| step(1.0)).and_then(|_| step(1.0));
     let trip_s = t0.elapsed().as_secs_f64();
     let m = lazuli::metrics() - before;
     let text = outcome.as_ref().err().map(|e| e.to_string()).unwrap_or_default();

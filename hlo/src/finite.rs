@@ -5,15 +5,16 @@
 //! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
 //!
 //! [`guard`] keeps a step's state from a non-finite step, as dynamic loss scaling does: every state output
-//! becomes `select(all_finite, new, old)`, so a tripped step returns its inputs' values and the old buffers may
-//! still be donated (the program itself hands them back).
+//! becomes `select(tripped, old, new)`, so a tripped step returns its inputs' values and the old buffers may
+//! still be donated (the program itself hands them back). `tripped` is the step's own trip ([`tripped`]) or a
+//! [`sticky`] flag that the programs after a trip read and hand on, so that they keep the state too.
 
 use std::ops::Range;
 
 use crate::dtype::{DType, TensorType};
 use crate::graph::{Graph, Loc, NodeId};
 use crate::op::Op;
-use crate::ops::elementwise::{Compare, CompareDir, Select, Unary, UnaryKind};
+use crate::ops::elementwise::{BinaryKind, Compare, CompareDir, Select, Unary, UnaryKind};
 use crate::ops::layout::{BroadcastInDim, Reshape};
 use crate::ops::leaf::Constant;
 use crate::ops::reduce::{Reduce, ReduceKind};
@@ -139,26 +140,34 @@ pub fn extremes(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Vec<(NodeId, V
     Ok(out)
 }
 
-/// Guard `g`'s state: with `counts` (from [`count_nonfinite`]) all zero, each output `j` of `pairs` keeps its
-/// value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ is an error.
-pub fn guard(g: &mut Graph, counts: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
-    if pairs.is_empty() {
-        return Ok(());
-    }
+/// `bool[]`: whether a vector of counts (from [`count_nonfinite`]) has a non-zero count.
+pub fn tripped(g: &mut Graph, counts: NodeId, loc: Loc) -> Result<NodeId, String> {
     let total = total(g, counts, loc)?;
     let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
-    let all_finite = g.push(Op::Compare(Compare { dir: CompareDir::Eq }), vec![total, zero], loc)?;
+    g.push(Op::Compare(Compare { dir: CompareDir::Ne }), vec![total, zero], loc)
+}
+
+/// `bool[]`: a sticky trip flag's next value, `flag OR tripped` (both `bool[]`): once set, it stays set for every
+/// later program that reads it.
+pub fn sticky(g: &mut Graph, flag: NodeId, tripped: NodeId, loc: Loc) -> Result<NodeId, String> {
+    g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Or }), vec![flag, tripped], loc)
+}
+
+/// Guard `g`'s state: while `tripped` (`bool[]`, from [`tripped`] or [`sticky`]) is false, each output `j` of
+/// `pairs` keeps its value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ
+/// is an error.
+pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
     for &(i, j) in pairs {
         let (old, new) = (g.params[i], g.outputs[j]);
         if g.nodes[old].ty != g.nodes[new].ty {
             return Err(format!("guarding output {j} ({}) with parameter {i} ({})", g.nodes[new].ty, g.nodes[old].ty));
         }
         let dims = g.nodes[new].ty.dims.to_vec();
-        let keep = match dims.is_empty() {
-            true => all_finite,
-            false => g.push(Op::BroadcastInDim(BroadcastInDim { dims, map: Vec::new() }), vec![all_finite], loc)?,
+        let keep_old = match dims.is_empty() {
+            true => tripped,
+            false => g.push(Op::BroadcastInDim(BroadcastInDim { dims, map: Vec::new() }), vec![tripped], loc)?,
         };
-        g.outputs[j] = g.push(Op::Select(Select), vec![keep, new, old], loc)?;
+        g.outputs[j] = g.push(Op::Select(Select), vec![keep_old, old, new], loc)?;
     }
     Ok(())
 }
@@ -209,7 +218,6 @@ pub fn floating(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<NodeId>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::elementwise::BinaryKind;
     use ndarray::{ArrayD, IxDyn};
 
     /// The reference interpreter counts NaN and both infinities, per node, in order.
@@ -287,7 +295,8 @@ mod tests {
         let new_w = new_w.unwrap();
         g.outputs = vec![new_w, new_w];
         let counts = count_nonfinite(&mut g, &[new_w], loc).unwrap().unwrap();
-        guard(&mut g, counts, &[(0, 0)], loc).unwrap();
+        let trip = tripped(&mut g, counts, loc).unwrap();
+        guard(&mut g, trip, &[(0, 0)], loc).unwrap();
         let run = |x: [f64; 2]| {
             let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 4.0]).unwrap();
             let out = g.evaluate(&[w, ArrayD::from_shape_vec(IxDyn(&[2]), x.to_vec()).unwrap()]).unwrap();
@@ -295,5 +304,33 @@ mod tests {
         };
         assert_eq!(run([1.0, 2.0]), vec![vec![3.0, 2.0], vec![3.0, 2.0]]);
         assert_eq!(run([1.0, 0.0]), vec![vec![3.0, 4.0], vec![3.0, f64::INFINITY]]);
+    }
+
+    /// A sticky flag: a program given a set flag keeps its state and hands the flag on set, even when its own
+    /// counts are zero; given a clear one, it sets it exactly when it trips.
+    #[test]
+    fn a_set_flag_keeps_the_state_and_stays_set() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let ty = TensorType::new(DType::F32, [2]);
+        let (w, x) = (g.parameter(ty.clone(), loc), g.parameter(ty, loc));
+        let flag = g.parameter(TensorType::new(DType::Bool, []), loc);
+        let new_w = g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Div }), vec![w, x], loc);
+        g.outputs = vec![new_w.unwrap(), flag];
+        let counts = count_nonfinite(&mut g, &[x], loc).unwrap().unwrap();
+        let trip = tripped(&mut g, counts, loc).unwrap();
+        let flag_out = g.outputs[1];
+        let next = sticky(&mut g, flag_out, trip, loc).unwrap();
+        g.outputs[1] = next;
+        guard(&mut g, next, &[(0, 0)], loc).unwrap();
+        let run = |x: f64, flag: f64| {
+            let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 4.0]).unwrap();
+            let x = ArrayD::from_elem(IxDyn(&[2]), x);
+            let out = g.evaluate(&[w, x, ArrayD::from_elem(IxDyn(&[]), flag)]).unwrap();
+            out.iter().map(|o| o.iter().copied().collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(2.0, 0.0), vec![vec![1.5, 2.0], vec![0.0]]);
+        assert_eq!(run(f64::NAN, 0.0), vec![vec![3.0, 4.0], vec![1.0]]);
+        assert_eq!(run(2.0, 1.0), vec![vec![3.0, 4.0], vec![1.0]]);
     }
 }

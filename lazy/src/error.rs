@@ -142,9 +142,11 @@ pub enum Error {
     /// A program would need more memory than the device has free (checked before it is compiled).
     #[error("out of memory: {0}")]
     OutOfMemory(String),
-    /// With `LAZULI_CHECK_FINITE=stop`: a step's outputs held NaN or infinite values. The report names the step,
-    /// each such output with its line, and the first op that made a non-finite value from finite operands, with
-    /// its line and its operands' ranges (`exec/finite/`).
+    /// With `LAZULI_CHECK_FINITE=stop`: what entered a step's update (its loss, its gradients) held NaN or infinite
+    /// values; parameters and optimizer state keep their values from before the step. The report names the step,
+    /// each output with non-finite values and its line, and the first op that made a non-finite value from finite
+    /// operands, with its line and its operands' ranges, or the step's input that was non-finite already
+    /// (`exec/finite/`).
     #[error("non-finite values in the step materialized at {at}:\n{report}")]
     NonFinite {
         /// The line whose materialization ran the step.

@@ -151,19 +151,22 @@ impl Default for CpuLauncher {
     }
 }
 
-/// What a step whose outputs hold NaN or infinite values does (`LAZULI_CHECK_FINITE`). When on, every program
-/// computes one more, tiny output (each floating-point output's count of non-finite elements). Under `Skip` the
-/// program also keeps its state: each parameter and optimizer state output becomes the value it replaces when
-/// what enters the update is non-finite, so donation stays on and a tripped step changes nothing
-/// (`exec/finite/`).
+/// What a step whose values hold NaN or infinities does (`LAZULI_CHECK_FINITE`). When on, every program computes
+/// one more, tiny output (counts of non-finite elements). Under `Skip` and `Stop` the program also keeps its state:
+/// each parameter and optimizer state output becomes the value it replaces when what enters the update is
+/// non-finite (under `Stop`, also in every program after a trip), so donation stays on and a tripped step changes
+/// nothing (`exec/finite/`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CheckFinite {
     /// No check (the default): programs are as recorded.
     #[default]
     Off,
-    /// A trip is an [`Error::NonFinite`] from the next call that reads the check (the next step boundary, `wait()`
-    /// or read), naming the first op that made a non-finite value from finite operands and its line. The next step
-    /// is launched only after the check is read; donation is off, so that the step can run again on its inputs.
+    /// A step whose loss or gradients are not all finite is an [`Error::NonFinite`], naming the first op that made
+    /// a non-finite value from finite operands and its line. The step and every program launched after it leave
+    /// parameters and optimizer state as they were before it (a sticky flag on the device), so the check is read
+    /// once two later programs are launched (or at `wait()`), never waiting for the device, and the step is run
+    /// again on exactly its inputs to locate the op. A non-finite value that an update makes from finite inputs
+    /// shows at the next step, as a non-finite input named with its line.
     Stop,
     /// A step whose loss or gradients (what enters the update) are not all finite leaves the state as it was
     /// before it and the run carries on, like dynamic loss scaling's skipped step: an event, a report on stderr

@@ -46,10 +46,10 @@ fn a_forward_op_is_located_at_its_line() {
         return; // the runtime's configuration is process-wide
     }
     init(CheckFinite::Stop);
-    let (results, line, _) = count_down_to_log_of_zero(5);
-    // Step 2 made -inf; its check is read by step 3's `sync()`, before step 3 runs.
-    assert!(results[..3].iter().all(|r| r.is_ok()));
-    let e = results[3].as_ref().unwrap_err();
+    let (results, line, _) = count_down_to_log_of_zero(7);
+    // Step 2 made -inf; its check is read once two later steps are launched: by step 4's `sync()`.
+    assert!(results[..4].iter().all(|r| r.is_ok()), "{results:?}");
+    let e = results[4].as_ref().unwrap_err();
     let (op, at, report) = located(e);
     assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
     assert!(report.contains("step 2: 2 of its 3 floating-point outputs hold non-finite values"), "{report}");
@@ -59,10 +59,14 @@ fn a_forward_op_is_located_at_its_line() {
     assert!(report.contains("operand 0: f32[2]: min 0e0, max 1e0, 0 NaN, 0 inf"), "{report}");
     let message = e.to_string();
     assert!(message.starts_with("non-finite values in the step materialized at"), "{message}");
-    // Reported once: the next step runs (and makes NaN from log(-1), reported at the step after).
-    assert!(results[4].is_ok());
-    let (op, at, _) = located(&lazuli::wait().unwrap_err());
+    // Reported once, with the checks of the steps launched after it: the next steps run, and step 5's NaN (from
+    // log(-2)) is the next error, read by `wait()`.
+    assert!(results[5..].iter().all(|r| r.is_ok()), "{results:?}");
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
     assert_eq!((op, at.line), ("log", line));
+    // w = [-3, -2]: the fifth step's.
+    assert!(report.contains("operand 0: f32[2]: min -3e0, max -2e0"), "{report}");
 }
 
 #[test]
@@ -89,25 +93,31 @@ fn a_gradient_op_is_located_at_the_forward_line() {
 }
 
 #[test]
-fn an_optimizer_update_is_located_at_the_step_line() {
-    if child::alone(module_path!(), "an_optimizer_update_is_located_at_the_step_line") {
+fn an_optimizer_update_is_named_at_the_next_step() {
+    if child::alone(module_path!(), "an_optimizer_update_is_named_at_the_next_step") {
         return; // the runtime's configuration is process-wide
     }
     init(CheckFinite::Stop);
     let w = Param::new(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]));
     // With eps = 0, a parameter whose gradient is 0 gets 0 / 0 in AdamW's update.
     let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.1).eps(0.0);
-    let loss = (&w.get() * 0.0).sum_all();
-    loss.backward();
-    let line = line!() + 1;
-    opt.step();
-    opt.zero_grad();
-    lazuli::sync().unwrap();
+    let line = line!() + 4;
+    let mut step = || {
+        let loss = (&w.get() * 0.0).sum_all();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()
+    };
+    // The first step's update makes the NaNs from finite values, which stop does not count (what enters the update
+    // is finite); the second step's loss is NaN: that step trips, and its input is named with the update's line.
+    step().unwrap();
+    step().unwrap();
     let e = lazuli::wait().unwrap_err();
     let (op, at, report) = located(&e);
-    assert_eq!((op, at.file, at.line), ("adamw_update", file!(), line), "{report}");
-    assert!(report.contains("3 of 3 non-finite"), "{report}");
-    // `stop` does not guard the state (`skip` does): the update's NaNs are the weight's values now.
+    assert_eq!((op, at.file, at.line), ("parameter", file!(), line), "{report}");
+    assert!(report.contains("an input of the step, f32[3]") && report.contains("3 of 3 non-finite"), "{report}");
+    // The second step kept the state the first one made.
     assert!(w.get().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
 }
 
@@ -303,6 +313,59 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
     assert!(last.explanation.join("\n").contains("updates no state: nothing to skip"), "{last:?}");
 }
 
+/// `stop` keeps the state as `skip` does, with donation on: a planted `log(0)` is located at its line with its
+/// step, and the parameters and AdamW's moments after the error are bit for bit those before the bad step,
+/// although two more programs (an evaluation and a training step) were launched after it; the run can go on from
+/// there.
+#[test]
+fn stop_keeps_the_state_from_before_the_bad_step() {
+    if child::alone(module_path!(), "stop_keeps_the_state_from_before_the_bad_step") {
+        return; // the runtime's configuration and the counters are process-wide
+    }
+    init(CheckFinite::Stop);
+    let model = Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
+    let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
+    let line = line!() + 4;
+    // `scale` is a host scalar: 0 at the bad step makes the planted `log` -inf and every gradient NaN.
+    let step = |opt: &mut AdamW, scale: f32| {
+        let mse = (&model.forward(&x) - &target).pow(2.0).mean_all();
+        let loss = (mse * Tensor::scalar(scale)).log();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()
+    };
+    for _ in 0..3 {
+        step(&mut opt, 1.0).unwrap();
+    }
+    let before = state_bits(&model, &opt);
+    let donated = lazuli::metrics().bytes_donated;
+    // Step 3 is bad. An evaluation (another program, which updates no state) and a training step are launched
+    // after it; the training step's `sync()` reads step 3's check. Both read the flag and hand it on.
+    let bad = step(&mut opt, 0.0);
+    let evaluated = model.forward(&x).sum_all();
+    let eval = lazuli::sync();
+    let next = step(&mut opt, 1.0);
+    assert!(bad.is_ok() && eval.is_ok(), "{bad:?} {eval:?}");
+    assert!(evaluated.item::<f32>().unwrap().is_finite());
+    let (op, at, report) = located(next.as_ref().unwrap_err());
+    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert!(report.contains("step 3: "), "{report}");
+    assert!(report.contains("as the 2 program(s) launched after it left them"), "{report}");
+    // Read back from the device: the bad step and the two after it left every parameter and moment as it was.
+    assert_eq!(state_bits(&model, &opt), before, "{report}");
+    // The state was still donated: the guarded programs hand the old buffers back.
+    assert!(lazuli::metrics().bytes_donated > donated);
+    // The flag is cleared with the error: the next step trains again from the kept state.
+    step(&mut opt, 1.0).unwrap();
+    lazuli::wait().unwrap();
+    let after = state_bits(&model, &opt);
+    assert_ne!(after, before);
+    assert!(after.iter().all(|(_, bits)| bits.iter().all(|&b| f32::from_bits(b).is_finite())));
+}
+
 #[test]
 fn a_sharded_step_is_located_at_its_line() {
     if child::alone(module_path!(), "a_sharded_step_is_located_at_its_line") {
@@ -338,10 +401,10 @@ fn a_sharded_step_is_located_at_its_line() {
     let e = lazuli::wait().unwrap_err();
     let (op, at, report) = located(&e);
     assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
-    // The program ran on the mesh and its state kept its layout (`stop` does not guard the values: `skip` does).
+    // The program ran on the mesh, and its state kept its layout and its values from before the step.
     let w = &model.named_params()[0].1;
     assert_eq!(w.get().sharding().unwrap().mesh, m);
-    assert_ne!(state_bits(&model, &opt), zeroed);
+    assert_eq!(state_bits(&model, &opt), zeroed);
 }
 
 #[test]

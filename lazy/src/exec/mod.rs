@@ -41,7 +41,7 @@ use plan::Plan;
 /// [`MAX_GRAPH_NODES`]. `cause` and `at` say why and where, for diagnostics and errors.
 pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
     let started = Instant::now();
-    // The previous step's check, before anything new is launched (reads come here too); `skip`'s older checks
+    // A `log` check, before anything new is launched (reads come here too); `skip`'s and `stop`'s older checks
     // are read once this materialization's program is queued.
     let previous = finite::before_launch()?;
     index_check::read_computed()?;
@@ -52,7 +52,18 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     let with_reports = index_check::with_reports(targets);
     let targets = with_reports.as_deref().unwrap_or(targets);
     let rt = runtime()?;
-    let Some(mut plan) = plan::plan(rt, targets, at)? else { return finite::after_launch(previous) };
+    // Under `stop` the program also hands on the finite check's sticky flag.
+    let flag = finite::flag::next(rt.config.check_finite, at);
+    let with_flag: Vec<Rc<Node>>;
+    let targets = match &flag {
+        Some(f) => {
+            with_flag = targets.iter().cloned().chain([f.next.node.clone()]).collect();
+            &with_flag[..]
+        }
+        None => targets,
+    };
+    let flag_node = flag.as_ref().map(|f| &f.next.node);
+    let Some(mut plan) = plan::plan(rt, targets, flag_node, at)? else { return finite::after_launch(previous) };
     let hit = plan.cached.is_some();
     // Strict mode may refuse here, before anything is uploaded, compiled or donated. Diagnostics compare a new
     // program's IR with earlier ones; a cache hit needs no IR at all.
@@ -78,6 +89,9 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     }
     let times = Times { transfer: t1 - t0, compile: t2 - t1, execute: t3 - t2 };
     finish(plan, outputs, check, cause, at, times, uploaded)?;
+    if let Some(f) = flag {
+        finite::flag::launched(f);
+    }
     Counters::add(&COUNTERS.finish_ns, t3.elapsed().as_nanos() as u64);
     drop(one);
     finite::after_launch(previous)
@@ -150,33 +164,35 @@ fn at_exit() {
 }
 
 /// A checked program's last output is its counts of non-finite values: kept as the pending check (`finite`),
-/// never given to a tensor, with the floating-point outputs' types and lines. Where trips are located, the step's
-/// IR (taken before the targets drop their recipes) and inputs are kept too: a donated input's value is its
-/// guarded output's, which on a trip is the input's own.
+/// never given to a tensor. Where trips are located, the step's IR (built before the targets drop their recipes,
+/// once per program structure) and inputs are kept too: a donated input's value is its guarded output's, which on a
+/// trip is the input's own; the pairs of donated inputs and outputs let earlier steps' kept inputs follow theirs.
 fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
     let internal = |m: &str| crate::error::Error::Internal(m.into());
     let counts = outputs.pop().ok_or_else(|| internal("a checked program without its check"))?;
     let mode = runtime()?.config.check_finite;
-    // Under skip the one count is of what entered the update: no output is named, so none is listed.
-    let checked = match mode {
-        crate::runtime::CheckFinite::Skip => Vec::new(),
-        _ => plan.walk.targets.iter().filter(|t| t.ty.dtype.is_float()).map(|t| (t.ty.clone(), t.loc)).collect(),
-    };
+    let mut donated = Vec::with_capacity(plan.walk.aliases.len());
     let replay = if finite::replays(mode) {
         let mut inputs = Vec::with_capacity(plan.walk.leaves.len());
-        for (i, leaf) in plan.walk.leaves.iter().enumerate() {
-            let donated_to = plan.walk.aliases.iter().find(|&&(p, _)| p == i).map(|&(_, j)| j);
-            let data = match donated_to {
-                Some(j) => Some(outputs[j].clone()),
-                None => leaf.lock().data.clone(),
-            };
-            inputs.push(data.ok_or_else(|| internal("a checked step's input has no value"))?);
+        let mut donated_to = vec![None; plan.walk.leaves.len()];
+        plan.walk.aliases.iter().for_each(|&(p, j)| donated_to[p] = Some(j));
+        let input_locs = plan.walk.leaves.iter().map(|leaf| leaf.loc).collect();
+        for (leaf, to) in plan.walk.leaves.iter().zip(donated_to) {
+            let data = leaf.lock().data.clone().ok_or_else(|| internal("a checked step's input has no value"))?;
+            match to {
+                Some(j) => {
+                    inputs.push(outputs[j].clone());
+                    donated.push((data, outputs[j].clone()));
+                }
+                None => inputs.push(data),
+            }
         }
-        Some(finite::Replay { graph: plan.walk.graph().clone(), inputs })
+        let graph = finite::graph_of(plan.key, || plan.walk.graph().clone());
+        Some(finite::Replay { graph, inputs, input_locs })
     } else {
         None
     };
-    finite::keep(counts, checked, replay, at, mode, !plan.guards.is_empty());
+    finite::keep(counts, replay, &donated, at, mode, !plan.guards.is_empty());
     Ok(())
 }
 

@@ -26,7 +26,8 @@ pub(crate) fn mesh_of(leaves: &[Rc<Node>], has_constraint: bool) -> Result<Optio
         }
         Ok(())
     };
-    for leaf in leaves {
+    // The finite check's flag follows the program: a flag laid out by an earlier program puts none on a mesh.
+    for leaf in leaves.iter().filter(|l| !crate::exec::finite::flag::is_flag(l)) {
         if let Some(s) = leaf.sharding() {
             see(&s.mesh)?;
         }

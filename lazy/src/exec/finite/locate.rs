@@ -40,6 +40,19 @@ pub(crate) struct Stats {
 
 impl Located {
     pub fn describe(&self) -> String {
+        if self.op == "parameter" {
+            // Not made by the step: a bad batch, or state that an earlier update made non-finite from finite
+            // values, which `stop` (as `skip`) does not count at that update.
+            return format!(
+                "  first non-finite value: an input of the step, {} recorded at {} ({} of {} non-finite): it was \
+                 non-finite before the step ran (a bad input, or state that the update recorded there made \
+                 non-finite from finite values in an earlier step)",
+                self.ty,
+                self.loc,
+                self.nonfinite,
+                self.ty.elements()
+            );
+        }
         let mut out = format!(
             "  first non-finite value: {} at {} -> {} ({} of {} non-finite), from finite operands:",
             self.op,

@@ -1,22 +1,29 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
-//! output: counts of non-finite elements, one small `i32` vector, one count per group of floating-point outputs
-//! (`hlo::finite::count_groups`): one reduction per group, not per output, since on a GPU a launch per output cost
-//! more than the reading (on the CPU the two measured the same within its noise). Under `skip` the program also guards its state (`hlo::finite::guard`): each
-//! parameter or optimizer state output becomes `select(all_finite, new, old)`, so a tripped step hands back the
-//! values it was given, old state can still be donated to it, and nothing waits for the host. `stop` and `log`
-//! donate nothing and keep the step's IR and inputs for the locator (guarding `stop` too measured slower on the
-//! H200). `finish` keeps the counts as the step's pending check and hands them to no tensor.
+//! output: counts of non-finite elements, one small `i32` vector (`hlo::finite::count_groups`: one reduction per
+//! group of up to 32 tensors, not per tensor, since on a GPU a launch per tensor cost more than the reading).
 //!
-//! `stop` and `log` read the check at the next materialization, before it launches anything (and at `wait()` and
-//! reads), when the host waits for that step anyway; a trip is located by [`locate`]: the step runs again on its
-//! kept inputs with every floating-point node's count as output. `skip` reads a step's check once two later programs are
-//! launched, so that reading it never waits for the device, and locates nothing.
+//! `skip` and `stop` count only what enters the update (`hlo::finite::update_inputs`: the loss, the gradients, the
+//! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
+//! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old
+//! state is still donated to it, and nothing waits for the host. Their checks are read once two later programs are
+//! launched (or at `wait()`), when the in-flight bound has waited for that step anyway. Under `stop` the guard is
+//! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step
+//! k is read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program
+//! structure, [`graph_of`]) and the inputs that are not donated state (the batch, scalars); the donated ones are
+//! followed from output to output as later programs take them ([`keep`]), so that on a trip [`locate`] runs step
+//! k again on exactly its inputs: the first op that made a non-finite value from finite operands, and each
+//! output's count. The trip is an `Error::NonFinite`; the checks of the programs launched after it are dropped
+//! with it and the flag is cleared.
+//!
+//! `log` keeps the first program: every output counted per group, nothing guarded or donated, the step's IR and
+//! inputs kept, its check read at the next materialization before anything is launched.
 
+pub(crate) mod flag;
 mod locate;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use lazuli_hlo::finite::GROUP_TENSORS;
 use lazuli_hlo::{Graph, Loc, TensorType};
@@ -30,12 +37,10 @@ use crate::runtime::{runtime, CheckFinite};
 
 /// A step whose check has not been read yet.
 pub(crate) struct Pending {
-    /// The counts, one per group of `checked` ([`groups`]).
+    /// The counts: one of what entered the update (`skip`, `stop`), or one per group of the floating-point
+    /// outputs (`log`, [`groups`]).
     counts: Data,
-    /// The checked outputs' types and lines, in the order the counts group them (none under `skip`, whose one
-    /// count is of what entered the update).
-    checked: Vec<(TensorType, Loc)>,
-    /// What a trip is located from (`stop` and `log`): the step's IR without the check, and its inputs.
+    /// What a trip is located from (`stop` and `log`).
     replay: Option<Replay>,
     /// The line whose materialization ran the step, and the step's number.
     at: Loc,
@@ -45,13 +50,41 @@ pub(crate) struct Pending {
     guarded: bool,
 }
 
-/// A step's IR (without the check) and its inputs, in parameter order.
+/// A step's IR (without the check) and its inputs, in parameter order, with the lines that recorded them.
 pub(crate) struct Replay {
-    pub graph: Graph,
+    pub graph: Arc<Graph>,
     pub inputs: Vec<Data>,
+    pub input_locs: Vec<Loc>,
 }
 
-/// Checks not read yet, oldest first: one under `stop` and `log`, up to two under `skip`.
+impl Replay {
+    /// The IR with this step's inputs' lines: the kept IR is the first of its structure, whose inputs were recorded
+    /// elsewhere (the initial weights, where later steps' are the update's line).
+    fn own_graph(&self) -> std::borrow::Cow<'_, Graph> {
+        let g = &self.graph;
+        if g.params.iter().zip(&self.input_locs).all(|(&p, loc)| g.nodes[p].loc == *loc) {
+            return std::borrow::Cow::Borrowed(g);
+        }
+        let mut own = Graph::clone(g);
+        for (&p, &loc) in g.params.iter().zip(&self.input_locs) {
+            own.nodes[p].loc = loc;
+        }
+        std::borrow::Cow::Owned(own)
+    }
+
+    /// The floating-point outputs' types and lines, in output order: what the report names.
+    fn outputs(&self) -> Vec<(TensorType, Loc)> {
+        let g = &self.graph;
+        g.outputs
+            .iter()
+            .map(|&o| &g.nodes[o])
+            .filter(|n| n.ty.dtype.is_float())
+            .map(|n| (n.ty.clone(), n.loc))
+            .collect()
+    }
+}
+
+/// Checks not read yet, oldest first: one under `log`, up to three under `skip` and `stop`.
 static PENDING: Mutex<VecDeque<Pending>> = Mutex::new(VecDeque::new());
 /// Whether `PENDING` holds a check: the common case (checking off) costs one load per materialization.
 static HAS_PENDING: AtomicBool = AtomicBool::new(false);
@@ -68,9 +101,10 @@ pub(crate) fn enabled(mode: CheckFinite) -> bool {
     mode != CheckFinite::Off
 }
 
-/// Whether a checked program keeps its state on a trip (and may donate it): `skip` only.
+/// Whether a checked program keeps its state on a trip (and may donate it), counting only what enters the update,
+/// and has its check read two launches later: `skip` and `stop`.
 pub(crate) fn guards(mode: CheckFinite) -> bool {
-    matches!(mode, CheckFinite::Skip)
+    matches!(mode, CheckFinite::Skip | CheckFinite::Stop)
 }
 
 /// Whether the step is located on a trip, from its IR and inputs kept until its check is read.
@@ -79,52 +113,53 @@ pub(crate) fn replays(mode: CheckFinite) -> bool {
 }
 
 /// The executable-cache key of a checked program: another program than the unchecked one of the same structure,
-/// and than one with other guards.
+/// than one checked under another mode, and than one with other guards.
 pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (key, "nonfinite", self::guards(mode), guards).hash(&mut h);
+    (key, "nonfinite", mode as u8, guards).hash(&mut h);
     h.finish()
 }
 
 /// `graph` with the check's output appended (after the step's own outputs) and the `guards` applied, for
-/// emitting. On a mesh the counts have the layout `counts_sharding`.
+/// emitting. Under `stop`, output `flag` is the sticky flag's next value ([`flag`]), which becomes
+/// `flag OR tripped` and decides the guards. On a mesh the counts have the layout `counts_sharding`.
 ///
-/// Under `stop` and `log` nothing is guarded and the counts are the outputs'. Under `skip`, which is meant to stay
-/// on, the guard is decided by the values entering the update (`hlo::finite::update_inputs`: the loss, the
-/// gradients), so that the select fuses into the update, and the one count is theirs: as dynamic loss scaling, skip
-/// reads no state. A non-finite state that an update makes from finite inputs makes the next steps' losses
-/// non-finite; [`SKIPS_IN_A_ROW`] skipped steps in a row end the run with an error that says so.
+/// Under `skip` and `stop` the guard is decided by the values entering the update (`hlo::finite::update_inputs`:
+/// the loss, the gradients), so that the select fuses into the update, and the one count is theirs: as dynamic
+/// loss scaling, they read no state. A non-finite state that an update makes from finite inputs makes the next
+/// step's loss non-finite: `stop` then names the step's non-finite input, and under `skip` [`SKIPS_IN_A_ROW`]
+/// skipped steps in a row end the run with an error that says so. Under `log` nothing is guarded and the counts
+/// are the outputs'.
 pub(crate) fn with_check(
     graph: &Graph,
     guards: &[(usize, usize)],
+    flag: Option<usize>,
     mode: CheckFinite,
     counts_sharding: Option<String>,
 ) -> Result<Graph> {
+    use lazuli_hlo::finite as f;
     let mut g = graph.clone();
     let loc = g.outputs.first().map_or(Loc::caller(), |&o| g.nodes[o].loc);
-    let counts = match mode {
-        CheckFinite::Skip => {
-            let entering = lazuli_hlo::finite::update_inputs(&g, guards);
-            let entering = lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &entering, GROUP_TENSORS, loc)
-                .map_err(Error::Internal)?;
-            if let Some(e) = entering {
-                lazuli_hlo::finite::guard(&mut g, e, guards, loc).map_err(Error::Internal)?;
-            }
-            lazuli_hlo::finite::total_of(&mut g, entering, loc).map_err(Error::Internal)?
+    let counts = if self::guards(mode) {
+        let entering = f::update_inputs(&g, guards);
+        let entering = f::count_nonfinite_grouped(&mut g, &entering, GROUP_TENSORS, loc).map_err(Error::Internal)?;
+        let total = f::total_of(&mut g, entering, loc).map_err(Error::Internal)?;
+        let mut tripped = f::tripped(&mut g, total, loc).map_err(Error::Internal)?;
+        if let Some(j) = flag {
+            let handed_on = g.outputs[j];
+            tripped = f::sticky(&mut g, handed_on, tripped, loc).map_err(Error::Internal)?;
+            g.outputs[j] = tripped;
         }
-        _ => {
-            let outputs = lazuli_hlo::finite::floating(&g, g.outputs.clone());
-            let counts = lazuli_hlo::finite::count_nonfinite_grouped(&mut g, &outputs, GROUP_TENSORS, loc);
-            match counts.map_err(Error::Internal)? {
-                Some(c) => {
-                    lazuli_hlo::finite::guard(&mut g, c, guards, loc).map_err(Error::Internal)?;
-                    c
-                }
-                // A step without floating-point outputs still gets an output, so that every checked program has
-                // one more.
-                None => g.push(zero_counts(), Vec::new(), loc).map_err(Error::Internal)?,
-            }
+        f::guard(&mut g, tripped, guards, loc).map_err(Error::Internal)?;
+        total
+    } else {
+        let outputs = f::floating(&g, g.outputs.clone());
+        match f::count_nonfinite_grouped(&mut g, &outputs, GROUP_TENSORS, loc).map_err(Error::Internal)? {
+            Some(counts) => counts,
+            // A step without floating-point outputs still gets an output, so that every checked program has one
+            // more.
+            None => f::total_of(&mut g, None, loc).map_err(Error::Internal)?,
         }
     };
     g.outputs.push(counts);
@@ -134,69 +169,114 @@ pub(crate) fn with_check(
     Ok(g)
 }
 
-fn zero_counts() -> lazuli_hlo::Op {
-    lazuli_hlo::Op::Constant(lazuli_hlo::Constant::new(0.0, TensorType::new(lazuli_hlo::DType::I32, [1])))
+/// The IR of each program structure that a trip may be located in, by key: built once, when a program of that key
+/// is first kept (usually right after its compile, which built it anyway); a cache hit builds none. A program
+/// recorded from other lines shares its key (keys hold no lines) and so the lines of the first.
+pub(crate) fn graph_of(key: u64, build: impl FnOnce() -> Graph) -> Arc<Graph> {
+    /// More structures than a training loop has; past it the store starts again.
+    const MOST: usize = 64;
+    static GRAPHS: Mutex<Option<HashMap<u64, Arc<Graph>>>> = Mutex::new(None);
+    let mut graphs = GRAPHS.lock().unwrap_or_else(|e| e.into_inner());
+    let graphs = graphs.get_or_insert_with(HashMap::new);
+    if let Some(g) = graphs.get(&key) {
+        return g.clone();
+    }
+    if graphs.len() >= MOST {
+        graphs.clear();
+    }
+    graphs.entry(key).or_insert_with(|| Arc::new(build())).clone()
 }
 
-/// Keep a launched step's check until it is read: its counts, its floating-point outputs' types and lines, and,
-/// where the mode locates trips, what to run it again from.
+/// Keep a launched step's check until it is read: its counts and, where the mode locates trips, what to run it
+/// again from. `donated` pairs each input donated to this program with the output that took its buffer: a kept
+/// input of an earlier step that is one of them is that output from now on, the value that equals it while the
+/// flag keeps the state (the input's own buffer is gone).
 pub(crate) fn keep(
     counts: Data,
-    checked: Vec<(TensorType, Loc)>,
     replay: Option<Replay>,
+    donated: &[(Data, Data)],
     at: Loc,
     mode: CheckFinite,
     guarded: bool,
 ) {
-    let pending = Pending { counts, checked, replay, at, step: diagnostics::current_step(), mode, guarded };
-    PENDING.lock().unwrap_or_else(|e| e.into_inner()).push_back(pending);
+    let pending = Pending { counts, replay, at, step: diagnostics::current_step(), mode, guarded };
+    let mut queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    if !donated.is_empty() {
+        // Both sides are alive here (held by `donated` and the kept inputs): equal addresses are one value.
+        let taken: HashMap<usize, &Data> = donated.iter().map(|(from, to)| (value_id(from), to)).collect();
+        for input in queue.iter_mut().filter_map(|p| p.replay.as_mut()).flat_map(|r| r.inputs.iter_mut()) {
+            if let Some(&to) = taken.get(&value_id(input)) {
+                *input = to.clone();
+            }
+        }
+    }
+    queue.push_back(pending);
     HAS_PENDING.store(true, Relaxed);
 }
 
-/// The pending checks, oldest first: all of them, or all but the newest.
-fn take(all: bool) -> Vec<Pending> {
-    if !HAS_PENDING.load(Relaxed) {
+/// The address of a value's buffer holder: the same for every clone of one value.
+fn value_id(d: &Data) -> usize {
+    match d {
+        Data::Host(bytes) => Arc::as_ptr(bytes) as usize,
+        Data::Device(v) => Arc::as_ptr(v) as usize,
+        Data::Sharded { shards, .. } => shards.first().map_or(0, |b| Arc::as_ptr(b) as usize),
+    }
+}
+
+/// The oldest `n` pending checks (all, when fewer are queued), oldest first.
+fn take(n: usize) -> Vec<Pending> {
+    if !HAS_PENDING.load(Relaxed) || n == 0 {
         return Vec::new();
     }
     let mut queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    let n = if all { queue.len() } else { queue.len().saturating_sub(1) };
+    let n = n.min(queue.len());
     let taken = queue.drain(..n).collect();
     HAS_PENDING.store(!queue.is_empty(), Relaxed);
     taken
 }
 
-/// Before a materialization launches anything: read a `stop` or `log` check now (an `Err` on a `stop` trip).
-/// Under `skip` hand back every check but the newest, to be read by [`after_launch`] once this program is
-/// queued: a step's check is read once two later programs were launched, and the in-flight bound has waited for
-/// that step by then, so reading it never waits for the device.
-pub(crate) fn before_launch() -> Result<Vec<Pending>> {
+/// Before a materialization launches anything: read a `log` check now. Under `skip` and `stop` say how many checks
+/// (all but the newest) [`after_launch`] reads once this program is queued: a step's check is read once two later
+/// programs were launched, and the in-flight bound has waited for that step by then, so reading it never waits for
+/// the device. They stay queued until then, so that this program's donations move their kept inputs on.
+pub(crate) fn before_launch() -> Result<usize> {
     if !HAS_PENDING.load(Relaxed) {
-        return Ok(Vec::new());
+        return Ok(0);
     }
-    if runtime()?.config.check_finite == CheckFinite::Skip {
-        return Ok(take(false));
+    if guards(runtime()?.config.check_finite) {
+        let queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+        return Ok(queue.len().saturating_sub(1));
     }
-    take(true).into_iter().try_for_each(read)?;
-    Ok(Vec::new())
+    read_all(take(usize::MAX))?;
+    Ok(0)
 }
 
-/// Read the checks [`before_launch`] handed back.
-pub(crate) fn after_launch(pending: Vec<Pending>) -> Result<()> {
-    pending.into_iter().try_for_each(read)
+/// Read the oldest `n` checks, as [`before_launch`] counted them.
+pub(crate) fn after_launch(n: usize) -> Result<()> {
+    read_all(take(n))
 }
 
 /// Read every pending check, whatever its mode (`wait()`).
 pub(crate) fn check_pending() -> Result<()> {
-    take(true).into_iter().try_for_each(read)
+    read_all(take(usize::MAX))
 }
 
-/// Read a check: an [`Error::NonFinite`] on a trip under `stop`; under `log` and `skip` the first trip's report
-/// goes to stderr, and `skip` counts the step in `Metrics::skipped_steps`. Each trip is also an event
-/// (`EventKind::NonFinite`).
-fn read(pending: Pending) -> Result<()> {
+/// Read checks in order; the first error ends the reading (under `stop`, the checks after a trip are dropped).
+fn read_all(pending: Vec<Pending>) -> Result<()> {
+    let n = pending.len();
+    for (i, p) in pending.into_iter().enumerate() {
+        read(p, n - 1 - i)?;
+    }
+    Ok(())
+}
+
+/// Read a check (`after` more were taken with it): an [`Error::NonFinite`] on a trip under `stop`; under `log` and
+/// `skip` the first trip's report goes to stderr, and `skip` counts the step in `Metrics::skipped_steps`. Each trip
+/// is also an event (`EventKind::NonFinite`).
+fn read(pending: Pending, after: usize) -> Result<()> {
     let mut counts = counts(&pending)?;
-    // Under skip, the last count is of the values that entered the update: non-zero, the state was kept.
-    let entered = if pending.mode == CheckFinite::Skip { counts.pop().unwrap_or(0) } else { 0 };
+    // Under skip and stop the one count is of the values that entered the update.
+    let entered = if guards(pending.mode) { counts.pop().unwrap_or(0) } else { 0 };
     if entered == 0 && counts.iter().all(|&c| c == 0) {
         if pending.mode == CheckFinite::Skip && pending.guarded {
             SKIPPED_IN_A_ROW.store(0, Relaxed);
@@ -208,7 +288,7 @@ fn read(pending: Pending) -> Result<()> {
         Counters::add(&COUNTERS.skipped_steps, 1);
         if SKIPPED_IN_A_ROW.fetch_add(1, Relaxed) + 1 >= SKIPS_IN_A_ROW {
             SKIPPED_IN_A_ROW.store(0, Relaxed);
-            let report = report(&pending, &counts, None, entered)
+            let report = report(&pending, &counts, None, entered, 0)
                 + &format!(
                     "\n  {SKIPS_IN_A_ROW} steps in a row were skipped: either the state itself is non-finite (an \
                      update can make it so from finite inputs, which skip does not read) or an input stays bad; stop \
@@ -220,10 +300,19 @@ fn read(pending: Pending) -> Result<()> {
     }
     let first = !REPORTED.swap(true, Relaxed);
     let located = match &pending.replay {
-        Some(r) if first || mode == CheckFinite::Stop => Some(locate::locate(runtime()?, &r.graph, &r.inputs)),
+        Some(r) if first || mode == CheckFinite::Stop => Some(locate::locate(runtime()?, &r.own_graph(), &r.inputs)),
         _ => None,
     };
-    let report = report(&pending, &counts, located.as_ref(), entered);
+    // The programs launched after a `stop` trip kept the state and their checks say nothing more: dropped, and the
+    // next program starts from a clear flag.
+    let later = match mode {
+        CheckFinite::Stop => {
+            flag::reset();
+            after + take(usize::MAX).len()
+        }
+        _ => 0,
+    };
+    let report = report(&pending, &counts, located.as_ref(), entered, later);
     emit_event(&pending, report.lines().map(str::to_string).collect());
     match mode {
         CheckFinite::Stop => {
@@ -244,7 +333,7 @@ fn read(pending: Pending) -> Result<()> {
 
 /// The counts of the pending check, read from the device (its step has finished or is about to).
 fn counts(p: &Pending) -> Result<Vec<u64>> {
-    let n = if p.mode == CheckFinite::Skip { 1 } else { groups(p).len().max(1) };
+    let n = if guards(p.mode) { 1 } else { groups(p).len().max(1) };
     let ty = TensorType::new(lazuli_hlo::DType::I32, [n]);
     let reading = std::time::Instant::now();
     let bytes = p.counts.to_host(&ty)?;
@@ -252,9 +341,15 @@ fn counts(p: &Pending) -> Result<Vec<u64>> {
     Ok(bytes_to_f64(lazuli_hlo::DType::I32, &bytes).into_iter().map(|c| c as u64).collect())
 }
 
-/// The groups of `p.checked` that the counts count, in order.
+/// The floating-point outputs a check names (none under `skip`, which keeps no IR).
+fn checked(p: &Pending) -> Vec<(TensorType, Loc)> {
+    p.replay.as_ref().map_or_else(Vec::new, Replay::outputs)
+}
+
+/// The groups of the checked outputs that `log`'s counts count, in order.
 fn groups(p: &Pending) -> Vec<std::ops::Range<usize>> {
-    lazuli_hlo::finite::count_groups(&p.checked.iter().map(|(ty, _)| ty).collect::<Vec<_>>(), GROUP_TENSORS)
+    let checked = checked(p);
+    lazuli_hlo::finite::count_groups(&checked.iter().map(|(ty, _)| ty).collect::<Vec<_>>(), GROUP_TENSORS)
 }
 
 /// The outputs a report lists (a model's weights all go non-finite together; the first few say enough).
@@ -262,10 +357,17 @@ const SHOWN: usize = 6;
 
 /// The report of a trip: the step, the outputs with non-finite values, what became of its state, and where the
 /// values came from.
-fn report(p: &Pending, counts: &[u64], located: Option<&Result<locate::Replayed>>, entered: u64) -> String {
+fn report(
+    p: &Pending,
+    counts: &[u64],
+    located: Option<&Result<locate::Replayed>>,
+    entered: u64,
+    later: usize,
+) -> String {
+    let checked = checked(p);
     let mut out = match located {
-        Some(Ok(replayed)) if replayed.outputs.len() == p.checked.len() => by_output(p, &replayed.outputs),
-        _ => by_group(p, counts),
+        Some(Ok(replayed)) if replayed.outputs.len() == checked.len() => by_output(p, &checked, &replayed.outputs),
+        _ => by_group(p, &checked, counts),
     };
     match p.mode {
         CheckFinite::Skip if !p.guarded => out += "  the program updates no state: nothing to skip\n",
@@ -274,6 +376,13 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<locate::Replayed>
                 "  skipped: {entered} non-finite values entered the update; parameters and optimizer state keep \
                  their values from before the step\n"
             )
+        }
+        CheckFinite::Stop if p.guarded => {
+            out += "  kept: parameters and optimizer state hold their values from before the step";
+            if later > 0 {
+                out += &format!(", as the {later} program(s) launched after it left them");
+            }
+            out += "\n";
         }
         _ => {}
     }
@@ -291,15 +400,14 @@ fn report(p: &Pending, counts: &[u64], located: Option<&Result<locate::Replayed>
 }
 
 /// The outputs with non-finite values, one by one, from the counts of a run of the step again.
-fn by_output(p: &Pending, counts: &[u64]) -> String {
-    let bad: Vec<String> = p
-        .checked
+fn by_output(p: &Pending, checked: &[(TensorType, Loc)], counts: &[u64]) -> String {
+    let bad: Vec<String> = checked
         .iter()
         .zip(counts)
         .filter(|(_, &c)| c > 0)
         .map(|((ty, loc), c)| format!("    {ty} recorded at {loc}: {c} of {} non-finite", ty.elements()))
         .collect();
-    let (n, total) = (bad.len(), p.checked.len());
+    let (n, total) = (bad.len(), checked.len());
     let mut out = format!("  step {}: {n} of its {total} floating-point outputs hold non-finite values\n", p.step);
     for line in bad.iter().take(SHOWN) {
         out += line;
@@ -313,14 +421,14 @@ fn by_output(p: &Pending, counts: &[u64]) -> String {
 
 /// The groups of outputs with non-finite values, as the step's check counted them: each group's count and its
 /// members (the first few).
-fn by_group(p: &Pending, counts: &[u64]) -> String {
+fn by_group(p: &Pending, checked: &[(TensorType, Loc)], counts: &[u64]) -> String {
     let mut out = format!("  step {}:\n", p.step);
     if counts.iter().any(|&c| c > 0) {
         out += "  non-finite values among its floating-point outputs:\n";
     }
     let mut shown = 0;
     for (group, &c) in groups(p).into_iter().zip(counts).filter(|(_, &c)| c > 0) {
-        let members = &p.checked[group];
+        let members = &checked[group];
         let elements: usize = members.iter().map(|(ty, _)| ty.elements()).sum();
         match members {
             [(ty, loc)] => out += &format!("    {ty} recorded at {loc}: {c} of {elements} non-finite\n"),

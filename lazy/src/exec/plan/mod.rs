@@ -36,8 +36,10 @@ pub(crate) struct Plan {
     /// output after the targets'.
     pub checked: bool,
     /// `(parameter, output)`: state outputs that a checked program replaces by the parameter's value (the value
-    /// they succeed) when its outputs hold non-finite values (`Stop` and `Skip`).
+    /// they succeed) when what enters its update holds non-finite values (`Skip`), or from a trip on (`Stop`).
     pub guards: Vec<(usize, usize)>,
+    /// Under `Stop`: the output that is the sticky trip flag's next value (`exec/finite/flag.rs`).
+    pub flag: Option<usize>,
 }
 
 /// A sharded program's mesh, with each parameter's and each output's layout.
@@ -56,28 +58,29 @@ impl Plan {
 
 /// Plan the program that computes `targets`, or `None` when nothing under them is pending. A graph larger than
 /// [`MAX_GRAPH_NODES`] has pieces of it computed first (each a program of its own, cause `GraphSize`).
-pub(crate) fn plan(rt: &Runtime, targets: &[Rc<Node>], at: Loc) -> Result<Option<Plan>> {
+/// `flag`, one of the targets, is the finite check's sticky flag under `stop`.
+pub(crate) fn plan(rt: &Runtime, targets: &[Rc<Node>], flag: Option<&Rc<Node>>, at: Loc) -> Result<Option<Plan>> {
     let walk = bounded_walk(targets, at)?;
     if walk.targets.is_empty() {
         return Ok(None);
     }
-    Ok(Some(plan_walk(rt, walk)?))
+    Ok(Some(plan_walk(rt, walk, flag)?))
 }
 
 /// Layouts, donations, key and cache lookup of a walked graph.
-pub(crate) fn plan_walk(rt: &Runtime, walk: Walk) -> Result<Plan> {
-    let mut plan = prepare(walk, rt.config.donate, rt.config.check_finite)?;
+pub(crate) fn plan_walk(rt: &Runtime, walk: Walk, flag: Option<&Rc<Node>>) -> Result<Plan> {
+    let mut plan = prepare(walk, rt.config.donate, rt.config.check_finite, flag)?;
     lookup(rt, &mut plan);
     Ok(plan)
 }
 
 /// Everything but the cache lookup: the mesh and its layouts (parameters keep their placement, outputs get the
 /// shardings the ops' rules propagate), the donations, and the key they all enter. With the finite check on, the
-/// program counts its outputs' non-finite values; under `Skip` it guards its state (see `CheckFinite`), so it
-/// donates as usual. `Stop` and `Log` donate nothing, since a trip is located by running the step again on its
-/// inputs (a guarded `stop` that donated its state measured slower on the H200:
-/// `docs/perf-log/2026-12-01-nan-skip.md`). A checked program has a key of its own.
-pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Result<Plan> {
+/// program counts non-finite values; under `Skip` and `Stop` it guards its state (see `CheckFinite`), so it still
+/// donates: all it can under `Skip`, under `Stop` only old state to its successor, so that every input that is not
+/// guarded state stays whole for the locator to run the step again (`exec/finite/`). `Log` donates nothing. A
+/// checked program has a key of its own.
+pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Option<&Rc<Node>>) -> Result<Plan> {
     let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.has_constraint)?;
     let checked = crate::exec::finite::enabled(check);
     let mesh = mesh.map(|m| {
@@ -91,18 +94,21 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite) -> Resul
     let guards = if crate::exec::finite::guards(check) { successor_pairs(&walk) } else { Vec::new() };
     let donation = match check {
         CheckFinite::Off | CheckFinite::Skip if donate => Donation::Any,
-
+        CheckFinite::Stop if donate => Donation::Successors,
         _ => Donation::None,
     };
     let donated = plan_donation(&mut walk, donation);
     let key = if checked { crate::exec::finite::key(walk.key(), check, &guards) } else { walk.key() };
-    Ok(Plan { walk, mesh, donated, key, cached: None, checked, guards })
+    let flag = flag.filter(|_| checked).and_then(|f| walk.targets.iter().position(|t| Rc::ptr_eq(t, f)));
+    Ok(Plan { walk, mesh, donated, key, cached: None, checked, guards, flag })
 }
 
 /// Which buffers a program may donate.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Donation {
     None,
+    /// A dying leaf only to its successor (old state to its new value).
+    Successors,
     /// Any dying leaf to an output of its type and layout.
     Any,
 }
