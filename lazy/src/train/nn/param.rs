@@ -51,8 +51,10 @@ impl Param {
     ///
     /// The first call creates the copy and computes it right away when the value is computed already (a small
     /// program), so that from the first step on it is a program input like the value: the step's program has one
-    /// structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a skipped step as it keeps the value.
-    /// Panics at the caller's line for a dtype that is not floating-point, or when computing the copy fails.
+    /// structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a skipped step as it keeps the value. (A
+    /// copy first made from a pending value, after an update and before the step boundary, is computed by that
+    /// step's program, and kept by skip from the next step on.) Panics at the caller's line for a dtype that is
+    /// not floating-point, or when computing the copy fails.
     #[track_caller]
     pub fn get_as(&self, dtype: DType) -> Tensor {
         let at = Loc::caller();
@@ -66,9 +68,7 @@ impl Param {
         }
         let copy = slot.copy_of_value(dtype, at);
         if !slot.value.is_pending() {
-            if let Err(e) = crate::exec::materialize(std::slice::from_ref(&copy.node), Cause::Explicit, at) {
-                fail(at, format!("Param::get_as: computing the parameter's {dtype} copy failed: {e}"));
-            }
+            compute_now(&copy, at);
         }
         slot.copies.push(copy.clone());
         copy
@@ -186,6 +186,13 @@ impl Slot {
         for (old, new) in self.copies.iter_mut().zip(next) {
             crate::train::optim::replace(old, new);
         }
+    }
+}
+
+/// Compute a new copy in a program of its own (a convert), so that the steps take it as an input.
+fn compute_now(copy: &Tensor, at: Loc) {
+    if let Err(e) = crate::exec::materialize(std::slice::from_ref(&copy.node), Cause::Explicit, at) {
+        fail(at, format!("Param::get_as: computing the parameter's {} copy failed: {e}", copy.dtype()));
     }
 }
 
