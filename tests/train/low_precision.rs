@@ -306,7 +306,7 @@ fn a_copy_in_a_non_float_dtype_is_an_error_at_the_callers_line() {
 }
 
 /// Under `LAZULI_CHECK_FINITE=skip` a skipped step keeps the copies as it keeps the values, from the first step
-/// on: the copies are inputs of the step's program from step 1, so it compiles once.
+/// on: the copies are inputs of the step's program from step 1, so it compiles once, and are updated in place.
 #[test]
 fn a_skipped_step_keeps_the_copies_and_the_step_compiles_once() {
     if child::alone(module_path!(), "a_skipped_step_keeps_the_copies_and_the_step_compiles_once") {
@@ -316,16 +316,21 @@ fn a_skipped_step_keeps_the_copies_and_the_step_compiles_once() {
     let run = |scales: &[f32]| {
         let model = mlp(true);
         let mut opt = AdamW::new(model.named_params(), 1e-2);
-        let mut compiles = Vec::new();
+        let (mut compiles, mut donated) = (Vec::new(), Vec::new());
         let (x, y) = batch(0);
         for &scale in scales {
+            let before = lazuli::metrics().bytes_donated;
             ((model.forward(&x) - &y).pow(2.0).mean_all() * Tensor::scalar(scale)).backward();
             opt.step();
             opt.zero_grad();
             lazuli::sync().unwrap();
             lazuli::wait().unwrap();
             compiles.push(lazuli::metrics().compiles);
+            donated.push(lazuli::metrics().bytes_donated - before);
         }
+        // Each step updates in place the f32 values and moments and the bf16 copies of the three weights.
+        let (values, weights) = (4 * 32 + 32 + 32 * 32 + 32 + 32 + 1, 4 * 32 + 32 * 32 + 32);
+        assert!(donated.iter().all(|&d| d == 3 * 4 * values + 2 * weights), "{donated:?}");
         assert_copies_follow(&model.named_params());
         let copies: Vec<Vec<u32>> = model.params().iter().map(|p| bits(&p.get_as(LOW))).collect();
         (all_bits(&model.params()), copies, compiles)
