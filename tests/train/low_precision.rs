@@ -6,6 +6,7 @@
 
 use std::panic::AssertUnwindSafe;
 
+use lazuli::diagnostics::{strict_scope, Budget};
 use lazuli::nn::{Activation, Block, Gpt, GptConfig, HostRng, Linear, Mlp, Param};
 use lazuli::optim::clip_grad_norm;
 use lazuli::{
@@ -343,6 +344,25 @@ fn a_skipped_step_keeps_the_copies_and_the_step_compiles_once() {
     let skipped_later = run(&[1.0, 1.0, f32::INFINITY]);
     assert_eq!((&skipped_later.0, &skipped_later.1), (&clean.0, &clean.1));
     assert_eq!(lazuli::metrics().skipped_steps, 2);
+}
+
+/// Strict mode takes the copies' creation as set-up: training with copies is one program per step from step 1.
+#[test]
+fn strict_mode_takes_the_copies_creation_as_set_up() {
+    if child::alone(module_path!(), "strict_mode_takes_the_copies_creation_as_set_up") {
+        return; // strict mode is process-wide
+    }
+    let _strict = strict_scope(Budget::training());
+    let model = mlp(true);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let (x, y) = batch(0);
+    for _ in 0..4 {
+        (model.forward(&x) - &y).pow(2.0).mean_all().backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync().unwrap();
+    }
+    lazuli::wait().unwrap();
 }
 
 /// Parameters split over two devices: each copy is laid out as its parameter, from its creation on and after

@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 use lazuli_hlo::{BinaryKind, Convert, DType, Loc, Op};
 
-use crate::diagnostics::Cause;
+use crate::diagnostics::{unchecked, Cause};
 use crate::graph::autodiff::no_grad;
 use crate::graph::record::{apply, fail};
 use crate::graph::tensor::Tensor;
@@ -50,7 +50,7 @@ impl Param {
     /// the update instead of a convert of each weight in each step.
     ///
     /// The first call creates the copy and computes it right away when the value is computed already (a small
-    /// program), so that from the first step on it is a program input like the value: the step's program has one
+    /// program, set-up that strict mode lets through), so that from the first step on it is a program input like the value: the step's program has one
     /// structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a skipped step as it keeps the value. (A
     /// copy first made from a pending value, after an update and before the step boundary, is computed by that
     /// step's program, and kept by skip from the next step on.) Panics at the caller's line for a dtype that is
@@ -189,9 +189,11 @@ impl Slot {
     }
 }
 
-/// Compute a new copy in a program of its own (a convert), so that the steps take it as an input.
+/// Compute a new copy in a program of its own (a convert), so that the steps take it as an input. It is set-up,
+/// not part of a step: strict mode counts it neither as a graph break nor as a recompile.
 fn compute_now(copy: &Tensor, at: Loc) {
-    if let Err(e) = crate::exec::materialize(std::slice::from_ref(&copy.node), Cause::Explicit, at) {
+    let computed = unchecked(|| crate::exec::materialize(std::slice::from_ref(&copy.node), Cause::Explicit, at));
+    if let Err(e) = computed {
         fail(at, format!("Param::get_as: computing the parameter's {} copy failed: {e}", copy.dtype()));
     }
 }
