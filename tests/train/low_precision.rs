@@ -1,8 +1,9 @@
 //! Low-precision copies of parameters (`Param::get_as`): training with bf16 copies kept by the optimizer is bit
 //! for bit training that converts the f32 weights at each use (an MLP, and the tiny GPT scanned and with
-//! recomputed blocks, SGD and AdamW, with gradient clipping); a new value, a checkpoint load and a skipped step leave the
-//! copy equal to the convert of the value; copies of sharded parameters keep their layout; gradients of direct
-//! and copied uses add up; a non-float dtype is an error at the caller's line.
+//! recomputed blocks, SGD and AdamW, with gradient clipping); a new value, a checkpoint load and a skipped step
+//! leave the copy equal to the convert of the value; copies are updated in place, inputs of the step from step 1
+//! (also under strict mode) and laid out as their sharded parameters; gradients of direct and copied uses add up;
+//! a non-float dtype is an error at the caller's line.
 
 use std::panic::AssertUnwindSafe;
 

@@ -50,11 +50,11 @@ impl Param {
     /// the update instead of a convert of each weight in each step.
     ///
     /// The first call creates the copy and computes it right away when the value is computed already (a small
-    /// program, set-up that strict mode lets through), so that from the first step on it is a program input like the value: the step's program has one
-    /// structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a skipped step as it keeps the value. (A
-    /// copy first made from a pending value, after an update and before the step boundary, is computed by that
-    /// step's program, and kept by skip from the next step on.) Panics at the caller's line for a dtype that is
-    /// not floating-point, or when computing the copy fails.
+    /// program, set-up that strict mode lets through), so that from the first step on it is a program input like
+    /// the value: the step's program has one structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a
+    /// skipped step as it keeps the value. (A copy first made from a pending value, after an update and before the
+    /// step boundary, is computed by that step's program, and kept by skip from the next step on.) Panics at the
+    /// caller's line for a dtype that is not floating-point, or when computing the copy fails.
     #[track_caller]
     pub fn get_as(&self, dtype: DType) -> Tensor {
         let at = Loc::caller();
