@@ -16,6 +16,7 @@ mod data;
 mod gpt;
 mod gpt2;
 mod grad_checkpoint;
+mod low_precision;
 mod multi_process;
 mod scanned_gpt;
 mod train;

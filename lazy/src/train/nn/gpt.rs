@@ -107,7 +107,9 @@ impl CausalSelfAttention {
         let h = self.n_head as isize;
         let hd = d / h;
         // [B, T, 3d] → [B, T, 3, H, hd]: q, k and v are [B, T, H, hd] slices, the layout fused attention takes.
-        let qkv = self.qkv.forward(x).reshape(&[b, t, 3, h, hd]);
+        // With products in a lower precision (`Linear::matmul_dtype`), attention takes q, k and v in it too.
+        let qkv = self.qkv.forward(x);
+        let qkv = qkv.to_dtype(self.qkv.matmul_dtype.unwrap_or(qkv.dtype())).reshape(&[b, t, 3, h, hd]);
         let part = |i: usize| qkv.narrow(2, i, 1).reshape(&[b, t, h, hd]);
         let (q, k, v) = (part(0), part(1), part(2));
         let y = if self.attn_drop.is_training() && self.attn_drop.p > 0.0 {
@@ -116,7 +118,7 @@ impl CausalSelfAttention {
             let opts = AttentionOptions::causal().layout(AttentionLayout::Bthd);
             scaled_dot_product_attention(&q, &k, &v, &opts)
         };
-        self.resid_drop.forward(&self.proj.forward(&y.reshape(&[b, t, d])))
+        self.resid_drop.forward(&self.proj.forward(&y.to_dtype(x.dtype()).reshape(&[b, t, d])))
     }
 
     /// Attention written out, for dropout on the attention weights (which the fused kernel does not apply):
@@ -223,6 +225,9 @@ pub struct Gpt {
     pub ln_f: LayerNorm,
     /// Dropout on the embeddings.
     pub emb_drop: Dropout,
+    /// Mixed precision: every product (the blocks' linear layers, attention, the head) on operands in this dtype,
+    /// the weights' copies kept by the optimizer ([`Param::get_as`]); set by [`Gpt::with_matmul_dtype`].
+    pub matmul_dtype: Option<DType>,
 }
 
 impl Gpt {
@@ -236,7 +241,26 @@ impl Gpt {
         let scanned = c.scan_blocks.then(|| ScannedBlocks::from_blocks(&std::mem::take(&mut blocks), c));
         let ln_f = LayerNorm::new(c.d_model, 1e-5, c.dtype);
         let emb_drop = Dropout::new(c.dropout);
-        Gpt { wte, wpe, blocks, scanned, ln_f, emb_drop, config }
+        Gpt { wte, wpe, blocks, scanned, ln_f, emb_drop, config, matmul_dtype: None }
+    }
+
+    /// With every product computed in `dtype` (bf16 for f32 weights, as mixed-precision training does): the
+    /// weights enter as the copies the optimizer writes with each update ([`Param::get_as`]), each product's
+    /// result returns to the model's dtype, and the rest (normalizations, softmax, residuals, the optimizer)
+    /// stays in it. Panics at the caller's line for a dtype that is not floating-point.
+    #[track_caller]
+    pub fn with_matmul_dtype(mut self, dtype: DType) -> Gpt {
+        super::param::check_copy_dtype("Gpt::with_matmul_dtype", dtype, crate::Loc::caller());
+        for b in &mut self.blocks {
+            for l in [&mut b.attn.qkv, &mut b.attn.proj, &mut b.fc, &mut b.fc_proj] {
+                l.matmul_dtype = Some(dtype);
+            }
+        }
+        if let Some(s) = &mut self.scanned {
+            s.matmul_dtype = Some(dtype);
+        }
+        self.matmul_dtype = Some(dtype);
+        self
     }
 
     /// `ids: [B, T]` integers → logits `[B, T, vocab]` (the head shares the token embedding's weights).
@@ -264,7 +288,11 @@ impl Gpt {
             }
             x = scanned.forward(&x);
         }
-        self.ln_f.forward(&x).matmul(&self.wte.weight.get().t())
+        let h = self.ln_f.forward(&x);
+        match self.matmul_dtype {
+            Some(dt) => h.to_dtype(dt).matmul(&self.wte.weight.get_as(dt).t()).to_dtype(h.dtype()),
+            None => h.matmul(&self.wte.weight.get().t()),
+        }
     }
 
     /// Mean next-token cross-entropy of `ids: [B, T]` against `targets: [B, T]`.

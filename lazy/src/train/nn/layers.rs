@@ -12,6 +12,9 @@ pub struct Linear {
     pub weight: Param,
     /// `[out]`, if the layer has a bias.
     pub bias: Option<Param>,
+    /// Mixed precision: the product on operands in this dtype (the weight's copy kept by the optimizer,
+    /// [`Param::get_as`]), its result back in the input's dtype before the bias. `None`: the weight's own dtype.
+    pub matmul_dtype: Option<DType>,
 }
 
 impl Linear {
@@ -21,18 +24,31 @@ impl Linear {
         Linear {
             weight: Param::new(uniform(rng, &[d_in, d_out], bound, dtype)),
             bias: bias.then(|| Param::new(uniform(rng, &[d_out], bound, dtype))),
+            matmul_dtype: None,
         }
     }
 
     /// A layer with given initial values (for tests and ports).
     pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Linear {
-        Linear { weight: Param::new(weight), bias: bias.map(Param::new) }
+        Linear { weight: Param::new(weight), bias: bias.map(Param::new), matmul_dtype: None }
+    }
+
+    /// With its product computed in `dtype` (e.g. bf16 for f32 weights; the field `matmul_dtype`). Panics at
+    /// the caller's line for a dtype that is not floating-point.
+    #[track_caller]
+    pub fn with_matmul_dtype(mut self, dtype: DType) -> Linear {
+        super::param::check_copy_dtype("Linear::with_matmul_dtype", dtype, crate::Loc::caller());
+        self.matmul_dtype = Some(dtype);
+        self
     }
 
     /// `x: [..., in]` → `[..., out]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let y = x.matmul(&self.weight.get());
+        let y = match self.matmul_dtype {
+            Some(dt) => x.to_dtype(dt).matmul(&self.weight.get_as(dt)).to_dtype(x.dtype()),
+            None => x.matmul(&self.weight.get()),
+        };
         match &self.bias {
             Some(b) => y + b.get(),
             None => y,

@@ -6,6 +6,8 @@
 //! as the unrolled model's `blocks.0.ln1.weight`, `blocks.1.ln1.weight`, … (`checkpoint/mod.rs`), so the two
 //! forms load each other's files, optimizer state included.
 
+use lazuli_hlo::DType;
+
 use super::gpt::{Block, CausalSelfAttention, GptConfig};
 use super::layers::{Dropout, LayerNorm, Linear};
 use super::{join, Module, Param};
@@ -26,6 +28,9 @@ pub struct ScannedBlocks {
     pub n_head: usize,
     /// Recompute each block in the backward pass instead of saving its activations.
     pub remat: bool,
+    /// The dtype of the blocks' products (`Linear::matmul_dtype`): their weights enter the scan as the copies the
+    /// optimizer keeps ([`Param::get_as`]), converted once for all layers.
+    pub matmul_dtype: Option<DType>,
 }
 
 impl ScannedBlocks {
@@ -44,7 +49,7 @@ impl ScannedBlocks {
                     .collect()
             })
             .unwrap_or_default();
-        ScannedBlocks { stacked, n_head: cfg.n_head, remat: cfg.checkpoint_blocks }
+        ScannedBlocks { stacked, n_head: cfg.n_head, remat: cfg.checkpoint_blocks, matmul_dtype: None }
     }
 
     /// How many blocks.
@@ -60,7 +65,7 @@ impl ScannedBlocks {
     /// The block whose parameters are `w`, one layer's slices of [`Self::stacked`] in its order: for a forward
     /// function of one's own inside [`Self::scan`] (mixed precision, say), as `forward` runs `Block::forward`.
     pub fn block(&self, w: &[Tensor]) -> Block {
-        block_of(w, self.n_head)
+        block_of(w, self.n_head, self.matmul_dtype)
     }
 
     /// `x: [batch, seq, d_model]` through every block in order.
@@ -69,10 +74,15 @@ impl ScannedBlocks {
         if self.is_empty() {
             return x.clone();
         }
-        let weights: Vec<Tensor> = self.stacked.iter().map(|(_, p)| p.get()).collect();
-        let n_head = self.n_head;
+        let weights: Vec<Tensor> = (self.stacked.iter().enumerate())
+            .map(|(i, (_, p))| match self.matmul_dtype {
+                Some(dt) if LINEAR_WEIGHTS.contains(&i) => p.get_as(dt),
+                _ => p.get(),
+            })
+            .collect();
+        let (n_head, matmul_dtype) = (self.n_head, self.matmul_dtype);
         let (carry, _) = self.scan().run(
-            |h, w| (vec![block_of(w, n_head).forward(&h[0])], vec![]),
+            |h, w| (vec![block_of(w, n_head, matmul_dtype).forward(&h[0])], vec![]),
             std::slice::from_ref(x),
             &weights,
         );
@@ -85,11 +95,14 @@ impl ScannedBlocks {
     }
 }
 
+/// Where the linear layers' weights are in `Block::visit_params`'s order (each followed by its bias).
+const LINEAR_WEIGHTS: [usize; 4] = [2, 4, 8, 10];
+
 /// A block whose parameters are `w`, in the order `Block::visit_params` names them, without dropout.
-fn block_of(w: &[Tensor], n_head: usize) -> Block {
+fn block_of(w: &[Tensor], n_head: usize, matmul_dtype: Option<DType>) -> Block {
     let p = |i: usize| Param::new(w[i].clone());
     let norm = |i: usize| LayerNorm { weight: p(i), bias: p(i + 1), eps: 1e-5 };
-    let linear = |i: usize| Linear { weight: p(i), bias: Some(p(i + 1)) };
+    let linear = |i: usize| Linear { weight: p(i), bias: Some(p(i + 1)), matmul_dtype };
     Block {
         ln1: norm(0),
         attn: CausalSelfAttention {

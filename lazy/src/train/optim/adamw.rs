@@ -151,7 +151,7 @@ impl Optimizer for AdamW {
         let mut scalars: Option<(lazuli_hlo::DType, Vec<Tensor>)> = None;
         no_grad(|| {
             for (i, (_, p)) in self.params.iter().enumerate() {
-                let Some(g) = p.grad() else { continue };
+                let Some(g) = p.grad_at(at) else { continue };
                 let dt = g.dtype();
                 if scalars.as_ref().is_none_or(|(d, _)| *d != dt) {
                     let mut c: Vec<Tensor> = hyper.iter().map(|&v| s.scalar(dt, v)).collect();
@@ -166,7 +166,7 @@ impl Optimizer for AdamW {
                 self.exp_avg_sq[i] = super::follow(&self.exp_avg_sq[i], &w);
                 let m = fused(moment, &[&self.exp_avg[i], &g, &c[0], &c[1]], at);
                 let v = fused(square_moment, &[&self.exp_avg_sq[i], &g, &c[2], &c[3]], at);
-                p.set(fused(update, &[&w, &m, &v, &c[4], &c[5], &c[6], &c[7]], at));
+                p.set_at(fused(update, &[&w, &m, &v, &c[4], &c[5], &c[6], &c[7]], at), at);
                 super::replace(&mut self.exp_avg[i], super::follow(&m, &w));
                 super::replace(&mut self.exp_avg_sq[i], super::follow(&v, &w));
             }

@@ -23,7 +23,7 @@ pub fn clip_grad_norm(params: &[Param], max_norm: f64) -> Tensor {
     if max_norm.is_nan() || max_norm < 0.0 {
         fail(loc, format!("clip_grad_norm: max_norm must be ≥ 0, got {max_norm}"));
     }
-    let grads: Vec<(&Param, Tensor)> = params.iter().filter_map(|p| p.grad().map(|g| (p, g))).collect();
+    let grads: Vec<(&Param, Tensor)> = params.iter().filter_map(|p| p.grad_at(loc).map(|g| (p, g))).collect();
     let wide = if grads.iter().any(|(_, g)| g.dtype() == DType::F64) { DType::F64 } else { DType::F32 };
     let convert = |t: &Tensor, to: DType| {
         if t.dtype() == to {

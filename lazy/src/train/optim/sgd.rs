@@ -85,7 +85,7 @@ impl Optimizer for Sgd {
         let at = Loc::caller();
         no_grad(|| {
             for (i, (_, p)) in self.params.iter().enumerate() {
-                let Some(g) = p.grad() else { continue };
+                let Some(g) = p.grad_at(at) else { continue };
                 let w = p.get();
                 let dt = w.dtype();
                 let g = if self.weight_decay != 0.0 {
@@ -102,7 +102,7 @@ impl Optimizer for Sgd {
                     }
                     None => g,
                 };
-                p.set(fused(update, &[&w, &u, &s.scalar(dt, self.lr)], at));
+                p.set_at(fused(update, &[&w, &u, &s.scalar(dt, self.lr)], at), at);
             }
         });
     }
