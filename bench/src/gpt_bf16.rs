@@ -6,11 +6,32 @@
 //! unrolled, each recomputed in the backward pass (`GptConfig::checkpoint_blocks`), or as one scanned body over
 //! stacked weights (`GptConfig::scan_blocks`; with `checkpoint_blocks` too, the scan recomputes each block).
 
-use lazuli::nn::{Block, CausalSelfAttention, Gpt, LayerNorm, Linear};
+use std::cell::Cell;
+
+use lazuli::nn::{Block, CausalSelfAttention, Gpt, LayerNorm, Linear, Param};
 use lazuli::{DType, Tensor};
 
 use crate::workloads::Attention;
 use crate::BenchResult;
+
+thread_local! {
+    /// Whether matmuls read the optimizer's bf16 copies of the weights (`Param::get_as`): on for unrolled blocks
+    /// unless `LAZULI_BENCH_WEIGHT_COPIES=0`; off inside a scanned body, whose weights are slices of stacked ones.
+    static COPIES: Cell<bool> = const { Cell::new(false) };
+}
+
+fn copies_wanted() -> bool {
+    std::env::var("LAZULI_BENCH_WEIGHT_COPIES").map_or(true, |v| v != "0")
+}
+
+/// A weight as a matmul reads it: its bf16 copy, or the f32 value (converted by the matmul).
+fn weight(p: &Param) -> Tensor {
+    if COPIES.get() {
+        p.get_as(DType::BF16)
+    } else {
+        p.get()
+    }
+}
 
 /// `a @ b` on bf16 operands, result in f32.
 fn mm(a: &Tensor, b: &Tensor) -> Tensor {
@@ -26,7 +47,7 @@ fn mm_bf16(a: &Tensor, b: &Tensor) -> Tensor {
 /// with `LAZULI_BIAS_GELU=composite`, the f32 conversion, the add and GELU, as `linear(..).gelu()` records them),
 /// rounded to bf16 for the next matmul.
 fn linear_gelu(l: &Linear, x: &Tensor) -> Tensor {
-    let y = mm_bf16(x, &l.weight.get());
+    let y = mm_bf16(x, &weight(&l.weight));
     match &l.bias {
         Some(b) => y.bias_gelu(&b.get(), DType::BF16),
         None => y.to_dtype(DType::F32).gelu(),
@@ -34,7 +55,7 @@ fn linear_gelu(l: &Linear, x: &Tensor) -> Tensor {
 }
 
 fn linear(l: &Linear, x: &Tensor) -> Tensor {
-    let y = mm(x, &l.weight.get());
+    let y = mm(x, &weight(&l.weight));
     match &l.bias {
         Some(b) => y + b.get(),
         None => y,
@@ -112,6 +133,7 @@ pub fn loss_planted(
     let t = ids.dims()[1];
     let pos = Tensor::arange(t, DType::I32);
     let mut x = g.wte.forward(ids) + g.wpe.forward(&pos);
+    COPIES.set(g.scanned.is_none() && copies_wanted());
     match &g.scanned {
         // One block's ops in the graph, run once per layer on that layer's slice of the stacked weights.
         Some(_) if plant.is_some() => return Err("a planted op needs unrolled blocks".into()),
@@ -131,7 +153,7 @@ pub fn loss_planted(
             }
         }
     }
-    let logits = mm(&layer_norm(&g.ln_f, &x), &g.wte.weight.get().t());
+    let logits = mm(&layer_norm(&g.ln_f, &x), &weight(&g.wte.weight).t());
     let v = g.config.vocab as isize;
     Ok(logits.reshape(&[-1, v]).cross_entropy(&targets.reshape(&[-1])))
 }

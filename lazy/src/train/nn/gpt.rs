@@ -187,7 +187,7 @@ impl Block {
         let h = self.ln2.forward(&x);
         // The first layer's bias and GELU as one op (one kernel on a GPU).
         let h = match &self.fc.bias {
-            Some(b) => h.matmul(&self.fc.weight.get()).bias_gelu(&b.get(), h.dtype()),
+            Some(b) => self.fc.product(&h).bias_gelu(&b.get(), h.dtype()),
             None => self.fc.forward(&h).gelu(),
         };
         x + self.mlp_drop.forward(&self.fc_proj.forward(&h))

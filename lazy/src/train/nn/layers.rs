@@ -42,13 +42,20 @@ impl Linear {
         self
     }
 
+    /// `x @ weight` without the bias: in [`Linear::matmul_dtype`] when it is set (the product's own type, from the
+    /// weight's copy kept by the optimizer), else in `x`'s type.
+    #[track_caller]
+    pub fn product(&self, x: &Tensor) -> Tensor {
+        match self.matmul_dtype {
+            Some(dt) => x.to_dtype(dt).matmul(&self.weight.get_as(dt)),
+            None => x.matmul(&self.weight.get()),
+        }
+    }
+
     /// `x: [..., in]` → `[..., out]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let y = match self.matmul_dtype {
-            Some(dt) => x.to_dtype(dt).matmul(&self.weight.get_as(dt)).to_dtype(x.dtype()),
-            None => x.matmul(&self.weight.get()),
-        };
+        let y = self.product(x).to_dtype(x.dtype());
         match &self.bias {
             Some(b) => y + b.get(),
             None => y,
