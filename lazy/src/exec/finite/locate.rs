@@ -204,14 +204,19 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     Ok(host)
 }
 
-/// The locator's compile options. On the CPU, without LLVM's optimizations: the program runs once, and compiling
-/// it is most of a trip's time, which this shortens more than it slows the run
-/// (`docs/perf-log/2026-12-01-nan-gpt.md`). Other backends keep their defaults: a GPU's kernels at that level were
-/// not measured.
+/// The locator's compile options. The program runs once and compiling it is most of a trip's time, so: on the
+/// CPU, without LLVM's optimizations (`docs/perf-log/2026-12-01-nan-gpt.md`); on NVIDIA GPUs, without autotuning
+/// (XLA's default GEMM and fusion configurations instead of timing candidates; `docs/perf-log/2026-12-02-fused-layers.md`).
+/// They go first, so that `LAZULI_XLA_OPTIONS` can still set them.
 fn options(rt: &Runtime) -> CompileOptions {
     let mut options = rt.single_device_options();
-    if rt.config.backend == Backend::Cpu {
-        options.xla_options.push(("xla_backend_optimization_level".into(), XlaOption::Int(0)));
+    let quick = match rt.config.backend {
+        Backend::Cpu => Some(("xla_backend_optimization_level", XlaOption::Int(0))),
+        Backend::Gpu => Some(("xla_gpu_autotune_level", XlaOption::Int(0))),
+        _ => None,
+    };
+    if let Some((name, value)) = quick {
+        options.xla_options.insert(0, (name.into(), value));
     }
     options
 }
