@@ -4,12 +4,11 @@
 //! nothing but its operands, the backward recomputes `x + b` and sums `db` in the pass that writes `dx`; elsewhere
 //! the composite, also their reference. The composite computes in f32 (f64 for f64 inputs) and rounds once.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use lazuli_hlo::{Builder, Choice, DType, Gelu, Gradient, KernelDef, KernelOp, Op, OpRules, Program, TensorType};
 
-use crate::choice::{triton_or_composite, triton_scalar};
+use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
 use crate::triton::bias_gelu::{self as ttbg, BiasGeluSpec};
 use crate::{Implementation, Target};
 
@@ -60,15 +59,8 @@ impl BiasGeluCall {
 
 /// The bias-GELU kernel for `call` on `target`, as `want` asks. Made once per (call, target, setting).
 pub fn bias_gelu(call: &BiasGeluCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
-    type Key = (BiasGeluCall, Target, Implementation);
-    static MADE: Mutex<Option<HashMap<Key, Arc<KernelDef>>>> = Mutex::new(None);
-    let key = (call.clone(), target.clone(), want);
-    if let Some(def) = MADE.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key)) {
-        return Ok(def.clone());
-    }
-    let def = make(call, target, want)?;
-    MADE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, def.clone());
-    Ok(def)
+    static MADE: Made<(BiasGeluCall, Target, Implementation)> = Mutex::new(None);
+    made_once(&MADE, (call.clone(), target.clone(), want), || make(call, target, want))
 }
 
 fn make(call: &BiasGeluCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {

@@ -1,7 +1,11 @@
-//! What the kernels that have a Triton implementation and a composite share: the element types Triton takes, and
-//! the choice between the two with its reason.
+//! What the kernels share: the element types Triton takes, the choice between a Triton implementation and the
+//! composite with its reason, and the map that makes each kernel once per signature.
 
-use lazuli_hlo::{Choice, DType};
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use lazuli_hlo::{Choice, DType, KernelDef};
 
 use crate::triton::ttir::Scalar;
 use crate::Implementation;
@@ -37,4 +41,21 @@ pub(crate) fn triton_or_composite<S>(
             Err(why) => Ok((None, chose("composite", format!("{what}; {why}")))),
         },
     }
+}
+
+/// Kernels made so far, by signature, target and setting: each kernel keeps one such map.
+pub(crate) type Made<K> = Mutex<Option<HashMap<K, Arc<KernelDef>>>>;
+
+/// The kernel of `key` from `made`, or made by `make` and kept there.
+pub(crate) fn made_once<K: Hash + Eq>(
+    made: &Made<K>,
+    key: K,
+    make: impl FnOnce() -> Result<Arc<KernelDef>, String>,
+) -> Result<Arc<KernelDef>, String> {
+    if let Some(def) = made.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key)) {
+        return Ok(def.clone());
+    }
+    let def = make()?;
+    made.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, def.clone());
+    Ok(def)
 }

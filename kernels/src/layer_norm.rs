@@ -8,13 +8,12 @@
 //! which only the backward reads. The composite computes in f32 (f64 for f64 inputs) and rounds `y` once, as the
 //! kernels do.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use lazuli_hlo::{Builder, Choice, DType, Gradient, KernelDef, KernelOp, NormSpec, Normalize, Op, Program, TensorType};
 use lazuli_hlo::{OpRules, ReduceKind, Slice, UnaryKind};
 
-use crate::choice::{triton_or_composite, triton_scalar};
+use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
 use crate::triton::layer_norm::{self as ttln, LayerNormSpec};
 use crate::{Implementation, Target};
 
@@ -85,15 +84,8 @@ impl LayerNormCall {
 /// The layer-norm kernel for `call` on `target`, as `want` asks (`Cudnn` has no layer norm: an error). Made once
 /// per (call, target, setting) and shared.
 pub fn layer_norm(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
-    type Key = (LayerNormCall, Target, Implementation);
-    static MADE: Mutex<Option<HashMap<Key, Arc<KernelDef>>>> = Mutex::new(None);
-    let key = (call.clone(), target.clone(), want);
-    if let Some(def) = MADE.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key)) {
-        return Ok(def.clone());
-    }
-    let def = make(call, target, want)?;
-    MADE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, def.clone());
-    Ok(def)
+    static MADE: Made<(LayerNormCall, Target, Implementation)> = Mutex::new(None);
+    made_once(&MADE, (call.clone(), target.clone(), want), || make(call, target, want))
 }
 
 fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {

@@ -13,11 +13,11 @@ mod composite;
 mod cudnn;
 mod triton;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use lazuli_hlo::{Builder, Choice, DType, Gradient, KernelDef, KernelOp, Op, OpRules, Precision, Program, TensorType};
 
+use crate::choice::{made_once, Made};
 use crate::{Implementation, Target};
 
 /// The order of the dimensions of `q`, `k`, `v` and the output.
@@ -184,16 +184,8 @@ struct Device {
 /// per (spec, target, setting) and shared. `Err` says why the spec is ill-formed, or why a forced
 /// implementation does not apply.
 pub fn attention(spec: &AttentionSpec, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
-    type Key = (AttentionSpec, Target, Implementation);
-    static MADE: Mutex<Option<HashMap<Key, Arc<KernelDef>>>> = Mutex::new(None);
-    let key = (spec.clone(), target.clone(), want);
-    if let Some(def) = MADE.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&key)) {
-        return Ok(def.clone());
-    }
-    let def = make(spec, target, want)?;
-    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    made.get_or_insert_with(HashMap::new).insert(key, def.clone());
-    Ok(def)
+    static MADE: Made<(AttentionSpec, Target, Implementation)> = Mutex::new(None);
+    made_once(&MADE, (spec.clone(), target.clone(), want), || make(spec, target, want))
 }
 
 fn make(spec: &AttentionSpec, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {

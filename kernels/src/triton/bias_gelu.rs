@@ -12,8 +12,9 @@
 
 use lazuli_hlo::{GELU_A, GELU_K};
 
-use super::ttir::{Cmp, Kernel, Scalar, Value};
-use super::{pointers, TritonCall};
+use super::tile::{first_of, store_row, Tile};
+use super::ttir::{Kernel, Scalar, Value};
+use super::TritonCall;
 
 /// One bias-GELU signature.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -79,65 +80,20 @@ impl BiasGeluSpec {
     }
 }
 
-/// One `[R, BC]` block: its row and column indices, its mask and element offsets.
-struct Block {
-    cols: Value,
-    col_ok: Value,
-    ok: Value,
-    offsets: Value,
+/// The tile of row block `rb` and column block `cb` (i32 scalars).
+fn tile(k: &mut Kernel, spec: &BiasGeluSpec, rb: &Value, cb: &Value) -> Tile {
+    let (r, c) = (spec.block_rows(), spec.block_cols());
+    let first_row = first_of(k, rb, r);
+    let first_col = first_of(k, cb, c);
+    Tile::at(k, (&first_row, r, spec.rows), (&first_col, c, spec.cols))
 }
 
-impl Block {
-    /// The block of row block `rb` and column block `cb` (i32 scalars).
-    fn at(k: &mut Kernel, spec: &BiasGeluSpec, rb: &Value, cb: &Value) -> Block {
-        let (r, c) = (spec.block_rows(), spec.block_cols());
-        let index = |k: &mut Kernel, block: &Value, len: usize, bound: usize, name: &str| {
-            let size = k.const_i32(len as i32);
-            let first = k.mul(block, &size);
-            let start = k.splat(&first, &[len]);
-            let range = k.make_range(0, len as u32);
-            let idx = k.named(name).add(&start, &range);
-            let limit = k.full_int(Scalar::I32, &[len], bound as i64);
-            let ok = k.cmp(Cmp::Lt, &idx, &limit);
-            (idx, ok)
-        };
-        let (rows, row_ok) = index(k, rb, r, spec.rows, "rows");
-        let (cols, col_ok) = index(k, cb, c, spec.cols, "cols");
-        let ok_r = k.as_column(&row_ok, c);
-        let ok_c = k.as_row(&col_ok, r);
-        let ok = k.named("ok").and(&ok_r, &ok_c);
-        let stride = k.full_int(Scalar::I32, &[r], spec.cols as i64);
-        let row_start = k.mul(&rows, &stride);
-        let row_start = k.as_column(&row_start, c);
-        let col_offsets = k.as_row(&cols, r);
-        let offsets = k.named("offs").add(&row_start, &col_offsets);
-        Block { cols, col_ok, ok, offsets }
-    }
-
-    /// The block of a `[N, C]` argument as f32 (0 where masked).
-    fn load(&self, k: &mut Kernel, arg: &Value, name: &str) -> Value {
-        let ptrs = pointers(k, arg, &self.offsets);
-        let zero = k.full_float(arg.ty().scalar_of(), self.offsets.shape(), 0.0);
-        let v = k.named(name).load(&ptrs, Some(&self.ok), Some(&zero));
-        k.convert(&v, Scalar::F32)
-    }
-
-    fn store(&self, k: &mut Kernel, arg: &Value, v: &Value) {
-        let ptrs = pointers(k, arg, &self.offsets);
-        let v = k.convert(v, arg.ty().scalar_of());
-        k.store(&ptrs, &v, Some(&self.ok));
-    }
-
-    /// `x + b` as f32 `[R, BC]`.
-    fn biased(&self, k: &mut Kernel, x_arg: &Value, b_arg: &Value) -> Value {
-        let x = self.load(k, x_arg, "x");
-        let ptrs = pointers(k, b_arg, &self.cols);
-        let zero = k.full_float(b_arg.ty().scalar_of(), self.cols.shape(), 0.0);
-        let b = k.named("b").load(&ptrs, Some(&self.col_ok), Some(&zero));
-        let b = k.convert(&b, Scalar::F32);
-        let b = k.as_row(&b, x.shape()[0]);
-        k.named("u").add(&x, &b)
-    }
+/// `x + b` as f32 `[R, BC]`.
+fn biased(k: &mut Kernel, tile: &Tile, x_arg: &Value, b_arg: &Value) -> Value {
+    let x = tile.load(k, x_arg, "x");
+    let b = tile.load_vector(k, b_arg, "b");
+    let b = k.as_row(&b, x.shape()[0]);
+    k.named("u").add(&x, &b)
 }
 
 /// `c · v` elementwise, for a float constant `c`.
@@ -175,8 +131,8 @@ pub fn forward(spec: &BiasGeluSpec) -> TritonCall {
     let y_arg = k.ptr_arg("y", spec.y);
     let rb = k.named("rb").program_id(0);
     let cb = k.named("cb").program_id(1);
-    let blk = Block::at(&mut k, spec, &rb, &cb);
-    let u = blk.biased(&mut k, &x_arg, &b_arg);
+    let blk = tile(&mut k, spec, &rb, &cb);
+    let u = biased(&mut k, &blk, &x_arg, &b_arg);
     let t = inner_tanh(&mut k, &u);
     let half_u = times(&mut k, &u, 0.5);
     let one_t = plus(&mut k, &t, 1.0);
@@ -209,8 +165,8 @@ pub fn backward(spec: &BiasGeluSpec) -> TritonCall {
         let stride = k.const_i32(programs as i32);
         let step = k.mul(round, &stride);
         let rb = k.named("rb").add(&pid, &step);
-        let blk = Block::at(k, spec, &rb, &cb);
-        let u = blk.biased(k, &x_arg, &b_arg);
+        let blk = tile(k, spec, &rb, &cb);
+        let u = biased(k, &blk, &x_arg, &b_arg);
         let dy = blk.load(k, &dy_arg, "dy");
         // gelu'(u) = 0.5 (1 + t) + 0.5 u (1 - t²) √(2/π) (1 + 3 · 0.044715 u²)
         let t = inner_tanh(k, &u);
@@ -232,13 +188,9 @@ pub fn backward(spec: &BiasGeluSpec) -> TritonCall {
         let db_rows = k.reduce(&dx, 0, super::ttir::Reduction::Sum);
         vec![k.add(&acc[0], &db_rows)]
     });
-    let blk = Block::at(&mut k, spec, &pid, &cb);
-    let row = k.const_i32(spec.cols as i32);
-    let row = k.mul(&pid, &row);
-    let row = k.splat(&row, &[spec.block_cols()]);
-    let offsets = k.add(&row, &blk.cols);
-    let ptrs = pointers(&mut k, &db_arg, &offsets);
-    k.store(&ptrs, &acc[0], Some(&blk.col_ok));
+    // Row `pid` of the partial sums, at this column block.
+    let blk = tile(&mut k, spec, &pid, &cb);
+    store_row(&mut k, &db_arg, (&pid, spec.cols), (&blk.cols, &blk.col_ok), &acc[0]);
     TritonCall {
         name,
         ir: k.finish(),

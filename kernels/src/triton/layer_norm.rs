@@ -11,8 +11,9 @@
 //! Everything is computed in f32. Rows are padded to the next power of two and masked, so any `D` up to
 //! [`MAX_D`] works; row blocks past `N` are masked too.
 
-use super::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
-use super::{pointers, TritonCall};
+use super::tile::{first_of, indices, load_vector, store_row, Tile};
+use super::ttir::{Kernel, Reduction, Scalar, Value};
+use super::TritonCall;
 
 /// The widest row a program holds in registers.
 pub const MAX_D: usize = 16384;
@@ -94,79 +95,17 @@ impl LayerNormSpec {
 /// 2,048, and against software pipelining (`num_stages` 2 and 3), which did not pay (perf log, 2026-12-02).
 const BACKWARD_PROGRAMS: usize = 1024;
 
-/// Where one block of rows lies: its row indices `[R]`, the column indices `[D']`, the masks and the element
-/// offsets `[R, D']`.
-struct Block {
-    rows: Value,
-    row_ok: Value,
-    ok: Value,
-    offsets: Value,
-}
-
-impl Block {
-    /// The block starting at row `first` (an i32 scalar).
-    fn at(k: &mut Kernel, spec: &LayerNormSpec, first: &Value) -> Block {
-        let (r, d) = (spec.block_rows(), spec.block_d());
-        let range = k.make_range(0, r as u32);
-        let start = k.splat(first, &[r]);
-        let rows = k.named("rows").add(&start, &range);
-        let n = k.full_int(Scalar::I32, &[r], spec.rows as i64);
-        let row_ok = k.named("row_ok").cmp(Cmp::Lt, &rows, &n);
-        let (cols, col_ok) = columns(k, spec);
-        let ok_r = k.as_column(&row_ok, d);
-        let ok_c = k.as_row(&col_ok, r);
-        let ok = k.named("ok").and(&ok_r, &ok_c);
-        let stride = k.full_int(Scalar::I32, &[r], spec.width as i64);
-        let row_start = k.mul(&rows, &stride);
-        let row_start = k.as_column(&row_start, d);
-        let cols = k.as_row(&cols, r);
-        let offsets = k.named("offs").add(&row_start, &cols);
-        Block { rows, row_ok, ok, offsets }
-    }
-
-    /// The block of a `[N, D]` argument, as f32 (0 where masked).
-    fn load(&self, k: &mut Kernel, arg: &Value, name: &str) -> Value {
-        let ptrs = pointers(k, arg, &self.offsets);
-        let zero = k.full_float(arg.ty().scalar_of(), self.offsets.shape(), 0.0);
-        let v = k.named(name).load(&ptrs, Some(&self.ok), Some(&zero));
-        k.convert(&v, Scalar::F32)
-    }
-
-    fn store(&self, k: &mut Kernel, arg: &Value, v: &Value) {
-        let ptrs = pointers(k, arg, &self.offsets);
-        let v = k.convert(v, arg.ty().scalar_of());
-        k.store(&ptrs, &v, Some(&self.ok));
-    }
-
-    /// One f32 value per row of the block (0 past the last row).
-    fn load_rows(&self, k: &mut Kernel, arg: &Value, name: &str) -> Value {
-        let ptrs = pointers(k, arg, &self.rows);
-        let zero = k.full_float(Scalar::F32, self.rows.shape(), 0.0);
-        k.named(name).load(&ptrs, Some(&self.row_ok), Some(&zero))
-    }
-
-    fn store_rows(&self, k: &mut Kernel, arg: &Value, v: &Value) {
-        let ptrs = pointers(k, arg, &self.rows);
-        k.store(&ptrs, v, Some(&self.row_ok));
-    }
+/// The block of rows starting at row `first` (an i32 scalar), whole rows padded to a power of two.
+fn rows_at(k: &mut Kernel, spec: &LayerNormSpec, first: &Value) -> Tile {
+    let zero = k.const_i32(0);
+    Tile::at(k, (first, spec.block_rows(), spec.rows), (&zero, spec.block_d(), spec.width))
 }
 
 /// `w` or `b` as f32 `[D']` (0 past the width).
 fn load_params(k: &mut Kernel, spec: &LayerNormSpec, arg: &Value, name: &str) -> Value {
-    let (cols, col_ok) = columns(k, spec);
-    let ptrs = pointers(k, arg, &cols);
-    let zero = k.full_float(arg.ty().scalar_of(), cols.shape(), 0.0);
-    let v = k.named(name).load(&ptrs, Some(&col_ok), Some(&zero));
-    k.convert(&v, Scalar::F32)
-}
-
-/// The column indices of a padded row, `[D']`, and which of them lie in the row.
-fn columns(k: &mut Kernel, spec: &LayerNormSpec) -> (Value, Value) {
-    let d = spec.block_d();
-    let cols = k.make_range(0, d as u32);
-    let width = k.full_int(Scalar::I32, &[d], spec.width as i64);
-    let col_ok = k.named("col_ok").cmp(Cmp::Lt, &cols, &width);
-    (cols, col_ok)
+    let zero = k.const_i32(0);
+    let (cols, col_ok) = indices(k, &zero, spec.block_d(), spec.width, "cols");
+    load_vector(k, arg, &cols, &col_ok, name)
 }
 
 /// Each row's sum divided by the width: `[R, D'] → [R]`.
@@ -191,7 +130,7 @@ pub fn forward(spec: &LayerNormSpec) -> TritonCall {
     let pid = k.program_id(0);
     let block_rows = k.const_i32(r as i32);
     let first = k.named("first").mul(&pid, &block_rows);
-    let blk = Block::at(&mut k, spec, &first);
+    let blk = rows_at(&mut k, spec, &first);
     let x = blk.load(&mut k, &x_arg, "x");
     let mean = row_mean(&mut k, spec, &x);
     let mean_col = k.as_column(&mean, d);
@@ -248,7 +187,7 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
         let block = k.add(&pid, &step);
         let rows_per = k.const_i32(r as i32);
         let first = k.named("first").mul(&block, &rows_per);
-        let blk = Block::at(k, spec, &first);
+        let blk = rows_at(k, spec, &first);
         let x = blk.load(k, &x_arg, "x");
         let dy = blk.load(k, &dy_arg, "dy");
         let mean = blk.load_rows(k, &mean_arg, "mean");
@@ -278,19 +217,15 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
         let db = k.add(&acc[1], &db_rows);
         vec![dw, db]
     });
-    // Row `pid` of the partial sums: dw's then db's.
-    let (cols, col_ok) = columns(&mut k, spec);
+    // Row `pid` of the partial sums, `[2, D]`: dw's then db's.
+    let row = first_of(&mut k, &pid, 2);
+    let zero = k.const_i32(0);
+    let (cols, col_ok) = indices(&mut k, &zero, spec.block_d(), spec.width, "cols");
     for (which, v) in acc.iter().enumerate() {
-        let start = k.const_i32((which * spec.width) as i32);
-        let row_len = k.const_i32((2 * spec.width) as i32);
-        let row = k.mul(&pid, &row_len);
-        let row = k.add(&row, &start);
-        let row = k.splat(&row, &[d]);
-        let offsets = k.add(&row, &cols);
-        let ptrs = pointers(&mut k, &part_arg, &offsets);
-        k.store(&ptrs, v, Some(&col_ok));
+        let offset = k.const_i32(which as i32);
+        let row = k.add(&row, &offset);
+        store_row(&mut k, &part_arg, (&row, spec.width), (&cols, &col_ok), v);
     }
-
     TritonCall { name, ir: k.finish(), grid: [programs as u32, 1, 1], num_warps: spec.num_warps(), num_stages: 1 }
 }
 

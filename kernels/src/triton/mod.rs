@@ -9,6 +9,7 @@
 pub mod bias_gelu;
 pub mod flash;
 pub mod layer_norm;
+mod tile;
 pub mod ttir;
 
 use lazuli_hlo::emit::MlirString;
