@@ -69,6 +69,16 @@ impl DType {
         }
     }
 
+    /// The type floats of `dtypes` are computed in where precision matters (statistics, sums, softmax): f64 when
+    /// any is f64, else f32 (16-bit inputs are widened).
+    pub fn computing(dtypes: impl IntoIterator<Item = DType>) -> DType {
+        if dtypes.into_iter().any(|d| d == DType::F64) {
+            DType::F64
+        } else {
+            DType::F32
+        }
+    }
+
     /// A floating-point type (f32, f64, f16, bf16).
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)

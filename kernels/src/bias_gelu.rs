@@ -48,12 +48,9 @@ impl BiasGeluCall {
         TensorType::new(self.out, self.x.dims.clone())
     }
 
+    /// The computing type of the composite: f64 for f64 inputs, else f32.
     fn wide(&self) -> DType {
-        if self.x.dtype == DType::F64 || self.bias.dtype == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        }
+        DType::computing([self.x.dtype, self.bias.dtype])
     }
 }
 

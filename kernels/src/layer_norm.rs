@@ -73,11 +73,7 @@ impl LayerNormCall {
 
     /// The computing type of the composite: f64 for f64 inputs, else f32.
     fn wide(&self) -> DType {
-        if self.x.dtype == DType::F64 || self.params.dtype == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        }
+        DType::computing([self.x.dtype, self.params.dtype])
     }
 }
 

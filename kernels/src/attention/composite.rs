@@ -13,7 +13,7 @@ pub(super) fn attention<B: Builder>(b: &mut B, spec: &AttentionSpec, d: &Dims, x
     let (q, k, v) = (&x[0], &x[1], &x[2]);
     let dt = spec.q.dtype;
     // The softmax runs in f32, or in f64 for f64 operands.
-    let wide = if dt == DType::F64 { DType::F64 } else { DType::F32 };
+    let wide = DType::computing([dt]);
     let scores = scores(b, spec, q, k, wide); // [B, H, Tq, Tk]
     let scores = b.scale(&scores, spec.scale());
     let scores = match x.get(3) {

@@ -409,10 +409,15 @@ impl Tensor {
     /// Convert the element type.
     #[track_caller]
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        self.to_dtype_at(dtype, Loc::caller())
+    }
+
+    /// [`Tensor::to_dtype`] recorded at `loc` (itself where it already has `dtype`).
+    pub(crate) fn to_dtype_at(&self, dtype: DType, loc: Loc) -> Tensor {
         if dtype == self.dtype() {
             return self.clone();
         }
-        apply(Op::Convert(Convert { from: self.dtype(), to: dtype }), &[self], Loc::caller())
+        apply(Op::Convert(Convert { from: self.dtype(), to: dtype }), &[self], loc)
     }
 
     /// Reshape (row-major); one dimension may be `-1` and is inferred.

@@ -5,13 +5,13 @@
 //! input's. Elsewhere, or with `LAZULI_LAYER_NORM=composite` / `LAZULI_BIAS_GELU=composite`, they record the ops of
 //! their formulas followed by a conversion, as a model would write them, so CPU programs do not change.
 
-use lazuli_hlo::{BinaryKind, Convert, DType, Gelu, KernelDef, KernelOp, Loc, NormSpec, Normalize, Op};
+use lazuli_hlo::{BinaryKind, DType, Gelu, KernelDef, KernelOp, Loc, NormSpec, Normalize, Op};
 use lazuli_kernels::bias_gelu::{bias_gelu, BiasGeluCall};
 use lazuli_kernels::layer_norm::{layer_norm, LayerNormCall};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::graph::record::{apply, raise, try_apply};
+use crate::graph::record::{raise, try_apply};
 use crate::graph::tensor::Tensor;
 use crate::runtime::runtime;
 
@@ -63,9 +63,9 @@ fn bias_gelu_at(x: &Tensor, b: &Tensor, out: DType, loc: Loc) -> Result<Tensor> 
     if def.device.is_some() {
         return try_apply(Op::Kernel(KernelOp::new(def, 0)), &[x, b], loc);
     }
-    let wide = if x.dtype() == DType::F64 || b.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
-    let u = convert(x, wide, loc).try_binary_at(convert(b, wide, loc), BinaryKind::Add, loc)?;
-    Ok(convert(&try_apply(Op::Gelu(Gelu), &[&u], loc)?, out, loc))
+    let wide = DType::computing([x.dtype(), b.dtype()]);
+    let u = x.to_dtype_at(wide, loc).try_binary_at(b.to_dtype_at(wide, loc), BinaryKind::Add, loc)?;
+    Ok(try_apply(Op::Gelu(Gelu), &[&u], loc)?.to_dtype_at(out, loc))
 }
 
 /// The kernel `make` builds from the runtime's target and setting (`variable` names the setting in errors).
@@ -80,13 +80,6 @@ fn kernel(
         let why = format!("{e} (asked for by {variable})");
         Error::Unsupported { op, backend: rt.target.to_string(), why, at: loc }
     })
-}
-
-fn convert(x: &Tensor, to: DType, loc: Loc) -> Tensor {
-    if x.dtype() == to {
-        return x.clone();
-    }
-    apply(Op::Convert(Convert { from: x.dtype(), to }), &[x], loc)
 }
 
 fn layer_norm_at(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64, out: DType, loc: Loc) -> Result<Tensor> {
@@ -110,5 +103,5 @@ fn composite(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64, out: DType, loc: Loc)
     let last = x.rank() - 1;
     let normalized = try_apply(Op::Normalize(Normalize(NormSpec::new(vec![last], eps))), &[x], loc)?;
     let y = normalized.try_binary_at(w, BinaryKind::Mul, loc)?.try_binary_at(b, BinaryKind::Add, loc)?;
-    Ok(convert(&y, out, loc))
+    Ok(y.to_dtype_at(out, loc))
 }

@@ -125,15 +125,8 @@ fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, lo
     if opts.ignore_index.is_none() && eps == 0.0 {
         return ce(&t2);
     }
-    let convert = |t: &Tensor, to: DType| {
-        if t.dtype() == to {
-            t.clone()
-        } else {
-            apply(Op::Convert(lazuli_hlo::Convert { from: t.dtype(), to }), &[t], loc)
-        }
-    };
     // Counts in f32 at least: a sum of ones in half precision stops being exact at 256 (bf16) or 2048 (f16).
-    let wide = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    let wide = DType::computing([x.dtype()]);
     let sum_all = |t: &Tensor| {
         let all: Vec<usize> = (0..t.rank()).collect();
         apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: all, keep: false }), &[t], loc)
@@ -141,12 +134,12 @@ fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, lo
     // `kept`: bool [N], the positions not ignored; `count`: how many, as a scalar of `wide`.
     let (t2, kept, count) = match opts.ignore_index {
         Some(id) => {
-            let t64 = convert(&t2, DType::I64);
+            let t64 = t2.to_dtype_at(DType::I64, loc);
             let id = constant_like(id as f64, DType::I64, &[n], loc);
             let kept = compare(&t64, &id, CompareDir::Ne, loc);
             let minus_one = constant_like(-1.0, DType::I64, &[n], loc);
             let t = apply(Op::Select(lazuli_hlo::Select), &[&kept, &t64, &minus_one], loc);
-            let count = sum_all(&convert(&kept, wide));
+            let count = sum_all(&kept.to_dtype_at(wide, loc));
             (t, Some(kept), count)
         }
         None => (t2, None, constant_like(n as f64, wide, &[], loc)),
@@ -165,7 +158,7 @@ fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, lo
         }
         total = total.binary_at(with_constant(&sum_all(&smooth), BinaryKind::Mul, eps, loc), BinaryKind::Add, loc);
     }
-    convert(&convert(&total, wide).binary_at(&count, BinaryKind::Div, loc), x.dtype())
+    total.to_dtype_at(wide, loc).binary_at(&count, BinaryKind::Div, loc).to_dtype_at(x.dtype(), loc)
 }
 
 /// `log(sum(exp(x)))` over `axes`, kept as size 1 or removed.

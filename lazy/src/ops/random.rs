@@ -161,7 +161,7 @@ impl Tensor {
         if !dtype.is_float() {
             fail(loc, format!("randn: needs a floating-point dtype, got {dtype}"));
         }
-        let work = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+        let work = DType::computing([dtype]);
         let u1 = uniform(dims, work, loc);
         let u2 = uniform(dims, work, loc);
         // 1 - u1 lies in (0, 1], so the log is finite.

@@ -10,11 +10,11 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use lazuli_hlo::{BinaryKind, Convert, DType, Loc, Op};
+use lazuli_hlo::{BinaryKind, DType, Loc};
 
 use crate::diagnostics::{unchecked, Cause};
 use crate::graph::autodiff::no_grad;
-use crate::graph::record::{apply, fail};
+use crate::graph::record::fail;
 use crate::graph::tensor::Tensor;
 
 /// A shared handle to a trainable tensor. Clones refer to the same slot, so a module and its optimizer see
@@ -153,7 +153,7 @@ impl Slot {
     /// the copy's own is folded into the value's by `fold_copy_grads`).
     fn copy_of_value(&self, dtype: DType, at: Loc) -> Tensor {
         no_grad(|| {
-            let copy = convert(&self.value, dtype, at);
+            let copy = self.value.to_dtype_at(dtype, at);
             let copy = crate::train::optim::follow(&copy, &self.value);
             copy.set_requires_grad(true);
             copy
@@ -166,7 +166,7 @@ impl Slot {
         for copy in &self.copies {
             let Some(g) = copy.take_grad() else { continue };
             let total = no_grad(|| {
-                let g = convert(&g, self.value.dtype(), at);
+                let g = g.to_dtype_at(self.value.dtype(), at);
                 match self.value.take_grad() {
                     Some(own) => own.binary_at(&g, BinaryKind::Add, at),
                     None => g,
@@ -196,11 +196,6 @@ fn compute_now(copy: &Tensor, at: Loc) {
     if let Err(e) = computed {
         fail(at, format!("Param::get_as: computing the parameter's {} copy failed: {e}", copy.dtype()));
     }
-}
-
-/// `t` in `dtype` (recorded even where it equals `t`'s, which the callers exclude).
-fn convert(t: &Tensor, dtype: DType, at: Loc) -> Tensor {
-    apply(Op::Convert(Convert { from: t.dtype(), to: dtype }), &[t], at)
 }
 
 /// A copy's dtype must be floating-point (a gradient leaf); panics at `at`, naming `what`, otherwise.

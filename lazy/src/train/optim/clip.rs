@@ -1,6 +1,6 @@
 //! Gradient clipping by the global norm, recorded into the step's graph like the optimizers' updates.
 
-use lazuli_hlo::{BinaryKind, Convert, DType, Loc, Op, Reduce, ReduceKind, Unary, UnaryKind};
+use lazuli_hlo::{BinaryKind, DType, Loc, Op, Reduce, ReduceKind, Unary, UnaryKind};
 
 use crate::graph::autodiff::no_grad;
 use crate::graph::constants::constant_like;
@@ -24,18 +24,11 @@ pub fn clip_grad_norm(params: &[Param], max_norm: f64) -> Tensor {
         fail(loc, format!("clip_grad_norm: max_norm must be ≥ 0, got {max_norm}"));
     }
     let grads: Vec<(&Param, Tensor)> = params.iter().filter_map(|p| p.grad_at(loc).map(|g| (p, g))).collect();
-    let wide = if grads.iter().any(|(_, g)| g.dtype() == DType::F64) { DType::F64 } else { DType::F32 };
-    let convert = |t: &Tensor, to: DType| {
-        if t.dtype() == to {
-            t.clone()
-        } else {
-            apply(Op::Convert(Convert { from: t.dtype(), to }), &[t], loc)
-        }
-    };
+    let wide = DType::computing(grads.iter().map(|(_, g)| g.dtype()));
     no_grad(|| {
         let mut squares: Option<Tensor> = None;
         for (_, g) in &grads {
-            let g = convert(g, wide);
+            let g = g.to_dtype_at(wide, loc);
             let sq = g.binary_at(&g, BinaryKind::Mul, loc);
             let all: Vec<usize> = (0..sq.rank()).collect();
             let s = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: all, keep: false }), &[&sq], loc);
@@ -54,7 +47,7 @@ pub fn clip_grad_norm(params: &[Param], max_norm: f64) -> Tensor {
             .binary_at(total.binary_at(constant(1e-6), BinaryKind::Add, loc), BinaryKind::Div, loc)
             .binary_at(constant(1.0), BinaryKind::Min, loc);
         for (p, g) in &grads {
-            let scaled = g.binary_at(convert(&coef, g.dtype()), BinaryKind::Mul, loc);
+            let scaled = g.binary_at(coef.to_dtype_at(g.dtype(), loc), BinaryKind::Mul, loc);
             p.set_grad(scaled);
         }
         total
