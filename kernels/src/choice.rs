@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use lazuli_hlo::{Choice, DType, KernelDef};
 
 use crate::triton::ttir::Scalar;
-use crate::Implementation;
+use crate::{Implementation, Target};
 
 /// The Triton element type of a float dtype the kernels take.
 pub(crate) fn triton_scalar(dtype: DType, kernel: &str) -> Result<Scalar, String> {
@@ -21,13 +21,18 @@ pub(crate) fn triton_scalar(dtype: DType, kernel: &str) -> Result<Scalar, String
 }
 
 /// Triton where it applies (or where forced, with an error saying why it cannot), else the composite. `what`
-/// describes the call for the reason; `triton` gives the kernels' spec or why they do not apply.
+/// describes the call for the reason; `triton` gives the kernels' spec or why they do not apply, on a target that
+/// runs lazuli's GPU kernels at all.
 pub(crate) fn triton_or_composite<S>(
     kernel: &str,
     what: String,
-    want: Implementation,
+    (target, want): (&Target, Implementation),
     triton: impl FnOnce() -> Result<S, String>,
 ) -> Result<(Option<S>, Choice), String> {
+    let triton = || match target.no_gpu_kernels() {
+        Some(why) => Err(why),
+        None => triton(),
+    };
     let chose = |implementation: &'static str, reason: String| Choice { implementation, reason };
     match want {
         Implementation::Composite => Ok((None, chose("composite", "asked for".into()))),

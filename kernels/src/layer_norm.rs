@@ -93,7 +93,7 @@ fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<A
         vec![Some(y), Some(mean), Some(rstd)]
     })?;
     let what = format!("{} → {}, {rows} rows of {width}", call.x.dtype, call.out);
-    let (spec, choice) = triton_or_composite(KERNEL, what, want, || triton_spec(call, rows, width, target))?;
+    let (spec, choice) = triton_or_composite(KERNEL, what, (target, want), || triton_spec(call, rows, width))?;
     let (device, gradient) = match spec {
         Some(spec) => {
             let composite_def = layer_norm(call, target, Implementation::Composite)?;
@@ -103,14 +103,11 @@ fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<A
         None => (None, Gradient::Composite),
     };
     let gradients = vec![gradient, Gradient::None, Gradient::None];
-    KernelDef::new("layer_norm", operands, results, device, composite, gradients, choice)
+    KernelDef::new(KERNEL, operands, results, device, composite, gradients, choice)
 }
 
 /// The Triton kernels' spec, or why they do not apply.
-fn triton_spec(call: &LayerNormCall, rows: usize, width: usize, target: &Target) -> Result<LayerNormSpec, String> {
-    if let Some(why) = target.no_gpu_kernels() {
-        return Err(why);
-    }
+fn triton_spec(call: &LayerNormCall, rows: usize, width: usize) -> Result<LayerNormSpec, String> {
     let spec = LayerNormSpec {
         rows,
         width,
