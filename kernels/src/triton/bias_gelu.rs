@@ -12,7 +12,7 @@
 
 use lazuli_hlo::{GELU_A, GELU_K};
 
-use super::tile::{first_of, store_row, Tile};
+use super::tile::{first_of, store_row, strided_blocks, Tile};
 use super::ttir::{Kernel, Scalar, Value};
 use super::TritonCall;
 
@@ -160,12 +160,8 @@ pub fn backward(spec: &BiasGeluSpec) -> TritonCall {
     let pid = k.named("pid").program_id(0);
     let cb = k.named("cb").program_id(1);
     let db0 = k.named("db_acc").full_float(Scalar::F32, &[spec.block_cols()], 0.0);
-    let (lo, hi, one) = (k.const_i32(0), k.const_i32(spec.rounds() as i32), k.const_i32(1));
-    let acc = k.for_loop((&lo, &hi, &one), &[db0], |k, round, acc| {
-        let stride = k.const_i32(programs as i32);
-        let step = k.mul(round, &stride);
-        let rb = k.named("rb").add(&pid, &step);
-        let blk = tile(k, spec, &rb, &cb);
+    let acc = strided_blocks(&mut k, (&pid, programs, spec.rounds()), &[db0], |k, rb, acc| {
+        let blk = tile(k, spec, rb, &cb);
         let u = biased(k, &blk, &x_arg, &b_arg);
         let dy = blk.load(k, &dy_arg, "dy");
         // gelu'(u) = 0.5 (1 + t) + 0.5 u (1 - t²) √(2/π) (1 + 3 · 0.044715 u²)

@@ -11,7 +11,7 @@
 //! Everything is computed in f32. Rows are padded to the next power of two and masked, so any `D` up to
 //! [`MAX_D`] works; row blocks past `N` are masked too.
 
-use super::tile::{first_of, indices, load_vector, store_row, Tile};
+use super::tile::{first_of, indices, load_vector, store_row, strided_blocks, Tile};
 use super::ttir::{Kernel, Reduction, Scalar, Value};
 use super::TritonCall;
 
@@ -179,14 +179,8 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
     let w = k.as_row(&w, r);
     let dw0 = k.named("dw_acc").full_float(Scalar::F32, &[d], 0.0);
     let db0 = k.named("db_acc").full_float(Scalar::F32, &[d], 0.0);
-    let (lo, hi, one) = (k.const_i32(0), k.const_i32(rounds as i32), k.const_i32(1));
-    let acc = k.for_loop((&lo, &hi, &one), &[dw0, db0], |k, round, acc| {
-        // Block `pid + round · programs`: neighbouring programs read neighbouring rows at the same time.
-        let stride = k.const_i32(programs as i32);
-        let step = k.mul(round, &stride);
-        let block = k.add(&pid, &step);
-        let rows_per = k.const_i32(r as i32);
-        let first = k.named("first").mul(&block, &rows_per);
+    let acc = strided_blocks(&mut k, (&pid, programs, rounds), &[dw0, db0], |k, block, acc| {
+        let first = first_of(k, block, r);
         let blk = rows_at(k, spec, &first);
         let x = blk.load(k, &x_arg, "x");
         let dy = blk.load(k, &dy_arg, "dy");

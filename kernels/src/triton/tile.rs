@@ -107,3 +107,21 @@ pub(crate) fn store_row(
     let ptrs = pointers(k, arg, &offsets);
     k.store(&ptrs, v, Some(col_ok));
 }
+
+/// A backward's walk: program `pid` takes row blocks `pid`, `pid + programs`, … for `rounds` rounds (so that
+/// neighbouring programs read neighbouring rows at the same time), carrying `inits` (its partial sums); `body` gets
+/// the row block's index and the carried values and returns the next ones. Returns the final values.
+pub(crate) fn strided_blocks(
+    k: &mut Kernel,
+    (pid, programs, rounds): (&Value, usize, usize),
+    inits: &[Value],
+    body: impl FnOnce(&mut Kernel, &Value, &[Value]) -> Vec<Value>,
+) -> Vec<Value> {
+    let (lo, hi, one) = (k.const_i32(0), k.const_i32(rounds as i32), k.const_i32(1));
+    k.for_loop((&lo, &hi, &one), inits, |k, round, acc| {
+        let stride = k.const_i32(programs as i32);
+        let step = k.mul(round, &stride);
+        let block = k.named("block").add(pid, &step);
+        body(k, &block, acc)
+    })
+}
