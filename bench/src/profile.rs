@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lazuli::diagnostics::{DeviceProfile, KernelKind, KernelTime};
+use lazuli::diagnostics::{DeviceProfile, KernelKind, KernelTime, Launch};
 use serde_json::{json, Value};
 
 use crate::worker::Worker;
@@ -41,9 +41,23 @@ pub fn to_json(p: &DeviceProfile) -> Value {
     let kernels: Vec<Value> = p
         .kernels
         .iter()
-        .map(|k| json!({"family": k.family, "kind": k.kind.to_string(), "launches": k.launches, "ns": k.time.as_nanos() as u64}))
+        .map(|k| json!({"family": k.family, "kind": k.kind.to_string(), "launches": k.launches, "ns": k.time.as_nanos() as u64, "idle_ns": k.idle_before.as_nanos() as u64, "ops": k.ops}))
         .collect();
-    json!({"kernels": kernels, "busy_ns": p.busy.as_nanos() as u64, "span_ns": p.span.as_nanos() as u64, "steps": p.steps})
+    let last_step: Vec<Value> = p
+        .last_step
+        .iter()
+        .map(|l| {
+            let ns = |d: Duration| d.as_nanos() as u64;
+            json!({"name": l.name, "op": l.op, "start_ns": ns(l.start), "ns": ns(l.duration), "idle_ns": ns(l.idle_before)})
+        })
+        .collect();
+    json!({"kernels": kernels, "busy_ns": p.busy.as_nanos() as u64, "span_ns": p.span.as_nanos() as u64, "steps": p.steps, "last_step": last_step})
+}
+
+fn launch_from_json(v: &Value) -> Launch {
+    let ns = |k: &str| Duration::from_nanos(v[k].as_u64().unwrap_or(0));
+    let text = |k: &str| v[k].as_str().unwrap_or("").to_string();
+    Launch { name: text("name"), op: text("op"), start: ns("start_ns"), duration: ns("ns"), idle_before: ns("idle_ns") }
 }
 
 pub fn from_json(v: &Value) -> Option<DeviceProfile> {
@@ -58,6 +72,8 @@ pub fn from_json(v: &Value) -> Option<DeviceProfile> {
                 family,
                 launches: k["launches"].as_u64().unwrap_or(0) as usize,
                 time: ns(&k["ns"]),
+                idle_before: ns(&k["idle_ns"]),
+                ops: serde_json::from_value(k["ops"].clone()).unwrap_or_default(),
             }
         })
         .collect();
@@ -66,6 +82,10 @@ pub fn from_json(v: &Value) -> Option<DeviceProfile> {
         busy: ns(&v["busy_ns"]),
         span: ns(&v["span_ns"]),
         steps: v["steps"].as_u64().unwrap_or(1) as usize,
+        last_step: v["last_step"]
+            .as_array()
+            .map(|launches| launches.iter().map(launch_from_json).collect())
+            .unwrap_or_default(),
     })
 }
 
@@ -118,5 +138,21 @@ pub fn print(sides: &[(&str, &DeviceProfile)]) {
     println!("| first start to last end | {} |", span.join(" | "));
     for (name, p) in sides {
         println!("\n{name}:\n```\n{p}```");
+        if std::env::var_os("LAZULI_BENCH_ALL_FAMILIES").is_some() {
+            println!("\n{name}, every family:\n```\n{p:#}```");
+            println!("\n{name}, the last step's launches in order (start µs, duration µs, idle before µs):\n```");
+            for l in &p.last_step {
+                let us = |d: Duration| d.as_secs_f64() * 1e6;
+                println!(
+                    "{:>9.1} {:>8.1} {:>6.1}  {}  [{}]",
+                    us(l.start),
+                    us(l.duration),
+                    us(l.idle_before),
+                    l.name,
+                    l.op
+                );
+            }
+            println!("```");
+        }
     }
 }

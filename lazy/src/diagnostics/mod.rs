@@ -11,7 +11,7 @@ mod steps;
 
 pub use events::{Event, EventKind};
 pub use explain::{DiffKind, Difference};
-pub use profile::{DeviceProfile, KernelKind, KernelTime};
+pub use profile::{DeviceProfile, KernelKind, KernelTime, Launch};
 pub use steps::{
     advice, cause_name, current_step, set_strict, strict_budget, strict_scope, unchecked, Budget, StrictScope,
 };

@@ -78,6 +78,12 @@ pub struct KernelTime {
     pub kind: KernelKind,
     pub launches: usize,
     pub time: Duration,
+    /// The device's idle time right before this family's launches (from the previous kernel's end, gaps under
+    /// a millisecond): where the device waited for the host to launch it rather than for a kernel to finish.
+    pub idle_before: Duration,
+    /// The XLA instructions that launched them (the trace's `hlo_op`), most launches first: a library kernel or a
+    /// memset is named by the instruction it serves.
+    pub ops: Vec<(String, usize)>,
 }
 
 /// The device time of what ran while a profile was recorded, by kernel family and by kind.
@@ -91,37 +97,88 @@ pub struct DeviceProfile {
     pub span: Duration,
     /// Steps the profile covers; figures are shown per step.
     pub steps: usize,
+    /// The last step's share of launches (the last `launches / steps`), in order: what ran between what.
+    pub last_step: Vec<Launch>,
+}
+
+/// One kernel launch of [`DeviceProfile::last_step`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub name: String,
+    /// The XLA instruction that launched it, where the trace says.
+    pub op: String,
+    /// From the first of these launches' start.
+    pub start: Duration,
+    pub duration: Duration,
+    /// The device's idle time right before it.
+    pub idle_before: Duration,
 }
 
 impl DeviceProfile {
     /// The kernels on the trace's device planes (`/device:GPU:0`, `/device:TPU:0`, …); host planes are skipped.
     pub fn from_trace(trace: &Trace, steps: usize) -> DeviceProfile {
         let mut families: HashMap<String, KernelTime> = HashMap::new();
+        let mut ops: HashMap<String, HashMap<String, usize>> = HashMap::new();
         let mut busy_ps = 0i64;
         // Absolute picoseconds since the epoch overflow an i64.
-        let (mut first, mut last) = (i128::MAX, i128::MIN);
+        let mut timeline: Vec<(i128, i64, String, &str, &str)> = Vec::new();
         for (_, line, event) in trace.events_on("/device:") {
             if event.duration_ps <= 0 || !is_kernel_line(&line.name) {
                 continue;
             }
             busy_ps += event.duration_ps;
             let start = i128::from(line.timestamp_ns) * 1000 + i128::from(event.offset_ps);
-            first = first.min(start);
-            last = last.max(start + i128::from(event.duration_ps));
             let family = family(&event.name);
             let entry = families.entry(family.clone()).or_insert_with(|| KernelTime {
                 kind: KernelKind::of(&event.name),
-                family,
+                family: family.clone(),
                 launches: 0,
                 time: Duration::ZERO,
+                idle_before: Duration::ZERO,
+                ops: Vec::new(),
             });
             entry.launches += 1;
             entry.time += picos(event.duration_ps);
+            let op = event.stat("hlo_op").or_else(|| event.stat("tf_op")).unwrap_or("");
+            if !op.is_empty() {
+                *ops.entry(family.clone()).or_default().entry(op.to_string()).or_default() += 1;
+            }
+            timeline.push((start, event.duration_ps, family, &event.name, op));
+        }
+        timeline.sort_by_key(|e| e.0);
+        let (first, mut last) = (timeline.first().map_or(0, |e| e.0), None::<i128>);
+        let last_step_from = timeline.len() - timeline.len() / steps.max(1);
+        let mut last_step = Vec::new();
+        for (i, (start, duration, family, name, op)) in timeline.iter().enumerate() {
+            // A gap of a millisecond or more is the host between steps, not a launch that came late.
+            let gap = last.map_or(0, |last| start - last);
+            let idle = if gap > 0 && gap < 1_000_000_000 { picos(gap as i64) } else { Duration::ZERO };
+            if let Some(entry) = families.get_mut(family) {
+                entry.idle_before += idle;
+            }
+            if i >= last_step_from {
+                let from = timeline[last_step_from].0;
+                last_step.push(Launch {
+                    name: name.to_string(),
+                    op: op.to_string(),
+                    start: picos((start - from) as i64),
+                    duration: picos(*duration),
+                    idle_before: idle,
+                });
+            }
+            last = Some(last.unwrap_or(i128::MIN).max(start + i128::from(*duration)));
+        }
+        let last = last.unwrap_or(first);
+        for (family, counted) in ops {
+            if let Some(entry) = families.get_mut(&family) {
+                entry.ops = counted.into_iter().collect();
+                entry.ops.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            }
         }
         let mut kernels: Vec<KernelTime> = families.into_values().collect();
         kernels.sort_by(|a, b| b.time.cmp(&a.time).then_with(|| a.family.cmp(&b.family)));
         let span = if last > first { picos(i64::try_from(last - first).unwrap_or(i64::MAX)) } else { Duration::ZERO };
-        DeviceProfile { kernels, busy: picos(busy_ps), span, steps: steps.max(1) }
+        DeviceProfile { kernels, busy: picos(busy_ps), span, steps: steps.max(1), last_step }
     }
 
     /// The kernels of a serialized `XSpace` (what `jax.profiler` writes as `*.xplane.pb`).
@@ -174,7 +231,7 @@ fn family(name: &str) -> String {
 }
 
 impl fmt::Display for DeviceProfile {
-    /// Per step: the kinds, then the twenty longest families.
+    /// Per step: the kinds, then the families (see below).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let busy = self.per_step_ms(self.busy);
         writeln!(
@@ -189,16 +246,36 @@ impl fmt::Display for DeviceProfile {
             let share = if busy > 0.0 { 100.0 * ms / busy } else { 0.0 };
             writeln!(f, "{:<14} {ms:>9.3} {share:>5.1}% {:>9.0}", kind.label(), launches as f64 / self.steps as f64)?;
         }
-        writeln!(f, "{:<60} {:<14} {:>9} {:>9}", "kernel family", "kind", "ms/step", "launches")?;
-        for k in self.kernels.iter().take(20) {
-            let name: String = k.family.chars().take(60).collect();
-            writeln!(
-                f,
-                "{name:<60} {:<14} {:>9.3} {:>9.0}",
-                k.kind.label(),
-                self.per_step_ms(k.time),
-                k.launches as f64 / self.steps as f64
-            )?;
+        let idle: Duration = self.kernels.iter().map(|k| k.idle_before).sum();
+        writeln!(f, "idle between kernels (gaps under 1 ms): {:.3} ms/step", self.per_step_ms(idle))?;
+        // `{:#}` lists every family; `{}` the twenty longest, then the twenty the device waited longest before.
+        let mut waited: Vec<&KernelTime> = self.kernels.iter().filter(|k| !k.idle_before.is_zero()).collect();
+        waited.sort_by_key(|k| std::cmp::Reverse(k.idle_before));
+        let lists: Vec<(&str, Vec<&KernelTime>)> = if f.alternate() {
+            vec![("kernel family", self.kernels.iter().collect())]
+        } else {
+            vec![
+                ("kernel family", self.kernels.iter().take(20).collect()),
+                ("kernel family (longest idle before)", waited.into_iter().take(20).collect()),
+            ]
+        };
+        for (title, list) in lists {
+            writeln!(f, "{title:<60} {:<14} {:>9} {:>9} {:>11}", "kind", "ms/step", "launches", "idle before")?;
+            for k in list {
+                let name: String = k.family.chars().take(60).collect();
+                writeln!(
+                    f,
+                    "{name:<60} {:<14} {:>9.3} {:>9.0} {:>11.3}",
+                    k.kind.label(),
+                    self.per_step_ms(k.time),
+                    k.launches as f64 / self.steps as f64,
+                    self.per_step_ms(k.idle_before)
+                )?;
+                if f.alternate() && !k.ops.is_empty() {
+                    let named: Vec<String> = k.ops.iter().take(12).map(|(op, n)| format!("{op} x{n}")).collect();
+                    writeln!(f, "    from: {}{}", named.join(", "), if k.ops.len() > 12 { ", ..." } else { "" })?;
+                }
+            }
         }
         Ok(())
     }
@@ -234,7 +311,10 @@ mod tests {
             events: vec![
                 kernel("loop_add_fusion_1", 0, 2_000_000),
                 kernel("loop_add_fusion_2", 3_000_000, 1_000_000),
-                kernel("gemm_fusion_dot.4", 5_000_000, 6_000_000),
+                Event {
+                    stats: vec![("hlo_op".into(), "dot.7".into())],
+                    ..kernel("gemm_fusion_dot.4", 5_000_000, 6_000_000)
+                },
             ],
         };
         let derived =
@@ -248,8 +328,23 @@ mod tests {
         assert_eq!(p.kernels[0].family, "gemm_fusion_dot");
         assert_eq!((p.kernels[1].family.as_str(), p.kernels[1].launches), ("loop_add_fusion", 2));
         assert_eq!(p.by_kind()[0], (KernelKind::Matmul, Duration::from_micros(6), 1));
+        // The device idled 1 µs before the second add and 1 µs before the GEMM; nothing before the first kernel.
+        assert_eq!(p.kernels[0].idle_before, Duration::from_micros(1));
+        assert_eq!(p.kernels[1].idle_before, Duration::from_micros(1));
         let text = p.to_string();
         assert!(text.starts_with("device time per step: 0.00 ms busy in 2 kernel launches"), "{text}");
         assert!(text.contains("elementwise"), "{text}");
+        assert!(text.contains("idle between kernels (gaps under 1 ms): 0.001 ms/step"), "{text}");
+        // The instruction behind each family, listed with every family.
+        assert_eq!(p.kernels[0].ops, vec![("dot.7".to_string(), 1)]);
+        assert!(p.kernels[1].ops.is_empty());
+        // Three launches over two steps: the last step's share is the last launch, timed from its own start.
+        let order: Vec<(&str, &str, u64, u64)> = p
+            .last_step
+            .iter()
+            .map(|l| (l.name.as_str(), l.op.as_str(), l.start.as_nanos() as u64, l.idle_before.as_nanos() as u64))
+            .collect();
+        assert_eq!(order, vec![("gemm_fusion_dot.4", "dot.7", 0, 1000)]);
+        assert!(format!("{p:#}").contains("    from: dot.7 x1\n"), "{p:#}");
     }
 }
