@@ -17,6 +17,7 @@
 pub mod attention;
 pub mod bias_gelu;
 mod choice;
+pub mod cross_entropy;
 pub mod custom;
 pub mod layer_norm;
 pub mod triton;

@@ -55,6 +55,12 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_ATTENTION", "attention's implementation", "auto, cudnn, triton, composite", "auto"),
     v("LAZULI_LAYER_NORM", "layer norm's implementation (`nn::LayerNorm`)", "auto, triton, composite", "auto"),
     v("LAZULI_BIAS_GELU", "bias + GELU's implementation (`Tensor::bias_gelu`)", "auto, triton, composite", "auto"),
+    v(
+        "LAZULI_CROSS_ENTROPY",
+        "cross-entropy's implementation (`Tensor::cross_entropy`)",
+        "auto, triton, composite",
+        "auto",
+    ),
     v("LAZULI_DUMP_DIR", "a directory every compiled program is written to", "a directory", "unset"),
     v("LAZULI_COMPILE_CACHE", "the persistent compile cache", "a directory, off", "<cache dir>/executables"),
     v("LAZULI_COMPILE_CACHE_LIMIT", "its size limit", "bytes, or with K, M, G", "2G"),
@@ -250,7 +256,8 @@ pub(crate) fn attention() -> Result<Implementation> {
     Implementation::parse(&v).ok_or_else(|| bad("LAZULI_ATTENTION", &v, "auto, cudnn, triton or composite"))
 }
 
-/// A Triton kernel's setting (`LAZULI_LAYER_NORM`, `LAZULI_BIAS_GELU`): auto, triton or composite.
+/// A Triton kernel's setting (`LAZULI_LAYER_NORM`, `LAZULI_BIAS_GELU`, `LAZULI_CROSS_ENTROPY`): auto, triton or
+/// composite.
 pub(crate) fn triton_kernel(name: &'static str) -> Result<Implementation> {
     let v = var(name).unwrap_or_default();
     match Implementation::parse(&v) {

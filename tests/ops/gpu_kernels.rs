@@ -361,3 +361,77 @@ fn fused_bias_gelu_matches_the_formula_forward_and_backward() {
         .collect();
     assert!(failures.is_empty(), "the bias-GELU kernels disagree with the formula:\n{}", failures.join("\n"));
 }
+
+/// The mean cross-entropy of `[n, c]` logits of `dtype`, widened to `loss` first where that is wider (a bf16
+/// product read as f32), against ids (`wild`: two rows' ids out of range), and its gradient, read as f64: by
+/// `Tensor::cross_entropy` (lazuli's kernel on the GPU), or by log-softmax and a one-hot sum of separate ops in f32
+/// (the reference, rounded to `loss` and `dtype` as the op's loss and gradient are).
+fn cross_entropy_and_grad(
+    n: usize,
+    c: usize,
+    (dtype, loss): (DType, DType),
+    ids: DType,
+    wild: bool,
+    fused: bool,
+) -> Vec<Vec<f64>> {
+    let x_vals: Vec<f32> = data(n * c, 31).into_iter().map(|v| round(6.0 * v, dtype)).collect();
+    let mut t: Vec<i64> = (0..n).map(|i| ((i * 7919 + 3) % c) as i64).collect();
+    if wild {
+        (t[0], t[1]) = (-1, c as i64);
+    }
+    let (x, value) = if fused {
+        let x = host_tensor(&x_vals, &[n, c], dtype).requires_grad();
+        let t = match ids {
+            DType::I64 => Tensor::from_slice(&t, &[n]),
+            _ => Tensor::from_slice(&t.iter().map(|&v| v as i32).collect::<Vec<_>>(), &[n]),
+        };
+        // As a model's `[B, T, C]` logits: the op flattens them, and the kernel reads through the widening.
+        let logits = x.to_dtype(loss).reshape(&[1, n as isize, c as isize]);
+        let value = logits.cross_entropy(&t.reshape(&[1, n as isize]));
+        (x, value)
+    } else {
+        let x = Tensor::from_slice(&x_vals, &[n, c]).requires_grad();
+        let mut hot = vec![0f32; n * c];
+        t.iter().enumerate().filter(|(_, &id)| (0..c as i64).contains(&id)).for_each(|(i, &id)| {
+            hot[i * c + id as usize] = 1.0;
+        });
+        let picked = (x.log_softmax(1) * Tensor::from_slice(&hot, &[n, c])).sum_all();
+        (x, picked * (-1.0 / n as f64))
+    };
+    let dx = lazuli::grad(&value, &[&x]).remove(0);
+    let read = |v: &Tensor, as_: DType| v.to_dtype(as_).to_dtype(DType::F64).to_vec::<f64>().expect("read");
+    vec![read(&value, loss), read(&dx, dtype)]
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn fused_cross_entropy_matches_the_formula_forward_and_backward() {
+    require_gpu();
+    use DType::{BF16, F16, F32, I32, I64};
+    // (rows, classes, (logits, loss), ids, ids out of range, tolerance): GPT-2's vocabulary with bf16 logits and
+    // an f32 loss (the kernel reads the bf16 values), and a bf16 loss; a ragged one; f16 logits with ids that pick
+    // nothing; a row block larger than the rows.
+    let cases = [
+        (512, 50304, (BF16, F32), I32, false, 1e-2),
+        (512, 50304, (BF16, BF16), I32, false, 1e-2),
+        (129, 50257, (F32, F32), I64, false, 1e-5),
+        (37, 1000, (F16, F16), I32, true, 4e-3),
+        (3, 5, (F32, F32), I32, false, 1e-5),
+    ];
+    let failures: Vec<String> = cases
+        .into_iter()
+        .filter_map(|(n, c, dtypes, ids, wild, tolerance)| {
+            let got = cross_entropy_and_grad(n, c, dtypes, ids, wild, true);
+            let want = cross_entropy_and_grad(n, c, dtypes, ids, wild, false);
+            if wild {
+                // No gradient on the rows whose ids pick nothing.
+                assert!(got[1][..2 * c].iter().all(|&d| d == 0.0), "{n}×{c}: gradient on rows without a class");
+            }
+            let (dtype, loss) = dtypes;
+            compare(&format!("cross-entropy {n}×{c} {dtype}→{loss}, {ids} ids: loss, dx"), &got, &want, |_| {
+                tolerance
+            })
+        })
+        .collect();
+    assert!(failures.is_empty(), "the cross-entropy kernels disagree with the formula:\n{}", failures.join("\n"));
+}

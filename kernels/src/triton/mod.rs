@@ -7,6 +7,7 @@
 //! checked by [`TritonCall::validate`] before it reaches a program.
 
 pub mod bias_gelu;
+pub mod cross_entropy;
 pub mod flash;
 pub mod layer_norm;
 mod tile;

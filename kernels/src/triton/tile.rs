@@ -1,6 +1,7 @@
-//! A block of a row-major `[rows, cols]` tensor as lazuli's row-wise kernels (layer norm, bias + GELU) walk it:
-//! `R` rows by `C` columns (powers of two), their indices, the mask of what lies inside the tensor, and the element
-//! offsets. Loads give f32 with 0 where masked; stores round to the argument's type.
+//! A block of a row-major `[rows, cols]` tensor as lazuli's row-wise kernels (layer norm, bias + GELU,
+//! cross-entropy) walk it: `R` rows by `C` columns (powers of two), their indices, the mask of what lies inside the
+//! tensor, and the element offsets. Loads give f32 with 0 (or a given fill) where masked; stores round to the
+//! argument's type.
 
 use super::pointers;
 use super::ttir::{Cmp, Kernel, Scalar, Value};
@@ -61,9 +62,14 @@ impl Tile {
 
     /// The tile of a `[rows, cols]` argument, as f32 (0 where masked).
     pub fn load(&self, k: &mut Kernel, arg: &Value, name: &str) -> Value {
+        self.load_or(k, arg, 0.0, name)
+    }
+
+    /// The tile of a `[rows, cols]` argument, as f32 (`fill` where masked).
+    pub fn load_or(&self, k: &mut Kernel, arg: &Value, fill: f64, name: &str) -> Value {
         let ptrs = pointers(k, arg, &self.offsets);
-        let zero = k.full_float(arg.ty().scalar_of(), self.offsets.shape(), 0.0);
-        let v = k.named(name).load(&ptrs, Some(&self.ok), Some(&zero));
+        let fill = k.full_float(arg.ty().scalar_of(), self.offsets.shape(), fill);
+        let v = k.named(name).load(&ptrs, Some(&self.ok), Some(&fill));
         k.convert(&v, Scalar::F32)
     }
 

@@ -69,7 +69,7 @@ fn bias_gelu_at(x: &Tensor, b: &Tensor, out: DType, loc: Loc) -> Result<Tensor> 
 }
 
 /// The kernel `make` builds from the runtime's target and setting (`variable` names the setting in errors).
-fn kernel(
+pub(crate) fn kernel(
     op: &'static str,
     variable: &str,
     loc: Loc,

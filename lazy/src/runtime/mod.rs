@@ -49,6 +49,8 @@ pub struct Config {
     pub layer_norm: Implementation,
     /// Which bias + GELU implementation `Tensor::bias_gelu` records (`LAZULI_BIAS_GELU`), likewise.
     pub bias_gelu: Implementation,
+    /// Which cross-entropy implementation `Tensor::cross_entropy` records (`LAZULI_CROSS_ENTROPY`), likewise.
+    pub cross_entropy: Implementation,
     /// Where plugins come from (`LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`,
     /// `LAZULI_TPU_PLUGIN`, `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`); `plugin_path`, when set, wins.
     pub plugins: Sources,
@@ -82,6 +84,7 @@ impl Default for Config {
             attention: Implementation::Auto,
             layer_norm: Implementation::Auto,
             bias_gelu: Implementation::Auto,
+            cross_entropy: Implementation::Auto,
             plugins: Sources::default(),
             donate: true,
             dump_dir: None,
@@ -107,6 +110,7 @@ impl Config {
             attention: settings::attention()?,
             layer_norm: settings::triton_kernel("LAZULI_LAYER_NORM")?,
             bias_gelu: settings::triton_kernel("LAZULI_BIAS_GELU")?,
+            cross_entropy: settings::triton_kernel("LAZULI_CROSS_ENTROPY")?,
             plugins: settings::plugin_sources()?,
             donate: settings::donate()?,
             dump_dir: settings::dump_dir()?,

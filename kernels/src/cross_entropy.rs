@@ -1,0 +1,247 @@
+//! Mean softmax cross-entropy of logits `[N, C]` against class ids `[N]` (`Op::CrossEntropy`'s loss: a class id
+//! outside `0..C` adds 0 and gets no gradient), as one kernel. On NVIDIA GPUs lazuli's Triton kernels
+//! (`triton/cross_entropy.rs`): the forward reads the logits once and keeps each row's `log Σ exp`, the backward
+//! reads them once more and writes the gradient in the logits' type. XLA's program of the composite read them three
+//! times and wrote the gradient in a fourth pass's company; at a language model's vocabulary (GPT-2's 50,304) this is
+//! the step's largest memory-bound piece. Elsewhere the composite: the one `CrossEntropy` node, also the reference.
+//!
+//! The logits may be narrower than the loss: bf16 logits (a matmul's product) with an f32 loss are read as bf16
+//! and widened in registers, and their gradient is written in bf16, where XLA's program would first have written an
+//! f32 copy of them for the kernel to read.
+//!
+//! Results: the loss (a scalar of the loss type) and the f32 `lse` `[N]`, which only the backward reads.
+
+use std::sync::{Arc, Mutex};
+
+use lazuli_hlo::{BinaryKind, CompareDir, ReduceKind, TensorType, UnaryKind};
+use lazuli_hlo::{Builder, Choice, CrossEntropy, DType, Gradient, KernelDef, KernelOp, Op, OpRules, Program};
+
+use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
+use crate::triton::cross_entropy::{self as ttce, CrossEntropySpec};
+use crate::triton::ttir::Scalar;
+use crate::{Implementation, Target};
+
+const KERNEL: &str = "cross_entropy";
+
+/// One cross-entropy call's signature.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CrossEntropyCall {
+    /// `[N, C]`, float.
+    pub logits: TensorType,
+    /// `[N]`, integer.
+    pub ids: TensorType,
+    /// The loss's float type: the logits' own, or a wider one they are converted to.
+    pub out: DType,
+}
+
+impl CrossEntropyCall {
+    /// The shape and dtype rule (`Op::CrossEntropy`'s): `(N, C)`, or what does not fit.
+    pub fn dims(&self) -> Result<(usize, usize), String> {
+        let infer = CrossEntropy.infer(&[&self.logits, &self.ids]);
+        infer.map_err(|e| e.message().to_string())?;
+        if !self.out.is_float() || self.out.byte_size() < self.logits.dtype.byte_size() {
+            return Err(format!(
+                "cross_entropy: the loss type {} is narrower than the logits' {}",
+                self.out, self.logits
+            ));
+        }
+        Ok((self.logits.dims[0], self.logits.dims[1]))
+    }
+
+    fn operands(&self) -> Vec<TensorType> {
+        vec![self.logits.clone(), self.ids.clone()]
+    }
+
+    fn loss(&self) -> TensorType {
+        TensorType::scalar(self.out)
+    }
+
+    fn lse(&self) -> TensorType {
+        TensorType::new(DType::F32, [self.logits.dims[0]])
+    }
+}
+
+/// The cross-entropy kernel for `call` on `target`, as `want` asks. Made once per (call, target, setting).
+pub fn cross_entropy(call: &CrossEntropyCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
+    static MADE: Made<(CrossEntropyCall, Target, Implementation)> = Mutex::new(None);
+    made_once(&MADE, (call.clone(), target.clone(), want), || make(call, target, want))
+}
+
+fn make(call: &CrossEntropyCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
+    let (rows, classes) = call.dims()?;
+    let operands = call.operands();
+    let composite = Program::record(&operands, |b, x| {
+        let logits = b.convert(&x[0], call.out);
+        let loss = b.op(Op::CrossEntropy(CrossEntropy), &[&logits, &x[1]]);
+        vec![Some(loss), Some(composite_lse(b, &x[0]))]
+    })?;
+    let what = format!("{} logits, {rows} rows of {classes} classes", call.logits.dtype);
+    let (spec, choice) = triton_or_composite(KERNEL, what, (target, want), || triton_spec(call, rows, classes))?;
+    let (device, gradient) = match spec {
+        Some(spec) => {
+            let composite_def = cross_entropy(call, target, Implementation::Composite)?;
+            let backward = backward_kernel(call, &spec, &composite_def, choice.clone())?;
+            (Some(forward_program(call, &spec)?), Gradient::Program(gradient(call, &backward)?))
+        }
+        None => (None, Gradient::Composite),
+    };
+    KernelDef::new(
+        KERNEL,
+        operands,
+        vec![call.loss(), call.lse()],
+        device,
+        composite,
+        vec![gradient, Gradient::None],
+        choice,
+    )
+}
+
+fn triton_spec(call: &CrossEntropyCall, rows: usize, classes: usize) -> Result<CrossEntropySpec, String> {
+    let ids = match call.ids.dtype {
+        DType::I32 => Scalar::I32,
+        DType::I64 => Scalar::I64,
+        other => return Err(format!("lazuli's Triton {KERNEL} takes i32 or i64 class ids, not {other}")),
+    };
+    let spec = CrossEntropySpec { rows, classes, x: triton_scalar(call.logits.dtype, KERNEL)?, ids };
+    match spec.unsupported() {
+        Some(why) => Err(why),
+        None => Ok(spec),
+    }
+}
+
+/// Each row's `log Σ exp x` as f32 `[N]`, computed in f32 (f64 for f64 logits) from the row's max.
+fn composite_lse<B: Builder>(b: &mut B, logits: &B::V) -> B::V {
+    let wide = DType::computing([b.ty(logits).dtype]);
+    let x = b.convert(logits, wide);
+    let dims = b.ty(&x).dims.clone();
+    let max = b.reduce_kept(ReduceKind::Max, &x, &[1]);
+    let max_full = b.expand(&max, &dims);
+    let centered = b.sub(&x, &max_full);
+    let e = b.unary(UnaryKind::Exp, &centered);
+    let sum = b.sum(&e, &[1]);
+    let log = b.unary(UnaryKind::Log, &sum);
+    let max = b.reshape(&max, &[dims[0]]);
+    let lse = b.add(&log, &max);
+    b.convert(&lse, DType::F32)
+}
+
+/// The forward program: the Triton call, then the mean of its per-row losses in the logits' type.
+fn forward_program(call: &CrossEntropyCall, spec: &CrossEntropySpec) -> Result<Program, String> {
+    let triton = ttce::forward(spec);
+    triton.validate(2, 2)?;
+    Program::record(&call.operands(), |b, x| {
+        let r = b.call(triton.custom_call(vec![call.lse(), call.lse()]), &[&x[0], &x[1]]);
+        let total = b.sum(&r[0], &[0]);
+        let mean = b.scale(&total, 1.0 / spec.rows as f64);
+        vec![Some(b.convert(&mean, call.out)), Some(r[1].clone())]
+    })
+}
+
+/// The backward as a kernel of its own: operands `x, t, lse, g` (`g` the loss's cotangent), result `dx`; its device
+/// program the Triton backward, its composite the composite forward's gradient.
+fn backward_kernel(
+    call: &CrossEntropyCall,
+    spec: &CrossEntropySpec,
+    composite_def: &Arc<KernelDef>,
+    choice: Choice,
+) -> Result<Arc<KernelDef>, String> {
+    let mut operands = call.operands();
+    operands.extend([call.lse(), call.loss()]);
+    // The composite forward's gradient (its own formula) does not read the forward's result: `g` stands in for it.
+    let composite = Program::record(&operands, |b, x| {
+        let mut d = KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..2], &x[3], &x[3]);
+        vec![d.swap_remove(0)]
+    })?;
+    let triton = ttce::backward(spec);
+    triton.validate(4, 1)?;
+    let classes = spec.classes;
+    let device = Program::record(&operands, |b, x| {
+        // Each row's scale: the cotangent over N, 0 where the class id is out of range (no gradient there).
+        let ids = b.convert(&x[1], DType::I64);
+        let zero = b.full_like(&ids, 0.0);
+        let top = b.full_like(&ids, classes as f64);
+        let above = b.compare(CompareDir::Ge, &ids, &zero);
+        let below = b.compare(CompareDir::Lt, &ids, &top);
+        let valid = b.binary(BinaryKind::And, &above, &below);
+        let g = b.convert(&x[3], DType::F32);
+        let g = b.scale(&g, 1.0 / spec.rows as f64);
+        let g = b.broadcast(&g, &[spec.rows], &[]);
+        let scale = b.mask(&valid, &g);
+        vec![Some(b.call(triton.custom_call(vec![call.logits.clone()]), &[&x[0], &x[1], &x[2], &scale]).remove(0))]
+    })?;
+    KernelDef::new(
+        "cross_entropy_grad",
+        operands,
+        vec![call.logits.clone()],
+        Some(device),
+        composite,
+        vec![Gradient::Composite],
+        choice,
+    )
+}
+
+/// The loss's gradient: the backward kernel on the operands, the forward's `lse` and the cotangent.
+fn gradient(call: &CrossEntropyCall, backward: &Arc<KernelDef>) -> Result<Program, String> {
+    let mut inputs = call.operands();
+    inputs.extend([call.loss(), call.loss()]);
+    Program::record(&inputs, |b, x| {
+        let lse = b.sibling(1, call.lse());
+        let dx = b.op(Op::Kernel(KernelOp::new(backward.clone(), 0)), &[&x[0], &x[1], &lse, &x[3]]);
+        vec![Some(dx), None]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H200: Target = Target::Cuda { compute_capability: Some((9, 0)) };
+
+    fn call(n: usize, c: usize, x: DType, ids: DType) -> CrossEntropyCall {
+        CrossEntropyCall { logits: TensorType::new(x, [n, c]), ids: TensorType::new(ids, [n]), out: x }
+    }
+
+    #[test]
+    fn the_gpu_gets_triton_and_the_cpu_or_odd_ids_the_composite_with_the_reason() {
+        let c = call(8192, 50304, DType::BF16, DType::I32);
+        let gpu = cross_entropy(&c, &H200, Implementation::Auto).expect("gpu");
+        assert_eq!(gpu.choice.implementation, "triton");
+        assert!(gpu.device.as_ref().expect("device").has_calls());
+        let cpu = cross_entropy(&c, &Target::Cpu, Implementation::Auto).expect("cpu");
+        assert_eq!(cpu.choice.implementation, "composite");
+        let e = cross_entropy(&c, &Target::Cpu, Implementation::Triton).expect_err("forced");
+        assert!(e.contains("cross_entropy: Triton was asked for but the device is cpu"), "{e}");
+        let u8_ids = cross_entropy(&call(4, 300, DType::F32, DType::U8), &H200, Implementation::Auto).expect("u8");
+        assert_eq!(u8_ids.choice.implementation, "composite");
+        assert!(u8_ids.choice.reason.contains("i32 or i64 class ids, not u8"), "{}", u8_ids.choice.reason);
+        let e = call(4, 5, DType::F32, DType::F32).dims().expect_err("float ids");
+        assert!(e.contains("integer class ids [4]"), "{e}");
+        let narrowing = CrossEntropyCall { out: DType::BF16, ..call(4, 5, DType::F32, DType::I32) };
+        assert!(narrowing.dims().expect_err("narrower").contains("narrower"));
+        let widening = CrossEntropyCall { out: DType::F32, ..call(8192, 50304, DType::BF16, DType::I32) };
+        let def = cross_entropy(&widening, &H200, Implementation::Auto).expect("bf16 logits, f32 loss");
+        assert_eq!(def.results[0], TensorType::scalar(DType::F32));
+    }
+
+    /// The composite's loss and `lse`, evaluated by the reference interpreter, against the formula; a class id
+    /// out of range adds 0.
+    #[test]
+    fn the_composite_computes_the_loss_and_each_rows_lse() {
+        let c = call(3, 4, DType::F32, DType::I32);
+        let def = cross_entropy(&c, &Target::Cpu, Implementation::Auto).expect("def");
+        let x = ndarray::ArrayD::from_shape_fn(vec![3, 4], |i| ((i[0] * 4 + i[1]) as f64 * 0.7).sin() * 3.0);
+        let t = ndarray::ArrayD::from_shape_vec(vec![3], vec![2.0, 0.0, 9.0]).expect("ids");
+        let out = def.composite.evaluate(&[&x, &t]);
+        let (loss, lse) = (out[0].as_ref().expect("loss"), out[1].as_ref().expect("lse"));
+        let mut want = 0.0;
+        for r in 0..3 {
+            let row_lse = (0..4).map(|j| x[[r, j]].exp()).sum::<f64>().ln();
+            assert!((lse[[r]] - row_lse).abs() < 1e-5, "row {r}: {} vs {row_lse}", lse[[r]]);
+            if r < 2 {
+                want += (row_lse - x[[r, t[[r]] as usize]]) / 3.0;
+            }
+        }
+        let loss = loss.iter().next().copied().expect("a scalar");
+        assert!((loss - want).abs() < 1e-5, "{loss} vs {want}");
+    }
+}

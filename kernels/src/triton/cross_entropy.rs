@@ -1,0 +1,247 @@
+//! Softmax cross-entropy of logits `x: [N, C]` against class ids `t: [N]`, as two Triton kernels generated per
+//! shape signature, computing in f32. XLA's program for the same loss read the logits three times (the row max,
+//! the sum of exponentials, then the gradient with the picked logit), which at a language model's vocabulary is
+//! the largest memory-bound piece of a step. Here:
+//!
+//! - the forward walks each row once, keeping a running max and the sum of exponentials rescaled to it (the online
+//!   softmax) and the logit at the row's class; it writes each row's `lse = log Σ exp x` and its loss `lse - x[t]`
+//!   (0 for a class id outside `0..C`), f32 `[N]`;
+//! - the backward reads the logits once more with `lse` and a per-row scale `s` (the loss's cotangent over `N`, 0
+//!   on rows whose id is out of range) and writes `dx = (exp(x - lse) - onehot(t)) · s` in the logits' type.
+//!
+//! A program of the forward takes `R` rows and walks their columns in blocks of `BC`; the backward's programs
+//! each take one `[R, BC]` block. Exponentials are written with `exp2`, which every Triton lowers.
+
+use super::pointers;
+use super::tile::{first_of, Tile};
+use super::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
+use super::TritonCall;
+
+/// One cross-entropy signature.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CrossEntropySpec {
+    pub rows: usize,
+    pub classes: usize,
+    /// Element type of the logits (and of their gradient).
+    pub x: Scalar,
+    /// Element type of the class ids: i32 or i64.
+    pub ids: Scalar,
+}
+
+/// Columns per block, at most.
+const BLOCK_COLS: usize = 2048;
+/// Elements per block, about.
+const BLOCK_ELEMENTS: usize = 4096;
+/// Below every logit a row can hold and finite, so that a masked element's `exp(x - max)` is 0 without NaNs.
+const FLOOR: f64 = -1e30;
+
+impl CrossEntropySpec {
+    pub fn block_cols(&self) -> usize {
+        self.classes.next_power_of_two().min(BLOCK_COLS)
+    }
+
+    pub fn block_rows(&self) -> usize {
+        (BLOCK_ELEMENTS / self.block_cols()).min(self.rows.next_power_of_two()).max(1)
+    }
+
+    pub fn row_blocks(&self) -> usize {
+        self.rows.div_ceil(self.block_rows())
+    }
+
+    pub fn col_blocks(&self) -> usize {
+        self.classes.div_ceil(self.block_cols())
+    }
+
+    /// Why the kernels do not take this signature (`None`: they do).
+    pub fn unsupported(&self) -> Option<String> {
+        if self.rows == 0 || self.classes == 0 {
+            return Some("an empty tensor".into());
+        }
+        if self.rows.checked_mul(self.classes).is_none_or(|n| n > i32::MAX as usize) {
+            return Some(format!("{} × {} logits do not fit 32-bit offsets", self.rows, self.classes));
+        }
+        if self.col_blocks() > 65535 {
+            return Some(format!("{} classes are more than the kernel's grid takes", self.classes));
+        }
+        if !self.x.is_float() {
+            return Some("the cross-entropy kernels take float logits".into());
+        }
+        (!matches!(self.ids, Scalar::I32 | Scalar::I64)).then(|| "class ids must be i32 or i64".into())
+    }
+
+    fn name(&self, what: &str) -> String {
+        format!("lazuli_cross_entropy_{what}_{}x{}_{}_{}", self.rows, self.classes, self.x.mlir(), self.ids.mlir())
+    }
+}
+
+/// The tile of row block `rb` and column block `cb` (i32 scalars).
+fn tile(k: &mut Kernel, spec: &CrossEntropySpec, rb: &Value, cb: &Value) -> Tile {
+    let (r, c) = (spec.block_rows(), spec.block_cols());
+    let first_row = first_of(k, rb, r);
+    let first_col = first_of(k, cb, c);
+    Tile::at(k, (&first_row, r, spec.rows), (&first_col, c, spec.classes))
+}
+
+/// The tile's rows' class ids, in their own type (0 past the last row).
+fn row_ids(k: &mut Kernel, tile: &Tile, ids_arg: &Value) -> Value {
+    let ptrs = pointers(k, ids_arg, &tile.rows);
+    let ty = ids_arg.ty().scalar_of();
+    let zero = k.full_int(ty, tile.rows.shape(), 0);
+    k.named("t").load(&ptrs, Some(&tile.row_ok), Some(&zero))
+}
+
+/// `[R, BC]`: whether each element's column is its row's class.
+fn is_class(k: &mut Kernel, tile: &Tile, ids: &Value, cols: usize) -> Value {
+    let col = k.convert(&tile.cols, ids.ty().scalar_of());
+    let col = k.as_row(&col, ids.shape()[0]);
+    let id = k.as_column(ids, cols);
+    k.named("hot").cmp(Cmp::Eq, &col, &id)
+}
+
+/// `exp(v)` as `exp2(v · log2 e)`.
+fn exp(k: &mut Kernel, v: &Value) -> Value {
+    let log2e = k.full_float(Scalar::F32, v.shape(), std::f64::consts::LOG2_E);
+    let scaled = k.mul(v, &log2e);
+    k.math("exp2", &scaled)
+}
+
+/// The forward: operands `x, t`, results `loss` and `lse`, f32 `[N]` each.
+pub fn forward(spec: &CrossEntropySpec) -> TritonCall {
+    let name = spec.name("fwd");
+    let mut k = Kernel::new(&name);
+    let x_arg = k.ptr_arg("x", spec.x);
+    let t_arg = k.ptr_arg("t", spec.ids);
+    let loss_arg = k.ptr_arg("loss", Scalar::F32);
+    let lse_arg = k.ptr_arg("lse", Scalar::F32);
+    let (r, c) = (spec.block_rows(), spec.block_cols());
+    let rb = k.named("rb").program_id(0);
+    let first = k.const_i32(0);
+    let rows = tile(&mut k, spec, &rb, &first);
+    let ids = row_ids(&mut k, &rows, &t_arg);
+    let inits = [
+        k.named("max").full_float(Scalar::F32, &[r], FLOOR),
+        k.named("sum").full_float(Scalar::F32, &[r], 0.0),
+        k.named("picked").full_float(Scalar::F32, &[r], 0.0),
+    ];
+    let (lo, hi, one) = (k.const_i32(0), k.const_i32(spec.col_blocks() as i32), k.const_i32(1));
+    let done = k.for_loop((&lo, &hi, &one), &inits, |k, cb, acc| {
+        let (max, sum, picked) = (&acc[0], &acc[1], &acc[2]);
+        let blk = tile(k, spec, &rb, cb);
+        let x = blk.load_or(k, &x_arg, FLOOR, "x");
+        // The online softmax: the new running max, the old sum rescaled to it, this block's terms added.
+        let block_max = k.reduce(&x, 1, Reduction::Max);
+        let new_max = k.named("max").max(max, &block_max);
+        let shift = k.sub(max, &new_max);
+        let rescale = exp(k, &shift);
+        let kept = k.mul(sum, &rescale);
+        let centered = k.as_column(&new_max, c);
+        let centered = k.sub(&x, &centered);
+        let terms = exp(k, &centered);
+        let block_sum = k.reduce(&terms, 1, Reduction::Sum);
+        let new_sum = k.named("sum").add(&kept, &block_sum);
+        let hot = is_class(k, &blk, &ids, c);
+        let zero = k.full_float(Scalar::F32, x.shape(), 0.0);
+        let at_class = k.select(&hot, &x, &zero);
+        let block_picked = k.reduce(&at_class, 1, Reduction::Sum);
+        let new_picked = k.named("picked").add(picked, &block_picked);
+        vec![new_max, new_sum, new_picked]
+    });
+    let (max, sum, picked) = (&done[0], &done[1], &done[2]);
+    // lse = max + ln(sum) = max + log2(sum) · ln 2.
+    let log2 = k.math("log2", sum);
+    let ln2 = k.full_float(Scalar::F32, &[r], std::f64::consts::LN_2);
+    let ln = k.mul(&log2, &ln2);
+    let lse = k.named("lse").add(max, &ln);
+    let loss = k.sub(&lse, picked);
+    let valid = valid_ids(&mut k, &ids, spec.classes);
+    let zero = k.full_float(Scalar::F32, &[r], 0.0);
+    let loss = k.named("loss").select(&valid, &loss, &zero);
+    rows.store_rows(&mut k, &loss_arg, &loss);
+    rows.store_rows(&mut k, &lse_arg, &lse);
+    TritonCall { name, ir: k.finish(), grid: [spec.row_blocks() as u32, 1, 1], num_warps: 4, num_stages: 1 }
+}
+
+/// `[R]`: `0 <= id < classes`.
+fn valid_ids(k: &mut Kernel, ids: &Value, classes: usize) -> Value {
+    let ty = ids.ty().scalar_of();
+    let zero = k.full_int(ty, ids.shape(), 0);
+    let top = k.full_int(ty, ids.shape(), classes as i64);
+    let above = k.cmp(Cmp::Ge, ids, &zero);
+    let below = k.cmp(Cmp::Lt, ids, &top);
+    k.named("valid").and(&above, &below)
+}
+
+/// The backward: operands `x, t, lse, s` (`lse` and `s` f32 `[N]`), result `dx` in the logits' type.
+pub fn backward(spec: &CrossEntropySpec) -> TritonCall {
+    let name = spec.name("bwd");
+    let mut k = Kernel::new(&name);
+    let x_arg = k.ptr_arg("x", spec.x);
+    let t_arg = k.ptr_arg("t", spec.ids);
+    let lse_arg = k.ptr_arg("lse", Scalar::F32);
+    let s_arg = k.ptr_arg("s", Scalar::F32);
+    let dx_arg = k.ptr_arg("dx", spec.x);
+    let c = spec.block_cols();
+    let rb = k.named("rb").program_id(0);
+    let cb = k.named("cb").program_id(1);
+    let blk = tile(&mut k, spec, &rb, &cb);
+    let x = blk.load(&mut k, &x_arg, "x");
+    let lse = blk.load_rows(&mut k, &lse_arg, "lse");
+    let scale = blk.load_rows(&mut k, &s_arg, "s");
+    let ids = row_ids(&mut k, &blk, &t_arg);
+    let lse = k.as_column(&lse, c);
+    let centered = k.sub(&x, &lse);
+    let p = exp(&mut k, &centered);
+    let hot = is_class(&mut k, &blk, &ids, c);
+    let one = k.full_float(Scalar::F32, x.shape(), 1.0);
+    let zero = k.full_float(Scalar::F32, x.shape(), 0.0);
+    let hot = k.select(&hot, &one, &zero);
+    let d = k.sub(&p, &hot);
+    let scale = k.as_column(&scale, c);
+    let dx = k.named("dx").mul(&d, &scale);
+    blk.store(&mut k, &dx_arg, &dx);
+    TritonCall {
+        name,
+        ir: k.finish(),
+        grid: [spec.row_blocks() as u32, spec.col_blocks() as u32, 1],
+        num_warps: 4,
+        num_stages: 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt2() -> CrossEntropySpec {
+        CrossEntropySpec { rows: 8192, classes: 50304, x: Scalar::BF16, ids: Scalar::I32 }
+    }
+
+    #[test]
+    fn the_calls_are_well_formed_for_the_gpt2_shape() {
+        let spec = gpt2();
+        let sizes = (spec.block_rows(), spec.block_cols(), spec.row_blocks(), spec.col_blocks());
+        assert_eq!(sizes, (2, 2048, 4096, 25));
+        let f = forward(&spec);
+        f.validate(2, 2).expect("forward");
+        assert_eq!(f.grid, [4096, 1, 1]);
+        assert!(f.ir.contains("scf.for") && f.ir.contains("math.log2") && f.ir.contains("math.exp2"), "{}", f.ir);
+        let b = backward(&spec);
+        b.validate(4, 1).expect("backward");
+        assert_eq!(b.grid, [4096, 25, 1]);
+        assert!(b.ir.contains("arith.truncf"), "the gradient is written in bf16: {}", b.ir);
+    }
+
+    #[test]
+    fn small_and_odd_shapes_are_masked_or_refused() {
+        let spec = CrossEntropySpec { rows: 3, classes: 5, x: Scalar::F32, ids: Scalar::I64 };
+        assert_eq!((spec.block_rows(), spec.block_cols(), spec.row_blocks(), spec.col_blocks()), (4, 8, 1, 1));
+        let f = forward(&spec);
+        f.validate(2, 2).expect("forward");
+        assert!(f.ir.contains("arith.extsi"), "i32 columns compared with i64 ids: {}", f.ir);
+        backward(&spec).validate(4, 1).expect("backward");
+        let huge = CrossEntropySpec { rows: 1 << 16, classes: 1 << 16, ..spec.clone() };
+        assert!(huge.unsupported().expect("too many").contains("32-bit"));
+        let narrow = CrossEntropySpec { ids: Scalar::I1, ..spec };
+        assert!(narrow.unsupported().expect("ids").contains("i32 or i64"));
+    }
+}
