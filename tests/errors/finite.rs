@@ -316,7 +316,7 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
 /// `stop` keeps the state as `skip` does, with donation on: a planted `log(0)` is located at its line with its
 /// step, and the parameters and AdamW's moments after the error are bit for bit those before the bad step,
 /// although two more programs (an evaluation and a training step) were launched after it; the run can go on from
-/// there.
+/// there, as if the frozen steps had never run.
 #[test]
 fn stop_keeps_the_state_from_before_the_bad_step() {
     if child::alone(module_path!(), "stop_keeps_the_state_from_before_the_bad_step") {
@@ -364,6 +364,20 @@ fn stop_keeps_the_state_from_before_the_bad_step() {
     let after = state_bits(&model, &opt);
     assert_ne!(after, before);
     assert!(after.iter().all(|(_, bits)| bits.iter().all(|&b| f32::from_bits(b).is_finite())));
+    // ... bit for bit as a run that never took the frozen steps: AdamW's bias correction counts the 4 steps
+    // applied, not the 6 taken.
+    assert_eq!((opt.steps(), opt.steps_applied().unwrap()), (6, 4));
+    let clean_model = Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let mut clean_opt = AdamW::new(clean_model.named_params(), 1e-2);
+    for _ in 0..4 {
+        let mse = (&clean_model.forward(&x) - &target).pow(2.0).mean_all();
+        (mse * Tensor::scalar(1.0f32)).log().backward();
+        clean_opt.step();
+        clean_opt.zero_grad();
+        lazuli::sync().unwrap();
+    }
+    lazuli::wait().unwrap();
+    assert_eq!(after, state_bits(&clean_model, &clean_opt), "the frozen steps counted in the bias correction");
 }
 
 #[test]

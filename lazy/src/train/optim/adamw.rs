@@ -10,7 +10,6 @@ use crate::error::Result;
 use crate::graph::autodiff::no_grad;
 use crate::graph::record::fused;
 use crate::graph::tensor::Tensor;
-use crate::settings::CheckFinite;
 use crate::train::nn::Param;
 
 /// AdamW (Adam with decoupled weight decay), as PyTorch's `AdamW` computes it. The moments are device tensors; the
@@ -30,7 +29,8 @@ pub struct AdamW {
     /// Decoupled weight decay (default 0.01).
     pub weight_decay: f64,
     steps: u64,
-    /// Under `LAZULI_CHECK_FINITE=skip`: the steps applied, an f64 scalar on the device (see `applied_corrections`).
+    /// Under `LAZULI_CHECK_FINITE=skip` or `stop`: the steps applied, an f64 scalar on the device (see
+    /// `applied_corrections`).
     applied: Option<Tensor>,
 }
 
@@ -108,15 +108,16 @@ fn expressions() -> &'static [Fused; 3] {
 }
 
 impl AdamW {
-    /// Under `LAZULI_CHECK_FINITE=skip`, the bias corrections' factors `lr / bc1` and `1 / √bc2` of this step (f64
-    /// scalars), computed in the program from the count of steps applied: device state that the check's guard
-    /// keeps on a skipped step as it keeps the moments, so that the steps after a skipped one correct as if it had
-    /// never run. A count on the host could not follow exactly: skip reads a step's check two launches later, when
-    /// the next steps are recorded already. Otherwise `None`: the factors are host scalars.
+    /// Under `LAZULI_CHECK_FINITE=skip` or `stop`, the bias corrections' factors `lr / bc1` and `1 / √bc2` of this
+    /// step (f64 scalars), computed in the program from the count of steps applied: device state that the check's
+    /// guard keeps on a skipped (or, under `stop`, frozen) step as it keeps the moments, so that the steps after it
+    /// correct as if it had never run, also in a run that catches `stop`'s error and goes on. A count on the host
+    /// could not follow exactly: the check of a step is read two launches later, when the next steps are recorded
+    /// already. Otherwise `None`: the factors are host scalars.
     #[track_caller]
     fn applied_corrections(&mut self) -> Option<(Tensor, Tensor)> {
-        let skipping = crate::runtime::runtime().is_ok_and(|rt| rt.config.check_finite == CheckFinite::Skip);
-        if !skipping {
+        let guarded = crate::runtime::runtime().is_ok_and(|rt| crate::exec::finite::guards(rt.config.check_finite));
+        if !guarded {
             return None;
         }
         let before = (self.steps - 1) as f64;
