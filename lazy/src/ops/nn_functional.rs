@@ -5,7 +5,7 @@
 //! the program; `logsumexp`'s max-shift is recorded without a gradient, which is exact because it does not change
 //! when its input is shifted.
 
-use lazuli_hlo::{BinaryKind, CompareDir, DType, KernelOp, Loc, Op, Reduce, ReduceKind, UnaryKind};
+use lazuli_hlo::{BinaryKind, CompareDir, DType, KernelOp, Loc, Op, Reduce, ReduceKind, TensorType, UnaryKind};
 use lazuli_kernels::cross_entropy::{cross_entropy, CrossEntropyCall};
 
 use crate::graph::autodiff::no_grad;
@@ -89,32 +89,36 @@ impl CrossEntropyOptions {
     }
 }
 
-/// Cross-entropy of `[..., C]` logits flattened to `[N, C]`. Without options it is the `CrossEntropy` node; with
-/// them it stays one: ignored positions get target -1, which that node counts as 0 (value and gradient), its mean
-/// is scaled from `N` to the positions kept, and the smoothing term `Σ_i (lse_i - mean_c x_ic)` over kept
-/// positions is added as a composite.
 /// The mean cross-entropy of `[N, C]` logits against `[N]` ids as one node: lazuli's kernel where it runs (NVIDIA
 /// GPUs, `LAZULI_CROSS_ENTROPY`), else the `CrossEntropy` op, so CPU programs do not change. Logits that are a
 /// pending widening of 16-bit values (a bf16 matmul's product converted to f32, maybe reshaped) reach the kernel
 /// before the conversion: it widens them as it reads them and writes their gradient in their own type.
 fn cross_entropy_node(x: &Tensor, t: &Tensor, loc: Loc) -> Tensor {
-    let logits = narrow_source(x, loc).unwrap_or_else(|| x.clone());
-    let call = CrossEntropyCall { logits: logits.tensor_type().clone(), ids: t.tensor_type().clone(), out: x.dtype() };
+    let narrow = narrow_source(x);
+    let dtype = narrow.as_ref().map_or(x.dtype(), |n| n.dtype());
+    let logits = TensorType::new(dtype, x.dims());
+    let call = CrossEntropyCall { logits, ids: t.tensor_type().clone(), out: x.dtype() };
     let made = kernel("cross_entropy", "LAZULI_CROSS_ENTROPY", loc, |rt| {
         cross_entropy(&call, &rt.target, rt.config.cross_entropy)
     });
-    match made {
-        Ok(def) if def.device.is_some() => apply(Op::Kernel(KernelOp::new(def, 0)), &[&logits, t], loc),
-        Ok(_) => apply(Op::CrossEntropy(lazuli_hlo::CrossEntropy), &[x, t], loc),
+    let def = match made {
+        Ok(def) if def.device.is_some() => def,
+        Ok(_) => return apply(Op::CrossEntropy(lazuli_hlo::CrossEntropy), &[x, t], loc),
         Err(e) => raise(e),
-    }
+    };
+    let logits = match narrow {
+        Some(n) if n.dims() == x.dims() => n,
+        Some(n) => apply(Op::Reshape(lazuli_hlo::Reshape { dims: x.dims().to_vec() }), &[&n], loc),
+        None => x.clone(),
+    };
+    apply(Op::Kernel(KernelOp::new(def, 0)), &[&logits, t], loc)
 }
 
 /// The 16-bit float tensor `x` is a pending widening of, through reshapes (a model's `[B, T, C]` logits flattened
-/// to `[N, C]`), shaped as `x`; `None` where `x` is not one.
-fn narrow_source(x: &Tensor, loc: Loc) -> Option<Tensor> {
+/// to `[N, C]`), in its own shape; `None` where `x` is not one.
+fn narrow_source(x: &Tensor) -> Option<Tensor> {
     let mut node = x.node.clone();
-    let narrow = loop {
+    loop {
         let next = {
             let state = node.lock();
             let recipe = state.recipe.as_ref()?;
@@ -123,17 +127,19 @@ fn narrow_source(x: &Tensor, loc: Loc) -> Option<Tensor> {
                 Op::Convert(c)
                     if matches!(c.from, DType::BF16 | DType::F16) && c.to.byte_size() > c.from.byte_size() =>
                 {
-                    break Tensor::from_node(recipe.operands[0].clone());
+                    return Some(Tensor::from_node(recipe.operands[0].clone()));
                 }
                 _ => return None,
             }
         };
         node = next;
-    };
-    let dims = x.dims().to_vec();
-    Some(if narrow.dims() == dims { narrow } else { apply(Op::Reshape(lazuli_hlo::Reshape { dims }), &[&narrow], loc) })
+    }
 }
 
+/// Cross-entropy of `[..., C]` logits flattened to `[N, C]`. Without options it is the `CrossEntropy` node; with
+/// them it stays one: ignored positions get target -1, which that node counts as 0 (value and gradient), its mean
+/// is scaled from `N` to the positions kept, and the smoothing term `Σ_i (lse_i - mean_c x_ic)` over kept
+/// positions is added as a composite.
 fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, loc: Loc) -> Tensor {
     need_float(x, "cross_entropy", loc);
     let r = x.rank();
