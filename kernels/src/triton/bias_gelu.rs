@@ -12,7 +12,7 @@
 
 use lazuli_hlo::{GELU_A, GELU_K};
 
-use super::tile::{first_of, store_row, strided_blocks, Tile};
+use super::tile::{store_row, strided_blocks, Blocking, Tile};
 use super::ttir::{Kernel, Scalar, Value};
 use super::TritonCall;
 
@@ -34,58 +34,30 @@ const BLOCK_COLS: usize = 256;
 const BACKWARD_PROGRAMS: usize = 3072;
 
 impl BiasGeluSpec {
-    pub fn block_cols(&self) -> usize {
-        self.cols.next_power_of_two().min(BLOCK_COLS)
-    }
-
-    pub fn block_rows(&self) -> usize {
-        (4096 / self.block_cols()).min(self.rows.next_power_of_two()).max(1)
-    }
-
-    pub fn col_blocks(&self) -> usize {
-        self.cols.div_ceil(self.block_cols())
-    }
-
-    pub fn row_blocks(&self) -> usize {
-        self.rows.div_ceil(self.block_rows())
+    pub fn blocking(&self) -> Blocking {
+        Blocking::new(self.rows, self.cols, BLOCK_COLS, 4096)
     }
 
     /// Rounds each backward program walks, and the backward's programs per column block.
     fn rounds(&self) -> usize {
-        (self.row_blocks() * self.col_blocks()).div_ceil(BACKWARD_PROGRAMS).max(1)
+        let b = self.blocking();
+        (b.row_blocks() * b.col_blocks()).div_ceil(BACKWARD_PROGRAMS).max(1)
     }
 
     pub fn backward_programs(&self) -> usize {
-        self.row_blocks().div_ceil(self.rounds())
+        self.blocking().row_blocks().div_ceil(self.rounds())
     }
 
     /// Why the kernels do not take this signature (`None`: they do).
     pub fn unsupported(&self) -> Option<String> {
-        if self.rows == 0 || self.cols == 0 {
-            return Some("an empty tensor".into());
-        }
-        if self.rows.checked_mul(self.cols).is_none_or(|n| n > i32::MAX as usize) {
-            return Some(format!("{} × {} elements do not fit 32-bit offsets", self.rows, self.cols));
-        }
-        if self.col_blocks() > 65535 {
-            return Some(format!("{} columns are more than the kernel's grid takes", self.cols));
-        }
         let floats = [self.x, self.bias, self.y].iter().all(|s| s.is_float());
-        (!floats).then(|| "the bias-GELU kernels take float tensors".into())
+        self.blocking().unsupported().or_else(|| (!floats).then(|| "the bias-GELU kernels take float tensors".into()))
     }
 
     fn name(&self, what: &str) -> String {
         let (x, b, y) = (self.x.mlir(), self.bias.mlir(), self.y.mlir());
         format!("lazuli_bias_gelu_{what}_{}x{}_{x}_{b}_{y}", self.rows, self.cols)
     }
-}
-
-/// The tile of row block `rb` and column block `cb` (i32 scalars).
-fn tile(k: &mut Kernel, spec: &BiasGeluSpec, rb: &Value, cb: &Value) -> Tile {
-    let (r, c) = (spec.block_rows(), spec.block_cols());
-    let first_row = first_of(k, rb, r);
-    let first_col = first_of(k, cb, c);
-    Tile::at(k, (&first_row, r, spec.rows), (&first_col, c, spec.cols))
 }
 
 /// `x + b` as f32 `[R, BC]`.
@@ -131,7 +103,7 @@ pub fn forward(spec: &BiasGeluSpec) -> TritonCall {
     let y_arg = k.ptr_arg("y", spec.y);
     let rb = k.named("rb").program_id(0);
     let cb = k.named("cb").program_id(1);
-    let blk = tile(&mut k, spec, &rb, &cb);
+    let blk = spec.blocking().tile(&mut k, &rb, &cb);
     let u = biased(&mut k, &blk, &x_arg, &b_arg);
     let t = inner_tanh(&mut k, &u);
     let half_u = times(&mut k, &u, 0.5);
@@ -141,7 +113,7 @@ pub fn forward(spec: &BiasGeluSpec) -> TritonCall {
     TritonCall {
         name,
         ir: k.finish(),
-        grid: [spec.row_blocks() as u32, spec.col_blocks() as u32, 1],
+        grid: [spec.blocking().row_blocks() as u32, spec.blocking().col_blocks() as u32, 1],
         num_warps: 4,
         num_stages: 1,
     }
@@ -159,9 +131,9 @@ pub fn backward(spec: &BiasGeluSpec) -> TritonCall {
     let programs = spec.backward_programs();
     let pid = k.named("pid").program_id(0);
     let cb = k.named("cb").program_id(1);
-    let db0 = k.named("db_acc").full_float(Scalar::F32, &[spec.block_cols()], 0.0);
+    let db0 = k.named("db_acc").full_float(Scalar::F32, &[spec.blocking().block_cols], 0.0);
     let acc = strided_blocks(&mut k, (&pid, programs, spec.rounds()), &[db0], |k, rb, acc| {
-        let blk = tile(k, spec, rb, &cb);
+        let blk = spec.blocking().tile(k, rb, &cb);
         let u = biased(k, &blk, &x_arg, &b_arg);
         let dy = blk.load(k, &dy_arg, "dy");
         // gelu'(u) = 0.5 (1 + t) + 0.5 u (1 - t²) √(2/π) (1 + 3 · 0.044715 u²)
@@ -185,12 +157,12 @@ pub fn backward(spec: &BiasGeluSpec) -> TritonCall {
         vec![k.add(&acc[0], &db_rows)]
     });
     // Row `pid` of the partial sums, at this column block.
-    let blk = tile(&mut k, spec, &pid, &cb);
+    let blk = spec.blocking().tile(&mut k, &pid, &cb);
     store_row(&mut k, &db_arg, (&pid, spec.cols), (&blk.cols, &blk.col_ok), &acc[0]);
     TritonCall {
         name,
         ir: k.finish(),
-        grid: [programs as u32, spec.col_blocks() as u32, 1],
+        grid: [programs as u32, spec.blocking().col_blocks() as u32, 1],
         num_warps: 4,
         num_stages: 1,
     }
@@ -207,8 +179,8 @@ mod tests {
     #[test]
     fn the_calls_are_well_formed_for_the_gpt2_shape() {
         let spec = gpt2();
-        let sizes = (spec.block_rows(), spec.block_cols(), spec.row_blocks(), spec.col_blocks());
-        assert_eq!(sizes, (16, 256, 512, 12));
+        let b = spec.blocking();
+        assert_eq!((b.block_rows, b.block_cols, b.row_blocks(), b.col_blocks()), (16, 256, 512, 12));
         assert_eq!((spec.rounds(), spec.backward_programs()), (2, 256));
         let f = forward(&spec);
         f.validate(2, 1).expect("forward");
@@ -223,7 +195,8 @@ mod tests {
     #[test]
     fn small_and_ragged_shapes_are_masked_or_refused() {
         let spec = BiasGeluSpec { rows: 3, cols: 100, x: Scalar::F32, bias: Scalar::F32, y: Scalar::F32 };
-        assert_eq!((spec.block_rows(), spec.block_cols(), spec.row_blocks(), spec.col_blocks()), (4, 128, 1, 1));
+        let b = spec.blocking();
+        assert_eq!((b.block_rows, b.block_cols, b.row_blocks(), b.col_blocks()), (4, 128, 1, 1));
         forward(&spec).validate(2, 1).expect("forward");
         backward(&spec).validate(3, 2).expect("backward");
         let huge = BiasGeluSpec { rows: 1 << 20, cols: 4096, ..spec.clone() };

@@ -13,7 +13,7 @@
 //! each take one `[R, BC]` block. Exponentials are written with `exp2`, which every Triton lowers.
 
 use super::pointers;
-use super::tile::{first_of, Tile};
+use super::tile::{Blocking, Tile};
 use super::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
 use super::TritonCall;
 
@@ -36,32 +36,14 @@ const BLOCK_ELEMENTS: usize = 4096;
 const FLOOR: f64 = -1e30;
 
 impl CrossEntropySpec {
-    pub fn block_cols(&self) -> usize {
-        self.classes.next_power_of_two().min(BLOCK_COLS)
-    }
-
-    pub fn block_rows(&self) -> usize {
-        (BLOCK_ELEMENTS / self.block_cols()).min(self.rows.next_power_of_two()).max(1)
-    }
-
-    pub fn row_blocks(&self) -> usize {
-        self.rows.div_ceil(self.block_rows())
-    }
-
-    pub fn col_blocks(&self) -> usize {
-        self.classes.div_ceil(self.block_cols())
+    pub fn blocking(&self) -> Blocking {
+        Blocking::new(self.rows, self.classes, BLOCK_COLS, BLOCK_ELEMENTS)
     }
 
     /// Why the kernels do not take this signature (`None`: they do).
     pub fn unsupported(&self) -> Option<String> {
-        if self.rows == 0 || self.classes == 0 {
-            return Some("an empty tensor".into());
-        }
-        if self.rows.checked_mul(self.classes).is_none_or(|n| n > i32::MAX as usize) {
-            return Some(format!("{} × {} logits do not fit 32-bit offsets", self.rows, self.classes));
-        }
-        if self.col_blocks() > 65535 {
-            return Some(format!("{} classes are more than the kernel's grid takes", self.classes));
+        if let Some(why) = self.blocking().unsupported() {
+            return Some(why);
         }
         if !self.x.is_float() {
             return Some("the cross-entropy kernels take float logits".into());
@@ -72,14 +54,6 @@ impl CrossEntropySpec {
     fn name(&self, what: &str) -> String {
         format!("lazuli_cross_entropy_{what}_{}x{}_{}_{}", self.rows, self.classes, self.x.mlir(), self.ids.mlir())
     }
-}
-
-/// The tile of row block `rb` and column block `cb` (i32 scalars).
-fn tile(k: &mut Kernel, spec: &CrossEntropySpec, rb: &Value, cb: &Value) -> Tile {
-    let (r, c) = (spec.block_rows(), spec.block_cols());
-    let first_row = first_of(k, rb, r);
-    let first_col = first_of(k, cb, c);
-    Tile::at(k, (&first_row, r, spec.rows), (&first_col, c, spec.classes))
 }
 
 /// The tile's rows' class ids, in their own type (0 past the last row).
@@ -113,20 +87,21 @@ pub fn forward(spec: &CrossEntropySpec) -> TritonCall {
     let t_arg = k.ptr_arg("t", spec.ids);
     let loss_arg = k.ptr_arg("loss", Scalar::F32);
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
-    let (r, c) = (spec.block_rows(), spec.block_cols());
+    let blocking = spec.blocking();
+    let (r, c) = (blocking.block_rows, blocking.block_cols);
     let rb = k.named("rb").program_id(0);
     let first = k.const_i32(0);
-    let rows = tile(&mut k, spec, &rb, &first);
+    let rows = blocking.tile(&mut k, &rb, &first);
     let ids = row_ids(&mut k, &rows, &t_arg);
     let inits = [
         k.named("max").full_float(Scalar::F32, &[r], FLOOR),
         k.named("sum").full_float(Scalar::F32, &[r], 0.0),
         k.named("picked").full_float(Scalar::F32, &[r], 0.0),
     ];
-    let (lo, hi, one) = (k.const_i32(0), k.const_i32(spec.col_blocks() as i32), k.const_i32(1));
+    let (lo, hi, one) = (k.const_i32(0), k.const_i32(blocking.col_blocks() as i32), k.const_i32(1));
     let done = k.for_loop((&lo, &hi, &one), &inits, |k, cb, acc| {
         let (max, sum, picked) = (&acc[0], &acc[1], &acc[2]);
-        let blk = tile(k, spec, &rb, cb);
+        let blk = blocking.tile(k, &rb, cb);
         let x = blk.load_or(k, &x_arg, FLOOR, "x");
         // The online softmax: the new running max, the old sum rescaled to it, this block's terms added.
         let block_max = k.reduce(&x, 1, Reduction::Max);
@@ -158,7 +133,7 @@ pub fn forward(spec: &CrossEntropySpec) -> TritonCall {
     let loss = k.named("loss").select(&valid, &loss, &zero);
     rows.store_rows(&mut k, &loss_arg, &loss);
     rows.store_rows(&mut k, &lse_arg, &lse);
-    TritonCall { name, ir: k.finish(), grid: [spec.row_blocks() as u32, 1, 1], num_warps: 4, num_stages: 1 }
+    TritonCall { name, ir: k.finish(), grid: [blocking.row_blocks() as u32, 1, 1], num_warps: 4, num_stages: 1 }
 }
 
 /// `[R]`: `0 <= id < classes`.
@@ -180,10 +155,11 @@ pub fn backward(spec: &CrossEntropySpec) -> TritonCall {
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
     let s_arg = k.ptr_arg("s", Scalar::F32);
     let dx_arg = k.ptr_arg("dx", spec.x);
-    let c = spec.block_cols();
+    let blocking = spec.blocking();
+    let c = blocking.block_cols;
     let rb = k.named("rb").program_id(0);
     let cb = k.named("cb").program_id(1);
-    let blk = tile(&mut k, spec, &rb, &cb);
+    let blk = blocking.tile(&mut k, &rb, &cb);
     let x = blk.load(&mut k, &x_arg, "x");
     let lse = blk.load_rows(&mut k, &lse_arg, "lse");
     let scale = blk.load_rows(&mut k, &s_arg, "s");
@@ -202,7 +178,7 @@ pub fn backward(spec: &CrossEntropySpec) -> TritonCall {
     TritonCall {
         name,
         ir: k.finish(),
-        grid: [spec.row_blocks() as u32, spec.col_blocks() as u32, 1],
+        grid: [blocking.row_blocks() as u32, blocking.col_blocks() as u32, 1],
         num_warps: 4,
         num_stages: 1,
     }
@@ -219,8 +195,8 @@ mod tests {
     #[test]
     fn the_calls_are_well_formed_for_the_gpt2_shape() {
         let spec = gpt2();
-        let sizes = (spec.block_rows(), spec.block_cols(), spec.row_blocks(), spec.col_blocks());
-        assert_eq!(sizes, (2, 2048, 4096, 25));
+        let b = spec.blocking();
+        assert_eq!((b.block_rows, b.block_cols, b.row_blocks(), b.col_blocks()), (2, 2048, 4096, 25));
         let f = forward(&spec);
         f.validate(2, 2).expect("forward");
         assert_eq!(f.grid, [4096, 1, 1]);
@@ -234,7 +210,8 @@ mod tests {
     #[test]
     fn small_and_odd_shapes_are_masked_or_refused() {
         let spec = CrossEntropySpec { rows: 3, classes: 5, x: Scalar::F32, ids: Scalar::I64 };
-        assert_eq!((spec.block_rows(), spec.block_cols(), spec.row_blocks(), spec.col_blocks()), (4, 8, 1, 1));
+        let b = spec.blocking();
+        assert_eq!((b.block_rows, b.block_cols, b.row_blocks(), b.col_blocks()), (4, 8, 1, 1));
         let f = forward(&spec);
         f.validate(2, 2).expect("forward");
         assert!(f.ir.contains("arith.extsi"), "i32 columns compared with i64 ids: {}", f.ir);

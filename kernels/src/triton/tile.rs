@@ -30,6 +30,52 @@ pub(crate) fn load_vector(k: &mut Kernel, arg: &Value, cols: &Value, col_ok: &Va
     k.convert(&v, Scalar::F32)
 }
 
+/// How a row-major `[rows, cols]` tensor is cut into blocks of `block_rows × block_cols` (powers of two): at most
+/// `max_cols` columns and about `elements` elements a block, fewer rows where the tensor has fewer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocking {
+    pub rows: usize,
+    pub cols: usize,
+    pub block_rows: usize,
+    pub block_cols: usize,
+}
+
+impl Blocking {
+    pub fn new(rows: usize, cols: usize, max_cols: usize, elements: usize) -> Blocking {
+        let block_cols = cols.next_power_of_two().min(max_cols);
+        let block_rows = (elements / block_cols).min(rows.next_power_of_two()).max(1);
+        Blocking { rows, cols, block_rows, block_cols }
+    }
+
+    pub fn row_blocks(&self) -> usize {
+        self.rows.div_ceil(self.block_rows)
+    }
+
+    pub fn col_blocks(&self) -> usize {
+        self.cols.div_ceil(self.block_cols)
+    }
+
+    /// Why a kernel cannot walk the tensor so (`None`: it can): it is empty, its offsets pass 32 bits, or its column
+    /// blocks are more than a grid's second axis takes.
+    pub fn unsupported(&self) -> Option<String> {
+        if self.rows == 0 || self.cols == 0 {
+            return Some("an empty tensor".into());
+        }
+        if self.rows.checked_mul(self.cols).is_none_or(|n| n > i32::MAX as usize) {
+            return Some(format!("{} × {} elements do not fit 32-bit offsets", self.rows, self.cols));
+        }
+        (self.col_blocks() > 65535).then(|| format!("{} columns are more than the kernel's grid takes", self.cols))
+    }
+
+    /// The tile of row block `rb` and column block `cb` (i32 scalars).
+    pub(crate) fn tile(&self, k: &mut Kernel, rb: &Value, cb: &Value) -> Tile {
+        let (r, c) = (self.block_rows, self.block_cols);
+        let first_row = first_of(k, rb, r);
+        let first_col = first_of(k, cb, c);
+        Tile::at(k, (&first_row, r, self.rows), (&first_col, c, self.cols))
+    }
+}
+
 pub(crate) struct Tile {
     pub rows: Value,
     pub row_ok: Value,
