@@ -204,6 +204,41 @@ fn the_compile_event_names_the_kernel_its_implementation_and_why() {
     assert!(report.contains(&format!("custom kernels:\n  {want}")), "{report}");
 }
 
+/// Layer norm, bias + GELU and the cross-entropy have kernels too; where one does not run (here: no NVIDIA GPU) the
+/// op records its formula, and the compile event still names it, its implementation and why, as it names attention.
+#[test]
+fn the_compile_event_names_fused_ops_recorded_as_their_formulas() {
+    if common::child::alone(module_path!(), "the_compile_event_names_fused_ops_recorded_as_their_formulas") {
+        return; // captured events are process-wide: alone in a process of its own
+    }
+    let x = Tensor::from_ndarray(&data(21, &[4, 6]));
+    let (w, b) = (Tensor::from_ndarray(&data(22, &[6])), Tensor::from_ndarray(&data(23, &[6])));
+    let t = Tensor::from_slice(&[0i32, 5, 2, 1], &[4]);
+    let step = || {
+        let (ln, gelu) = (line!() + 1, line!() + 2);
+        let y = x.layer_norm_affine(&w, &b, 1e-5, DType::F64);
+        let y = y.bias_gelu(&b, DType::F64);
+        let ce = line!() + 1;
+        let loss = y.cross_entropy(&t);
+        loss.item::<f64>().unwrap();
+        (ln, gelu, ce)
+    };
+    lazuli::diagnostics::events::start_capture();
+    let (ln, gelu, ce) = step();
+    let events = lazuli::diagnostics::events::take_captured();
+    let kernels: Vec<&String> = events.iter().flat_map(|e| &e.kernels).collect();
+    for (name, line) in [("layer_norm", ln), ("bias_gelu", gelu), ("cross_entropy", ce)] {
+        let want = format!("{name} at tests/ops/attention.rs:{line}:");
+        let named = kernels.iter().filter(|k| k.starts_with(&want)).collect::<Vec<_>>();
+        assert_eq!(named.len(), 1, "{kernels:?} should name {want} once");
+        assert!(named[0].contains(": composite (") && named[0].contains("not an NVIDIA GPU"), "{}", named[0]);
+    }
+    // Named with the program's compile: the same step again is a cache hit and names nothing.
+    step();
+    let again = lazuli::diagnostics::events::take_captured();
+    assert!(again.iter().all(|e| e.cache_hit && e.kernels.is_empty()), "{again:?}");
+}
+
 #[test]
 fn bad_attention_input_panics_at_the_callers_line() {
     let q = Tensor::zeros(&[1, 2, 3, 4], DType::F32);

@@ -232,8 +232,16 @@ fn emit_event(mut plan: Plan, check: ProgramCheck, cause: Cause, at: Loc, times:
     e.recompile = check.recompile;
     e.explanation = check.explanation;
     e.differences = check.differences;
+    // The fused ops recorded as formulas for this program: named once, with its compile.
+    let fallbacks = crate::ops::fused_layers::take_fallbacks();
     if !hit {
-        e.kernels = program::kernel_choices(plan.walk.graph());
+        let mut kernels = program::kernel_choices(plan.walk.graph());
+        for f in fallbacks {
+            if !kernels.contains(&f) {
+                kernels.push(f);
+            }
+        }
+        e.kernels = kernels;
         e.repeats = repeats(plan.walk.graph());
     }
     e.graph_hash = format!("{key:016x}");

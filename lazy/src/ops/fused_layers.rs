@@ -8,6 +8,7 @@
 use lazuli_hlo::{BinaryKind, DType, Gelu, KernelDef, KernelOp, Loc, NormSpec, Normalize, Op};
 use lazuli_kernels::bias_gelu::{bias_gelu, BiasGeluCall};
 use lazuli_kernels::layer_norm::{layer_norm, LayerNormCall};
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -68,7 +69,9 @@ fn bias_gelu_at(x: &Tensor, b: &Tensor, out: DType, loc: Loc) -> Result<Tensor> 
     Ok(try_apply(Op::Gelu(Gelu), &[&u], loc)?.to_dtype_at(out, loc))
 }
 
-/// The kernel `make` builds from the runtime's target and setting (`variable` names the setting in errors).
+/// The kernel `make` builds from the runtime's target and setting (`variable` names the setting in errors). Where
+/// it has no device program, the op records its formula's ops instead of the kernel, so the compile event would
+/// not name it: the choice and its reason are noted for that event here.
 pub(crate) fn kernel(
     op: &'static str,
     variable: &str,
@@ -76,10 +79,30 @@ pub(crate) fn kernel(
     make: impl FnOnce(&crate::runtime::Runtime) -> std::result::Result<Arc<KernelDef>, String>,
 ) -> Result<Arc<KernelDef>> {
     let rt = runtime().map_err(|e| Error::Config(format!("{op} recorded at {loc}: {e}")))?;
-    make(rt).map_err(|e| {
+    let def = make(rt).map_err(|e| {
         let why = format!("{e} (asked for by {variable})");
         Error::Unsupported { op, backend: rt.target.to_string(), why, at: loc }
-    })
+    })?;
+    if def.device.is_none() && crate::diagnostics::events::enabled() {
+        let line = format!("{} at {loc}: {} ({})", def.name, def.choice.implementation, def.choice.reason);
+        FALLBACKS.with_borrow_mut(|f| {
+            if !f.contains(&line) {
+                f.push(line);
+            }
+        });
+    }
+    Ok(def)
+}
+
+thread_local! {
+    /// The fused ops recorded as their formulas since the last program, each with its reason, once per line.
+    static FALLBACKS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The fused ops this thread recorded as their formulas since the last call, as `kernel_choices` names kernels:
+/// `layer_norm at src/model.rs:12:9: composite (f32 → bf16, …; the device is cpu, not an NVIDIA GPU)`.
+pub(crate) fn take_fallbacks() -> Vec<String> {
+    FALLBACKS.with_borrow_mut(std::mem::take)
 }
 
 fn layer_norm_at(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64, out: DType, loc: Loc) -> Result<Tensor> {

@@ -9,7 +9,7 @@ pub mod control;
 mod conv;
 pub mod custom_kernel;
 pub mod einsum;
-mod fused_layers;
+pub(crate) mod fused_layers;
 pub mod indexing;
 pub(crate) mod nn_functional;
 mod operators;
