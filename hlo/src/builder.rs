@@ -122,6 +122,30 @@ pub trait Builder {
         let map: Vec<usize> = (0..dims.len()).collect();
         self.broadcast(a, dims, &map)
     }
+    /// The maximum of `x` along `axis`, kept as size 1, with an infinite maximum taken as 0: the shift that keeps
+    /// the softmax family NaN-free (a row that is all -inf stays -inf after it instead of becoming NaN).
+    fn finite_max_kept(&mut self, x: &Self::V, axis: usize) -> Self::V {
+        let m = self.reduce_kept(ReduceKind::Max, x, &[axis]);
+        let inf = self.full_like(&m, f64::INFINITY);
+        let am = self.unary(UnaryKind::Abs, &m);
+        let infinite = self.compare(CompareDir::Eq, &am, &inf);
+        let zero = self.full_like(&m, 0.0);
+        self.select(&infinite, &zero, &m)
+    }
+    /// `log Σ exp x` along `axis` (removed), shifted by [`Builder::finite_max_kept`]: a row that is all -inf gives
+    /// -inf.
+    fn logsumexp(&mut self, x: &Self::V, axis: usize) -> Self::V {
+        let dims = self.ty(x).dims.clone();
+        let m = self.finite_max_kept(x, axis);
+        let m_full = self.expand(&m, &dims);
+        let shifted = self.sub(x, &m_full);
+        let e = self.unary(UnaryKind::Exp, &shifted);
+        let sum = self.reduce_kept(ReduceKind::Sum, &e, &[axis]);
+        let log = self.unary(UnaryKind::Log, &sum);
+        let lse = self.add(&log, &m);
+        let kept: Vec<usize> = dims.iter().enumerate().filter(|&(d, _)| d != axis).map(|(_, &n)| n).collect();
+        self.reshape(&lse, &kept)
+    }
     /// The reverse of broadcasting `like`-typed values to `g`'s shape with dimension map `map`: sum `g` over the
     /// added and the expanded dimensions, then reshape to `like`'s dims.
     fn unbroadcast(&mut self, g: &Self::V, like: &[usize], map: &[usize]) -> Self::V {

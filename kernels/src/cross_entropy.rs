@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use lazuli_hlo::{BinaryKind, CompareDir, ReduceKind, TensorType, UnaryKind};
+use lazuli_hlo::{BinaryKind, CompareDir, TensorType};
 use lazuli_hlo::{Builder, Choice, CrossEntropy, DType, Gradient, KernelDef, KernelOp, Op, OpRules, Program};
 
 use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
@@ -109,19 +109,11 @@ fn triton_spec(call: &CrossEntropyCall, rows: usize, classes: usize) -> Result<C
     }
 }
 
-/// Each row's `log Σ exp x` as f32 `[N]`, computed in f32 (f64 for f64 logits) from the row's max.
+/// Each row's `log Σ exp x` as f32 `[N]`, computed in f32 (f64 for f64 logits).
 fn composite_lse<B: Builder>(b: &mut B, logits: &B::V) -> B::V {
     let wide = DType::computing([b.ty(logits).dtype]);
     let x = b.convert(logits, wide);
-    let dims = b.ty(&x).dims.clone();
-    let max = b.reduce_kept(ReduceKind::Max, &x, &[1]);
-    let max_full = b.expand(&max, &dims);
-    let centered = b.sub(&x, &max_full);
-    let e = b.unary(UnaryKind::Exp, &centered);
-    let sum = b.sum(&e, &[1]);
-    let log = b.unary(UnaryKind::Log, &sum);
-    let max = b.reshape(&max, &[dims[0]]);
-    let lse = b.add(&log, &max);
+    let lse = b.logsumexp(&x, 1);
     b.convert(&lse, DType::F32)
 }
 

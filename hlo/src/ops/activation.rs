@@ -160,12 +160,7 @@ impl OpRules for ReluGrad {
 /// than becoming NaN before the exponential): the stable start of the softmax family.
 fn shifted<B: Builder>(b: &mut B, x: &B::V, axis: usize) -> B::V {
     let dims = b.ty(x).dims.clone();
-    let m = b.reduce_kept(ReduceKind::Max, x, &[axis]);
-    let inf = b.full_like(&m, f64::INFINITY);
-    let am = b.unary(UnaryKind::Abs, &m);
-    let infinite = b.compare(CompareDir::Eq, &am, &inf);
-    let zero = b.full_like(&m, 0.0);
-    let m = b.select(&infinite, &zero, &m);
+    let m = b.finite_max_kept(x, axis);
     let m = b.expand(&m, &dims);
     b.sub(x, &m)
 }

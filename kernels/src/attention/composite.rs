@@ -3,7 +3,7 @@
 //! multiplies in bf16, with f32 accumulation on GPUs), the softmax runs in f32, and the probabilities go back to
 //! the operands' dtype for the second product, as flash attention does.
 
-use lazuli_hlo::{Builder, CompareDir, DType, DotGeneral, Iota, Op, ReduceKind, Softmax, TensorType, UnaryKind};
+use lazuli_hlo::{Builder, CompareDir, DType, DotGeneral, Iota, Op, Softmax, TensorType};
 
 use super::{AttentionSpec, Dims, Layout};
 
@@ -25,7 +25,7 @@ pub(super) fn attention<B: Builder>(b: &mut B, spec: &AttentionSpec, d: &Dims, x
         None => scores,
     };
     let scores = masked(b, spec, d, &scores);
-    let stats = logsumexp(b, &scores, d);
+    let stats = b.logsumexp(&scores, 3);
     let stats = b.convert(&stats, DType::F32);
     let p = b.op(Op::Softmax(Softmax { axis: 3, log: false }), &[&scores]);
     let p = b.convert(&p, dt);
@@ -70,21 +70,4 @@ fn masked<B: Builder>(b: &mut B, spec: &AttentionSpec, d: &Dims, scores: &B::V) 
     }
     let hidden = b.full_like(scores, f64::NEG_INFINITY);
     b.select(&visible, scores, &hidden)
-}
-
-/// `log Σ_j exp(s_ij)` over the last axis, shifted by the row's maximum (a fully masked row gives -inf).
-fn logsumexp<B: Builder>(b: &mut B, s: &B::V, d: &Dims) -> B::V {
-    let m = b.reduce_kept(ReduceKind::Max, s, &[3]);
-    let finite = b.unary(UnaryKind::Abs, &m);
-    let inf = b.full_like(&m, f64::INFINITY);
-    let infinite = b.compare(CompareDir::Eq, &finite, &inf);
-    let zero = b.full_like(&m, 0.0);
-    let m = b.select(&infinite, &zero, &m);
-    let m_rows = b.expand(&m, &[d.batch, d.heads, d.seq_q, d.seq_kv]);
-    let shifted = b.sub(s, &m_rows);
-    let e = b.unary(UnaryKind::Exp, &shifted);
-    let sum = b.reduce_kept(ReduceKind::Sum, &e, &[3]);
-    let lse = b.unary(UnaryKind::Log, &sum);
-    let lse = b.add(&lse, &m);
-    b.reshape(&lse, &[d.batch, d.heads, d.seq_q])
 }
