@@ -13,8 +13,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use lazuli_hlo::{BinaryKind, CompareDir, TensorType};
-use lazuli_hlo::{Builder, Choice, CrossEntropy, DType, Gradient, KernelDef, KernelOp, Op, OpRules, Program};
+use lazuli_hlo::{
+    Builder, Choice, CrossEntropy, DType, Gradient, KernelDef, KernelOp, Op, OpRules, Program, TensorType,
+};
 
 use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
 use crate::triton::cross_entropy::{self as ttce, CrossEntropySpec};
@@ -149,12 +150,7 @@ fn backward_kernel(
     let classes = spec.classes;
     let device = Program::record(&operands, |b, x| {
         // Each row's scale: the cotangent over N, 0 where the class id is out of range (no gradient there).
-        let ids = b.convert(&x[1], DType::I64);
-        let zero = b.full_like(&ids, 0.0);
-        let top = b.full_like(&ids, classes as f64);
-        let above = b.compare(CompareDir::Ge, &ids, &zero);
-        let below = b.compare(CompareDir::Lt, &ids, &top);
-        let valid = b.binary(BinaryKind::And, &above, &below);
+        let valid = lazuli_hlo::ops::loss::in_range(b, &x[1], classes);
         let g = b.convert(&x[3], DType::F32);
         let g = b.scale(&g, 1.0 / spec.rows as f64);
         let g = b.broadcast(&g, &[spec.rows], &[]);

@@ -41,8 +41,8 @@ fn one_hot<B: Builder>(b: &mut B, t: &B::V, classes: usize) -> B::V {
     b.compare(CompareDir::Eq, &wide, &ids)
 }
 
-/// `0 <= t[i] < classes` as a bool `[N]` (compared as i64, as in [`one_hot`]).
-fn in_range<B: Builder>(b: &mut B, t: &B::V, classes: usize) -> B::V {
+/// `0 <= t[i] < classes` as a bool `[N]` (compared as i64, as in [`one_hot`]): the rows a cross-entropy counts.
+pub fn in_range<B: Builder>(b: &mut B, t: &B::V, classes: usize) -> B::V {
     let t = &b.convert(t, DType::I64);
     let zero = b.full_like(t, 0.0);
     let top = b.full_like(t, classes as f64);
