@@ -117,68 +117,19 @@ pub struct Launch {
 impl DeviceProfile {
     /// The kernels on the trace's device planes (`/device:GPU:0`, `/device:TPU:0`, …); host planes are skipped.
     pub fn from_trace(trace: &Trace, steps: usize) -> DeviceProfile {
-        let mut families: HashMap<String, KernelTime> = HashMap::new();
-        let mut ops: HashMap<String, HashMap<String, usize>> = HashMap::new();
-        let mut busy_ps = 0i64;
-        // Absolute picoseconds since the epoch overflow an i64.
-        let mut timeline: Vec<(i128, i64, String, &str, &str)> = Vec::new();
-        for (_, line, event) in trace.events_on("/device:") {
-            if event.duration_ps <= 0 || !is_kernel_line(&line.name) {
-                continue;
-            }
-            busy_ps += event.duration_ps;
-            let start = i128::from(line.timestamp_ns) * 1000 + i128::from(event.offset_ps);
-            let family = family(&event.name);
-            let entry = families.entry(family.clone()).or_insert_with(|| KernelTime {
-                kind: KernelKind::of(&event.name),
-                family: family.clone(),
-                launches: 0,
-                time: Duration::ZERO,
-                idle_before: Duration::ZERO,
-                ops: Vec::new(),
-            });
-            entry.launches += 1;
-            entry.time += picos(event.duration_ps);
-            let op = event.stat("hlo_op").or_else(|| event.stat("tf_op")).unwrap_or("");
-            if !op.is_empty() {
-                *ops.entry(family.clone()).or_default().entry(op.to_string()).or_default() += 1;
-            }
-            timeline.push((start, event.duration_ps, family, &event.name, op));
-        }
-        timeline.sort_by_key(|e| e.0);
-        let (first, mut last) = (timeline.first().map_or(0, |e| e.0), None::<i128>);
-        let last_step_from = timeline.len() - timeline.len() / steps.max(1);
-        let mut last_step = Vec::new();
-        for (i, (start, duration, family, name, op)) in timeline.iter().enumerate() {
-            // A gap of a millisecond or more is the host between steps, not a launch that came late.
-            let gap = last.map_or(0, |last| start - last);
-            let idle = if gap > 0 && gap < 1_000_000_000 { picos(gap as i64) } else { Duration::ZERO };
-            if let Some(entry) = families.get_mut(family) {
-                entry.idle_before += idle;
-            }
-            if i >= last_step_from {
-                let from = timeline[last_step_from].0;
-                last_step.push(Launch {
-                    name: name.to_string(),
-                    op: op.to_string(),
-                    start: picos((start - from) as i64),
-                    duration: picos(*duration),
-                    idle_before: idle,
-                });
-            }
-            last = Some(last.unwrap_or(i128::MIN).max(start + i128::from(*duration)));
-        }
-        let last = last.unwrap_or(first);
-        for (family, counted) in ops {
-            if let Some(entry) = families.get_mut(&family) {
-                entry.ops = counted.into_iter().collect();
-                entry.ops.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            }
-        }
-        let mut kernels: Vec<KernelTime> = families.into_values().collect();
-        kernels.sort_by(|a, b| b.time.cmp(&a.time).then_with(|| a.family.cmp(&b.family)));
-        let span = if last > first { picos(i64::try_from(last - first).unwrap_or(i64::MAX)) } else { Duration::ZERO };
-        DeviceProfile { kernels, busy: picos(busy_ps), span, steps: steps.max(1), last_step }
+        let steps = steps.max(1);
+        let mut launches = launches(trace);
+        let first = launches.first().map_or(0, |l| l.0);
+        let last =
+            launches.iter().map(|(start, l)| start + l.duration.as_nanos() as i128 * 1000).max().unwrap_or(first);
+        let span = picos(i64::try_from(last - first).unwrap_or(i64::MAX));
+        let kernels = families(&launches);
+        let busy = launches.iter().map(|(_, l)| l.duration).sum();
+        let mut last_step: Vec<Launch> =
+            launches.split_off(launches.len() - launches.len() / steps).into_iter().map(|(_, l)| l).collect();
+        let from = last_step.first().map_or(Duration::ZERO, |l| l.start);
+        last_step.iter_mut().for_each(|l| l.start -= from);
+        DeviceProfile { kernels, busy, span, steps, last_step }
     }
 
     /// The kernels of a serialized `XSpace` (what `jax.profiler` writes as `*.xplane.pb`).
@@ -207,6 +158,73 @@ impl DeviceProfile {
     fn per_step_ms(&self, d: Duration) -> f64 {
         d.as_secs_f64() * 1e3 / self.steps as f64
     }
+}
+
+/// Every kernel launch on the trace's device stream lines in start order, with its absolute start in picoseconds
+/// (beyond an i64: times since the epoch), `start` from the first launch, and the device's idle time before it.
+fn launches(trace: &Trace) -> Vec<(i128, Launch)> {
+    let mut out: Vec<(i128, Launch)> = trace
+        .events_on("/device:")
+        .filter(|(_, line, event)| event.duration_ps > 0 && is_kernel_line(&line.name))
+        .map(|(_, line, event)| {
+            let start = i128::from(line.timestamp_ns) * 1000 + i128::from(event.offset_ps);
+            let op = event.stat("hlo_op").or_else(|| event.stat("tf_op")).unwrap_or("").to_string();
+            let duration = picos(event.duration_ps);
+            (
+                start,
+                Launch { name: event.name.clone(), op, start: Duration::ZERO, duration, idle_before: Duration::ZERO },
+            )
+        })
+        .collect();
+    out.sort_by_key(|l| l.0);
+    let first = out.first().map_or(0, |l| l.0);
+    let mut end: Option<i128> = None;
+    for (start, l) in &mut out {
+        l.start = picos(i64::try_from(*start - first).unwrap_or(i64::MAX));
+        // A gap of a millisecond or more is the host between steps, not a launch that came late.
+        let gap = end.map_or(0, |end| *start - end);
+        if gap > 0 && gap < 1_000_000_000 {
+            l.idle_before = picos(gap as i64);
+        }
+        let finish = *start + i128::from(l.duration.as_nanos() as i64) * 1000;
+        end = Some(end.map_or(finish, |end| end.max(finish)));
+    }
+    out
+}
+
+/// The launches grouped by family, longest total time first, each family's instructions most launches first.
+fn families(launches: &[(i128, Launch)]) -> Vec<KernelTime> {
+    let mut families: HashMap<String, (KernelTime, HashMap<&str, usize>)> = HashMap::new();
+    for (_, l) in launches {
+        let family = family(&l.name);
+        let (k, ops) = families.entry(family.clone()).or_insert_with(|| {
+            let k = KernelTime {
+                kind: KernelKind::of(&l.name),
+                family,
+                launches: 0,
+                time: Duration::ZERO,
+                idle_before: Duration::ZERO,
+                ops: Vec::new(),
+            };
+            (k, HashMap::new())
+        });
+        k.launches += 1;
+        k.time += l.duration;
+        k.idle_before += l.idle_before;
+        if !l.op.is_empty() {
+            *ops.entry(&l.op).or_default() += 1;
+        }
+    }
+    let mut kernels: Vec<KernelTime> = families
+        .into_values()
+        .map(|(mut k, ops)| {
+            k.ops = ops.into_iter().map(|(op, n)| (op.to_string(), n)).collect();
+            k.ops.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            k
+        })
+        .collect();
+    kernels.sort_by(|a, b| b.time.cmp(&a.time).then_with(|| a.family.cmp(&b.family)));
+    kernels
 }
 
 /// Stream lines hold a GPU's kernels; a device plane's other lines are derived views (XLA ops, modules, steps)
