@@ -81,7 +81,8 @@ fn attention(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     linear(&a.proj, &y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d]))
 }
 
-/// [`attention`] as one fused op (cuDNN flash attention on a GPU): q, k, v in bf16, [B, T, H, hd] as the
+/// [`attention`] as one fused op (on a GPU, lazuli's Triton flash kernels reading q, k, v in place from the
+/// projection; cuDNN's with `LAZULI_ATTENTION=cudnn`): q, k, v in bf16, [B, T, H, hd] as the
 /// projection lays them out (no transposes), the result back to f32.
 fn attention_fused(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);

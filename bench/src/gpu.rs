@@ -21,7 +21,7 @@ pub const PYTHON_FRAMEWORKS: [&str; 2] = ["jax", "torch"];
 /// The H200's dense bf16 peak, FLOP/s: what MFU divides by.
 const PEAK_FLOPS: f64 = 989e12;
 
-/// The goal of the fused rows: lazuli (cuDNN attention) ≤ this × torch.compile (SDPA).
+/// The goal of the fused rows: lazuli (fused attention) ≤ this × torch.compile (SDPA).
 const GOAL_VS_TORCH_SDPA: f64 = 0.8;
 
 /// A row's name: the framework and how it computes attention.
@@ -34,9 +34,20 @@ pub fn side_name(framework: &str, attention: Attention) -> String {
     let attn = match (framework, attention) {
         (_, Attention::Written) => "written-out attention",
         ("torch", Attention::Fused) => "SDPA",
+        ("lazuli", Attention::Fused) => "fused attention",
         (_, Attention::Fused) => "cuDNN attention",
     };
     format!("{fw} ({attn})")
+}
+
+/// Which kernels lazuli's fused rows run: `LAZULI_ATTENTION`'s choice for bf16 q, k, v that are slots of the
+/// projection `[B, T, 3, H, hd]`.
+fn fused_attention_kernels() -> &'static str {
+    match std::env::var("LAZULI_ATTENTION").unwrap_or_default().to_ascii_lowercase().as_str() {
+        "cudnn" => "lazuli::scaled_dot_product_attention by cuDNN's flash attention, bf16 q, k, v sliced from the projection",
+        "composite" => "lazuli::scaled_dot_product_attention as lazuli's ops (LAZULI_ATTENTION=composite)",
+        _ => "lazuli::scaled_dot_product_attention by lazuli's Triton flash kernels, reading bf16 q, k, v in place from the projection [B, T, 3, H, hd]",
+    }
 }
 
 /// What a GPU run measures and with what.
@@ -323,7 +334,7 @@ impl GpuRun {
             if s.framework == "lazuli" {
                 let attn = match s.attention {
                     Attention::Written => "written out (bf16 matmuls, f32 mask and softmax)",
-                    Attention::Fused => "lazuli::scaled_dot_product_attention, bf16 q, k, v in [B, T, H, hd]",
+                    Attention::Fused => fused_attention_kernels(),
                 };
                 println!("- {}: {}; attention: {attn}", s.side.name, i.framework);
             } else {

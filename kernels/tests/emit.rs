@@ -156,3 +156,26 @@ fn one_kernel_is_made_per_signature_and_shared() {
     let c = attention(&s, &HOPPER, Implementation::Composite).unwrap();
     assert_ne!(*a, *c, "another implementation is another kernel (and another program)");
 }
+
+#[test]
+fn packed_q_k_v_go_to_triton_in_two_launches_and_read_their_slots_in_place() {
+    let packed = AttentionSpec { packed: true, ..spec(DType::BF16, Layout::Bthd, (8, 1024, 12, 64)) };
+    let def = attention(&packed, &HOPPER, Implementation::Auto).unwrap();
+    assert_eq!(def.choice.implementation, "triton", "{:?}", def.choice);
+    assert!(def.choice.reason.contains("q, k, v packed; not cuDNN: cuDNN's call reads q, k and v"), "{:?}", def.choice);
+    assert_eq!(def.operands, [TensorType::new(DType::BF16, [8, 1024, 3, 12, 64])]);
+    let text = forward_and_backward(&def);
+    // The forward, and one backward for dq, dk and dv, on a grid whose third axis picks the job.
+    assert_eq!(text.matches("call_target_name = \"__gpu$xla.gpu.triton\"").count(), 2, "{text}");
+    assert!(text.contains("grid_z = 2"), "{text}");
+    assert!(text.contains("lazuli_flash_bwd_bf16_bt3hd_causal_d64") && !text.contains("bwd_dq"), "{text}");
+    // The operand is read in place: no slices, and the gradient comes out whole: no concatenation.
+    assert!(!text.contains("stablehlo.slice") && !text.contains("stablehlo.concatenate"), "{text}");
+    let err = attention(&packed, &HOPPER, Implementation::Cudnn).unwrap_err();
+    assert!(err.contains("not as slots of one packed tensor"), "{err}");
+    let composite = attention(&packed, &Target::Cpu, Implementation::Auto).unwrap();
+    assert_eq!(composite.choice.implementation, "composite");
+    let bad = AttentionSpec { packed: true, ..spec(DType::BF16, Layout::Bhtd, (1, 16, 2, 64)) };
+    let err = attention(&bad, &HOPPER, Implementation::Auto).unwrap_err();
+    assert!(err.contains("packed q, k and v must be three [batch, seq, heads, head_dim] slots"), "{err}");
+}

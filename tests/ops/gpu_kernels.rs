@@ -183,6 +183,66 @@ fn check_cases(cases: &[Case]) {
     assert!(failures.is_empty(), "kernels disagree with the composite:\n{}", failures.join("\n"));
 }
 
+/// Output and the gradient of the packed `[B, T, 3, H, D]` tensor (of `sum(out · w)`) when q, k, v are its slots,
+/// read as f64, and the kernels the compile events name.
+fn packed_attention_and_grad(
+    case: &Case,
+    dtype: DType,
+    implementation: Implementation,
+) -> (Vec<Vec<f64>>, Vec<String>) {
+    let dims = [case.b, case.tq, 3, case.h, case.d];
+    let vals: Vec<f32> = data(dims.iter().product(), 11).into_iter().map(|x| round(x, case.dtype)).collect();
+    let qkv = host_tensor(&vals, &dims, dtype).requires_grad();
+    let part =
+        |i: usize| qkv.narrow(2, i, 1).reshape(&[case.b as isize, case.tq as isize, case.h as isize, case.d as isize]);
+    lazuli::diagnostics::events::start_capture();
+    let out = sdpa(&part(0), &part(1), &part(2), &case.options(implementation)).to_dtype(DType::F32);
+    let w = Tensor::from_slice(&data(out.elements(), 12), out.dims());
+    let grads = lazuli::grad(&(&out * &w).sum_all(), &[&qkv]);
+    let values = std::iter::once(&out).chain(&grads).map(|t| t.to_dtype(DType::F64).to_vec::<f64>().expect("read"));
+    let values = values.collect();
+    let kernels = lazuli::diagnostics::events::take_captured().into_iter().flat_map(|e| e.kernels).collect();
+    (values, kernels)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn fused_attention_reads_packed_q_k_v_in_place() {
+    require_gpu();
+    use DType::{BF16, F16, F32};
+    let c = |(b, h, t, d), dtype, causal, window| Case {
+        b,
+        h,
+        tq: t,
+        tk: t,
+        d,
+        dtype,
+        causal,
+        window,
+        layout: AttentionLayout::Bthd,
+    };
+    let cases = [
+        c((8, 12, 1024, 64), BF16, true, None), // GPT-2 small
+        c((1, 3, 100, 64), BF16, true, None),   // not a multiple of a block
+        c((2, 2, 256, 128), F16, false, None),
+        c((1, 2, 100, 256), BF16, true, None), // dq's and dk/dv's blocks differ
+        c((2, 2, 100, 64), F32, true, None),
+        c((1, 2, 256, 64), BF16, true, Some(64)),
+    ];
+    let mut failures = Vec::new();
+    for case in cases {
+        let (reference, _) = lazuli::with_matmul_precision(Precision::Highest, || {
+            packed_attention_and_grad(&case, DType::F32, Implementation::Composite)
+        });
+        let (got, kernels) = packed_attention_and_grad(&case, case.dtype, Implementation::Auto);
+        if !kernels.iter().any(|k| k.contains(": triton (") && k.contains("q, k, v packed")) {
+            failures.push(format!("{case:?}: not the packed Triton kernels: {kernels:?}"));
+        }
+        failures.extend(compare(&format!("{case:?} packed: out, dqkv"), &got, &reference, |_| case.tolerance()));
+    }
+    assert!(failures.is_empty(), "packed kernels disagree with the composite:\n{}", failures.join("\n"));
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
 fn an_unsupported_head_dim_falls_back_to_the_composite_and_says_why() {
@@ -233,14 +293,21 @@ fn train(dtype: DType, implementation: Implementation) -> Vec<f64> {
 #[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
 fn the_gpt_trains_to_the_same_losses_with_and_without_fused_attention() {
     require_gpu();
-    // f32: Triton's kernel; bf16: cuDNN's. Tolerance per step: 2e-3 (f32, TF32 products on both sides) and 3e-2.
-    for (dtype, tolerance) in [(DType::F32, 2e-3), (DType::BF16, 3e-2)] {
-        let fused = train(dtype, Implementation::Auto);
+    // The model's fused q, k, v projection goes to Triton's packed kernels (auto); cuDNN's is forced once. Tolerance
+    // per step: 2e-3 (f32, TF32 products on both sides) and 3e-2.
+    let runs = [
+        (DType::F32, Implementation::Auto, 2e-3),
+        (DType::BF16, Implementation::Auto, 3e-2),
+        (DType::BF16, Implementation::Cudnn, 3e-2),
+    ];
+    for (dtype, implementation, tolerance) in runs {
+        let fused = train(dtype, implementation);
         let composite = train(dtype, Implementation::Composite);
-        println!("{dtype}: fused {fused:?}\n{dtype}: composite {composite:?}");
-        assert!(fused[19] < fused[0] - 0.5, "{dtype}: the model did not learn: {fused:?}");
+        println!("{dtype} {implementation}: fused {fused:?}\n{dtype}: composite {composite:?}");
+        assert!(fused[19] < fused[0] - 0.5, "{dtype} {implementation}: the model did not learn: {fused:?}");
         for (i, (a, b)) in fused.iter().zip(&composite).enumerate() {
-            assert!((a - b).abs() <= tolerance * b.abs(), "{dtype}: step {i}: fused {a} vs composite {b}");
+            let what = format!("{dtype} {implementation}: step {i}");
+            assert!((a - b).abs() <= tolerance * b.abs(), "{what}: fused {a} vs composite {b}");
         }
     }
 }

@@ -24,6 +24,10 @@ pub(super) fn unsupported(spec: &AttentionSpec, d: &Dims, target: &Target) -> Op
     if d.value_dim != d.head_dim {
         return Some(format!("value head dim {} differs from the query's {}", d.value_dim, d.head_dim));
     }
+    if spec.packed {
+        // Copying them apart (and joining the gradients) would cost the two passes the packed kernels save.
+        return Some("cuDNN's call reads q, k and v as tensors of their own, not as slots of one packed tensor".into());
+    }
     if spec.bias.is_some() {
         return Some("lazuli calls cuDNN without a bias".into());
     }

@@ -6,8 +6,11 @@
 //!
 //! Shapes: `q: [B, H, Tq, D]`, `k: [B, H, Tk, D]`, `v: [B, H, Tk, Dv]` → `[B, H, Tq, Dv]` in [`Layout::Bhtd`]
 //! (PyTorch's order), or with the sequence before the heads in [`Layout::Bthd`] (`[B, T, H, D]`: a transformer's
-//! projection reshaped, with no transposes). The kernel has two results: the output and the softmax statistics
-//! (`f32[B, H, Tq]`, the log-sum-exp of each row), which only the backward reads.
+//! projection reshaped, with no transposes). In that layout q, k and v may also come as one packed operand
+//! `[B, T, 3, H, D]` (a fused q, k, v projection reshaped, [`AttentionSpec::packed`]): lazuli's Triton kernels read
+//! them in place and write their gradients as one tensor of that shape, so that neither the split nor the join of
+//! the projection is a pass over memory of its own. The kernel has two results: the output and the softmax
+//! statistics (`f32[B, H, Tq]`, the log-sum-exp of each row), which only the backward reads.
 
 mod composite;
 mod cudnn;
@@ -57,6 +60,9 @@ pub struct AttentionSpec {
     pub layout: Layout,
     /// The precision of f32 products (TF32 on NVIDIA GPUs by default, as for any product).
     pub precision: Precision,
+    /// `q`, `k` and `v` (the types above) are slots 0, 1 and 2 of one operand `[B, T, 3, H, D]`; needs
+    /// [`Layout::Bthd`] and one type for the three.
+    pub packed: bool,
 }
 
 /// The sizes of an attention call.
@@ -83,6 +89,7 @@ impl AttentionSpec {
             scale_bits: None,
             layout: Layout::Bhtd,
             precision: Precision::Default,
+            packed: false,
         }
     }
 
@@ -127,6 +134,12 @@ impl AttentionSpec {
                 return Err(format!("attention: the bias must be a float tensor broadcastable to {full:?}, got {b}"));
             }
         }
+        if self.packed && (self.layout != Layout::Bthd || k != q || v != q) {
+            return Err(format!(
+                "attention: packed q, k and v must be three [batch, seq, heads, head_dim] slots of one type and shape, \
+                 got {q}, {k}, {v}"
+            ));
+        }
         match self.window {
             Some(0) => return Err("attention: a window of 0 keys sees nothing".into()),
             Some(_) if !self.causal => return Err("attention: a sliding window needs causal attention".into()),
@@ -153,11 +166,37 @@ impl AttentionSpec {
         TensorType::new(DType::F32, [d.batch, d.heads, d.seq_q])
     }
 
-    /// The operands' types in the kernel's order: q, k, v, then the bias if any.
+    /// The operands' types in the kernel's order: q, k, v (or the packed qkv), then the bias if any.
     fn operands(&self) -> Vec<TensorType> {
-        let mut ops = vec![self.q.clone(), self.k.clone(), self.v.clone()];
+        let mut ops = self.qkv_operands();
         ops.extend(self.bias.clone());
         ops
+    }
+
+    /// q, k and v's operands: the three, or the one packed `[B, T, 3, H, D]`.
+    fn qkv_operands(&self) -> Vec<TensorType> {
+        if self.packed {
+            let d = &self.q.dims;
+            vec![TensorType::new(self.q.dtype, [d[0], d[1], 3, d[2], d[3]])]
+        } else {
+            vec![self.q.clone(), self.k.clone(), self.v.clone()]
+        }
+    }
+
+    /// The operands `x` with a packed qkv split into q, k and v (slices of the one operand).
+    fn unpacked<B: Builder>(&self, b: &mut B, x: &[B::V]) -> Vec<B::V> {
+        if !self.packed {
+            return x.to_vec();
+        }
+        let dims = self.qkv_operands().remove(0).dims;
+        let mut parts: Vec<B::V> = (0..3)
+            .map(|i| {
+                let slot = b.op(Op::Slice(lazuli_hlo::Slice::along(&dims, 2, i, i + 1, 1)), &[&x[0]]);
+                b.reshape(&slot, &self.q.dims)
+            })
+            .collect();
+        parts.extend(x[1..].iter().cloned());
+        parts
     }
 
     /// A short description for the choice's reason: `bf16, head dim 64, causal`.
@@ -168,6 +207,9 @@ impl AttentionSpec {
         }
         if let Some(w) = self.window {
             s.push_str(&format!(", window {w}"));
+        }
+        if self.packed {
+            s.push_str(", q, k, v packed");
         }
         s
     }
@@ -194,7 +236,8 @@ fn make(spec: &AttentionSpec, target: &Target, want: Implementation) -> Result<A
     let operands = spec.operands();
     let results = vec![spec.output(&d), AttentionSpec::stats(&d)];
     let composite = Program::record(&operands, |b, x| {
-        let (o, stats) = composite::attention(b, spec, &d, x);
+        let x = spec.unpacked(b, x);
+        let (o, stats) = composite::attention(b, spec, &d, &x);
         vec![Some(o), Some(stats)]
     })?;
     let (device, gradient) = match device {
@@ -208,8 +251,8 @@ fn make(spec: &AttentionSpec, target: &Target, want: Implementation) -> Result<A
     KernelDef::new("attention", operands, results, device, composite, vec![gradient, Gradient::None], choice)
 }
 
-/// The backward as a kernel of its own: operands (q, k, v, output, cotangent, stats), results (dq, dk, dv); its
-/// device program the fused backward, its composite the composite forward's gradient.
+/// The backward as a kernel of its own: operands (q, k, v, output, cotangent, stats), results (dq, dk, dv) (or
+/// qkv and dqkv, packed); its device program the fused backward, its composite the composite forward's gradient.
 fn backward_kernel(
     spec: &AttentionSpec,
     d: &Dims,
@@ -218,11 +261,13 @@ fn backward_kernel(
     choice: Choice,
 ) -> Result<Arc<KernelDef>, String> {
     let out = spec.output(d);
-    let operands = vec![spec.q.clone(), spec.k.clone(), spec.v.clone(), out.clone(), out, AttentionSpec::stats(d)];
+    let results = spec.qkv_operands();
+    let n = results.len();
+    let mut operands = results.clone();
+    operands.extend([out.clone(), out, AttentionSpec::stats(d)]);
     let composite =
-        Program::record(&operands, |b, x| KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..3], &x[3], &x[4]))?;
-    let results = vec![spec.q.clone(), spec.k.clone(), spec.v.clone()];
-    let gradients = vec![Gradient::Composite; 3];
+        Program::record(&operands, |b, x| KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..n], &x[n], &x[n + 1]))?;
+    let gradients = vec![Gradient::Composite; n];
     KernelDef::new("attention_grad", operands, results, Some(device), composite, gradients, choice)
 }
 
@@ -230,10 +275,14 @@ fn backward_kernel(
 /// forward's statistics (its second result).
 fn gradient(spec: &AttentionSpec, d: &Dims, backward: &Arc<KernelDef>) -> Result<Program, String> {
     let out = spec.output(d);
-    Program::record(&[spec.q.clone(), spec.k.clone(), spec.v.clone(), out.clone(), out], |b, x| {
+    let mut inputs = spec.qkv_operands();
+    let n = inputs.len();
+    inputs.extend([out.clone(), out]);
+    Program::record(&inputs, |b, x| {
         let stats = b.sibling(1, AttentionSpec::stats(d));
-        let args = [&x[0], &x[1], &x[2], &x[3], &x[4], &stats];
-        (0..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect()
+        let mut args: Vec<&_> = x.iter().collect();
+        args.push(&stats);
+        (0..n).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect()
     })
 }
 
@@ -275,6 +324,36 @@ fn choose(
                 format!("{what}; not cuDNN: {not_cudnn}; not Triton: {not_triton}")
             };
             Ok((None, chose("composite", reason)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{ArrayD, Axis, IxDyn};
+
+    /// The packed kernel's composite is the plain one on the three slots (to f32 rounding).
+    #[test]
+    fn a_packed_call_computes_what_the_three_slots_give() {
+        let (b, t, h, d) = (2, 5, 2, 8);
+        let ty = TensorType::new(DType::F32, [b, t, h, d]);
+        let plain =
+            AttentionSpec { causal: true, layout: Layout::Bthd, ..AttentionSpec::new(ty.clone(), ty.clone(), ty) };
+        let packed = AttentionSpec { packed: true, ..plain.clone() };
+        let qkv = ArrayD::from_shape_fn(IxDyn(&[b, t, 3, h, d]), |i| {
+            ((i[0] * 97 + i[1] * 31 + i[2] * 7 + i[3] * 3 + i[4]) as f64 * 0.37).sin()
+        });
+        let slot = |i: usize| qkv.index_axis(Axis(2), i).to_owned();
+        let (q, k, v) = (slot(0), slot(1), slot(2));
+        let plain_def = attention(&plain, &Target::Cpu, Implementation::Auto).expect("plain");
+        let packed_def = attention(&packed, &Target::Cpu, Implementation::Auto).expect("packed");
+        let want = plain_def.composite.evaluate(&[&q, &k, &v]);
+        let got = packed_def.composite.evaluate(&[&qkv]);
+        for r in 0..2 {
+            let (w, g) = (want[r].as_ref().expect("result"), got[r].as_ref().expect("result"));
+            let diff = w.iter().zip(g).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(w.shape() == g.shape() && diff < 1e-6, "result {r}: {:?} {:?} {diff}", w.shape(), g.shape());
         }
     }
 }

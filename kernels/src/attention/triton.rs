@@ -36,6 +36,7 @@ fn flash_spec(spec: &AttentionSpec, d: &Dims) -> Result<FlashSpec, String> {
         window: spec.window,
         scale_bits: spec.scale().to_bits(),
         tf32: spec.precision == Precision::Default,
+        packed: spec.packed,
     };
     match flash::unsupported(&fs) {
         Some(why) => Err(why),
@@ -48,31 +49,43 @@ pub(super) fn unsupported(spec: &AttentionSpec, d: &Dims) -> Option<String> {
     flash_spec(spec, d).err()
 }
 
-/// The forward program (q, k, v → output, log-sum-exp) and the backward program.
+/// The forward program (q, k, v → output, log-sum-exp) and the backward program; packed, (qkv → output,
+/// log-sum-exp) and one backward launch writing dqkv.
 pub(super) fn device(spec: &AttentionSpec, d: &Dims) -> Result<Device, String> {
     let fs = flash_spec(spec, d)?;
-    let (q, k, v) = (spec.q.clone(), spec.k.clone(), spec.v.clone());
+    let qkv = spec.qkv_operands();
+    let n = qkv.len();
     let out = spec.output(d);
     let stats = AttentionSpec::stats(d);
     // (operands, results) of each kernel: lazuli's generators are checked like a user's kernel.
     let checked = |call: crate::triton::TritonCall, operands, results| call.validate(operands, results).map(|()| call);
-    let forward_call = checked(flash::forward(&fs), 3, 2)?;
-    let dq_call = checked(flash::backward_dq(&fs), 6, 1)?;
-    let dkdv_call = checked(flash::backward_dkdv(&fs), 6, 2)?;
-    let forward = Program::record(&[q.clone(), k.clone(), v.clone()], |b, x| {
-        let r = b.call(forward_call.custom_call(vec![out.clone(), stats.clone()]), &[&x[0], &x[1], &x[2]]);
-        r.into_iter().map(Some).collect()
+    let forward_call = checked(flash::forward(&fs), n, 2)?;
+    let forward = Program::record(&qkv, |b, x| {
+        let args: Vec<&_> = x.iter().collect();
+        b.call(forward_call.custom_call(vec![out.clone(), stats.clone()]), &args).into_iter().map(Some).collect()
     })?;
-    let inputs = [q.clone(), k.clone(), v.clone(), out.clone(), out.clone(), stats.clone()];
-    let backward = Program::record(&inputs, |b, x| {
-        let (q_, k_, v_, o, g, lse) = (&x[0], &x[1], &x[2], &x[3], &x[4], &x[5]);
-        let delta = row_dot(b, spec, o, g);
-        let args = [q_, k_, v_, g, lse, &delta];
-        let dq = b.call(dq_call.custom_call(vec![q.clone()]), &args).remove(0);
-        let mut dkdv = b.call(dkdv_call.custom_call(vec![k.clone(), v.clone()]), &args);
-        let dv = dkdv.remove(1);
-        vec![Some(dq), Some(dkdv.remove(0)), Some(dv)]
-    })?;
+    let mut inputs = qkv.clone();
+    inputs.extend([out.clone(), out.clone(), stats.clone()]);
+    let backward = if spec.packed {
+        let call = checked(flash::backward_packed(&fs), 4, 1)?;
+        Program::record(&inputs, |b, x| {
+            let (qkv_, o, g, lse) = (&x[0], &x[1], &x[2], &x[3]);
+            let delta = row_dot(b, spec, o, g);
+            vec![Some(b.call(call.custom_call(qkv.clone()), &[qkv_, g, lse, &delta]).remove(0))]
+        })?
+    } else {
+        let dq_call = checked(flash::backward_dq(&fs), 6, 1)?;
+        let dkdv_call = checked(flash::backward_dkdv(&fs), 6, 2)?;
+        Program::record(&inputs, |b, x| {
+            let (q_, k_, v_, o, g, lse) = (&x[0], &x[1], &x[2], &x[3], &x[4], &x[5]);
+            let delta = row_dot(b, spec, o, g);
+            let args = [q_, k_, v_, g, lse, &delta];
+            let dq = b.call(dq_call.custom_call(vec![spec.q.clone()]), &args).remove(0);
+            let mut dkdv = b.call(dkdv_call.custom_call(vec![spec.k.clone(), spec.v.clone()]), &args);
+            let dv = dkdv.remove(1);
+            vec![Some(dq), Some(dkdv.remove(0)), Some(dv)]
+        })?
+    };
     Ok(Device { forward, backward })
 }
 

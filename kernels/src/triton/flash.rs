@@ -66,6 +66,10 @@ pub struct FlashSpec {
     pub scale_bits: u64,
     /// f32 only: tt.dot inputPrecision tf32 (true) or ieee (false).
     pub tf32: bool,
+    /// q, k and v are slots 0, 1 and 2 of one `[batch, seq, 3, heads, head_dim]` operand (a fused projection
+    /// reshaped), read in place; the backward writes their gradients into one tensor of that shape, in one launch.
+    /// Needs [`FlashLayout::Bthd`] and `seq_q == seq_kv`.
+    pub packed: bool,
 }
 
 impl FlashSpec {
@@ -92,6 +96,7 @@ impl FlashSpec {
             window: None,
             scale_bits: scale.to_bits(),
             tf32: true,
+            packed: false,
         }
     }
 
@@ -119,6 +124,21 @@ impl FlashSpec {
     pub fn with_tf32(mut self, tf32: bool) -> FlashSpec {
         self.tf32 = tf32;
         self
+    }
+
+    /// q, k, v read from one packed `[B, T, 3, H, D]` operand (see [`FlashSpec::packed`]).
+    pub fn with_packed(mut self, packed: bool) -> FlashSpec {
+        self.packed = packed;
+        self
+    }
+
+    /// Tensors side by side in each row of q's, k's and v's operand: 3 when packed, else 1.
+    fn slots(&self) -> usize {
+        if self.packed {
+            3
+        } else {
+            1
+        }
     }
 
     /// The head dim padded for the kernels' blocks: the next power of two, at least 16 (`tt.dot`'s minimum).
@@ -215,7 +235,7 @@ fn tuning(block_m: usize, block_n: usize, num_warps: u32, num_stages: u32) -> Fl
     FlashTuning { block_m, block_n, num_warps, num_stages }
 }
 
-/// Forward. Operands (q, k, v); results (o: same dtype and layout as q, [.., seq_q, .., head_dim];
+/// Forward. Operands (q, k, v), or (qkv) when packed; results (o: same dtype and layout as q, [.., seq_q, .., head_dim];
 /// lse: f32, [batch, heads, seq_q] contiguous: the natural-log logsumexp of each row's scaled, masked scores,
 /// -inf for a row that sees no key, whose o is 0).
 ///
@@ -233,6 +253,13 @@ pub fn backward_dq(spec: &FlashSpec) -> TritonCall {
 /// dK and dV. Operands (q, k, v, do, lse, delta); results (dk, dv) (dtype/layout of k, v).
 pub fn backward_dkdv(spec: &FlashSpec) -> TritonCall {
     backward::generate_dkdv(spec, &FlashTuning::backward_dkdv(spec))
+}
+
+/// The backward of a packed spec in one launch: operands (qkv, do, lse, delta), result dqkv (`[B, T, 3, H, D]`).
+/// Programs of the grid's third axis at 0 write dq (slot 0) as [`backward_dq`]'s do, those at 1 dk and dv
+/// (slots 1 and 2) as [`backward_dkdv`]'s, with their blocks and the dk/dv kernel's warps and stages.
+pub fn backward_packed(spec: &FlashSpec) -> TritonCall {
+    backward::generate_packed(spec, &FlashTuning::backward_dq(spec), &FlashTuning::backward_dkdv(spec))
 }
 
 /// [`forward`] with other blocks (for tuning).
@@ -272,6 +299,9 @@ pub fn unsupported(spec: &FlashSpec) -> Option<String> {
     if !head_dim.is_multiple_of(8) || head_dim > 256 {
         return Some(format!("head_dim {head_dim}: must be a multiple of 8 up to 256"));
     }
+    if spec.packed && (spec.layout != FlashLayout::Bthd || seq_q != seq_kv) {
+        return Some("packed q, k, v need the [batch, seq, heads, head_dim] layout and one sequence length".into());
+    }
     match spec.window {
         Some(_) if !spec.causal => return Some("a window needs causal".to_string()),
         Some(0) => return Some("window 0 hides every key".to_string()),
@@ -284,7 +314,7 @@ pub fn unsupported(spec: &FlashSpec) -> Option<String> {
         return Some(format!("batch * heads = {batch} * {heads} is over the grid's {MAX_GRID_Y}"));
     }
     // Offsets inside one batch element are i32 (the batch offset is i64), with room for a ragged last block.
-    let per_batch = |seq: usize| seq.checked_mul(heads).and_then(|n| n.checked_mul(head_dim));
+    let per_batch = |seq: usize| seq.checked_mul(heads * spec.slots()).and_then(|n| n.checked_mul(head_dim));
     let fits = |n: Option<usize>| n.is_some_and(|n| n < i32::MAX as usize / 2);
     if !fits(per_batch(seq_q)) || !fits(per_batch(seq_kv)) {
         return Some(format!("seq * heads * head_dim of {seq_q}/{seq_kv} x {heads} x {head_dim} overflows i32"));
@@ -294,9 +324,10 @@ pub fn unsupported(spec: &FlashSpec) -> Option<String> {
 
 /// The kernel's name: what it computes and for which dtype, layout, mask and head dim.
 fn kernel_name(kind: &str, spec: &FlashSpec) -> String {
-    let layout = match spec.layout {
-        FlashLayout::Bhtd => "bhtd",
-        FlashLayout::Bthd => "bthd",
+    let layout = match (spec.layout, spec.packed) {
+        (_, true) => "bt3hd",
+        (FlashLayout::Bhtd, false) => "bhtd",
+        (FlashLayout::Bthd, false) => "bthd",
     };
     let mask = match (spec.causal, spec.window) {
         (false, _) => "full".to_string(),

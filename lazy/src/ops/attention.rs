@@ -2,9 +2,16 @@
 //! implementation is chosen when it is recorded, from the device the runtime runs on and `LAZULI_ATTENTION`:
 //! cuDNN's flash attention on NVIDIA GPUs for bf16/f16, lazuli's Triton flash kernel for what cuDNN does not
 //! take, and the composite (lazuli's own ops) everywhere else. Which one ran, and why, is in the program's event.
+//!
+//! When q, k and v are the three slots of one pending `[B, T, 3, H, D]` tensor (a fused projection reshaped and
+//! narrowed, as GPT code writes it) and lazuli's Triton kernels apply, the op takes that tensor itself: the kernels
+//! read the slots in place and write the gradient of the packed tensor, so neither the split nor the join is a
+//! pass of its own. cuDNN, which needs q, k, v apart, is passed over for this (the event says so); forcing it
+//! records the three slices as before.
 
 use lazuli_hlo::{BinaryKind, Convert, DType, KernelOp, Loc, Op, Select};
 use std::cell::Cell;
+use std::rc::Rc;
 
 use lazuli_kernels::attention::{attention, AttentionSpec};
 use lazuli_kernels::Implementation;
@@ -14,7 +21,7 @@ pub use lazuli_kernels::attention::Layout as AttentionLayout;
 use crate::error::{Error, Result};
 use crate::graph::constants::constant_like;
 use crate::graph::record::{apply, fail, raise, try_apply};
-use crate::graph::tensor::Tensor;
+use crate::graph::tensor::{Node, Tensor};
 use crate::runtime::runtime;
 
 /// Options of [`scaled_dot_product_attention`]: no mask, scale `1/√D` and the `[B, H, T, D]` layout unless set.
@@ -118,6 +125,7 @@ fn attention_at(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions, loc
         scale_bits: opts.scale.map(f64::to_bits),
         layout: opts.layout,
         precision: crate::graph::precision::precision_at(loc),
+        packed: false,
     };
     let shapes = || [q, k, v].iter().map(|t| t.dims().to_vec()).collect();
     let d = spec.dims().map_err(|why| Error::ShapeMismatch { op: OP, shapes: shapes(), why, at: loc })?;
@@ -141,9 +149,64 @@ fn attention_at(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions, loc
             }
         }
     })?;
+    if bias.is_none() {
+        if let Some(packed) = packed_kernel(&spec, [q, k, v], (&rt.target, want), loc) {
+            return packed;
+        }
+    }
     let mut operands = vec![q, k, v];
     operands.extend(bias.as_ref());
     try_apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)
+}
+
+/// The attention op on the packed tensor `q`, `k` and `v` are slots of, where there is one and lazuli's Triton
+/// kernels take it; `None` to record the op on the three as they are.
+fn packed_kernel(
+    spec: &AttentionSpec,
+    qkv: [&Tensor; 3],
+    (target, want): (&lazuli_kernels::Target, Implementation),
+    loc: Loc,
+) -> Option<Result<Tensor>> {
+    if spec.layout != AttentionLayout::Bthd || matches!(want, Implementation::Cudnn | Implementation::Composite) {
+        return None;
+    }
+    let source = packed_source(qkv)?;
+    let packed = AttentionSpec { packed: true, ..spec.clone() };
+    let def = attention(&packed, target, want).ok()?;
+    (def.choice.implementation == "triton").then(|| try_apply(Op::Kernel(KernelOp::new(def, 0)), &[&source], loc))
+}
+
+/// The tensor `[B, T, 3, H, D]` whose slots 0, 1, 2 along its third axis `q`, `k` and `v` are (each a pending
+/// slice of it reshaped to `[B, T, H, D]`), or `None`.
+fn packed_source(qkv: [&Tensor; 3]) -> Option<Tensor> {
+    let mut source: Option<Rc<Node>> = None;
+    for (slot, t) in qkv.into_iter().enumerate() {
+        let sliced = pending_operand(&t.node, |op| matches!(op, Op::Reshape(_)))?;
+        let from = pending_operand(&sliced, |op| match op {
+            Op::Slice(s) => {
+                let want = lazuli_hlo::Slice::along(&s.limit, 2, slot, slot + 1, 1);
+                s.start == want.start && s.limit == want.limit && s.stride == want.stride
+            }
+            _ => false,
+        })?;
+        let d = t.dims();
+        if from.ty.dims[..] != [d[0], d[1], 3, d[2], d[3]] {
+            return None;
+        }
+        match &source {
+            Some(s) if !Rc::ptr_eq(s, &from) => return None,
+            Some(_) => {}
+            None => source = Some(from),
+        }
+    }
+    source.map(Tensor::from_node)
+}
+
+/// The operand of the op that is to make `node`, when that op is pending and `is` it.
+fn pending_operand(node: &Rc<Node>, is: impl Fn(&Op) -> bool) -> Option<Rc<Node>> {
+    let state = node.lock();
+    let recipe = state.recipe.as_ref()?;
+    (is(&recipe.op) && recipe.operands.len() == 1).then(|| recipe.operands[0].clone())
 }
 
 thread_local! {
@@ -187,5 +250,46 @@ fn combined_bias(opts: &AttentionOptions, full: &[usize], loc: Loc) -> Option<Te
         }
         (Some(b), None) => Some(b.clone()),
         (None, m) => m,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOPPER: lazuli_kernels::Target = lazuli_kernels::Target::Cuda { compute_capability: Some((9, 0)) };
+
+    fn slots(qkv: &Tensor, order: [usize; 3]) -> [Tensor; 3] {
+        order.map(|i| qkv.narrow(2, i, 1).reshape(&[2, 8, 2, 16]))
+    }
+
+    fn spec(q: &Tensor) -> AttentionSpec {
+        let ty = q.tensor_type().clone();
+        AttentionSpec { causal: true, layout: AttentionLayout::Bthd, ..AttentionSpec::new(ty.clone(), ty.clone(), ty) }
+    }
+
+    /// The op takes the packed tensor only when q, k, v are its slots 0, 1, 2 and Triton runs it.
+    #[test]
+    fn slots_of_one_packed_tensor_are_given_to_the_kernel_whole() {
+        let qkv = Tensor::from_slice(&vec![0.5f32; 2 * 8 * 3 * 2 * 16], &[2, 8, 3, 2, 16]).to_dtype(DType::BF16);
+        let [q, k, v] = slots(&qkv, [0, 1, 2]);
+        let at = Loc::caller();
+        let y = packed_kernel(&spec(&q), [&q, &k, &v], (&HOPPER, Implementation::Auto), at).expect("packed");
+        let y = y.expect("recorded");
+        {
+            let state = y.node.lock();
+            let recipe = state.recipe.as_ref().expect("pending");
+            assert_eq!(recipe.operands.len(), 1);
+            assert!(Rc::ptr_eq(&recipe.operands[0], &qkv.node), "the op reads the packed tensor itself");
+        }
+        assert_eq!(y.dims(), &[2, 8, 2, 16]);
+        let [q2, k2, v2] = slots(&qkv, [1, 0, 2]);
+        assert!(packed_kernel(&spec(&q), [&q2, &k2, &v2], (&HOPPER, Implementation::Auto), at).is_none(), "order");
+        let other = Tensor::from_slice(&vec![0.25f32; 2 * 8 * 3 * 2 * 16], &[2, 8, 3, 2, 16]).to_dtype(DType::BF16);
+        let [_, k3, _] = slots(&other, [0, 1, 2]);
+        assert!(packed_kernel(&spec(&q), [&q, &k3, &v], (&HOPPER, Implementation::Auto), at).is_none(), "two tensors");
+        for (target, want) in [(&HOPPER, Implementation::Cudnn), (&lazuli_kernels::Target::Cpu, Implementation::Auto)] {
+            assert!(packed_kernel(&spec(&q), [&q, &k, &v], (target, want), at).is_none(), "{target} {want}");
+        }
     }
 }

@@ -9,15 +9,31 @@
 use super::common::{self, key_ranges, offsets, query_ranges, sweep, visible, Ctx, Head, LOG2_E};
 use super::forward::scores;
 use super::{blocks, grid_y, kernel_name, FlashSpec, FlashTuning};
-use crate::triton::ttir::{Kernel, Scalar, Value};
+use crate::triton::ttir::{Cmp, Kernel, Scalar, Value};
 use crate::triton::TritonCall;
 
-/// The six operands, in order: q, k, v, do (element type), lse, delta (f32).
-fn operands(k: &mut Kernel, ctx: &Ctx) -> [Value; 6] {
-    let [q, key, v, d_o] = ["q", "k", "v", "do"].map(|n| k.ptr_arg(n, ctx.elem));
+/// The backward's inputs: q, k, v (the one packed operand thrice, when packed), do (element type), lse, delta
+/// (f32), declared in that order.
+struct Inputs {
+    q: Value,
+    k: Value,
+    v: Value,
+    d_o: Value,
+    lse: Value,
+    delta: Value,
+}
+
+fn inputs(k: &mut Kernel, ctx: &Ctx) -> Inputs {
+    let [q, key, v] = if ctx.packed {
+        let qkv = k.ptr_arg("qkv", ctx.elem);
+        [qkv.clone(), qkv.clone(), qkv]
+    } else {
+        ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem))
+    };
+    let d_o = k.ptr_arg("do", ctx.elem);
     let lse = k.ptr_arg("lse", Scalar::F32);
     let delta = k.ptr_arg("delta", Scalar::F32);
-    [q, key, v, d_o, lse, delta]
+    Inputs { q, k: key, v, d_o, lse, delta }
 }
 
 /// Loads lse (as base 2) and delta of `rows`.
@@ -53,28 +69,39 @@ pub(super) fn generate_dq(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall 
     let ctx = Ctx::new(spec, tuning);
     let name = kernel_name("bwd_dq", spec);
     let mut k = Kernel::new(&name);
-    let [q_arg, k_arg, v_arg, do_arg, lse_arg, delta_arg] = operands(&mut k, &ctx);
+    let inputs = inputs(&mut k, &ctx);
     let dq_arg = k.ptr_arg("dq", ctx.elem);
-
     let pid_m = k.named("pid_m").program_id(0);
     let bh = k.named("bh").program_id(1);
-    let bm = common::c32(&mut k, ctx.bm);
-    let m0 = k.named("m0").mul(&pid_m, &bm);
-    let rows = offsets(&mut k, &m0, ctx.bm, "rows");
-    let q_offset = common::head_offset(&mut k, &ctx, &bh, ctx.seq_q);
-    let kv_offset = common::head_offset(&mut k, &ctx, &bh, ctx.seq_kv);
-    let q_head = Head::new(&mut k, &q_arg, &q_offset, ctx.seq_q);
-    let do_head = Head::new(&mut k, &do_arg, &q_offset, ctx.seq_q);
-    let dq_head = Head::new(&mut k, &dq_arg, &q_offset, ctx.seq_q);
-    let q = q_head.load(&mut k, &ctx, &rows, true, "q");
-    let d_o = do_head.load(&mut k, &ctx, &rows, true, "do");
-    let lse_head = common::row_values(&mut k, &ctx, &lse_arg, &bh);
-    let delta_head = common::row_values(&mut k, &ctx, &delta_arg, &bh);
-    let (lse2, delta) = row_stats(&mut k, &ctx, &lse_head, &delta_head, &rows, true);
+    dq_program(&mut k, &ctx, &inputs, &dq_arg, (&pid_m, &bh));
+    TritonCall {
+        name,
+        ir: k.finish(),
+        grid: [blocks(spec.seq_q, ctx.bm), grid_y(spec), 1],
+        num_warps: tuning.num_warps,
+        num_stages: tuning.num_stages,
+    }
+}
+
+/// One dq program: query block `pid_m` of head `bh`, over the key blocks its queries see; dq is stored where q is
+/// (slot 0 of the packed gradient, when packed).
+fn dq_program(k: &mut Kernel, ctx: &Ctx, inputs: &Inputs, dq_arg: &Value, (pid_m, bh): (&Value, &Value)) {
+    let bm = common::c32(k, ctx.bm);
+    let m0 = k.named("m0").mul(pid_m, &bm);
+    let rows = offsets(k, &m0, ctx.bm, "rows");
+    let offs = common::HeadOffsets::new(k, ctx, bh);
+    let q_head = Head::new(k, &inputs.q, &offs.q, ctx.seq_q);
+    let do_head = Head::new(k, &inputs.d_o, &offs.o, ctx.seq_q);
+    let dq_head = Head::new(k, dq_arg, &offs.q, ctx.seq_q);
+    let q = q_head.load(k, ctx, &rows, true, "q");
+    let d_o = do_head.load(k, ctx, &rows, true, "do");
+    let lse_head = common::row_values(k, ctx, &inputs.lse, bh);
+    let delta_head = common::row_values(k, ctx, &inputs.delta, bh);
+    let (lse2, delta) = row_stats(k, ctx, &lse_head, &delta_head, &rows, true);
     let dq = Dq {
-        ctx: &ctx,
-        k: Head::new(&mut k, &k_arg, &kv_offset, ctx.seq_kv),
-        v: Head::new(&mut k, &v_arg, &kv_offset, ctx.seq_kv),
+        ctx,
+        k: Head::new(k, &inputs.k, &offs.k, ctx.seq_kv),
+        v: Head::new(k, &inputs.v, &offs.v, ctx.seq_kv),
         q,
         d_o,
         rows,
@@ -83,18 +110,10 @@ pub(super) fn generate_dq(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall 
     };
 
     let acc = k.named("dq").full_float(Scalar::F32, &[ctx.bm, ctx.bd], 0.0);
-    let ranges = key_ranges(&mut k, &ctx, &m0);
-    let state = sweep(&mut k, &ranges, ctx.bn, vec![acc], |k, n0, s, masked| dq.step(k, n0, s, masked));
-    let result = scaled(&mut k, &ctx, &state[0]);
-    dq_head.store(&mut k, &ctx, &dq.rows, &result);
-
-    TritonCall {
-        name,
-        ir: k.finish(),
-        grid: [blocks(spec.seq_q, ctx.bm), grid_y(spec), 1],
-        num_warps: tuning.num_warps,
-        num_stages: tuning.num_stages,
-    }
+    let ranges = key_ranges(k, ctx, &m0);
+    let state = sweep(k, &ranges, ctx.bn, vec![acc], |k, n0, s, masked| dq.step(k, n0, s, masked));
+    let result = scaled(k, ctx, &state[0]);
+    dq_head.store(k, ctx, &dq.rows, &result);
 }
 
 impl Dq<'_> {
@@ -149,42 +168,12 @@ pub(super) fn generate_dkdv(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCal
     let ctx = Ctx::new(spec, tuning);
     let name = kernel_name("bwd_dkdv", spec);
     let mut k = Kernel::new(&name);
-    let [q_arg, k_arg, v_arg, do_arg, lse_arg, delta_arg] = operands(&mut k, &ctx);
+    let inputs = inputs(&mut k, &ctx);
     let dk_arg = k.ptr_arg("dk", ctx.elem);
     let dv_arg = k.ptr_arg("dv", ctx.elem);
-
     let pid_n = k.named("pid_n").program_id(0);
     let bh = k.named("bh").program_id(1);
-    let bn = common::c32(&mut k, ctx.bn);
-    let n0 = k.named("n0").mul(&pid_n, &bn);
-    let cols = offsets(&mut k, &n0, ctx.bn, "cols");
-    let q_offset = common::head_offset(&mut k, &ctx, &bh, ctx.seq_q);
-    let kv_offset = common::head_offset(&mut k, &ctx, &bh, ctx.seq_kv);
-    let k_head = Head::new(&mut k, &k_arg, &kv_offset, ctx.seq_kv);
-    let v_head = Head::new(&mut k, &v_arg, &kv_offset, ctx.seq_kv);
-    let dk_head = Head::new(&mut k, &dk_arg, &kv_offset, ctx.seq_kv);
-    let dv_head = Head::new(&mut k, &dv_arg, &kv_offset, ctx.seq_kv);
-    let kt = k_head.load(&mut k, &ctx, &cols, true, "k");
-    let vt = v_head.load(&mut k, &ctx, &cols, true, "v");
-    let body = DkDv {
-        ctx: &ctx,
-        q: Head::new(&mut k, &q_arg, &q_offset, ctx.seq_q),
-        d_o: Head::new(&mut k, &do_arg, &q_offset, ctx.seq_q),
-        lse: common::row_values(&mut k, &ctx, &lse_arg, &bh),
-        delta: common::row_values(&mut k, &ctx, &delta_arg, &bh),
-        kt,
-        vt,
-        cols,
-    };
-
-    let dk = k.named("dk").full_float(Scalar::F32, &[ctx.bn, ctx.bd], 0.0);
-    let dv = k.named("dv").full_float(Scalar::F32, &[ctx.bn, ctx.bd], 0.0);
-    let ranges = query_ranges(&mut k, &ctx, &n0);
-    let state = sweep(&mut k, &ranges, ctx.bm, vec![dk, dv], |k, m0, s, masked| body.step(k, m0, s, masked));
-    let dk = scaled(&mut k, &ctx, &state[0]);
-    dk_head.store(&mut k, &ctx, &body.cols, &dk);
-    dv_head.store(&mut k, &ctx, &body.cols, &state[1]);
-
+    dkdv_program(&mut k, &ctx, &inputs, (&dk_arg, &dv_arg), (&pid_n, &bh));
     TritonCall {
         name,
         ir: k.finish(),
@@ -192,6 +181,101 @@ pub(super) fn generate_dkdv(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCal
         num_warps: tuning.num_warps,
         num_stages: tuning.num_stages,
     }
+}
+
+/// One dk, dv program: key block `pid_n` of head `bh`, over the query blocks that see its keys; dk and dv are
+/// stored where k and v are (slots 1 and 2 of the packed gradient, when packed).
+fn dkdv_program(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    inputs: &Inputs,
+    (dk_arg, dv_arg): (&Value, &Value),
+    (pid_n, bh): (&Value, &Value),
+) {
+    let bn = common::c32(k, ctx.bn);
+    let n0 = k.named("n0").mul(pid_n, &bn);
+    let cols = offsets(k, &n0, ctx.bn, "cols");
+    let offs = common::HeadOffsets::new(k, ctx, bh);
+    let k_head = Head::new(k, &inputs.k, &offs.k, ctx.seq_kv);
+    let v_head = Head::new(k, &inputs.v, &offs.v, ctx.seq_kv);
+    let dk_head = Head::new(k, dk_arg, &offs.k, ctx.seq_kv);
+    let dv_head = Head::new(k, dv_arg, &offs.v, ctx.seq_kv);
+    let kt = k_head.load(k, ctx, &cols, true, "k");
+    let vt = v_head.load(k, ctx, &cols, true, "v");
+    let body = DkDv {
+        ctx,
+        q: Head::new(k, &inputs.q, &offs.q, ctx.seq_q),
+        d_o: Head::new(k, &inputs.d_o, &offs.o, ctx.seq_q),
+        lse: common::row_values(k, ctx, &inputs.lse, bh),
+        delta: common::row_values(k, ctx, &inputs.delta, bh),
+        kt,
+        vt,
+        cols,
+    };
+
+    let dk = k.named("dk").full_float(Scalar::F32, &[ctx.bn, ctx.bd], 0.0);
+    let dv = k.named("dv").full_float(Scalar::F32, &[ctx.bn, ctx.bd], 0.0);
+    let ranges = query_ranges(k, ctx, &n0);
+    let state = sweep(k, &ranges, ctx.bm, vec![dk, dv], |k, m0, s, masked| body.step(k, m0, s, masked));
+    let dk = scaled(k, ctx, &state[0]);
+    dk_head.store(k, ctx, &body.cols, &dk);
+    dv_head.store(k, ctx, &body.cols, &state[1]);
+}
+
+// ---- packed: dq, dk and dv in one launch ----------------------------------------------------------------------
+
+/// The packed backward: the grid's third axis picks the job (0: dq with `dq_tuning`'s blocks, 1: dk and dv with
+/// `dkdv_tuning`'s), both writing into the one packed gradient; the launch takes dk and dv's warps and stages.
+pub(super) fn generate_packed(spec: &FlashSpec, dq_tuning: &FlashTuning, dkdv_tuning: &FlashTuning) -> TritonCall {
+    let (dq_ctx, kv_ctx) = (Ctx::new(spec, dq_tuning), Ctx::new(spec, dkdv_tuning));
+    let name = kernel_name("bwd", spec);
+    let mut k = Kernel::new(&name);
+    let inputs = inputs(&mut k, &kv_ctx);
+    let dqkv = k.ptr_arg("dqkv", kv_ctx.elem);
+    let pid = k.named("pid").program_id(0);
+    let bh = k.named("bh").program_id(1);
+    let job = k.named("job").program_id(2);
+    let (dq_blocks, kv_blocks) = (blocks(spec.seq_q, dq_ctx.bm), blocks(spec.seq_kv, kv_ctx.bn));
+    let grid_x = dq_blocks.max(kv_blocks);
+    let zero = k.const_i32(0);
+    let is_dq = k.cmp(Cmp::Eq, &job, &zero);
+    k.if_else(
+        &is_dq,
+        &[],
+        |k| {
+            within(k, &pid, (dq_blocks, grid_x), |k| dq_program(k, &dq_ctx, &inputs, &dqkv, (&pid, &bh)));
+            vec![]
+        },
+        |k| {
+            within(k, &pid, (kv_blocks, grid_x), |k| dkdv_program(k, &kv_ctx, &inputs, (&dqkv, &dqkv), (&pid, &bh)));
+            vec![]
+        },
+    );
+    TritonCall {
+        name,
+        ir: k.finish(),
+        grid: [grid_x, grid_y(spec), 2],
+        num_warps: dkdv_tuning.num_warps,
+        num_stages: dkdv_tuning.num_stages,
+    }
+}
+
+/// `body` for programs `pid < blocks` of a grid `grid_x` wide (no test when they are all).
+fn within(k: &mut Kernel, pid: &Value, (blocks, grid_x): (u32, u32), body: impl FnOnce(&mut Kernel)) {
+    if blocks >= grid_x {
+        return body(k);
+    }
+    let limit = common::c32(k, blocks as usize);
+    let inside = k.cmp(Cmp::Lt, pid, &limit);
+    k.if_else(
+        &inside,
+        &[],
+        |k| {
+            body(k);
+            vec![]
+        },
+        |_| vec![],
+    );
 }
 
 impl DkDv<'_> {

@@ -22,6 +22,8 @@ pub(super) struct Ctx {
     pub bn: usize,
     pub bd: usize,
     pub layout: FlashLayout,
+    /// q, k, v in one packed operand (`FlashSpec::packed`).
+    pub packed: bool,
     pub scale: f64,
     /// `tt.dot`'s precision for f32 operands.
     pub precision: DotPrecision,
@@ -47,8 +49,18 @@ impl Ctx {
             bn: tuning.block_n,
             bd: spec.block_d(),
             layout: spec.layout,
+            packed: spec.packed,
             scale: spec.scale(),
             precision: if spec.tf32 { DotPrecision::Tf32 } else { DotPrecision::Ieee },
+        }
+    }
+
+    /// Where q (0), k (1) or v (2) and their gradients are: slot `i` of the packed operand, or a tensor of its own.
+    pub fn slot(&self, i: usize) -> Slot {
+        if self.packed {
+            Slot::Packed(i)
+        } else {
+            Slot::Own
         }
     }
 
@@ -77,8 +89,17 @@ pub(super) struct Head {
     pub seq: usize,
 }
 
-/// The element offset (i64) of row 0 of head `bh` in a tensor of `seq` rows per head, and the row stride.
-pub(super) fn head_offset(k: &mut Kernel, ctx: &Ctx, bh: &Value, seq: usize) -> (Value, usize) {
+/// Where a tensor's heads are: a tensor of its own (`[B, H, T, D]` or `[B, T, H, D]`), or slot `i` of a packed
+/// `[B, T, 3, H, D]` operand (q 0, k 1, v 2).
+#[derive(Clone, Copy)]
+pub(super) enum Slot {
+    Own,
+    Packed(usize),
+}
+
+/// The element offset (i64) of row 0 of head `bh` in a tensor of `seq` rows per head held as `slot` says, and the
+/// row stride.
+pub(super) fn head_offset(k: &mut Kernel, ctx: &Ctx, bh: &Value, seq: usize, slot: Slot) -> (Value, usize) {
     let d = ctx.head_dim;
     match ctx.layout {
         FlashLayout::Bhtd => {
@@ -87,17 +108,48 @@ pub(super) fn head_offset(k: &mut Kernel, ctx: &Ctx, bh: &Value, seq: usize) -> 
             (k.named("head_offset").mul(&bh, &per_head), d)
         }
         FlashLayout::Bthd => {
+            let (slots, first_head) = match slot {
+                Slot::Own => (1, None),
+                Slot::Packed(i) => (3, Some(i * ctx.heads)),
+            };
             let h_count = c32(k, ctx.heads);
             let b = k.div(bh, &h_count);
-            let h = k.rem(bh, &h_count);
+            let mut h = k.rem(bh, &h_count);
+            if let Some(first) = first_head {
+                let first = c32(k, first);
+                h = k.add(&h, &first);
+            }
             let b = k.convert(&b, Scalar::I64);
-            let per_batch = k.const_i64((seq * ctx.heads * d) as i64);
+            let per_batch = k.const_i64((seq * slots * ctx.heads * d) as i64);
             let batch_offset = k.mul(&b, &per_batch);
             let d32 = c32(k, d);
             let head_offset = k.mul(&h, &d32);
             let head_offset = k.convert(&head_offset, Scalar::I64);
-            (k.named("head_offset").add(&batch_offset, &head_offset), ctx.heads * d)
+            (k.named("head_offset").add(&batch_offset, &head_offset), slots * ctx.heads * d)
         }
+    }
+}
+
+/// The offsets of head `bh` in q, k, v and in the tensors shaped like q without packing (o, do): computed once
+/// and shared where they coincide (k and v, or every tensor of one sequence length, unpacked).
+pub(super) struct HeadOffsets {
+    pub q: (Value, usize),
+    pub k: (Value, usize),
+    pub v: (Value, usize),
+    pub o: (Value, usize),
+}
+
+impl HeadOffsets {
+    pub fn new(k: &mut Kernel, ctx: &Ctx, bh: &Value) -> HeadOffsets {
+        let q = head_offset(k, ctx, bh, ctx.seq_q, ctx.slot(0));
+        if !ctx.packed {
+            let kv = head_offset(k, ctx, bh, ctx.seq_kv, Slot::Own);
+            return HeadOffsets { o: q.clone(), k: kv.clone(), v: kv, q };
+        }
+        let key = head_offset(k, ctx, bh, ctx.seq_kv, Slot::Packed(1));
+        let v = head_offset(k, ctx, bh, ctx.seq_kv, Slot::Packed(2));
+        let o = head_offset(k, ctx, bh, ctx.seq_q, Slot::Own);
+        HeadOffsets { q, k: key, v, o }
     }
 }
 

@@ -20,7 +20,12 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let ctx = Ctx::new(spec, tuning);
     let name = kernel_name("fwd", spec);
     let mut k = Kernel::new(&name);
-    let [q_arg, k_arg, v_arg] = ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem));
+    let [q_arg, k_arg, v_arg] = if ctx.packed {
+        let qkv = k.ptr_arg("qkv", ctx.elem);
+        [qkv.clone(), qkv.clone(), qkv]
+    } else {
+        ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem))
+    };
     let o_arg = k.ptr_arg("o", ctx.elem);
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
 
@@ -29,15 +34,14 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let bm = common::c32(&mut k, ctx.bm);
     let m0 = k.named("m0").mul(&pid_m, &bm);
     let rows = offsets(&mut k, &m0, ctx.bm, "rows");
-    let q_offset = common::head_offset(&mut k, &ctx, &bh, ctx.seq_q);
-    let kv_offset = common::head_offset(&mut k, &ctx, &bh, ctx.seq_kv);
-    let q_head = Head::new(&mut k, &q_arg, &q_offset, ctx.seq_q);
-    let o_head = Head::new(&mut k, &o_arg, &q_offset, ctx.seq_q);
+    let offsets = common::HeadOffsets::new(&mut k, &ctx, &bh);
+    let q_head = Head::new(&mut k, &q_arg, &offsets.q, ctx.seq_q);
+    let o_head = Head::new(&mut k, &o_arg, &offsets.o, ctx.seq_q);
     let q = q_head.load(&mut k, &ctx, &rows, true, "q");
     let fwd = Fwd {
         ctx: &ctx,
-        k: Head::new(&mut k, &k_arg, &kv_offset, ctx.seq_kv),
-        v: Head::new(&mut k, &v_arg, &kv_offset, ctx.seq_kv),
+        k: Head::new(&mut k, &k_arg, &offsets.k, ctx.seq_kv),
+        v: Head::new(&mut k, &v_arg, &offsets.v, ctx.seq_kv),
         q,
         rows,
     };

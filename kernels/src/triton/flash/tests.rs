@@ -281,3 +281,38 @@ fn the_undefined_value_check_finds_a_missing_definition() {
     let text = "module {\n  tt.func public @f(%a_1: i32) {\n    %b_2 = arith.addi %a_1, %c_9 : i32\n  }\n}\n";
     assert_eq!(undefined_values(text), vec!["%c_9".to_string()]);
 }
+
+#[test]
+fn packed_kernels_read_slots_of_one_operand_and_the_backward_is_one_launch() {
+    let plain = FlashSpec::new(8, 12, 1024, 1024, 64, FlashDtype::BF16, FlashLayout::Bthd).with_causal(true);
+    let packed = plain.clone().with_packed(true);
+    assert_eq!(unsupported(&packed), None);
+    let (f, b) = (forward(&packed), backward_packed(&packed));
+    assert_eq!(signature(&f.ir).matches("!tt.ptr<").count(), 3, "qkv, o, lse: {}", signature(&f.ir));
+    assert_eq!(signature(&b.ir).matches("!tt.ptr<").count(), 5, "qkv, do, lse, delta, dqkv: {}", signature(&b.ir));
+    assert_eq!(f.grid, forward(&plain).grid);
+    assert_eq!(b.grid, [16, 96, 2], "dq's and dk/dv's programs side by side on the third axis");
+    // Rows of the packed operand are 3 · 12 · 64 apart (768 for a tensor of its own), and k and v start 12 and 24
+    // heads in; the output and its cotangent keep the plain layout.
+    assert!(f.ir.contains("dense<2304> : tensor<64xi32>") && f.ir.contains("dense<768> : tensor<64xi32>"), "{}", f.ir);
+    assert!(!forward(&plain).ir.contains("2304"));
+    assert!(f.ir.contains("arith.constant 12 : i32") && f.ir.contains("arith.constant 24 : i32"), "{}", f.ir);
+    assert_eq!(b.ir.matches("scf.if").count(), 1, "one test of the job when both have 16 blocks:\n{}", b.ir);
+    // Where dq's and dk/dv's blocks differ (a wide head), the programs past a job's blocks do nothing.
+    let wide = FlashSpec::new(1, 2, 100, 100, 256, FlashDtype::BF16, FlashLayout::Bthd).with_packed(true);
+    assert_eq!(backward_packed(&wide).ir.matches("scf.if").count(), 2);
+    for spec in specs().into_iter().filter(|s| s.layout == FlashLayout::Bthd && s.seq_q == s.seq_kv) {
+        let spec = spec.with_packed(true);
+        assert_eq!(unsupported(&spec), None, "{spec:?}");
+        for call in [forward(&spec), backward_packed(&spec)] {
+            assert!(call.name.contains("bt3hd"), "{}", call.name);
+            assert_eq!(call.ir.matches('{').count(), call.ir.matches('}').count(), "{}", call.name);
+            let undefined = undefined_values(&call.ir);
+            assert!(undefined.is_empty(), "{}: {undefined:?}", call.name);
+        }
+    }
+    let bhtd = FlashSpec::new(1, 1, 16, 16, 64, FlashDtype::BF16, FlashLayout::Bhtd).with_packed(true);
+    assert!(unsupported(&bhtd).is_some_and(|why| why.contains("packed")));
+    let cross = FlashSpec::new(1, 1, 16, 32, 64, FlashDtype::BF16, FlashLayout::Bthd).with_packed(true);
+    assert!(unsupported(&cross).is_some_and(|why| why.contains("one sequence length")));
+}
