@@ -179,21 +179,3 @@ fn packed_q_k_v_go_to_triton_in_two_launches_and_read_their_slots_in_place() {
     let err = attention(&bad, &HOPPER, Implementation::Auto).unwrap_err();
     assert!(err.contains("packed q, k and v must be three [batch, seq, heads, head_dim] slots"), "{err}");
 }
-
-#[test]
-fn a_packed_projections_bias_is_an_operand_with_its_gradient() {
-    let packed = AttentionSpec { packed: true, ..spec(DType::BF16, Layout::Bthd, (2, 128, 4, 64)) };
-    let bias = TensorType::new(DType::F32, [3, 4, 64]);
-    let biased = AttentionSpec { qkv_bias: Some(bias.clone()), ..packed.clone() };
-    let def = attention(&biased, &HOPPER, Implementation::Auto).unwrap();
-    assert!(def.choice.reason.contains("q, k, v packed with their bias"), "{:?}", def.choice);
-    assert_eq!(def.operands[1], bias);
-    let text = forward_and_backward(&def);
-    assert_eq!(text.matches("call_target_name = \"__gpu$xla.gpu.triton\"").count(), 2, "{text}");
-    assert!(text.contains("bt3hd_bias"), "{text}");
-    let unbiased = forward_and_backward(&attention(&packed, &HOPPER, Implementation::Auto).unwrap());
-    let reductions = |t: &str| t.matches("stablehlo.reduce").count();
-    assert_eq!(reductions(&text), reductions(&unbiased) + 1, "the bias's gradient is one sum more:\n{text}");
-    let wrong = AttentionSpec { qkv_bias: Some(TensorType::new(DType::F32, [3, 4, 32])), ..biased };
-    assert!(attention(&wrong, &HOPPER, Implementation::Auto).unwrap_err().contains("q, k, v bias must be f32"));
-}

@@ -63,10 +63,6 @@ pub struct AttentionSpec {
     /// `q`, `k` and `v` (the types above) are slots 0, 1 and 2 of one operand `[B, T, 3, H, D]`; needs
     /// [`Layout::Bthd`] and one type for the three.
     pub packed: bool,
-    /// With `packed`: an f32 `[3, H, D]` added to the packed operand first (in f32, the sum rounded to its type):
-    /// the projection's bias, which the kernels add as they load q, k, v instead of a pass of its own. An operand
-    /// after the packed one, with a gradient.
-    pub qkv_bias: Option<TensorType>,
 }
 
 /// The sizes of an attention call.
@@ -94,7 +90,6 @@ impl AttentionSpec {
             layout: Layout::Bhtd,
             precision: Precision::Default,
             packed: false,
-            qkv_bias: None,
         }
     }
 
@@ -145,12 +140,6 @@ impl AttentionSpec {
                  got {q}, {k}, {v}"
             ));
         }
-        if let Some(bias) = &self.qkv_bias {
-            let want = [3, d.heads, d.head_dim];
-            if !self.packed || bias.dtype != DType::F32 || bias.dims[..] != want {
-                return Err(format!("attention: a q, k, v bias must be f32 {want:?} on packed q, k, v, got {bias}"));
-            }
-        }
         match self.window {
             Some(0) => return Err("attention: a window of 0 keys sees nothing".into()),
             Some(_) if !self.causal => return Err("attention: a sliding window needs causal attention".into()),
@@ -184,40 +173,29 @@ impl AttentionSpec {
         ops
     }
 
-    /// q, k and v's operands: the three, or the one packed `[B, T, 3, H, D]` (and its bias).
+    /// q, k and v's operands: the three, or the one packed `[B, T, 3, H, D]`.
     fn qkv_operands(&self) -> Vec<TensorType> {
         if self.packed {
             let d = &self.q.dims;
-            let mut ops = vec![TensorType::new(self.q.dtype, [d[0], d[1], 3, d[2], d[3]])];
-            ops.extend(self.qkv_bias.clone());
-            ops
+            vec![TensorType::new(self.q.dtype, [d[0], d[1], 3, d[2], d[3]])]
         } else {
             vec![self.q.clone(), self.k.clone(), self.v.clone()]
         }
     }
 
-    /// The operands `x` with a packed qkv (plus its bias) split into q, k and v (slices of the one operand).
+    /// The operands `x` with a packed qkv split into q, k and v (slices of the one operand).
     fn unpacked<B: Builder>(&self, b: &mut B, x: &[B::V]) -> Vec<B::V> {
         if !self.packed {
             return x.to_vec();
         }
         let dims = self.qkv_operands().remove(0).dims;
-        let packed = match &self.qkv_bias {
-            Some(_) => {
-                let wide = b.convert(&x[0], DType::F32);
-                let bias = b.broadcast(&x[1], &dims, &[2, 3, 4]);
-                let sum = b.add(&wide, &bias);
-                b.convert(&sum, self.q.dtype)
-            }
-            None => x[0].clone(),
-        };
         let mut parts: Vec<B::V> = (0..3)
             .map(|i| {
-                let slot = b.op(Op::Slice(lazuli_hlo::Slice::along(&dims, 2, i, i + 1, 1)), &[&packed]);
+                let slot = b.op(Op::Slice(lazuli_hlo::Slice::along(&dims, 2, i, i + 1, 1)), &[&x[0]]);
                 b.reshape(&slot, &self.q.dims)
             })
             .collect();
-        parts.extend(x[self.qkv_operands().len()..].iter().cloned());
+        parts.extend(x[1..].iter().cloned());
         parts
     }
 
@@ -230,10 +208,8 @@ impl AttentionSpec {
         if let Some(w) = self.window {
             s.push_str(&format!(", window {w}"));
         }
-        match (self.packed, &self.qkv_bias) {
-            (true, Some(_)) => s.push_str(", q, k, v packed with their bias"),
-            (true, None) => s.push_str(", q, k, v packed"),
-            _ => {}
+        if self.packed {
+            s.push_str(", q, k, v packed");
         }
         s
     }
@@ -357,7 +333,7 @@ mod tests {
     use super::*;
     use ndarray::{ArrayD, Axis, IxDyn};
 
-    /// The packed kernel's composite is the plain one on the three slots (to f32 rounding), with its bias too.
+    /// The packed kernel's composite is the plain one on the three slots (to f32 rounding).
     #[test]
     fn a_packed_call_computes_what_the_three_slots_give() {
         let (b, t, h, d) = (2, 5, 2, 8);
@@ -374,21 +350,6 @@ mod tests {
         let packed_def = attention(&packed, &Target::Cpu, Implementation::Auto).expect("packed");
         let want = plain_def.composite.evaluate(&[&q, &k, &v]);
         let got = packed_def.composite.evaluate(&[&qkv]);
-        // With a bias: the slots of `qkv + bias` (f32 here: no rounding in between).
-        let bias_ty = TensorType::new(DType::F32, [3, h, d]);
-        let biased = AttentionSpec { qkv_bias: Some(bias_ty), ..packed.clone() };
-        let bias = ArrayD::from_shape_fn(IxDyn(&[3, h, d]), |i| (i[0] * 16 + i[1] * 8 + i[2]) as f64 * 0.01);
-        let shifted = &qkv + &bias;
-        let slot = |i: usize| shifted.index_axis(Axis(2), i).to_owned();
-        let biased_def = attention(&biased, &Target::Cpu, Implementation::Auto).expect("biased");
-        let with_bias = biased_def.composite.evaluate(&[&qkv, &bias]);
-        let without = plain_def.composite.evaluate(&[&slot(0), &slot(1), &slot(2)]);
-        for (want, got) in [(&want, &got), (&without, &with_bias)] {
-            compare(want, got);
-        }
-    }
-
-    fn compare(want: &[Option<ArrayD<f64>>], got: &[Option<ArrayD<f64>>]) {
         for r in 0..2 {
             let (w, g) = (want[r].as_ref().expect("result"), got[r].as_ref().expect("result"));
             let diff = w.iter().zip(g).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);

@@ -37,7 +37,6 @@ fn flash_spec(spec: &AttentionSpec, d: &Dims) -> Result<FlashSpec, String> {
         scale_bits: spec.scale().to_bits(),
         tf32: spec.precision == Precision::Default,
         packed: spec.packed,
-        qkv_bias: spec.qkv_bias.is_some(),
     };
     match flash::unsupported(&fs) {
         Some(why) => Err(why),
@@ -68,19 +67,11 @@ pub(super) fn device(spec: &AttentionSpec, d: &Dims) -> Result<Device, String> {
     let mut inputs = qkv.clone();
     inputs.extend([out.clone(), out.clone(), stats.clone()]);
     let backward = if spec.packed {
-        let call = checked(flash::backward_packed(&fs), n + 3, 1)?;
+        let call = checked(flash::backward_packed(&fs), 4, 1)?;
         Program::record(&inputs, |b, x| {
-            let (o, g, lse) = (&x[n], &x[n + 1], &x[n + 2]);
+            let (qkv_, o, g, lse) = (&x[0], &x[1], &x[2], &x[3]);
             let delta = row_dot(b, spec, o, g);
-            let mut args: Vec<&_> = x[..n].iter().collect();
-            args.extend([g, lse, &delta]);
-            let dqkv = b.call(call.custom_call(vec![qkv[0].clone()]), &args).remove(0);
-            // The bias's gradient: the sum over batch and sequence of the gradient it was added to.
-            let bias_grad = spec.qkv_bias.as_ref().map(|_| {
-                let wide = b.convert(&dqkv, DType::F32);
-                b.sum(&wide, &[0, 1])
-            });
-            std::iter::once(Some(dqkv)).chain(bias_grad.map(Some)).collect()
+            vec![Some(b.call(call.custom_call(qkv.clone()), &[qkv_, g, lse, &delta]).remove(0))]
         })?
     } else {
         let dq_call = checked(flash::backward_dq(&fs), 6, 1)?;

@@ -70,9 +70,6 @@ pub struct FlashSpec {
     /// reshaped), read in place; the backward writes their gradients into one tensor of that shape, in one launch.
     /// Needs [`FlashLayout::Bthd`] and `seq_q == seq_kv`.
     pub packed: bool,
-    /// With `packed`: an f32 `[3, heads, head_dim]` operand after qkv, added to q, k and v as they are loaded
-    /// (in f32, then rounded to the element type): the projection's bias, so that no pass adds it beforehand.
-    pub qkv_bias: bool,
 }
 
 impl FlashSpec {
@@ -100,7 +97,6 @@ impl FlashSpec {
             scale_bits: scale.to_bits(),
             tf32: true,
             packed: false,
-            qkv_bias: false,
         }
     }
 
@@ -133,12 +129,6 @@ impl FlashSpec {
     /// q, k, v read from one packed `[B, T, 3, H, D]` operand (see [`FlashSpec::packed`]).
     pub fn with_packed(mut self, packed: bool) -> FlashSpec {
         self.packed = packed;
-        self
-    }
-
-    /// With [`FlashSpec::packed`]: the projection's bias added to q, k, v as they are loaded.
-    pub fn with_qkv_bias(mut self, qkv_bias: bool) -> FlashSpec {
-        self.qkv_bias = qkv_bias;
         self
     }
 
@@ -245,7 +235,7 @@ fn tuning(block_m: usize, block_n: usize, num_warps: u32, num_stages: u32) -> Fl
     FlashTuning { block_m, block_n, num_warps, num_stages }
 }
 
-/// Forward. Operands (q, k, v), or (qkv) when packed, (qkv, bias) with a bias; results (o: same dtype and layout as q, [.., seq_q, .., head_dim];
+/// Forward. Operands (q, k, v), or (qkv) when packed; results (o: same dtype and layout as q, [.., seq_q, .., head_dim];
 /// lse: f32, [batch, heads, seq_q] contiguous: the natural-log logsumexp of each row's scaled, masked scores,
 /// -inf for a row that sees no key, whose o is 0).
 ///
@@ -265,8 +255,7 @@ pub fn backward_dkdv(spec: &FlashSpec) -> TritonCall {
     backward::generate_dkdv(spec, &FlashTuning::backward_dkdv(spec))
 }
 
-/// The backward of a packed spec in one launch: operands (qkv, do, lse, delta) (qkv, bias, … with a bias), result
-/// dqkv (`[B, T, 3, H, D]`).
+/// The backward of a packed spec in one launch: operands (qkv, do, lse, delta), result dqkv (`[B, T, 3, H, D]`).
 /// Programs of the grid's third axis at 0 write dq (slot 0) as [`backward_dq`]'s do, those at 1 dk and dv
 /// (slots 1 and 2) as [`backward_dkdv`]'s, with their blocks and the dk/dv kernel's warps and stages.
 pub fn backward_packed(spec: &FlashSpec) -> TritonCall {
@@ -310,9 +299,6 @@ pub fn unsupported(spec: &FlashSpec) -> Option<String> {
     if !head_dim.is_multiple_of(8) || head_dim > 256 {
         return Some(format!("head_dim {head_dim}: must be a multiple of 8 up to 256"));
     }
-    if spec.qkv_bias && !spec.packed {
-        return Some("a q, k, v bias needs packed q, k, v".into());
-    }
     if spec.packed && (spec.layout != FlashLayout::Bthd || seq_q != seq_kv) {
         return Some("packed q, k, v need the [batch, seq, heads, head_dim] layout and one sequence length".into());
     }
@@ -339,7 +325,6 @@ pub fn unsupported(spec: &FlashSpec) -> Option<String> {
 /// The kernel's name: what it computes and for which dtype, layout, mask and head dim.
 fn kernel_name(kind: &str, spec: &FlashSpec) -> String {
     let layout = match (spec.layout, spec.packed) {
-        (_, true) if spec.qkv_bias => "bt3hd_bias",
         (_, true) => "bt3hd",
         (FlashLayout::Bhtd, false) => "bhtd",
         (FlashLayout::Bthd, false) => "bthd",

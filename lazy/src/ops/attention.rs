@@ -126,7 +126,6 @@ fn attention_at(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions, loc
         layout: opts.layout,
         precision: crate::graph::precision::precision_at(loc),
         packed: false,
-        qkv_bias: None,
     };
     let shapes = || [q, k, v].iter().map(|t| t.dims().to_vec()).collect();
     let d = spec.dims().map_err(|why| Error::ShapeMismatch { op: OP, shapes: shapes(), why, at: loc })?;
@@ -173,60 +172,8 @@ fn packed_kernel(
     }
     let source = packed_source(qkv)?;
     let packed = AttentionSpec { packed: true, ..spec.clone() };
-    // The projection's bias goes into the kernels too, where the packed tensor is `projection + bias`.
-    if let Some((projection, bias)) = projection_and_bias(&source, loc) {
-        let biased = AttentionSpec { qkv_bias: Some(bias.tensor_type().clone()), ..packed.clone() };
-        if let Some(def) = attention(&biased, target, want).ok().filter(|d| d.choice.implementation == "triton") {
-            return Some(try_apply(Op::Kernel(KernelOp::new(def, 0)), &[&projection, &bias], loc));
-        }
-    }
     let def = attention(&packed, target, want).ok()?;
     (def.choice.implementation == "triton").then(|| try_apply(Op::Kernel(KernelOp::new(def, 0)), &[&source], loc))
-}
-
-/// The projection and the bias the packed tensor `[B, T, 3, H, D]` is the pending sum of, as a model records
-/// `linear(x).to_dtype(..).reshape([B, T, 3, H, D])`: the projection (of the packed tensor's type) widened to
-/// f32, an f32 bias `[3·H·D]` broadcast over it, the sum rounded back (or all in f32); reshaped to
-/// `[B, T, 3, H, D]` and `[3, H, D]` at `loc`. `None` where it is anything else.
-fn projection_and_bias(packed: &Tensor, loc: Loc) -> Option<(Tensor, Tensor)> {
-    let (dims, elem) = (packed.dims().to_vec(), packed.dtype());
-    let flat = pending_operand(&packed.node, |op| matches!(op, Op::Reshape(_)))?;
-    let sum = match pending(&flat)? {
-        (Op::Convert(c), x) if c.from == DType::F32 && c.to == elem => x.into_iter().next()?,
-        _ if elem == DType::F32 => flat,
-        _ => return None,
-    };
-    let (Op::Binary(add), terms) = pending(&sum)? else { return None };
-    if add.kind != BinaryKind::Add || sum.ty.dtype != DType::F32 {
-        return None;
-    }
-    let last = sum.ty.rank().checked_sub(1)?;
-    let bias_of = |n: &Rc<Node>| match pending(n)? {
-        (Op::BroadcastInDim(b), x) if b.map[..] == [last] && x[0].ty.dims[..] == [3 * dims[3] * dims[4]] => {
-            Some(x[0].clone())
-        }
-        _ => None,
-    };
-    let projection_of = |n: &Rc<Node>| match pending(n) {
-        _ if elem == DType::F32 => Some(n.clone()),
-        Some((Op::Convert(c), x)) if c.from == elem && c.to == DType::F32 => x.into_iter().next(),
-        _ => None,
-    };
-    let (bias, projection) = match (bias_of(&terms[1]), bias_of(&terms[0])) {
-        (Some(b), _) => (b, projection_of(&terms[0])?),
-        (None, Some(b)) => (b, projection_of(&terms[1])?),
-        (None, None) => return None,
-    };
-    let reshape =
-        |n: Rc<Node>, dims: Vec<usize>| apply(Op::Reshape(lazuli_hlo::Reshape { dims }), &[&Tensor::from_node(n)], loc);
-    Some((reshape(projection, dims.clone()), reshape(bias, vec![3, dims[3], dims[4]])))
-}
-
-/// The op and operands of a pending node (`None` once it is computed).
-fn pending(node: &Rc<Node>) -> Option<(Op, Vec<Rc<Node>>)> {
-    let state = node.lock();
-    let recipe = state.recipe.as_ref()?;
-    Some((recipe.op.clone(), recipe.operands.to_vec()))
 }
 
 /// The tensor `[B, T, 3, H, D]` whose slots 0, 1, 2 along its third axis `q`, `k` and `v` are (each a pending
@@ -309,7 +256,6 @@ fn combined_bias(opts: &AttentionOptions, full: &[usize], loc: Loc) -> Option<Te
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lazuli_hlo::TensorType;
 
     const HOPPER: lazuli_kernels::Target = lazuli_kernels::Target::Cuda { compute_capability: Some((9, 0)) };
 
@@ -345,33 +291,5 @@ mod tests {
         for (target, want) in [(&HOPPER, Implementation::Cudnn), (&lazuli_kernels::Target::Cpu, Implementation::Auto)] {
             assert!(packed_kernel(&spec(&q), [&q, &k, &v], (target, want), at).is_none(), "{target} {want}");
         }
-    }
-
-    /// The operands of the op recorded for `q, k, v`: their dims and dtypes.
-    fn kernel_operands(q: &Tensor, k: &Tensor, v: &Tensor) -> Vec<TensorType> {
-        let y = packed_kernel(&spec(q), [q, k, v], (&HOPPER, Implementation::Auto), Loc::caller());
-        let y = y.expect("packed").expect("recorded");
-        let state = y.node.lock();
-        state.recipe.as_ref().expect("pending").operands.iter().map(|o| o.ty.clone()).collect()
-    }
-
-    /// A packed `projection + bias` (widened to f32 and rounded back in bf16, or all f32) gives the kernels the
-    /// projection and the bias, which they add as they load q, k, v.
-    #[test]
-    fn the_projections_bias_goes_into_the_kernel() {
-        let bias = Tensor::from_slice(&(0..96).map(|i| i as f32 / 96.0).collect::<Vec<_>>(), &[96]);
-        let product = Tensor::from_slice(&vec![0.5f32; 2 * 8 * 96], &[2, 8, 96]);
-        let bf16 = product.to_dtype(DType::BF16);
-        let packed = (bf16.to_dtype(DType::F32) + &bias).to_dtype(DType::BF16).reshape(&[2, 8, 3, 2, 16]);
-        let [q, k, v] = slots(&packed, [0, 1, 2]);
-        let ops = kernel_operands(&q, &k, &v);
-        assert_eq!(ops, [TensorType::new(DType::BF16, [2, 8, 3, 2, 16]), TensorType::new(DType::F32, [3, 2, 16])]);
-        let f32_packed = (&product + &bias).reshape(&[2, 8, 3, 2, 16]);
-        let [q, k, v] = slots(&f32_packed, [0, 1, 2]);
-        assert_eq!(kernel_operands(&q, &k, &v).len(), 2, "f32: the sum without conversions");
-        // A sum with something else than a bias of the packed width is packed as it is.
-        let other = (bf16.to_dtype(DType::F32) + &product).to_dtype(DType::BF16).reshape(&[2, 8, 3, 2, 16]);
-        let [q, k, v] = slots(&other, [0, 1, 2]);
-        assert_eq!(kernel_operands(&q, &k, &v), [TensorType::new(DType::BF16, [2, 8, 3, 2, 16])]);
     }
 }

@@ -16,8 +16,6 @@ use crate::triton::TritonCall;
 /// (f32), declared in that order.
 struct Inputs {
     q: Value,
-    /// The packed q, k, v's f32 bias `[3, H, D]`, when it has one.
-    bias: Option<Value>,
     k: Value,
     v: Value,
     d_o: Value,
@@ -32,11 +30,10 @@ fn inputs(k: &mut Kernel, ctx: &Ctx) -> Inputs {
     } else {
         ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem))
     };
-    let bias = ctx.qkv_bias.then(|| k.ptr_arg("qkv_bias", Scalar::F32));
     let d_o = k.ptr_arg("do", ctx.elem);
     let lse = k.ptr_arg("lse", Scalar::F32);
     let delta = k.ptr_arg("delta", Scalar::F32);
-    Inputs { q, bias, k: key, v, d_o, lse, delta }
+    Inputs { q, k: key, v, d_o, lse, delta }
 }
 
 /// Loads lse (as base 2) and delta of `rows`.
@@ -93,7 +90,7 @@ fn dq_program(k: &mut Kernel, ctx: &Ctx, inputs: &Inputs, dq_arg: &Value, (pid_m
     let m0 = k.named("m0").mul(pid_m, &bm);
     let rows = offsets(k, &m0, ctx.bm, "rows");
     let offs = common::HeadOffsets::new(k, ctx, bh);
-    let q_head = Head::new(k, &inputs.q, &offs.q, ctx.seq_q).with_bias(k, ctx, inputs.bias.as_ref(), bh, 0);
+    let q_head = Head::new(k, &inputs.q, &offs.q, ctx.seq_q);
     let do_head = Head::new(k, &inputs.d_o, &offs.o, ctx.seq_q);
     let dq_head = Head::new(k, dq_arg, &offs.q, ctx.seq_q);
     let q = q_head.load(k, ctx, &rows, true, "q");
@@ -103,8 +100,8 @@ fn dq_program(k: &mut Kernel, ctx: &Ctx, inputs: &Inputs, dq_arg: &Value, (pid_m
     let (lse2, delta) = row_stats(k, ctx, &lse_head, &delta_head, &rows, true);
     let dq = Dq {
         ctx,
-        k: Head::new(k, &inputs.k, &offs.k, ctx.seq_kv).with_bias(k, ctx, inputs.bias.as_ref(), bh, 1),
-        v: Head::new(k, &inputs.v, &offs.v, ctx.seq_kv).with_bias(k, ctx, inputs.bias.as_ref(), bh, 2),
+        k: Head::new(k, &inputs.k, &offs.k, ctx.seq_kv),
+        v: Head::new(k, &inputs.v, &offs.v, ctx.seq_kv),
         q,
         d_o,
         rows,
@@ -199,15 +196,15 @@ fn dkdv_program(
     let n0 = k.named("n0").mul(pid_n, &bn);
     let cols = offsets(k, &n0, ctx.bn, "cols");
     let offs = common::HeadOffsets::new(k, ctx, bh);
-    let k_head = Head::new(k, &inputs.k, &offs.k, ctx.seq_kv).with_bias(k, ctx, inputs.bias.as_ref(), bh, 1);
-    let v_head = Head::new(k, &inputs.v, &offs.v, ctx.seq_kv).with_bias(k, ctx, inputs.bias.as_ref(), bh, 2);
+    let k_head = Head::new(k, &inputs.k, &offs.k, ctx.seq_kv);
+    let v_head = Head::new(k, &inputs.v, &offs.v, ctx.seq_kv);
     let dk_head = Head::new(k, dk_arg, &offs.k, ctx.seq_kv);
     let dv_head = Head::new(k, dv_arg, &offs.v, ctx.seq_kv);
     let kt = k_head.load(k, ctx, &cols, true, "k");
     let vt = v_head.load(k, ctx, &cols, true, "v");
     let body = DkDv {
         ctx,
-        q: Head::new(k, &inputs.q, &offs.q, ctx.seq_q).with_bias(k, ctx, inputs.bias.as_ref(), bh, 0),
+        q: Head::new(k, &inputs.q, &offs.q, ctx.seq_q),
         d_o: Head::new(k, &inputs.d_o, &offs.o, ctx.seq_q),
         lse: common::row_values(k, ctx, &inputs.lse, bh),
         delta: common::row_values(k, ctx, &inputs.delta, bh),

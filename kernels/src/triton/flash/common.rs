@@ -24,8 +24,6 @@ pub(super) struct Ctx {
     pub layout: FlashLayout,
     /// q, k, v in one packed operand (`FlashSpec::packed`).
     pub packed: bool,
-    /// An f32 `[3, H, D]` bias added to the packed q, k, v as they are loaded (`FlashSpec::qkv_bias`).
-    pub qkv_bias: bool,
     pub scale: f64,
     /// `tt.dot`'s precision for f32 operands.
     pub precision: DotPrecision,
@@ -52,7 +50,6 @@ impl Ctx {
             bd: spec.block_d(),
             layout: spec.layout,
             packed: spec.packed,
-            qkv_bias: spec.qkv_bias,
             scale: spec.scale(),
             precision: if spec.tf32 { DotPrecision::Tf32 } else { DotPrecision::Ieee },
         }
@@ -90,8 +87,6 @@ pub(super) struct Head {
     pub ptr: Value,
     pub stride: usize,
     pub seq: usize,
-    /// f32 `[bd]` added to each row this head loads (0 in padded columns): a packed q, k or v's bias.
-    pub bias: Option<Value>,
 }
 
 /// Where a tensor's heads are: a tensor of its own (`[B, H, T, D]` or `[B, T, H, D]`), or slot `i` of a packed
@@ -160,32 +155,7 @@ impl HeadOffsets {
 
 impl Head {
     pub fn new(k: &mut Kernel, arg: &Value, (offset, stride): &(Value, usize), seq: usize) -> Head {
-        Head { ptr: k.named("head").addptr(arg, offset), stride: *stride, seq, bias: None }
-    }
-
-    /// This head of q (`slot` 0), k (1) or v (2) with its row of the packed bias `[3, H, D]` (when there is one)
-    /// added to each tile it loads; the row is loaded here, once.
-    pub fn with_bias(self, k: &mut Kernel, ctx: &Ctx, bias: Option<&Value>, bh: &Value, slot: usize) -> Head {
-        let Some(bias) = bias else { return self };
-        let h_count = c32(k, ctx.heads);
-        let h = k.rem(bh, &h_count);
-        let first = c32(k, slot * ctx.heads);
-        let row = k.add(&h, &first);
-        let d = c32(k, ctx.head_dim);
-        let offset = k.mul(&row, &d);
-        let row_ptr = k.addptr(bias, &offset);
-        let cols = k.make_range(0, ctx.bd as u32);
-        let base = k.splat(&row_ptr, &[ctx.bd]);
-        let ptrs = k.addptr(&base, &cols);
-        let values = if ctx.bd == ctx.head_dim {
-            k.named("bias").load(&ptrs, None, None)
-        } else {
-            let d = k.full_int(Scalar::I32, &[ctx.bd], ctx.head_dim as i64);
-            let in_cols = k.cmp(Cmp::Lt, &cols, &d);
-            let zero = k.full_float(Scalar::F32, &[ctx.bd], 0.0);
-            k.named("bias").load(&ptrs, Some(&in_cols), Some(&zero))
-        };
-        Head { bias: Some(values), ..self }
+        Head { ptr: k.named("head").addptr(arg, offset), stride: *stride, seq }
     }
 
     /// Pointers to rows `rows` ([r] i32) and columns `0..bd` of this head: [r, bd].
@@ -223,22 +193,16 @@ impl Head {
         }
     }
 
-    /// The [r, bd] tile of rows `rows`, zero where out of bounds (the bias there, with one), named `name`.
+    /// The [r, bd] tile of rows `rows`, zero where out of bounds, named `name`.
     pub fn load(&self, k: &mut Kernel, ctx: &Ctx, rows: &Value, check_rows: bool, name: &str) -> Value {
         let ptrs = self.tile_ptrs(k, ctx, rows);
-        let tile = match self.tile_mask(k, ctx, rows, check_rows) {
+        match self.tile_mask(k, ctx, rows, check_rows) {
             Some(mask) => {
                 let zero = k.full_float(ctx.elem, &[rows.shape()[0], ctx.bd], 0.0);
                 k.named(name).load(&ptrs, Some(&mask), Some(&zero))
             }
             None => k.named(name).load(&ptrs, None, None),
-        };
-        let Some(bias) = &self.bias else { return tile };
-        // Added in f32 and rounded to the element type once, as the projection's bias add and conversion would.
-        let wide = k.convert(&tile, Scalar::F32);
-        let row = k.as_row(bias, rows.shape()[0]);
-        let sum = k.add(&wide, &row);
-        k.named(name).convert(&sum, ctx.elem)
+        }
     }
 
     /// Stores an f32 [r, bd] tile to rows `rows`, converted to the element type, skipping out-of-bounds ones.

@@ -26,7 +26,6 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     } else {
         ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem))
     };
-    let bias_arg = ctx.qkv_bias.then(|| k.ptr_arg("qkv_bias", Scalar::F32));
     let o_arg = k.ptr_arg("o", ctx.elem);
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
 
@@ -36,13 +35,13 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let m0 = k.named("m0").mul(&pid_m, &bm);
     let rows = offsets(&mut k, &m0, ctx.bm, "rows");
     let offsets = common::HeadOffsets::new(&mut k, &ctx, &bh);
-    let q_head = Head::new(&mut k, &q_arg, &offsets.q, ctx.seq_q).with_bias(&mut k, &ctx, bias_arg.as_ref(), &bh, 0);
+    let q_head = Head::new(&mut k, &q_arg, &offsets.q, ctx.seq_q);
     let o_head = Head::new(&mut k, &o_arg, &offsets.o, ctx.seq_q);
     let q = q_head.load(&mut k, &ctx, &rows, true, "q");
     let fwd = Fwd {
         ctx: &ctx,
-        k: Head::new(&mut k, &k_arg, &offsets.k, ctx.seq_kv).with_bias(&mut k, &ctx, bias_arg.as_ref(), &bh, 1),
-        v: Head::new(&mut k, &v_arg, &offsets.v, ctx.seq_kv).with_bias(&mut k, &ctx, bias_arg.as_ref(), &bh, 2),
+        k: Head::new(&mut k, &k_arg, &offsets.k, ctx.seq_kv),
+        v: Head::new(&mut k, &v_arg, &offsets.v, ctx.seq_kv),
         q,
         rows,
     };
