@@ -36,6 +36,10 @@ impl Spread {
     pub fn max(&self) -> f64 {
         self.values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
     }
+    /// `(max − min) / median`: how far the repetitions disagree.
+    pub fn relative_spread(&self) -> f64 {
+        (self.max() - self.min()) / self.median()
+    }
     /// "1.23 ms (1.20–1.31)" with a unit chosen for the size.
     pub fn show(&self) -> String {
         format!("{} ({}–{})", duration(self.median()), duration(self.min()), duration(self.max()))
@@ -124,6 +128,7 @@ mod tests {
         let s = Spread { values: vec![2e-3, 1e-3, 3e-3] };
         assert_eq!((s.min(), s.median(), s.max()), (1e-3, 2e-3, 3e-3));
         assert_eq!(s.show(), "2.00 ms (1.00 ms–3.00 ms)");
+        assert_eq!(s.relative_spread(), 1.0);
         assert_eq!(duration(42e-6), "42.0 µs");
         assert_eq!(duration(2.5), "2.50 s");
     }
