@@ -345,5 +345,23 @@ fn grid_y(spec: &FlashSpec) -> u32 {
     u32::try_from(spec.batch * spec.heads).unwrap_or(u32::MAX)
 }
 
+/// The finished kernel `k` named `name`, launched on `grid_x` blocks of one axis by batch · heads, with `tuning`'s
+/// warps and stages.
+fn launch(
+    name: String,
+    k: crate::triton::ttir::Kernel,
+    grid_x: u32,
+    spec: &FlashSpec,
+    tuning: &FlashTuning,
+) -> TritonCall {
+    TritonCall {
+        name,
+        ir: k.finish(),
+        grid: [grid_x, grid_y(spec), 1],
+        num_warps: tuning.num_warps,
+        num_stages: tuning.num_stages,
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@
 
 use super::common::{self, key_ranges, offsets, query_ranges, sweep, visible, Ctx, Head, LOG2_E};
 use super::forward::scores;
-use super::{blocks, grid_y, kernel_name, FlashSpec, FlashTuning};
+use super::{blocks, grid_y, kernel_name, launch, FlashSpec, FlashTuning};
 use crate::triton::ttir::{Cmp, Kernel, Scalar, Value};
 use crate::triton::TritonCall;
 
@@ -24,12 +24,7 @@ struct Inputs {
 }
 
 fn inputs(k: &mut Kernel, ctx: &Ctx) -> Inputs {
-    let [q, key, v] = if ctx.packed {
-        let qkv = k.ptr_arg("qkv", ctx.elem);
-        [qkv.clone(), qkv.clone(), qkv]
-    } else {
-        ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem))
-    };
+    let [q, key, v] = common::qkv_args(k, ctx);
     let d_o = k.ptr_arg("do", ctx.elem);
     let lse = k.ptr_arg("lse", Scalar::F32);
     let delta = k.ptr_arg("delta", Scalar::F32);
@@ -74,13 +69,7 @@ pub(super) fn generate_dq(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall 
     let pid_m = k.named("pid_m").program_id(0);
     let bh = k.named("bh").program_id(1);
     dq_program(&mut k, &ctx, &inputs, &dq_arg, (&pid_m, &bh));
-    TritonCall {
-        name,
-        ir: k.finish(),
-        grid: [blocks(spec.seq_q, ctx.bm), grid_y(spec), 1],
-        num_warps: tuning.num_warps,
-        num_stages: tuning.num_stages,
-    }
+    launch(name, k, blocks(spec.seq_q, ctx.bm), spec, tuning)
 }
 
 /// One dq program: query block `pid_m` of head `bh`, over the key blocks its queries see; dq is stored where q is
@@ -174,13 +163,7 @@ pub(super) fn generate_dkdv(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCal
     let pid_n = k.named("pid_n").program_id(0);
     let bh = k.named("bh").program_id(1);
     dkdv_program(&mut k, &ctx, &inputs, (&dk_arg, &dv_arg), (&pid_n, &bh));
-    TritonCall {
-        name,
-        ir: k.finish(),
-        grid: [blocks(spec.seq_kv, ctx.bn), grid_y(spec), 1],
-        num_warps: tuning.num_warps,
-        num_stages: tuning.num_stages,
-    }
+    launch(name, k, blocks(spec.seq_kv, ctx.bn), spec, tuning)
 }
 
 /// One dk, dv program: key block `pid_n` of head `bh`, over the query blocks that see its keys; dk and dv are

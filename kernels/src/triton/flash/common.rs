@@ -89,6 +89,17 @@ pub(super) struct Head {
     pub seq: usize,
 }
 
+/// The pointer arguments of q, k and v, declared in that order: the one packed operand (the same pointer thrice)
+/// when `ctx.packed`, else three.
+pub(super) fn qkv_args(k: &mut Kernel, ctx: &Ctx) -> [Value; 3] {
+    if ctx.packed {
+        let qkv = k.ptr_arg("qkv", ctx.elem);
+        [qkv.clone(), qkv.clone(), qkv]
+    } else {
+        ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem))
+    }
+}
+
 /// Where a tensor's heads are: a tensor of its own (`[B, H, T, D]` or `[B, T, H, D]`), or slot `i` of a packed
 /// `[B, T, 3, H, D]` operand (q 0, k 1, v 2).
 #[derive(Clone, Copy)]

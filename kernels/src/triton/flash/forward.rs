@@ -2,7 +2,7 @@
 //! blocks the block's queries can see.
 
 use super::common::{self, key_ranges, offsets, sweep, visible, Ctx, Head, LN_2};
-use super::{blocks, grid_y, kernel_name, FlashSpec, FlashTuning};
+use super::{blocks, kernel_name, launch, FlashSpec, FlashTuning};
 use crate::triton::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
 use crate::triton::TritonCall;
 
@@ -20,12 +20,7 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let ctx = Ctx::new(spec, tuning);
     let name = kernel_name("fwd", spec);
     let mut k = Kernel::new(&name);
-    let [q_arg, k_arg, v_arg] = if ctx.packed {
-        let qkv = k.ptr_arg("qkv", ctx.elem);
-        [qkv.clone(), qkv.clone(), qkv]
-    } else {
-        ["q", "k", "v"].map(|n| k.ptr_arg(n, ctx.elem))
-    };
+    let [q_arg, k_arg, v_arg] = common::qkv_args(&mut k, &ctx);
     let o_arg = k.ptr_arg("o", ctx.elem);
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
 
@@ -57,13 +52,7 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let lse_head = common::row_values(&mut k, &ctx, &lse_arg, &bh);
     common::store_rows(&mut k, &ctx, &lse_head, &fwd.rows, &lse);
 
-    TritonCall {
-        name,
-        ir: k.finish(),
-        grid: [blocks(spec.seq_q, ctx.bm), grid_y(spec), 1],
-        num_warps: tuning.num_warps,
-        num_stages: tuning.num_stages,
-    }
+    launch(name, k, blocks(spec.seq_q, ctx.bm), spec, tuning)
 }
 
 impl Fwd<'_> {
