@@ -72,7 +72,8 @@ fn gpt_linear(rng: &mut HostRng, d_in: usize, d_out: usize, std: f64, dtype: DTy
 }
 
 /// Multi-head causal self-attention with one fused q/k/v projection; fused attention (`scaled_dot_product_attention`:
-/// cuDNN's flash attention on NVIDIA GPUs) unless attention-weight dropout is on.
+/// on NVIDIA GPUs lazuli's Triton kernels, which read q, k and v in place from the projection) unless
+/// attention-weight dropout is on.
 pub struct CausalSelfAttention {
     /// The fused query, key and value projection, `d_model` → `3 · d_model`.
     pub qkv: Linear,
