@@ -177,11 +177,18 @@ fn packed_kernel(
 }
 
 /// The tensor `[B, T, 3, H, D]` whose slots 0, 1, 2 along its third axis `q`, `k` and `v` are (each a pending
-/// slice of it reshaped to `[B, T, H, D]`), or `None`.
+/// slice of it reshaped to `[B, T, H, D]`), or `None`. Not when a slot or its slice is a gradient leaf: its
+/// gradient would then not be the packed tensor's.
 fn packed_source(qkv: [&Tensor; 3]) -> Option<Tensor> {
     let mut source: Option<Rc<Node>> = None;
     for (slot, t) in qkv.into_iter().enumerate() {
+        if t.node.requires_grad() {
+            return None;
+        }
         let sliced = pending_operand(&t.node, |op| matches!(op, Op::Reshape(_)))?;
+        if sliced.requires_grad() {
+            return None;
+        }
         let from = pending_operand(&sliced, |op| match op {
             Op::Slice(s) => {
                 let want = lazuli_hlo::Slice::along(&s.limit, 2, slot, slot + 1, 1);
@@ -291,5 +298,9 @@ mod tests {
         for (target, want) in [(&HOPPER, Implementation::Cudnn), (&lazuli_kernels::Target::Cpu, Implementation::Auto)] {
             assert!(packed_kernel(&spec(&q), [&q, &k, &v], (target, want), at).is_none(), "{target} {want}");
         }
+        // A slot that is a gradient leaf of its own keeps the three apart, so that its gradient is its own.
+        let [q4, k4, v4] = slots(&qkv, [0, 1, 2]);
+        let q4 = q4.requires_grad();
+        assert!(packed_kernel(&spec(&q), [&q4, &k4, &v4], (&HOPPER, Implementation::Auto), at).is_none(), "leaf");
     }
 }
