@@ -115,10 +115,14 @@ fn cross_entropy_node(x: &Tensor, t: &Tensor, loc: Loc) -> Tensor {
 }
 
 /// The 16-bit float tensor `x` is a pending widening of, through reshapes (a model's `[B, T, C]` logits flattened
-/// to `[N, C]`), in its own shape; `None` where `x` is not one.
+/// to `[N, C]`), in its own shape; `None` where `x` is not one, or where `x` or a tensor looked through is a
+/// gradient leaf (its gradient would then not be its own).
 fn narrow_source(x: &Tensor) -> Option<Tensor> {
     let mut node = x.node.clone();
     loop {
+        if node.requires_grad() {
+            return None;
+        }
         let next = {
             let state = node.lock();
             let recipe = state.recipe.as_ref()?;
@@ -334,5 +338,23 @@ impl Tensor {
         let sq = d.binary_at(&d, BinaryKind::Mul, loc);
         let s = apply(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: all, keep: false }), &[&sq], loc);
         with_constant(&s, BinaryKind::Div, self.elements() as f64, loc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel reads bf16 logits through their widening and a reshape, unless one of those is a gradient leaf.
+    #[test]
+    fn narrow_logits_are_looked_through_but_not_past_a_gradient_leaf() {
+        let narrow = Tensor::from_slice(&[0.5f32; 24], &[2, 3, 4]).to_dtype(DType::BF16);
+        let logits = narrow.to_dtype(DType::F32).reshape(&[6, 4]);
+        let found = narrow_source(&logits).expect("looked through");
+        assert_eq!((found.dtype(), found.dims()), (DType::BF16, &[2usize, 3, 4][..]));
+        assert!(narrow_source(&logits.clone().requires_grad()).is_none(), "the logits are a leaf");
+        let wide = narrow.to_dtype(DType::F32).requires_grad();
+        assert!(narrow_source(&wide.reshape(&[6, 4])).is_none(), "the widened logits are a leaf");
+        assert!(narrow_source(&Tensor::from_slice(&[0.5f32; 4], &[1, 4])).is_none(), "not a widening");
     }
 }
