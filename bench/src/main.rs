@@ -197,6 +197,10 @@ enum Cmd {
         /// A Python with PyTorch and JAX, instead of the harness's own environment (mlp only).
         #[arg(long)]
         python: Option<PathBuf>,
+        /// gpt2: rounds of the three settings, alternated, a process each; a setting's step is its median over
+        /// the rounds (the trip is timed in the first round's `stop`).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// (internal) lazuli's side of `nan`, under the process's `LAZULI_CHECK_FINITE`; prints one JSON line.
     NanSide {
@@ -228,6 +232,9 @@ enum Cmd {
         planted: usize,
         #[arg(long)]
         steps: usize,
+        /// Time the steps only, not the bad step and its error.
+        #[arg(long)]
+        no_trip: bool,
     },
     /// How the GPT step's compile time, first step and step time grow with depth, its blocks unrolled and
     /// scanned: GPT-2 small's width at each layer count, lazuli only, each in a new process without the
@@ -294,7 +301,7 @@ fn main() {
         }
         Cmd::Depth { layers, tiny, device, steps } => lazuli_bench::depth::run(&layers, tiny, &device, steps),
         Cmd::Memory { batches, device, steps } => lazuli_bench::depth::memory(&batches, &device, steps),
-        Cmd::Nan { workload, batch, dim, layers, planted, steps, seq, vocab, tiny, device, python } => {
+        Cmd::Nan { workload, batch, dim, layers, planted, steps, seq, vocab, tiny, device, python, rounds } => {
             match workload.as_str() {
                 "mlp" => {
                     let cfg = lazuli_bench::nan::NanConfig {
@@ -317,14 +324,14 @@ fn main() {
                         planted: planted.unwrap_or(base.planted),
                         steps: steps.unwrap_or(base.steps),
                     };
-                    lazuli_bench::nan_gpt::run(cfg, &device)
+                    lazuli_bench::nan_gpt::run(cfg, &device, rounds.max(1))
                 }
                 other => Err(format!("nan: unknown workload {other:?} (expected mlp or gpt2)").into()),
             }
         }
-        Cmd::NanGptSide { batch, seq, layers, dim, vocab, planted, steps } => {
+        Cmd::NanGptSide { batch, seq, layers, dim, vocab, planted, steps, no_trip } => {
             let cfg = GptNanConfig { batch, seq, layers, dim, vocab, planted, steps };
-            lazuli_bench::nan_gpt::side(cfg)
+            lazuli_bench::nan_gpt::side(cfg, !no_trip)
                 .inspect_err(|e| println!("{}", serde_json::json!({"error": e.to_string()})))
                 .map(|v| println!("{v}"))
         }

@@ -3,8 +3,9 @@
 //! `planted` adds `log(m·m + poison)` of its MLP branch `m` to the residual stream instead of `m`; `poison` is 1
 //! until the bad step and −1e30 at it, where that `log` makes NaN from finite inputs.
 //!
-//! Measured, each setting in a process of its own: the step (each reading its loss) without the check, with `stop`
-//! and with `skip`; and under `stop` the time from the start of the bad step to its error (read once two later
+//! Measured, each setting in a process of its own, in rounds of the three alternated (`--rounds`, the machine's
+//! noise is larger than the check's cost): the step (each reading its loss) without the check, with `stop` and
+//! with `skip`; and under the first round's `stop` the time from the start of the bad step to its error (read once two later
 //! steps are launched), split by the runtime's metrics into waiting for the check, the locator's compile, its run
 //! (uploads, execution, reading back) and the rest (the bad step and the two after it, the report); whether the error
 //! names the planted op and line; and the issue's goal, (trip − one compile) / step ≤ 3.
@@ -18,7 +19,7 @@ use serde_json::{json, Value};
 
 use crate::gpt_bf16;
 use crate::nan::{names_planted_log, planted_log};
-use crate::stats::{duration, machine, median, today};
+use crate::stats::{duration, machine, median, today, Spread};
 use crate::workloads::{Attention, Opt, Workload};
 use crate::BenchResult;
 
@@ -87,9 +88,9 @@ fn model(cfg: &GptNanConfig) -> BenchResult<(Gpt, AdamW)> {
     Ok((gpt, opt))
 }
 
-/// In the child (`nan-gpt-side`): the step and, under `stop`, the trip, under the process's
+/// In the child (`nan-gpt-side`): the step and, with `trip`, the bad step and its error, under the process's
 /// `LAZULI_CHECK_FINITE`, as one JSON line.
-pub fn side(cfg: GptNanConfig) -> BenchResult<Value> {
+pub fn side(cfg: GptNanConfig, trip: bool) -> BenchResult<Value> {
     let (gpt, mut opt) = model(&cfg)?;
     let mut data = HostRng::new(1001);
     let vocab = cfg.vocab as u64;
@@ -118,6 +119,13 @@ pub fn side(cfg: GptNanConfig) -> BenchResult<Value> {
         step(1.0)?;
         times.push(t0.elapsed().as_secs_f64());
     }
+    let runtime = lazuli::runtime_info()?.to_string();
+    let params = lazuli::Module::num_params(&gpt);
+    if !trip {
+        return Ok(json!({ "step_s": median(&times), "first_s": first_s, "first_loss": first_loss,
+            "first_compile_s": first.compile_ms / 1e3, "first_from_disk": first.disk_cache_hits > 0,
+            "params": params, "runtime": runtime }));
+    }
     let before = lazuli::metrics();
     let t0 = Instant::now();
     // The bad step, then two more: under `stop` a step's check is read once two later steps are launched (the
@@ -139,15 +147,16 @@ pub fn side(cfg: GptNanConfig) -> BenchResult<Value> {
         "locate_compile_s": m.locate_compile_ms / 1e3,
         "locate_run_s": m.locate_run_ms / 1e3,
         "message": message, "located": located, "names_line": names_line, "planted_line": planted_line,
-        "params": lazuli::Module::num_params(&gpt), "runtime": lazuli::runtime_info()?.to_string(),
+        "params": params, "runtime": runtime,
     }))
 }
 
-fn child(cfg: GptNanConfig, check: &str, device: &str) -> BenchResult<Value> {
+fn child(cfg: GptNanConfig, check: &str, device: &str, trip: bool) -> BenchResult<Value> {
     eprintln!("lazuli-bench: nan, gpt2, LAZULI_CHECK_FINITE={check} on the {device}");
     let out = Command::new(std::env::current_exe()?)
         .arg("nan-gpt-side")
         .args(cfg.args())
+        .args((!trip).then_some("--no-trip"))
         .env("LAZULI_CHECK_FINITE", check)
         .env("LAZULI_DEVICE", device)
         // The first step compiles, to set beside the locator's compile.
@@ -166,40 +175,63 @@ fn seconds(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(f64::NAN)
 }
 
-/// The GPT-2 case, printed as two tables: the step under each setting, and the trip under `stop`.
-pub fn run(cfg: GptNanConfig, device: &str) -> BenchResult<()> {
-    let off = child(cfg, "off", device)?;
-    let stop = child(cfg, "stop", device)?;
-    let skip = child(cfg, "skip", device);
+/// The GPT-2 case, printed as two tables: the step under each setting (its median over `rounds` rounds of the
+/// three, alternated, a process each), and the trip under `stop` (timed in the first round).
+pub fn run(cfg: GptNanConfig, device: &str, rounds: usize) -> BenchResult<()> {
+    const SETTINGS: [&str; 3] = ["off", "stop", "skip"];
+    let mut sides: Vec<Vec<Value>> = vec![Vec::new(); SETTINGS.len()];
+    let mut failed: Vec<Option<String>> = vec![None; SETTINGS.len()];
+    let mut trip = None;
+    for round in 0..rounds {
+        for (i, check) in SETTINGS.iter().enumerate() {
+            let timed_trip = round == 0 && *check == "stop";
+            match child(cfg, check, device, timed_trip) {
+                Ok(v) if timed_trip => {
+                    trip = Some(v.clone());
+                    sides[i].push(v);
+                }
+                Ok(v) => sides[i].push(v),
+                // `off` and `stop` are what the table is about; `skip` may fail alone.
+                Err(e) if *check == "skip" => failed[i] = Some(e.to_string()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let trip = trip.ok_or("nan: the first round's `stop` did not run")?;
     println!("## lazuli-bench nan, gpt2, {}", today());
     println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
-    println!("- host: {}; lazuli's device: {device} ({})", machine(), stop["runtime"].as_str().unwrap_or("?"));
+    println!("- host: {}; lazuli's device: {device} ({})", machine(), trip["runtime"].as_str().unwrap_or("?"));
     println!(
         "- model: GPT ({} parameters), {} layers of d = {}, B = {}, T = {}, vocabulary {}, bf16 matmuls, fused \
          attention, AdamW; block {} adds log(m·m + poison) of its MLP branch, poison −1e30 at the bad step; each \
-         step reads its loss; {} timed steps (median)",
-        stop["params"], cfg.layers, cfg.dim, cfg.batch, cfg.seq, cfg.vocab, cfg.planted, cfg.steps
+         step reads its loss; {} timed steps (median) per process, {rounds} rounds of the three settings \
+         alternated",
+        trip["params"], cfg.layers, cfg.dim, cfg.batch, cfg.seq, cfg.vocab, cfg.planted, cfg.steps
     );
-    let step_off = seconds(&off, "step_s");
-    println!("\n| `LAZULI_CHECK_FINITE` | step | cost against off | first step | its compile |");
+    let steps = |i: usize| {
+        let mut s = Spread::default();
+        sides[i].iter().for_each(|v| s.push(seconds(v, "step_s")));
+        s
+    };
+    let step_off = steps(0).median();
+    println!("\n| `LAZULI_CHECK_FINITE` | step, median of the rounds (min–max) | cost against off | first step | its compile |");
     println!("|---|---|---|---|---|");
-    for (name, side) in [("off", Ok(&off)), ("stop", Ok(&stop)), ("skip", skip.as_ref())] {
-        match side {
-            Ok(v) => {
-                let s = seconds(v, "step_s");
-                let first = duration(seconds(v, "first_s"));
-                let from = if v["first_from_disk"].as_bool() == Some(true) { " (from the disk cache)" } else { "" };
-                let compile = duration(seconds(v, "first_compile_s"));
-                println!(
-                    "| {name} | {} | {:+.1}% | {first} | {compile}{from} |",
-                    duration(s),
-                    100.0 * (s / step_off - 1.0)
-                );
-            }
-            Err(e) => println!("| {name} | failed: {e} | | | |"),
-        }
+    for (i, name) in SETTINGS.iter().enumerate() {
+        let (Some(first), None) = (sides[i].first(), &failed[i]) else {
+            println!("| {name} | failed: {} | | | |", failed[i].as_deref().unwrap_or("no result"));
+            continue;
+        };
+        let s = steps(i);
+        let from = if first["first_from_disk"].as_bool() == Some(true) { " (from the disk cache)" } else { "" };
+        println!(
+            "| {name} | {} | {:+.1}% | {} | {}{from} |",
+            s.show(),
+            100.0 * (s.median() / step_off - 1.0),
+            duration(seconds(first, "first_s")),
+            duration(seconds(first, "first_compile_s"))
+        );
     }
-    print_trip(&stop);
+    print_trip(&trip);
     Ok(())
 }
 
