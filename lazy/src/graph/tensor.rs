@@ -148,6 +148,18 @@ impl Node {
         self.requires_grad.get()
     }
 
+    /// The operand of the pending one-operand op that is to make this node, where `is` accepts that op: what a
+    /// fused op may read in this node's place (through a reshape, a widening, a slice). `None` for a gradient
+    /// leaf, whose gradient must stay its own, and for a node already computed.
+    pub fn looked_through(&self, is: impl Fn(&Op) -> bool) -> Option<Rc<Node>> {
+        if self.requires_grad() || !self.is_pending() {
+            return None;
+        }
+        let state = self.lock();
+        let recipe = state.recipe.as_ref()?;
+        (recipe.operands.len() == 1 && is(&recipe.op)).then(|| recipe.operands[0].clone())
+    }
+
     /// How this node's data is (or is to be) split over a mesh, if at all.
     pub fn sharding(&self) -> Option<Arc<Sharding>> {
         if let Some(p) = &self.placement {

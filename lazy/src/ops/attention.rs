@@ -177,19 +177,12 @@ fn packed_kernel(
 }
 
 /// The tensor `[B, T, 3, H, D]` whose slots 0, 1, 2 along its third axis `q`, `k` and `v` are (each a pending
-/// slice of it reshaped to `[B, T, H, D]`), or `None`. Not when a slot or its slice is a gradient leaf: its
-/// gradient would then not be the packed tensor's.
+/// slice of it reshaped to `[B, T, H, D]`, neither a gradient leaf: `Node::looked_through`), or `None`.
 fn packed_source(qkv: [&Tensor; 3]) -> Option<Tensor> {
     let mut source: Option<Rc<Node>> = None;
     for (slot, t) in qkv.into_iter().enumerate() {
-        if t.node.requires_grad() {
-            return None;
-        }
-        let sliced = pending_operand(&t.node, |op| matches!(op, Op::Reshape(_)))?;
-        if sliced.requires_grad() {
-            return None;
-        }
-        let from = pending_operand(&sliced, |op| match op {
+        let sliced = t.node.looked_through(|op| matches!(op, Op::Reshape(_)))?;
+        let from = sliced.looked_through(|op| match op {
             Op::Slice(s) => {
                 let want = lazuli_hlo::Slice::along(&s.limit, 2, slot, slot + 1, 1);
                 s.start == want.start && s.limit == want.limit && s.stride == want.stride
@@ -207,13 +200,6 @@ fn packed_source(qkv: [&Tensor; 3]) -> Option<Tensor> {
         }
     }
     source.map(Tensor::from_node)
-}
-
-/// The operand of the op that is to make `node`, when that op is pending and `is` it.
-fn pending_operand(node: &Rc<Node>, is: impl Fn(&Op) -> bool) -> Option<Rc<Node>> {
-    let state = node.lock();
-    let recipe = state.recipe.as_ref()?;
-    (is(&recipe.op) && recipe.operands.len() == 1).then(|| recipe.operands[0].clone())
 }
 
 thread_local! {

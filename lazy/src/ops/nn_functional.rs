@@ -116,28 +116,14 @@ fn cross_entropy_node(x: &Tensor, t: &Tensor, loc: Loc) -> Tensor {
 
 /// The 16-bit float tensor `x` is a pending widening of, through reshapes (a model's `[B, T, C]` logits flattened
 /// to `[N, C]`), in its own shape; `None` where `x` is not one, or where `x` or a tensor looked through is a
-/// gradient leaf (its gradient would then not be its own).
+/// gradient leaf (`Node::looked_through`).
 fn narrow_source(x: &Tensor) -> Option<Tensor> {
+    let widening = |op: &Op| matches!(op, Op::Convert(c) if matches!(c.from, DType::BF16 | DType::F16) && c.to.byte_size() > c.from.byte_size());
     let mut node = x.node.clone();
-    loop {
-        if node.requires_grad() {
-            return None;
-        }
-        let next = {
-            let state = node.lock();
-            let recipe = state.recipe.as_ref()?;
-            match &recipe.op {
-                Op::Reshape(_) => recipe.operands[0].clone(),
-                Op::Convert(c)
-                    if matches!(c.from, DType::BF16 | DType::F16) && c.to.byte_size() > c.from.byte_size() =>
-                {
-                    return Some(Tensor::from_node(recipe.operands[0].clone()));
-                }
-                _ => return None,
-            }
-        };
-        node = next;
+    while let Some(reshaped) = node.looked_through(|op| matches!(op, Op::Reshape(_))) {
+        node = reshaped;
     }
+    node.looked_through(widening).map(Tensor::from_node)
 }
 
 /// Cross-entropy of `[..., C]` logits flattened to `[N, C]`. Without options it is the `CrossEntropy` node; with
