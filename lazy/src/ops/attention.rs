@@ -167,7 +167,9 @@ fn packed_kernel(
     (target, want): (&lazuli_kernels::Target, Implementation),
     loc: Loc,
 ) -> Option<Result<Tensor>> {
-    if spec.layout != AttentionLayout::Bthd || matches!(want, Implementation::Cudnn | Implementation::Composite) {
+    let forced_elsewhere = matches!(want, Implementation::Cudnn | Implementation::Composite);
+    // Without a GPU nothing is packed: no look at the graph, no kernel lookup on the recording path.
+    if spec.layout != AttentionLayout::Bthd || forced_elsewhere || target.no_gpu_kernels().is_some() {
         return None;
     }
     let source = packed_source(qkv)?;
