@@ -43,9 +43,12 @@ pub fn side_name(framework: &str, attention: Attention) -> String {
 /// Which kernels lazuli's fused rows run: `LAZULI_ATTENTION`'s choice for bf16 q, k, v that are slots of the
 /// projection `[B, T, 3, H, hd]`.
 fn fused_attention_kernels() -> &'static str {
-    match std::env::var("LAZULI_ATTENTION").unwrap_or_default().to_ascii_lowercase().as_str() {
-        "cudnn" => "lazuli::scaled_dot_product_attention by cuDNN's flash attention, bf16 q, k, v sliced from the projection",
-        "composite" => "lazuli::scaled_dot_product_attention as lazuli's ops (LAZULI_ATTENTION=composite)",
+    let setting = std::env::var("LAZULI_ATTENTION").unwrap_or_default();
+    match lazuli::Implementation::parse(&setting) {
+        Some(lazuli::Implementation::Cudnn) => "lazuli::scaled_dot_product_attention by cuDNN's flash attention, bf16 q, k, v sliced from the projection",
+        Some(lazuli::Implementation::Composite) => {
+            "lazuli::scaled_dot_product_attention as lazuli's ops (LAZULI_ATTENTION=composite)"
+        }
         _ => "lazuli::scaled_dot_product_attention by lazuli's Triton flash kernels, reading bf16 q, k, v in place from the projection [B, T, 3, H, hd]",
     }
 }
