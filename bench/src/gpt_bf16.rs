@@ -5,6 +5,8 @@
 //! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]). The blocks run
 //! unrolled, each recomputed in the backward pass (`GptConfig::checkpoint_blocks`), or as one scanned body over
 //! stacked weights (`GptConfig::scan_blocks`; with `checkpoint_blocks` too, the scan recomputes each block).
+//! Each residual add is recorded with the layer norm that reads its sum as one op (`LayerNorm::forward_added_as`,
+//! one kernel on a GPU): across blocks when they run unrolled, inside each block otherwise.
 
 use std::cell::Cell;
 
@@ -55,9 +57,19 @@ fn linear_gelu(l: &Linear, x: &Tensor) -> Tensor {
 }
 
 fn linear(l: &Linear, x: &Tensor) -> Tensor {
-    let y = mm(x, &weight(&l.weight));
-    match &l.bias {
-        Some(b) => y + b.get(),
+    joined(linear_parts(l, x))
+}
+
+/// A linear layer as its bf16 product and its bias, for an op that adds them itself (`forward_added_as`).
+fn linear_parts(l: &Linear, x: &Tensor) -> (Tensor, Option<Tensor>) {
+    (mm_bf16(x, &weight(&l.weight)), l.bias.as_ref().map(Param::get))
+}
+
+/// The product widened to f32 and its bias added: the linear layer's result.
+fn joined((product, bias): (Tensor, Option<Tensor>)) -> Tensor {
+    let y = product.to_dtype(DType::F32);
+    match bias {
+        Some(b) => y + b,
         None => y,
     }
 }
@@ -68,6 +80,7 @@ fn layer_norm(ln: &LayerNorm, x: &Tensor) -> Tensor {
     ln.forward_as(x, DType::BF16)
 }
 
+/// The heads' output `[B, T, D]`, before the output projection.
 fn attention(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
     let h = a.n_head as isize;
@@ -78,12 +91,12 @@ fn attention(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     let scores = mm(&q, &k.t()) * (1.0 / (hd as f64).sqrt());
     let scores = Tensor::tril_mask(t as usize, 0).select(&scores, f64::NEG_INFINITY);
     let y = mm(&scores.softmax(-1), &v);
-    linear(&a.proj, &y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d]))
+    y.permute(&[0, 2, 1, 3]).reshape(&[b, t, d])
 }
 
 /// [`attention`] as one fused op (on a GPU, lazuli's Triton flash kernels reading q, k, v in place from the
 /// projection; cuDNN's with `LAZULI_ATTENTION=cudnn`): q, k, v in bf16, [B, T, H, hd] as the
-/// projection lays them out (no transposes), the result back to f32.
+/// projection lays them out (no transposes), the heads' output back to f32.
 fn attention_fused(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
     let h = a.n_head as isize;
@@ -97,7 +110,7 @@ fn attention_fused(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
         &v,
         &lazuli::AttentionOptions::causal().layout(lazuli::AttentionLayout::Bthd),
     );
-    linear(&a.proj, &y.to_dtype(DType::F32).reshape(&[b, t, d]))
+    y.to_dtype(DType::F32).reshape(&[b, t, d])
 }
 
 /// An op applied to one block's MLP branch before it joins the residual stream: `(block, op)`. The planted-NaN
@@ -105,17 +118,59 @@ fn attention_fused(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
 pub type Plant<'a> = (usize, &'a dyn Fn(&Tensor) -> Tensor);
 
 fn block(blk: &Block, x: &Tensor, attn: Attention, plant: Option<&dyn Fn(&Tensor) -> Tensor>) -> Tensor {
-    let h = layer_norm(&blk.ln1, x);
-    let a = match attn {
-        Attention::Written => attention(&blk.attn, &h),
-        Attention::Fused => attention_fused(&blk.attn, &h),
+    let (x, m) = block_branches(blk, x, &layer_norm(&blk.ln1, x), attn, plant);
+    x + joined(m)
+}
+
+/// Whether each residual add runs with the layer norm after it as one op (`LayerNorm::forward_added_as`): on
+/// unless `LAZULI_BENCH_FUSED_ADDS=0`.
+fn fused_adds() -> bool {
+    std::env::var("LAZULI_BENCH_FUSED_ADDS").map_or(true, |v| v != "0")
+}
+
+/// A block from its input `x` and `h = ln1(x)`: the residual after attention, and the MLP's branch as its output
+/// projection's product and bias (or, with a planted op, the branch with the op applied), for the caller to add,
+/// with the next layer norm when it fuses the two.
+fn block_branches(
+    blk: &Block,
+    x: &Tensor,
+    h: &Tensor,
+    attn: Attention,
+    plant: Option<&dyn Fn(&Tensor) -> Tensor>,
+) -> (Tensor, (Tensor, Option<Tensor>)) {
+    let heads = match attn {
+        Attention::Written => attention(&blk.attn, h),
+        Attention::Fused => attention_fused(&blk.attn, h),
     };
-    let x = x + a;
-    let m = linear(&blk.fc_proj, &linear_gelu(&blk.fc, &layer_norm(&blk.ln2, &x)));
+    let (product, bias) = linear_parts(&blk.attn.proj, &heads);
+    let (x, h) = if fused_adds() {
+        blk.ln2.forward_added_as(x, &product, bias.as_ref(), DType::BF16)
+    } else {
+        let x = x + joined((product, bias));
+        let h = layer_norm(&blk.ln2, &x);
+        (x, h)
+    };
+    let m = linear_parts(&blk.fc_proj, &linear_gelu(&blk.fc, &h));
     match plant {
-        Some(op) => x + op(&m),
-        None => x + m,
+        Some(op) => (x, (op(&joined(m)), None)),
+        None => (x, m),
     }
+}
+
+/// Unrolled blocks whose every residual add is one op with the layer norm after it (the next block's `ln1`, or
+/// `ln_f` after the last): the final layer norm's result.
+fn blocks_with_fused_adds(g: &Gpt, x: Tensor, attn: Attention, plant: Option<Plant>) -> Tensor {
+    let (mut x, mut h) = match g.blocks.first() {
+        Some(first) => (x.clone(), layer_norm(&first.ln1, &x)),
+        None => return layer_norm(&g.ln_f, &x),
+    };
+    for (i, blk) in g.blocks.iter().enumerate() {
+        let op = plant.filter(|&(at, _)| at == i).map(|(_, op)| op);
+        let (residual, (product, bias)) = block_branches(blk, &x, &h, attn, op);
+        let next = g.blocks.get(i + 1).map_or(&g.ln_f, |b| &b.ln1);
+        (x, h) = next.forward_added_as(&residual, &product, bias.as_ref(), DType::BF16);
+    }
+    h
 }
 
 /// Mean next-token cross-entropy of `ids: [B, T]` against `targets: [B, T]` (no dropout).
@@ -135,14 +190,16 @@ pub fn loss_planted(
     let pos = Tensor::arange(t, DType::I32);
     let mut x = g.wte.forward(ids) + g.wpe.forward(&pos);
     COPIES.set(g.scanned.is_none() && copies_wanted());
-    match &g.scanned {
+    let h = match &g.scanned {
         // One block's ops in the graph, run once per layer on that layer's slice of the stacked weights.
         Some(_) if plant.is_some() => return Err("a planted op needs unrolled blocks".into()),
         Some(s) => {
             let weights: Vec<Tensor> = s.stacked.iter().map(|(_, p)| p.get()).collect();
             let body = |h: &[Tensor], w: &[Tensor]| (vec![block(&s.block(w), &h[0], attn, None)], vec![]);
             x = s.scan().run(body, std::slice::from_ref(&x), &weights).0.remove(0);
+            layer_norm(&g.ln_f, &x)
         }
+        None if !g.config.checkpoint_blocks && fused_adds() => blocks_with_fused_adds(g, x, attn, plant),
         None => {
             for (i, blk) in g.blocks.iter().enumerate() {
                 let op = plant.filter(|&(at, _)| at == i).map(|(_, op)| op);
@@ -152,9 +209,10 @@ pub fn loss_planted(
                     block(blk, &x, attn, op)
                 };
             }
+            layer_norm(&g.ln_f, &x)
         }
-    }
-    let logits = mm(&layer_norm(&g.ln_f, &x), &weight(&g.wte.weight).t());
+    };
+    let logits = mm(&h, &weight(&g.wte.weight).t());
     let v = g.config.vocab as isize;
     Ok(logits.reshape(&[-1, v]).cross_entropy(&targets.reshape(&[-1])))
 }

@@ -7,6 +7,13 @@
 //! Results: `y`, and the f32 row statistics `mean` and `rstd` (`[N]`, `N` the product of the leading dimensions),
 //! which only the backward reads. The composite computes in f32 (f64 for f64 inputs) and rounds `y` once, as the
 //! kernels do.
+//!
+//! The added form ([`LayerNormCall::added`]) normalizes `x + a` (or `x + (a + c)`, `c` a bias along the last axis:
+//! a linear layer's bf16 product and its bias) and also returns that sum (in `x`'s type): a residual stream's add
+//! and the layer norm after it, which XLA cannot fuse into the kernel, in one pass. Operands `x, a, [c,] w, b`;
+//! results `y, mean, rstd, sum`. Each result has its own gradient rule and autodiff adds them: the sum passes its
+//! cotangent to `x`, `a` and (summed over rows) `c`; `y` sends the plain backward's `dx`, computed on the sum, the
+//! same way.
 
 use std::sync::{Arc, Mutex};
 
@@ -27,11 +34,31 @@ pub struct LayerNormCall {
     pub out: DType,
     /// `f64::to_bits` of epsilon.
     pub eps_bits: u64,
+    /// What is added to `x` before normalizing; `None` for the plain layer norm.
+    pub added: Option<Added>,
+}
+
+/// The added form's increment: a tensor of `x`'s shape, and perhaps a bias `[D]` added with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Added {
+    pub dtype: DType,
+    pub bias: Option<DType>,
 }
 
 impl LayerNormCall {
     pub fn new(x: TensorType, params: TensorType, out: DType, eps: f64) -> LayerNormCall {
-        LayerNormCall { x, params, out, eps_bits: eps.to_bits() }
+        LayerNormCall { x, params, out, eps_bits: eps.to_bits(), added: None }
+    }
+
+    /// The call that first adds a tensor of `x`'s shape and type `dtype` to `x`, with a bias of type `bias` along
+    /// the last axis when there is one.
+    pub fn with_added(self, dtype: DType, bias: Option<DType>) -> LayerNormCall {
+        LayerNormCall { added: Some(Added { dtype, bias }), ..self }
+    }
+
+    /// The call without the added tensor: its backward is the added form's, on the sum.
+    fn plain(&self) -> LayerNormCall {
+        LayerNormCall { added: None, ..self.clone() }
     }
 
     pub fn eps(&self) -> f64 {
@@ -53,14 +80,36 @@ impl LayerNormCall {
         if p.dims[..] != [width] {
             return Err(format!("layer_norm: the scale and shift must be [{width}] (x's last axis), got {p}"));
         }
+        let added = self.added.iter().flat_map(|a| [Some(a.dtype), a.bias]).flatten();
+        if let Some(a) = added.clone().find(|a| !a.is_float()) {
+            return Err(format!("layer_norm: the tensor added to x and its bias must be floats, got {a}"));
+        }
         if !(self.eps() > 0.0 && self.eps().is_finite()) {
             return Err(format!("layer_norm: eps must be positive and finite, got {}", self.eps()));
         }
         Ok((x.dims[..x.rank() - 1].iter().product(), width))
     }
 
+    /// `x, w, b`, or `x, a, [c,] w, b` in the added form.
     fn operands(&self) -> Vec<TensorType> {
-        vec![self.x.clone(), self.params.clone(), self.params.clone()]
+        let width = self.x.dims.last().copied().unwrap_or(0);
+        let added = self.added.iter().flat_map(|a| {
+            let bias = a.bias.map(|c| TensorType::new(c, [width]));
+            [Some(TensorType::new(a.dtype, self.x.dims.clone())), bias]
+        });
+        let params = [self.params.clone(), self.params.clone()];
+        [self.x.clone()].into_iter().chain(added.flatten()).chain(params).collect()
+    }
+
+    /// Where `w` is among the operands.
+    fn scale_index(&self) -> usize {
+        1 + self.added.map_or(0, |a| 1 + a.bias.is_some() as usize)
+    }
+
+    /// `y, mean, rstd`, and `x + a` in the added form.
+    fn results(&self, rows: usize) -> Vec<TensorType> {
+        let sum = self.added.map(|_| self.x.clone());
+        [self.output(), self.stats(rows), self.stats(rows)].into_iter().chain(sum).collect()
     }
 
     fn output(&self) -> TensorType {
@@ -87,23 +136,28 @@ pub fn layer_norm(call: &LayerNormCall, target: &Target, want: Implementation) -
 fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
     let (rows, width) = call.dims()?;
     let operands = call.operands();
-    let results = vec![call.output(), call.stats(rows), call.stats(rows)];
-    let composite = Program::record(&operands, |b, x| {
-        let (y, mean, rstd) = composite(b, call, rows, x);
-        vec![Some(y), Some(mean), Some(rstd)]
-    })?;
-    let what = format!("{} → {}, {rows} rows of {width}", call.x.dtype, call.out);
+    let composite = Program::record(&operands, |b, x| composite_results(b, call, rows, x))?;
+    let added = call.added.map_or(String::new(), |a| match a.bias {
+        Some(c) => format!(" added to {} and a {c} bias", a.dtype),
+        None => format!(" added to {}", a.dtype),
+    });
+    let what = format!("{}{added} → {}, {rows} rows of {width}", call.x.dtype, call.out);
     let (spec, choice) = triton_or_composite(KERNEL, what, (target, want), || triton_spec(call, rows, width))?;
-    let (device, gradient) = match spec {
+    let mut gradients = match spec {
         Some(spec) => {
-            let composite_def = layer_norm(call, target, Implementation::Composite)?;
-            let backward = backward_kernel(call, rows, &spec, &composite_def, choice.clone())?;
-            (Some(forward_program(call, rows, &spec)?), Gradient::Program(gradient(call, rows, &backward)?))
+            let plain = call.plain();
+            let composite_def = layer_norm(&plain, target, Implementation::Composite)?;
+            let backward = backward_kernel(&plain, rows, &spec.plain(), &composite_def, choice.clone())?;
+            let device = forward_program(call, rows, &spec)?;
+            let y = Gradient::Program(gradient(call, rows, &backward)?);
+            let sum = call.added.map(|_| sum_gradient(call)).transpose()?.map(Gradient::Program);
+            let gradients = [y, Gradient::None, Gradient::None].into_iter().chain(sum).collect();
+            return KernelDef::new(KERNEL, operands, call.results(rows), Some(device), composite, gradients, choice);
         }
-        None => (None, Gradient::Composite),
+        None => vec![Gradient::Composite, Gradient::None, Gradient::None],
     };
-    let gradients = vec![gradient, Gradient::None, Gradient::None];
-    KernelDef::new(KERNEL, operands, results, device, composite, gradients, choice)
+    gradients.extend(call.added.map(|_| Gradient::Composite));
+    KernelDef::new(KERNEL, operands, call.results(rows), None, composite, gradients, choice)
 }
 
 /// The Triton kernels' spec, or why they do not apply.
@@ -115,6 +169,8 @@ fn triton_spec(call: &LayerNormCall, rows: usize, width: usize) -> Result<LayerN
         params: triton_scalar(call.params.dtype, KERNEL)?,
         y: triton_scalar(call.out, KERNEL)?,
         eps_bits: call.eps_bits,
+        added: call.added.map(|a| triton_scalar(a.dtype, KERNEL)).transpose()?,
+        added_bias: call.added.and_then(|a| a.bias).map(|c| triton_scalar(c, KERNEL)).transpose()?,
     };
     match spec.unsupported() {
         Some(why) => Err(why),
@@ -124,18 +180,48 @@ fn triton_spec(call: &LayerNormCall, rows: usize, width: usize) -> Result<LayerN
 
 const KERNEL: &str = "layer_norm";
 
-/// `(y, mean, rstd)` of operands `x, w, b`, in lazuli's ops.
-fn composite<B: Builder>(b: &mut B, call: &LayerNormCall, rows: usize, x: &[B::V]) -> (B::V, B::V, B::V) {
+/// Every result of the call on its operands, in lazuli's ops: the added form's sum rounded to `x`'s type, then the
+/// plain layer norm of it.
+fn composite_results<B: Builder>(b: &mut B, call: &LayerNormCall, rows: usize, x: &[B::V]) -> Vec<Option<B::V>> {
+    let p = call.scale_index();
+    let (normalized, sum) = match call.added {
+        Some(added) => {
+            let wide = call.wide();
+            let (xw, aw) = (b.convert(&x[0], wide), b.convert(&x[1], wide));
+            let mut sum = b.add(&xw, &aw);
+            if added.bias.is_some() {
+                let c = b.convert(&x[2], wide);
+                let last = call.x.rank() - 1;
+                let c = b.broadcast(&c, &call.x.dims, &[last]);
+                sum = b.add(&sum, &c);
+            }
+            let sum = b.convert(&sum, call.x.dtype);
+            (sum.clone(), Some(sum))
+        }
+        None => (x[0].clone(), None),
+    };
+    let (y, mean, rstd) = composite(b, call, rows, &normalized, &x[p..]);
+    [Some(y), Some(mean), Some(rstd)].into_iter().chain(sum.map(Some)).collect()
+}
+
+/// `(y, mean, rstd)` of `x` and the scale and shift `params`, in lazuli's ops.
+fn composite<B: Builder>(
+    b: &mut B,
+    call: &LayerNormCall,
+    rows: usize,
+    x: &B::V,
+    params: &[B::V],
+) -> (B::V, B::V, B::V) {
     let wide = call.wide();
     let dims = call.x.dims.clone();
     let last = dims.len() - 1;
-    let xw = b.convert(&x[0], wide);
+    let xw = b.convert(x, wide);
     let normalized = b.op(Op::Normalize(Normalize(NormSpec::new(vec![last], call.eps()))), &[&xw]);
     let affine = |b: &mut B, p: &B::V| {
         let p = b.convert(p, wide);
         b.broadcast(&p, &dims, &[last])
     };
-    let (w, shift) = (affine(b, &x[1]), affine(b, &x[2]));
+    let (w, shift) = (affine(b, &params[0]), affine(b, &params[1]));
     let scaled = b.mul(&normalized, &w);
     let y = b.add(&scaled, &shift);
     let y = b.convert(&y, call.out);
@@ -158,13 +244,14 @@ fn composite<B: Builder>(b: &mut B, call: &LayerNormCall, rows: usize, x: &[B::V
     (y, flat(b, &mean), flat(b, &rstd))
 }
 
-/// The forward program: the Triton call on `x, w, b`.
+/// The forward program: the Triton call on the operands.
 fn forward_program(call: &LayerNormCall, rows: usize, spec: &LayerNormSpec) -> Result<Program, String> {
     let triton = ttln::forward(spec);
-    triton.validate(3, 3)?;
-    let results = vec![call.output(), call.stats(rows), call.stats(rows)];
-    Program::record(&call.operands(), |b, x| {
-        b.call(triton.custom_call(results.clone()), &[&x[0], &x[1], &x[2]]).into_iter().map(Some).collect()
+    let (operands, results) = (call.operands(), call.results(rows));
+    triton.validate(operands.len(), results.len())?;
+    Program::record(&operands, |b, x| {
+        let args: Vec<&_> = x.iter().collect();
+        b.call(triton.custom_call(results.clone()), &args).into_iter().map(Some).collect()
     })
 }
 
@@ -205,16 +292,52 @@ fn backward_kernel(
     KernelDef::new("layer_norm_grad", operands, results, Some(device), composite, vec![Gradient::Composite; 3], choice)
 }
 
-/// `y`'s gradient: the backward kernel on the operands, `y`, its cotangent and the forward's statistics.
+/// `y`'s gradient: the backward kernel on the operands (the sum in the added form), `y`, its cotangent and the
+/// forward's statistics. The added form sends the sum's gradient on to `x`, `a` and `c` ([`to_addends`]).
 fn gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Result<Program, String> {
     let mut inputs = call.operands();
     inputs.extend([call.output(), call.output()]);
     Program::record(&inputs, |b, x| {
         let mean = b.sibling(1, call.stats(rows));
         let rstd = b.sibling(2, call.stats(rows));
-        let args = [&x[0], &x[1], &x[2], &x[3], &x[4], &mean, &rstd];
-        (0..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect()
+        let p = call.scale_index();
+        let normalized = match call.added {
+            Some(_) => b.sibling(3, call.x.clone()),
+            None => x[0].clone(),
+        };
+        let (y, dy) = (&x[p + 2], &x[p + 3]);
+        let args = [&normalized, &x[p], &x[p + 1], y, dy, &mean, &rstd];
+        let mut grads: Vec<_> =
+            (0..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect();
+        if let Some(dx) = grads[0].clone().filter(|_| call.added.is_some()) {
+            grads.splice(0..1, to_addends(b, call, &dx));
+        }
+        grads
     })
+}
+
+/// The added form's sum: its cotangent goes on to the addends, none to the scale and shift.
+fn sum_gradient(call: &LayerNormCall) -> Result<Program, String> {
+    let mut inputs = call.operands();
+    inputs.extend([call.x.clone(), call.x.clone()]);
+    Program::record(&inputs, |b, x| {
+        let mut grads = to_addends(b, call, &x[inputs.len() - 1]);
+        grads.extend([None, None]);
+        grads
+    })
+}
+
+/// A cotangent of the sum as the addends' cotangents: `x`'s as it is, `a`'s in `a`'s type, the bias's summed over
+/// the rows.
+fn to_addends<B: Builder>(b: &mut B, call: &LayerNormCall, g: &B::V) -> Vec<Option<B::V>> {
+    let Some(added) = call.added else { return vec![Some(g.clone())] };
+    let mut grads = vec![Some(g.clone()), Some(b.convert(g, added.dtype))];
+    if let Some(c) = added.bias {
+        let rows: Vec<usize> = (0..call.x.rank() - 1).collect();
+        let summed = b.sum(g, &rows);
+        grads.push(Some(b.convert(&summed, c)));
+    }
+    grads
 }
 
 #[cfg(test)]
@@ -254,6 +377,44 @@ mod tests {
         let c =
             LayerNormCall::new(TensorType::new(DType::F32, [4, 6]), TensorType::new(DType::F32, [6]), DType::F32, 0.0);
         assert!(c.dims().expect_err("eps").contains("eps"));
+    }
+
+    /// The added form: four operands and results on both targets, a device program and a gradient rule per
+    /// differentiable result on the GPU, and a composite that normalizes the sum it returns.
+    #[test]
+    fn the_added_form_returns_the_sum_and_normalizes_it() {
+        let c = call(&[2, 3, 5], DType::BF16).with_added(DType::BF16, None);
+        let gpu = layer_norm(&c, &H200, Implementation::Auto).expect("gpu");
+        assert_eq!((gpu.operands.len(), gpu.results.len()), (4, 4));
+        assert_eq!(gpu.results[3], TensorType::new(DType::F32, [2, 3, 5]));
+        assert!(gpu.device.as_ref().is_some_and(|d| d.has_calls()));
+        assert!(gpu.choice.reason.contains("added to bf16"), "{}", gpu.choice.reason);
+        let rules: Vec<bool> = gpu.gradients.iter().map(|g| matches!(g, Gradient::Program(_))).collect();
+        assert_eq!(rules, [true, false, false, true]);
+        let plain = layer_norm(&call(&[2, 3, 5], DType::BF16), &H200, Implementation::Auto).expect("plain");
+        assert_ne!(plain.device, gpu.device);
+        let e = layer_norm(&call(&[4, 6], DType::F32).with_added(DType::I32, None), &H200, Implementation::Auto);
+        assert!(e.expect_err("ints").contains("must be floats"));
+
+        let cpu =
+            layer_norm(&call(&[2, 5], DType::F32).with_added(DType::F32, None), &Target::Cpu, Implementation::Auto);
+        let cpu = cpu.expect("cpu");
+        assert!(cpu.device.is_none());
+        let x = ndarray::ArrayD::from_shape_fn(vec![2, 5], |i| ((i[0] * 5 + i[1]) as f64 * 0.61).cos());
+        let a = ndarray::ArrayD::from_shape_fn(vec![2, 5], |i| (i[0] as f64 - i[1] as f64) * 0.3);
+        let w = ndarray::ArrayD::from_shape_fn(vec![5], |i| 0.5 + i[0] as f64 * 0.2);
+        let bias = ndarray::ArrayD::from_shape_fn(vec![5], |i| i[0] as f64 * 0.1);
+        let out = cpu.composite.evaluate(&[&x, &a, &w, &bias]);
+        let (y, sum) = (out[0].as_ref().unwrap(), out[3].as_ref().unwrap());
+        for r in 0..2 {
+            let row: Vec<f64> = (0..5).map(|k| x[[r, k]] + a[[r, k]]).collect();
+            let m = row.iter().sum::<f64>() / 5.0;
+            let s = 1.0 / (row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / 5.0 + 1e-5).sqrt();
+            for k in 0..5 {
+                assert!((sum[[r, k]] - row[k]).abs() < 1e-6, "sum [{r}, {k}]");
+                assert!((y[[r, k]] - ((row[k] - m) * s * w[[k]] + bias[[k]])).abs() < 1e-5, "y [{r}, {k}]");
+            }
+        }
     }
 
     /// The composite's statistics and result, evaluated by the reference interpreter, against the formula.

@@ -386,6 +386,73 @@ fn fused_layer_norm_matches_the_formula_forward_and_backward() {
     assert!(failures.is_empty(), "the layer-norm kernels disagree with the formula:\n{}", failures.join("\n"));
 }
 
+/// `(s, y) = (x + a + c, layer_norm(s) · w + b)` (`c` a bias along the last axis, when `biased`) with `s` in x's
+/// type and `y` in `out`, and the gradients of `sum(y · r) + sum(s · q)` for x, a, (c,) w and b, read as f64: by
+/// the fused op, or by separate ops in f32 (the reference, rounding the sum and the result where the kernel does).
+fn add_layer_norm_and_grads(dims: &[usize], types: (DType, DType, DType), biased: bool, fused: bool) -> Vec<Vec<f64>> {
+    let (dtype, added, out) = types;
+    let (n, width) = (dims.iter().product::<usize>(), dims[dims.len() - 1]);
+    let x_vals: Vec<f32> = data(n, 31).into_iter().map(|v| round(3.0 * v + 0.5, dtype)).collect();
+    let a_vals: Vec<f32> = data(n, 32).into_iter().map(|v| round(v, added)).collect();
+    let w_vals: Vec<f32> = data(width, 33).into_iter().map(|v| 1.0 + 0.5 * v).collect();
+    let b_vals: Vec<f32> = data(width, 34).into_iter().map(|v| 0.3 * v).collect();
+    let (x, a) = if fused {
+        (host_tensor(&x_vals, dims, dtype), host_tensor(&a_vals, dims, added))
+    } else {
+        (Tensor::from_slice(&x_vals, dims), Tensor::from_slice(&a_vals, dims))
+    };
+    let (w, b) = (Tensor::from_slice(&w_vals, &[width]), Tensor::from_slice(&b_vals, &[width]));
+    let c = Tensor::from_slice(&data(width, 37).into_iter().map(|v| 0.2 * v).collect::<Vec<_>>(), &[width]);
+    let (x, a, w, b, c) =
+        (x.requires_grad(), a.requires_grad(), w.requires_grad(), b.requires_grad(), c.requires_grad());
+    let (s, y) = if fused {
+        let (s, y) = x.add_layer_norm_affine(&a, biased.then_some(&c), &w, &b, 1e-5, out);
+        (s.to_dtype(DType::F32), y.to_dtype(DType::F32))
+    } else {
+        let a = if biased { a.to_dtype(DType::F32) + &c } else { a.clone() };
+        let s = (&x + &a).to_dtype(dtype).to_dtype(DType::F32);
+        let y = s.layer_norm(&[-1], 1e-5) * &w + &b;
+        (s, y.to_dtype(out).to_dtype(DType::F32))
+    };
+    let (r, q) = (Tensor::from_slice(&data(n, 35), dims), Tensor::from_slice(&data(n, 36), dims));
+    let loss = (&y * &r).sum_all() + (&s * &q).sum_all();
+    let wrt: Vec<&Tensor> = [&x, &a].into_iter().chain(biased.then_some(&c)).chain([&w, &b]).collect();
+    let grads = lazuli::grad(&loss, &wrt);
+    [&s, &y].into_iter().chain(&grads).map(|t| t.to_dtype(DType::F64).to_vec::<f64>().expect("read")).collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn fused_add_layer_norm_matches_the_formula_forward_and_backward() {
+    require_gpu();
+    use DType::{BF16, F16, F32};
+    // (dims, x / added / result dtypes, tolerance): GPT-2 small's residual stream (f32 plus an f32 or bf16
+    // branch, bf16 result), ragged rows and widths, a 16-bit stream (the sum rounded before it is normalized).
+    // With `biased`, the added tensor is a linear layer's product and its bias comes with it.
+    type Case<'a> = (&'a [usize], (DType, DType, DType), bool, f64);
+    let cases: [Case; 7] = [
+        (&[8, 1024, 768], (F32, F32, BF16), false, 1e-2),
+        (&[8, 1024, 768], (F32, BF16, BF16), false, 1e-2),
+        (&[8, 1024, 768], (F32, BF16, BF16), true, 1e-2),
+        (&[3, 37, 100], (F32, F32, F32), false, 1e-5),
+        (&[3, 37, 100], (F32, BF16, F32), true, 1e-5),
+        (&[4, 33, 768], (BF16, BF16, BF16), false, 1.5e-2),
+        (&[129, 1600], (F16, F32, F32), true, 4e-3),
+    ];
+    let failures: Vec<String> = cases
+        .into_iter()
+        .filter_map(|(dims, types, biased, tolerance)| {
+            let got = add_layer_norm_and_grads(dims, types, biased, true);
+            let want = add_layer_norm_and_grads(dims, types, biased, false);
+            let tolerance = |i: usize| if i <= 1 { tolerance } else { tolerance.max(2e-3) };
+            let grads = if biased { "dx, da, dc, dw, db" } else { "dx, da, dw, db" };
+            let what = format!("add + layer norm {dims:?} {types:?}: s, y, {grads}");
+            compare(&what, &got, &want, tolerance)
+        })
+        .collect();
+    assert!(failures.is_empty(), "the add + layer-norm kernel disagrees with the formula:\n{}", failures.join("\n"));
+}
+
 /// `gelu(x + b)` in `out` and the gradients of `sum(y · r)` for x and b, read as f64: by the fused op, or by the
 /// formula of separate ops in f32 (the reference).
 fn bias_gelu_and_grads(rows: &[usize], cols: usize, dtype: DType, out: DType, fused: bool) -> Vec<Vec<f64>> {

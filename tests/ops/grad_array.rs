@@ -97,6 +97,20 @@ fn softmax_family_gradients() {
         });
     }
     for dims in [&[5][..], &[3, 4], &[2, 3, 4]] {
+        let d = dims[dims.len() - 1];
+        let (x, a) = (data(75, dims, -3.0, 3.0), data(76, dims, -1.0, 1.0));
+        let (w, b, c) = (data(77, &[d], 0.5, 1.5), data(78, &[d], -1.0, 1.0), data(79, &[d], -1.0, 1.0));
+        // Both results reach the loss, each with its own cotangent; with and without the added bias.
+        check_grad(&format!("add_layer_norm_affine {dims:?}"), &[x.clone(), a.clone(), w.clone(), b.clone()], |t| {
+            let (s, y) = t[0].add_layer_norm_affine(&t[1], None, &t[2], &t[3], 1e-5, t[0].dtype());
+            y * s.sin()
+        });
+        check_grad(&format!("add_layer_norm_affine biased {dims:?}"), &[x, a, c, w, b], |t| {
+            let (s, y) = t[0].add_layer_norm_affine(&t[1], Some(&t[2]), &t[3], &t[4], 1e-5, t[0].dtype());
+            y * s.sin()
+        });
+    }
+    for dims in [&[5][..], &[3, 4], &[2, 3, 4]] {
         let (x, b) = (data(73, dims, -3.0, 3.0), data(74, &[dims[dims.len() - 1]], -1.0, 1.0));
         check_grad(&format!("bias_gelu {dims:?}"), &[x, b], |t| t[0].bias_gelu(&t[1], DType::F64));
     }

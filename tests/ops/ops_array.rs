@@ -411,6 +411,8 @@ fn empty_dimensions() {
 #[test]
 fn bad_input_names_the_callers_line() {
     let x = Tensor::from_slice(&[1.0f32; 12], &[3, 4]);
+    let w4 = Tensor::from_slice(&[1.0f32; 4], &[4]);
+    const F32: DType = DType::F32;
     let here = |line: u32| format!("{}:{line}:", file!());
     let (t3, smooth) =
         (Tensor::from_slice(&[0i32; 3], &[3]), lazuli::CrossEntropyOptions::default().label_smoothing(1.5));
@@ -431,6 +433,8 @@ fn bad_input_names_the_callers_line() {
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).softmax(0)))),
         (line!(), "at least one axis", panic_message(|| drop(x.layer_norm(&[], 1e-5)))),
         (line!(), "must be [4]", panic_message(|| drop(x.layer_norm_affine(&x, &x, 1e-5, DType::F32)))),
+        (line!(), "x's shape", panic_message(|| drop(x.add_layer_norm_affine(&x.t(), None, &w4, &w4, 1e-5, F32)))),
+        (line!(), "bias must be", panic_message(|| drop(x.add_layer_norm_affine(&x, Some(&x), &w4, &w4, 1e-5, F32)))),
         (line!(), "must be [4]", panic_message(|| drop(x.bias_gelu(&x, DType::F32)))),
         (line!(), "floating-point", panic_message(|| drop(x.to_dtype(DType::I32).gelu()))),
         (line!(), "bool", panic_message(|| drop(lazuli::where_(&x, &x, &x)))),

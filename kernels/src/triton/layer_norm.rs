@@ -8,6 +8,10 @@
 //!   of `dw = Σ dy · x̂` and `db = Σ dy` in registers, written once as one row of `[programs, 2, D]` partial
 //!   sums that the caller adds up in one reduction: the two column sums cost no pass of their own over `[N, D]`.
 //!
+//! With an added tensor (`LayerNormSpec::added`, and perhaps a bias along the last axis added with it), the
+//! forward first adds it to `x` and also writes that sum, in `x`'s type: a residual stream's `x + f(x)` and the layer norm after it in one pass (the sum is what the next
+//! residual add reads). The backward is the plain one on the sum.
+//!
 //! Everything is computed in f32. Rows are padded to the next power of two and masked, so any `D` up to
 //! [`MAX_D`] works; row blocks past `N` are masked too.
 
@@ -30,6 +34,11 @@ pub struct LayerNormSpec {
     pub y: Scalar,
     /// `f64::to_bits` of epsilon.
     pub eps_bits: u64,
+    /// The element type of a tensor of `x`'s shape that the forward adds to `x` before normalizing (and writes the
+    /// sum of, in `x`'s type); `None` for the plain layer norm.
+    pub added: Option<Scalar>,
+    /// The element type of a bias `[D]` added with it (a linear layer's, whose product is the added tensor).
+    pub added_bias: Option<Scalar>,
 }
 
 impl LayerNormSpec {
@@ -75,19 +84,26 @@ impl LayerNormSpec {
         if self.rows.checked_mul(self.width).is_none_or(|n| n > i32::MAX as usize) {
             return Some(format!("{} × {} elements do not fit 32-bit offsets", self.rows, self.width));
         }
-        let floats = [self.x, self.params, self.y].iter().all(|s| s.is_float());
+        let floats =
+            [self.x, self.params, self.y].iter().chain(&self.added).chain(&self.added_bias).all(|s| s.is_float());
         (!floats).then(|| "the layer-norm kernels take float tensors".into())
     }
 
     fn name(&self, what: &str) -> String {
-        format!(
-            "lazuli_layer_norm_{what}_{}x{}_{}_{}_{}",
-            self.rows,
-            self.width,
-            self.x.mlir(),
-            self.params.mlir(),
-            self.y.mlir()
-        )
+        let (op, added) = match self.added {
+            Some(a) => (
+                "add_layer_norm",
+                format!("_{}{}", a.mlir(), self.added_bias.map_or(String::new(), |c| format!("_bias_{}", c.mlir()))),
+            ),
+            None => ("layer_norm", String::new()),
+        };
+        let (x, p, y) = (self.x.mlir(), self.params.mlir(), self.y.mlir());
+        format!("lazuli_{op}_{what}_{}x{}_{x}{added}_{p}_{y}", self.rows, self.width)
+    }
+
+    /// The same signature without the added tensor: the backward's (it reads the sum as its `x`).
+    pub fn plain(&self) -> LayerNormSpec {
+        LayerNormSpec { added: None, added_bias: None, ..self.clone() }
     }
 }
 
@@ -115,23 +131,41 @@ fn row_mean(k: &mut Kernel, spec: &LayerNormSpec, v: &Value) -> Value {
     k.div(&s, &n)
 }
 
-/// The forward: operands `x, w, b`, results `y, mean, rstd` (`mean` and `rstd` f32 `[N]`).
+/// The forward: operands `x, w, b`, results `y, mean, rstd` (`mean` and `rstd` f32 `[N]`). With an added tensor:
+/// operands `x, a, [c,] w, b`, results `y, mean, rstd, x + a [+ c]` (the sum in `x`'s type, and normalized as
+/// rounded to it).
 pub fn forward(spec: &LayerNormSpec) -> TritonCall {
     let name = spec.name("fwd");
     let mut k = Kernel::new(&name);
     let x_arg = k.ptr_arg("x", spec.x);
+    let added_arg = spec.added.map(|a| k.ptr_arg("a", a));
+    let bias_arg = spec.added_bias.map(|c| k.ptr_arg("c", c));
     let w_arg = k.ptr_arg("w", spec.params);
     let b_arg = k.ptr_arg("b", spec.params);
     let y_arg = k.ptr_arg("y", spec.y);
     let mean_arg = k.ptr_arg("mean", Scalar::F32);
     let rstd_arg = k.ptr_arg("rstd", Scalar::F32);
+    let sum_arg = spec.added.map(|_| k.ptr_arg("sum", spec.x));
     let (r, d) = (spec.block_rows(), spec.block_d());
 
     let pid = k.program_id(0);
     let block_rows = k.const_i32(r as i32);
     let first = k.named("first").mul(&pid, &block_rows);
     let blk = rows_at(&mut k, spec, &first);
-    let x = blk.load(&mut k, &x_arg, "x");
+    let mut x = blk.load(&mut k, &x_arg, "x");
+    if let (Some(a_arg), Some(sum_arg)) = (&added_arg, &sum_arg) {
+        let mut a = blk.load(&mut k, a_arg, "a");
+        if let Some(c_arg) = &bias_arg {
+            let c = load_params(&mut k, spec, c_arg, "c");
+            let c = k.as_row(&c, r);
+            a = k.add(&a, &c);
+        }
+        let sum = k.named("sum").add(&x, &a);
+        blk.store(&mut k, sum_arg, &sum);
+        // Normalize the sum as stored, so that the backward (which reads it) sees the same values.
+        let rounded = k.convert(&sum, spec.x);
+        x = k.convert(&rounded, Scalar::F32);
+    }
     let mean = row_mean(&mut k, spec, &x);
     let mean_col = k.as_column(&mean, d);
     let centered = k.sub(&x, &mean_col);
@@ -235,6 +269,8 @@ mod tests {
             params: Scalar::F32,
             y: Scalar::BF16,
             eps_bits: 1e-5f64.to_bits(),
+            added: None,
+            added_bias: None,
         }
     }
 
@@ -256,6 +292,31 @@ mod tests {
         // Two rounds of 1,024 programs over 2,048 blocks, two column sums carried.
         assert!(b.ir.contains("scf.for") && b.ir.contains("arith.constant 2 : i32"), "{}", b.ir);
         assert_eq!(b.ir.matches("\"tt.reduce\"").count(), 4, "{}", b.ir);
+    }
+
+    #[test]
+    fn the_added_form_writes_the_sum_and_normalizes_it() {
+        let spec = LayerNormSpec { added: Some(Scalar::BF16), ..gpt2() };
+        let f = forward(&spec);
+        f.validate(4, 4).expect("forward");
+        assert_eq!(f.name, "lazuli_add_layer_norm_fwd_8192x768_f32_bf16_f32_bf16");
+        // The bf16 increment is widened and added; the sum is stored as f32, then normalized.
+        let add = f.ir.find("= arith.addf").expect("the sum");
+        assert!(f.ir[..add].contains("%sum_") && f.ir[..add].contains("tt.load"), "{}", f.ir);
+        assert!(f.ir[add..].contains("tt.reduce"), "{}", f.ir);
+        assert_eq!(f.ir.matches("tt.store").count(), 4, "{}", f.ir);
+        // The backward is the plain one's, and the plain forward's text does not change.
+        assert_eq!(backward(&spec.plain()).ir, backward(&gpt2()).ir);
+        assert!(!forward(&gpt2()).ir.contains("%sum_"));
+        // A linear layer's bias is added with its product.
+        let biased = forward(&LayerNormSpec { added_bias: Some(Scalar::F32), ..spec.clone() });
+        biased.validate(5, 4).expect("biased");
+        assert_eq!(biased.name, "lazuli_add_layer_norm_fwd_8192x768_f32_bf16_bias_f32_f32_bf16");
+        assert_eq!(biased.ir.matches("arith.addf").count(), f.ir.matches("arith.addf").count() + 1, "{}", biased.ir);
+        // An f16 residual stream is normalized as rounded: a round trip after the add.
+        let f16 = forward(&LayerNormSpec { x: Scalar::F16, ..spec });
+        let add = f16.ir.find("= arith.addf").expect("the sum");
+        assert!(f16.ir[add..].contains("arith.truncf") && f16.ir[add..].contains("arith.extf"), "{}", f16.ir);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A transformer layer's memory-bound pieces as fused ops: [`Tensor::layer_norm_affine`] (layer normalization with
-//! its scale and shift) and [`Tensor::bias_gelu`] (an MLP's first bias and activation). On NVIDIA GPUs each runs as
+//! its scale and shift), [`Tensor::add_layer_norm_affine`] (a residual add and the layer norm after it) and
+//! [`Tensor::bias_gelu`] (an MLP's first bias and activation). On NVIDIA GPUs each runs as
 //! lazuli's Triton kernels (`lazuli_kernels::layer_norm`, `lazuli_kernels::bias_gelu`), which write their result
 //! directly in the type a following matmul reads and sum the parameters' gradients in the pass that computes the
 //! input's. Elsewhere, or with `LAZULI_LAYER_NORM=composite` / `LAZULI_BIAS_GELU=composite`, they record the ops of
@@ -32,6 +33,43 @@ impl Tensor {
     #[track_caller]
     pub fn try_layer_norm_affine(&self, weight: &Tensor, bias: &Tensor, eps: f64, out: DType) -> Result<Tensor> {
         layer_norm_at(self, weight, bias, eps, out, Loc::caller())
+    }
+
+    /// `(s, s.layer_norm_affine(weight, bias, eps, out))` for `s = self + added` (`+ added_bias` along the last
+    /// axis, when given): a residual stream's add and the layer norm that reads it, as one op (one kernel on
+    /// NVIDIA GPUs, which reads `self` and `added` once and writes the sum beside the normalized result). `added`
+    /// has `self`'s shape and any float type: a linear layer's bf16 product, say, with the layer's bias as
+    /// `added_bias`, so that the product is not widened and biased in a pass of its own. The sum has `self`'s
+    /// type and is normalized as rounded to it. Elsewhere it records the adds and the layer norm. Panics at the caller's line when the shapes or dtypes do not fit, or when
+    /// `LAZULI_LAYER_NORM=triton` forces a kernel that cannot run here; [`Tensor::try_add_layer_norm_affine`]
+    /// returns those as errors.
+    #[track_caller]
+    pub fn add_layer_norm_affine(
+        &self,
+        added: &Tensor,
+        added_bias: Option<&Tensor>,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f64,
+        out: DType,
+    ) -> (Tensor, Tensor) {
+        add_layer_norm_at(self, (added, added_bias), (weight, bias), eps, out, Loc::caller())
+            .unwrap_or_else(|e| raise(e))
+    }
+
+    /// [`Tensor::add_layer_norm_affine`], with [`Error::ShapeMismatch`] when the operands do not fit and
+    /// [`Error::Unsupported`] when a forced implementation cannot run here.
+    #[track_caller]
+    pub fn try_add_layer_norm_affine(
+        &self,
+        added: &Tensor,
+        added_bias: Option<&Tensor>,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f64,
+        out: DType,
+    ) -> Result<(Tensor, Tensor)> {
+        add_layer_norm_at(self, (added, added_bias), (weight, bias), eps, out, Loc::caller())
     }
 
     /// `gelu(x + bias)` (GELU's tanh form, as [`Tensor::gelu`]) with `bias: [C]` added along the last axis and the
@@ -106,19 +144,79 @@ pub(crate) fn take_fallbacks() -> Vec<String> {
 }
 
 fn layer_norm_at(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64, out: DType, loc: Loc) -> Result<Tensor> {
-    const OP: &str = "layer_norm";
-    let shapes = || [x, w, b].iter().map(|t| t.dims().to_vec()).collect();
-    if w.tensor_type() != b.tensor_type() {
-        let why = format!("the scale and shift must have one type, got {} and {}", w.tensor_type(), b.tensor_type());
-        return Err(Error::ShapeMismatch { op: OP, shapes: shapes(), why, at: loc });
-    }
-    let call = LayerNormCall::new(x.tensor_type().clone(), w.tensor_type().clone(), out, eps);
-    call.dims().map_err(|why| Error::ShapeMismatch { op: OP, shapes: shapes(), why, at: loc })?;
-    let def = kernel(OP, "LAZULI_LAYER_NORM", loc, |rt| layer_norm(&call, &rt.target, rt.config.layer_norm))?;
+    let call = layer_norm_call(x, (None, None), (w, b), eps, out, loc)?;
+    let def = kernel(LAYER_NORM, "LAZULI_LAYER_NORM", loc, |rt| layer_norm(&call, &rt.target, rt.config.layer_norm))?;
     if def.device.is_none() {
         return composite(x, w, b, eps, out, loc);
     }
     try_apply(Op::Kernel(KernelOp::new(def, 0)), &[x, w, b], loc)
+}
+
+fn add_layer_norm_at(
+    x: &Tensor,
+    (added, added_bias): (&Tensor, Option<&Tensor>),
+    (w, b): (&Tensor, &Tensor),
+    eps: f64,
+    out: DType,
+    loc: Loc,
+) -> Result<(Tensor, Tensor)> {
+    let call = layer_norm_call(x, (Some(added), added_bias), (w, b), eps, out, loc)?;
+    let def = kernel(LAYER_NORM, "LAZULI_LAYER_NORM", loc, |rt| layer_norm(&call, &rt.target, rt.config.layer_norm))?;
+    if def.device.is_none() {
+        // As a model writes it: the linear layer's bias (the product widened to it), then the residual add.
+        let added = match added_bias {
+            Some(c) => {
+                let wide = DType::computing([added.dtype(), c.dtype()]);
+                added.to_dtype_at(wide, loc).try_binary_at(c.to_dtype_at(wide, loc), BinaryKind::Add, loc)?
+            }
+            None => added.clone(),
+        };
+        let sum = x.try_binary_at(added.to_dtype_at(x.dtype(), loc), BinaryKind::Add, loc)?;
+        let y = composite(&sum, w, b, eps, out, loc)?;
+        return Ok((sum, y));
+    }
+    let operands: Vec<&Tensor> = [x, added].into_iter().chain(added_bias).chain([w, b]).collect();
+    let sum = try_apply(Op::Kernel(KernelOp::new(def.clone(), 3)), &operands, loc)?;
+    Ok((sum, try_apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)?))
+}
+
+const LAYER_NORM: &str = "layer_norm";
+
+/// The kernels' signature of a layer norm of `x` (after adding `added`, of `x`'s shape, and its bias `[D]`), or
+/// what does not fit.
+fn layer_norm_call(
+    x: &Tensor,
+    (added, added_bias): (Option<&Tensor>, Option<&Tensor>),
+    (w, b): (&Tensor, &Tensor),
+    eps: f64,
+    out: DType,
+    loc: Loc,
+) -> Result<LayerNormCall> {
+    let operands: Vec<&Tensor> = [x].into_iter().chain(added).chain(added_bias).chain([w, b]).collect();
+    let mismatch = |why: String| Error::ShapeMismatch {
+        op: LAYER_NORM,
+        shapes: operands.iter().map(|t| t.dims().to_vec()).collect(),
+        why,
+        at: loc,
+    };
+    if w.tensor_type() != b.tensor_type() {
+        let (w, b) = (w.tensor_type(), b.tensor_type());
+        return Err(mismatch(format!("the scale and shift must have one type, got {w} and {b}")));
+    }
+    if let Some(a) = added.filter(|a| a.dims() != x.dims()) {
+        return Err(mismatch(format!("the added tensor must have x's shape {:?}, got {:?}", x.dims(), a.dims())));
+    }
+    let width = x.dims().last().copied().unwrap_or(0);
+    if let Some(c) = added_bias.filter(|c| c.dims() != [width]) {
+        return Err(mismatch(format!("the added bias must be [{width}] (x's last axis), got {:?}", c.dims())));
+    }
+    let call = LayerNormCall::new(x.tensor_type().clone(), w.tensor_type().clone(), out, eps);
+    let call = match added {
+        Some(a) => call.with_added(a.dtype(), added_bias.map(Tensor::dtype)),
+        None => call,
+    };
+    call.dims().map_err(mismatch)?;
+    Ok(call)
 }
 
 /// The ops `nn::LayerNorm` has always recorded, then the conversion to `out`.

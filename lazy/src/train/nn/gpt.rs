@@ -184,8 +184,8 @@ impl Block {
     /// `x: [batch, seq, d_model]` → the same shape.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let x = x + self.attn.forward(&self.ln1.forward(x));
-        let h = self.ln2.forward(&x);
+        // The residual add and the layer norm after it as one op (one kernel on a GPU).
+        let (x, h) = self.ln2.forward_added_as(x, &self.attn.forward(&self.ln1.forward(x)), None, x.dtype());
         // The first layer's bias and GELU as one op (one kernel on a GPU).
         let h = match &self.fc.bias {
             Some(b) => self.fc.product(&h).bias_gelu(&b.get(), h.dtype()),

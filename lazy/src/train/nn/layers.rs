@@ -188,6 +188,20 @@ impl LayerNorm {
     pub fn forward_as(&self, x: &Tensor, dtype: DType) -> Tensor {
         x.layer_norm_affine(&self.weight.get(), &self.bias.get(), self.eps, dtype)
     }
+
+    /// A residual add and this normalization of its sum, as one op ([`Tensor::add_layer_norm_affine`]):
+    /// `(s, forward_as(s, dtype))` for `s = x + added (+ added_bias)`, the sum in `x`'s type for the residual
+    /// stream to carry on. `added_bias` is the bias of the linear layer whose product is `added`.
+    #[track_caller]
+    pub fn forward_added_as(
+        &self,
+        x: &Tensor,
+        added: &Tensor,
+        added_bias: Option<&Tensor>,
+        dtype: DType,
+    ) -> (Tensor, Tensor) {
+        x.add_layer_norm_affine(added, added_bias, &self.weight.get(), &self.bias.get(), self.eps, dtype)
+    }
 }
 
 impl Module for LayerNorm {
