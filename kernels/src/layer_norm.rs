@@ -149,9 +149,13 @@ fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<A
             let composite_def = layer_norm(&plain, target, Implementation::Composite)?;
             let backward = backward_kernel(&plain, rows, &spec.plain(), &composite_def, choice.clone())?;
             let device = forward_program(call, rows, &spec)?;
-            let y = Gradient::Program(gradient(call, rows, &backward)?);
-            let sum = call.added.map(|_| sum_gradient(call)).transpose()?.map(Gradient::Program);
-            let gradients = [y, Gradient::None, Gradient::None].into_iter().chain(sum).collect();
+            let gradients = match call.added {
+                Some(_) => {
+                    let joint = Gradient::Joint(joint_gradient(call, rows, &backward)?);
+                    vec![joint.clone(), Gradient::None, Gradient::None, joint]
+                }
+                None => vec![Gradient::Program(gradient(call, rows, &backward)?), Gradient::None, Gradient::None],
+            };
             return KernelDef::new(KERNEL, operands, call.results(rows), Some(device), composite, gradients, choice);
         }
         None => vec![Gradient::Composite, Gradient::None, Gradient::None],
@@ -292,37 +296,36 @@ fn backward_kernel(
     KernelDef::new("layer_norm_grad", operands, results, Some(device), composite, vec![Gradient::Composite; 3], choice)
 }
 
-/// `y`'s gradient: the backward kernel on the operands (the sum in the added form), `y`, its cotangent and the
-/// forward's statistics. The added form sends the sum's gradient on to `x`, `a` and `c` ([`to_addends`]).
+/// `y`'s gradient: the backward kernel on the operands, `y`, its cotangent and the forward's statistics.
 fn gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Result<Program, String> {
     let mut inputs = call.operands();
     inputs.extend([call.output(), call.output()]);
     Program::record(&inputs, |b, x| {
         let mean = b.sibling(1, call.stats(rows));
         let rstd = b.sibling(2, call.stats(rows));
-        let p = call.scale_index();
-        let normalized = match call.added {
-            Some(_) => b.sibling(3, call.x.clone()),
-            None => x[0].clone(),
-        };
-        let (y, dy) = (&x[p + 2], &x[p + 3]);
-        let args = [&normalized, &x[p], &x[p + 1], y, dy, &mean, &rstd];
-        let mut grads: Vec<_> =
-            (0..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect();
-        if let Some(dx) = grads[0].clone().filter(|_| call.added.is_some()) {
-            grads.splice(0..1, to_addends(b, call, &dx));
-        }
-        grads
+        let args = [&x[0], &x[1], &x[2], &x[3], &x[4], &mean, &rstd];
+        (0..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect()
     })
 }
 
-/// The added form's sum: its cotangent goes on to the addends, none to the scale and shift.
-fn sum_gradient(call: &LayerNormCall) -> Result<Program, String> {
-    let mut inputs = call.operands();
-    inputs.extend([call.x.clone(), call.x.clone()]);
+/// The added form's gradient, one rule for `y`'s and the sum's cotangents (`Gradient::Joint`): the backward
+/// kernel on the sum gives `dx`, the sum's own cotangent is added to it once, and that total goes on to the
+/// addends. Per result, autodiff would add the two cotangents at each addend instead: a second conversion for `a`
+/// and a second column sum for the bias.
+fn joint_gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Result<Program, String> {
+    let operands = call.operands();
+    let mut inputs = operands.clone();
+    inputs.extend(call.results(rows));
     Program::record(&inputs, |b, x| {
-        let mut grads = to_addends(b, call, &x[inputs.len() - 1]);
-        grads.extend([None, None]);
+        let (n, p) = (operands.len(), call.scale_index());
+        let (mean, rstd) = (b.sibling(1, call.stats(rows)), b.sibling(2, call.stats(rows)));
+        let (y, sum) = (b.sibling(0, call.output()), b.sibling(3, call.x.clone()));
+        let (dy, dsum) = (&x[n], &x[n + 3]);
+        let args = [&sum, &x[p], &x[p + 1], &y, dy, &mean, &rstd];
+        let dx = b.op(Op::Kernel(KernelOp::new(backward.clone(), 0)), &args);
+        let total = b.add(dsum, &dx);
+        let mut grads = to_addends(b, call, &total);
+        grads.extend((1..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))));
         grads
     })
 }
@@ -389,7 +392,7 @@ mod tests {
         assert_eq!(gpu.results[3], TensorType::new(DType::F32, [2, 3, 5]));
         assert!(gpu.device.as_ref().is_some_and(|d| d.has_calls()));
         assert!(gpu.choice.reason.contains("added to bf16"), "{}", gpu.choice.reason);
-        let rules: Vec<bool> = gpu.gradients.iter().map(|g| matches!(g, Gradient::Program(_))).collect();
+        let rules: Vec<bool> = gpu.gradients.iter().map(|g| matches!(g, Gradient::Joint(_))).collect();
         assert_eq!(rules, [true, false, false, true]);
         let plain = layer_norm(&call(&[2, 3, 5], DType::BF16), &H200, Implementation::Auto).expect("plain");
         assert_ne!(plain.device, gpu.device);

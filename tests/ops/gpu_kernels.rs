@@ -444,7 +444,13 @@ fn fused_add_layer_norm_matches_the_formula_forward_and_backward() {
         .filter_map(|(dims, types, biased, tolerance)| {
             let got = add_layer_norm_and_grads(dims, types, biased, true);
             let want = add_layer_norm_and_grads(dims, types, biased, false);
-            let tolerance = |i: usize| if i <= 1 { tolerance } else { tolerance.max(2e-3) };
+            // The gradients sum over rows in another order; `a`'s is rounded to its type.
+            let (_, added, _) = types;
+            let tolerance = |i: usize| match i {
+                0 | 1 => tolerance,
+                3 if added != DType::F32 => tolerance.max(1e-2),
+                _ => tolerance.max(2e-3),
+            };
             let grads = if biased { "dx, da, dc, dw, db" } else { "dx, da, dw, db" };
             let what = format!("add + layer norm {dims:?} {types:?}: s, y, {grads}");
             compare(&what, &got, &want, tolerance)

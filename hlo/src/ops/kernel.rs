@@ -8,7 +8,7 @@
 //! - lowering: the device program if there is one, else the composite's ops (each op's own lowering);
 //! - reference: the composite, evaluated op by op;
 //! - gradient: the result's gradient program (which may call backward kernels), or autodiff through the
-//!   composite;
+//!   composite, or one joint program over all results' cotangents (autodiff gives it every result's at once);
 //! - sharding: through the composite's ops; a custom call runs on whole operands.
 //!
 //! A kernel with several results is recorded as one node per result ([`KernelOp::result`]); the emitter lowers
@@ -38,6 +38,12 @@ pub enum Gradient {
     Composite,
     /// A program on (operands…, result, result's cotangent) returning one cotangent per operand (or none).
     Program(Program),
+    /// One program for the whole call, on (operands…, one cotangent per result) returning one cotangent per
+    /// operand (or none); every result that carries a gradient holds the same program. Autodiff calls it once
+    /// per call with every result's cotangent (zeros for results without one), so that the cotangents are
+    /// combined inside it: a sum and a layer norm of it need one pass over `d sum + d(layer norm)`, not two. The
+    /// rule is linear in the cotangents, so calling it per result with zeros elsewhere gives the same gradient.
+    Joint(Program),
 }
 
 /// Which implementation a kernel runs with and why, for events and reports:
@@ -106,7 +112,21 @@ impl KernelDef {
         if gradients.len() != results.len() {
             return Err(format!("{name}: {} gradient rules for {} results", gradients.len(), results.len()));
         }
+        let mut joint: Option<&Program> = None;
         for (r, g) in gradients.iter().enumerate() {
+            if let Gradient::Joint(p) = g {
+                let mut inputs = operands.clone();
+                inputs.extend(results.iter().cloned());
+                let fits = p.inputs == inputs && p.outputs.len() == operands.len();
+                let same = joint.is_none_or(|j| j == p);
+                if !fits || !same {
+                    return Err(format!(
+                        "{name}: result {r}'s joint gradient must take (operands, a cotangent per result), return one \
+                         cotangent per operand, and be the one every joint result holds"
+                    ));
+                }
+                joint = Some(p);
+            }
             if let Gradient::Program(p) = g {
                 let mut inputs = operands.clone();
                 inputs.extend([results[r].clone(), results[r].clone()]);
@@ -167,6 +187,32 @@ impl SharedDef for KernelDef {
 /// One result of a kernel call: the op of a node.
 pub type KernelOp = ResultOf<KernelDef>;
 
+impl KernelOp {
+    /// Whether this result's gradient is the call's joint rule ([`Gradient::Joint`]).
+    pub fn has_joint_gradient(&self) -> bool {
+        matches!(self.def.gradients[self.result], Gradient::Joint(_))
+    }
+
+    /// The call's joint rule on operands `x` and its results' `cotangents` (by result; zeros stand in for the
+    /// missing ones), or `None` when the kernel has no joint rule.
+    pub fn joint_vjp<B: Builder>(
+        &self,
+        b: &mut B,
+        x: &[B::V],
+        cotangents: Vec<Option<B::V>>,
+    ) -> Option<Vec<Option<B::V>>> {
+        let program = self.def.gradients.iter().find_map(|g| match g {
+            Gradient::Joint(p) => Some(p),
+            _ => None,
+        })?;
+        let mut inputs = x.to_vec();
+        for (r, g) in cotangents.into_iter().enumerate() {
+            inputs.push(g.unwrap_or_else(|| b.constant(0.0, self.def.results[r].clone())));
+        }
+        Some(program.replay(b, &inputs, Some((&self.def, x))))
+    }
+}
+
 impl OpRules for KernelOp {
     fn name(&self) -> &'static str {
         self.def.name
@@ -199,6 +245,11 @@ impl OpRules for KernelOp {
                 let mut inputs = x.to_vec();
                 inputs.extend([out.clone(), g.clone()]);
                 p.replay(b, &inputs, Some((&self.def, x)))
+            }
+            Gradient::Joint(_) => {
+                let mut cotangents = vec![None; self.def.results.len()];
+                cotangents[self.result] = Some(g.clone());
+                self.joint_vjp(b, x, cotangents).unwrap_or_else(|| vec![None; x.len()])
             }
         }
     }

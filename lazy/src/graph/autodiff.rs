@@ -124,17 +124,42 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
             // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
             // computed, which frees the forward graph and lets the step donate its inputs.
             node.backward_done.set(true);
-            let Some(g) = cot[position].take() else { continue };
+            let own = cot[position].take();
             if node.requires_grad() {
-                leaves.push((node.clone(), Tensor::from_node(g)));
+                leaves.extend(own.map(|g| (node.clone(), Tensor::from_node(g))));
                 continue;
             }
             let mut b = Recorder { loc: node.loc };
+            let siblings = joint_siblings(node, position, pass);
             // The rule runs under the node's lock (it records new nodes and never locks this one), so neither
             // the op nor its operands are copied.
             let state = node.lock();
             let Some(recipe) = state.recipe.as_ref() else { continue };
-            let grads = recipe.op.vjp(&mut b, &recipe.operands, node, &g);
+            let grads = match (&recipe.op, siblings) {
+                // A result of a call with a joint rule, whose sibling later in this walk runs the rule.
+                (_, Joint::Later) => {
+                    cot[position] = own;
+                    continue;
+                }
+                (Op::Kernel(k), Joint::Here(siblings)) => {
+                    let mut cotangents = vec![None; k.def.results.len()];
+                    cotangents[k.result] = own;
+                    for (r, p) in siblings {
+                        cotangents[r] = cot[p].take();
+                    }
+                    if cotangents.iter().all(Option::is_none) {
+                        continue;
+                    }
+                    match k.joint_vjp(&mut b, &recipe.operands, cotangents) {
+                        Some(grads) => grads,
+                        None => continue,
+                    }
+                }
+                _ => {
+                    let Some(g) = own else { continue };
+                    recipe.op.vjp(&mut b, &recipe.operands, node, &g)
+                }
+            };
             for (operand, dx) in recipe.operands.iter().zip(grads) {
                 let Some(dx) = dx else { continue };
                 if !(operand.grad_path || operand.requires_grad()) {
@@ -154,6 +179,38 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
         }
         leaves
     })
+}
+
+/// Where a result of a kernel call with a joint gradient rule (`Gradient::Joint`) stands in a backward walk.
+enum Joint {
+    /// Not such a result: its own rule runs.
+    No,
+    /// The call's rule runs here, the last of its results in the walk: with this cotangent and those of the
+    /// siblings in the walk, `(result index, position)` (each complete: the walk reached them first).
+    Here(Vec<(usize, usize)>),
+    /// A sibling later in the walk runs the rule; this cotangent waits for it.
+    Later,
+}
+
+/// `node`'s place among its call's results in the walk of `pass` (`node` at `position`).
+fn joint_siblings(node: &Rc<Node>, position: usize, pass: u64) -> Joint {
+    let Some(all) = node.siblings.get() else { return Joint::No };
+    let mut here = Vec::with_capacity(all.len());
+    for sibling in all.iter().filter_map(|s| s.upgrade()).filter(|s| !Rc::ptr_eq(s, node)) {
+        let stamp = sibling.grad_visit.get();
+        if stamp & !UNORDERED != pass || stamp & UNORDERED == UNORDERED {
+            continue; // not on this walk's gradient path
+        }
+        let p = (stamp & UNORDERED) as usize;
+        if p < position {
+            return Joint::Later;
+        }
+        let state = sibling.lock();
+        if let Some(Op::Kernel(k)) = state.recipe.as_ref().map(|r| &r.op) {
+            here.push((k.result, p));
+        }
+    }
+    Joint::Here(here)
 }
 
 impl Tensor {
@@ -258,4 +315,85 @@ pub fn value_and_grad(f: impl FnOnce(&[Tensor]) -> Tensor, params: &[Tensor]) ->
     let refs: Vec<&Tensor> = params.iter().collect();
     let grads = grad(&loss, &refs);
     (loss, grads)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use lazuli_hlo::{Choice, DType, Gradient, KernelDef, KernelOp, Loc, Op, Program, TensorType};
+
+    use crate::graph::record::try_apply;
+    use crate::graph::tensor::{Node, Tensor};
+
+    /// A kernel `(x, a) → (s = x + a, y = s²)` whose joint rule returns `t = ds + 2s·dy + ds·dy` for both operands.
+    /// The last term is no gradient: it is a marker that is only there when the rule saw both cotangents in one
+    /// call (per result, with zeros for the other, it vanishes), and twice as large if the rule ran twice.
+    fn marked_kernel() -> Arc<KernelDef> {
+        let ty = TensorType::new(DType::F64, [3]);
+        let operands = vec![ty.clone(), ty.clone()];
+        let composite = Program::record(&operands, |b, x| {
+            let s = lazuli_hlo::Builder::add(b, &x[0], &x[1]);
+            let y = lazuli_hlo::Builder::mul(b, &s, &s);
+            vec![Some(s), Some(y)]
+        })
+        .expect("composite");
+        let mut inputs = operands.clone();
+        inputs.extend([ty.clone(), ty.clone()]);
+        let joint = Program::record(&inputs, |b, x| {
+            use lazuli_hlo::Builder;
+            let s = b.sibling(0, ty.clone());
+            let (ds, dy) = (&x[2], &x[3]);
+            let two_s = b.scale(&s, 2.0);
+            let through_y = b.mul(&two_s, dy);
+            let marker = b.mul(ds, dy);
+            let t = b.add(ds, &through_y);
+            let t = b.add(&t, &marker);
+            vec![Some(t.clone()), Some(t)]
+        })
+        .expect("joint rule");
+        let choice = Choice { implementation: "composite", reason: "a test".into() };
+        let gradients = vec![Gradient::Joint(joint.clone()), Gradient::Joint(joint)];
+        KernelDef::new("marked", operands, vec![ty.clone(), ty], None, composite, gradients, choice).expect("def")
+    }
+
+    /// The joint rule runs once per call with every result's cotangent, wherever the results sit in the walk,
+    /// and with zeros for a result the loss does not reach.
+    #[test]
+    fn a_joint_rule_sees_every_results_cotangent_once() {
+        let def = marked_kernel();
+        let (xv, av, w1, w2) = ([1.0, -2.0, 0.5], [0.25, 1.0, -1.5], [0.5, -1.0, 2.0], [1.5, 0.25, -0.5]);
+        for (use_s, use_y, s_first) in
+            [(true, true, true), (true, true, false), (true, false, true), (false, true, true)]
+        {
+            let x = Tensor::from_slice(&xv, &[3]).requires_grad();
+            let a = Tensor::from_slice(&av, &[3]).requires_grad();
+            let result = |r: usize| try_apply(Op::Kernel(KernelOp::new(def.clone(), r)), &[&x, &a], Loc::caller());
+            let (s, y) = if s_first {
+                let s = result(0).expect("s");
+                (s, result(1).expect("y"))
+            } else {
+                let y = result(1).expect("y");
+                (result(0).expect("s"), y)
+            };
+            Node::set_siblings(&[&s.node, &y.node]);
+            let (c1, c2) = (Tensor::from_slice(&w1, &[3]), Tensor::from_slice(&w2, &[3]));
+            let loss = match (use_s, use_y) {
+                (true, true) => (&s * &c1).sum_all() + (&y * &c2).sum_all(),
+                (true, false) => (&s * &c1).sum_all(),
+                _ => (&y * &c2).sum_all(),
+            };
+            let grads = crate::graph::autodiff::grad(&loss, &[&x, &a]);
+            for g in &grads {
+                let got = g.to_vec::<f64>().expect("gradient");
+                for i in 0..3 {
+                    let s = xv[i] + av[i];
+                    let (ds, dy) = (if use_s { w1[i] } else { 0.0 }, if use_y { w2[i] } else { 0.0 });
+                    let want = ds + 2.0 * s * dy + ds * dy;
+                    let case = (use_s, use_y, s_first);
+                    assert!((got[i] - want).abs() < 1e-12, "{case:?} [{i}]: {} against {want}", got[i]);
+                }
+            }
+        }
+    }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::graph::record::{raise, try_apply};
-use crate::graph::tensor::Tensor;
+use crate::graph::tensor::{Node, Tensor};
 use crate::runtime::runtime;
 
 impl Tensor {
@@ -177,7 +177,10 @@ fn add_layer_norm_at(
     }
     let operands: Vec<&Tensor> = [x, added].into_iter().chain(added_bias).chain([w, b]).collect();
     let sum = try_apply(Op::Kernel(KernelOp::new(def.clone(), 3)), &operands, loc)?;
-    Ok((sum, try_apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)?))
+    let y = try_apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)?;
+    // One gradient rule for both: the sum's cotangent and the layer norm's meet inside it.
+    Node::set_siblings(&[&sum.node, &y.node]);
+    Ok((sum, y))
 }
 
 const LAYER_NORM: &str = "layer_norm";
