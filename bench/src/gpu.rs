@@ -41,8 +41,11 @@ pub fn side_name(framework: &str, attention: Attention) -> String {
 }
 
 /// Which kernels lazuli's fused rows run: `LAZULI_ATTENTION`'s choice for bf16 q, k, v that are slots of the
-/// projection `[B, T, 3, H, hd]`.
-fn fused_attention_kernels() -> &'static str {
+/// projection `[B, T, 3, H, hd]` on an NVIDIA GPU (`on_gpu`), the composite elsewhere.
+fn fused_attention_kernels(on_gpu: bool) -> &'static str {
+    if !on_gpu {
+        return "lazuli::scaled_dot_product_attention as lazuli's ops (the composite: no NVIDIA GPU here)";
+    }
     let setting = std::env::var("LAZULI_ATTENTION").unwrap_or_default();
     match lazuli::Implementation::parse(&setting) {
         Some(lazuli::Implementation::Cudnn) => "lazuli::scaled_dot_product_attention by cuDNN's flash attention, bf16 q, k, v sliced from the projection",
@@ -337,7 +340,7 @@ impl GpuRun {
             if s.framework == "lazuli" {
                 let attn = match s.attention {
                     Attention::Written => "written out (bf16 matmuls, f32 mask and softmax)",
-                    Attention::Fused => fused_attention_kernels(),
+                    Attention::Fused => fused_attention_kernels(i.framework.starts_with("cuda")),
                 };
                 println!("- {}: {}; attention: {attn}", s.side.name, i.framework);
             } else {
