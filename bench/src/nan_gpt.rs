@@ -130,7 +130,17 @@ pub fn side(cfg: GptNanConfig, trip: bool) -> BenchResult<Value> {
     let t0 = Instant::now();
     // The bad step, then two more: under `stop` a step's check is read once two later steps are launched (the
     // two keep the state from before the bad one).
-    let outcome = step(-1e30).and_then(|_| step(1.0)).and_then(|_| step(1.0));
+    let mut trip = || step(-1e30).and_then(|_| step(1.0)).and_then(|_| step(1.0));
+    // `LAZULI_BENCH_PROFILE_TRIP=1`: the device's kernels over the trip (the locating program's among them), on
+    // stderr; the trip's time then includes the profiler's.
+    let outcome = match std::env::var_os("LAZULI_BENCH_PROFILE_TRIP") {
+        Some(_) => {
+            let (outcome, profile) = lazuli::profile(1, trip)?;
+            eprintln!("the trip's device time:\n{profile}");
+            outcome
+        }
+        None => trip(),
+    };
     let trip_s = t0.elapsed().as_secs_f64();
     let m = lazuli::metrics() - before;
     let text = outcome.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
