@@ -1,6 +1,6 @@
 //! Counting non-finite values inside a program: the nodes `LAZULI_CHECK_FINITE` adds to a step's graph (one
 //! count per group of floating-point outputs, [`count_nonfinite_grouped`]) and to the graph that locates a trip
-//! (one count per floating-point node, and the [`extremes`] of their operands).
+//! (each watched node's count and range in one reduction, [`stats`]).
 //! lazuli's op set has no `is_finite`; `|x| < inf` is the same test (false for NaN and ±inf) from ops that every
 //! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
 //!
@@ -17,15 +17,8 @@ use crate::op::Op;
 use crate::ops::elementwise::{BinaryKind, Compare, CompareDir, Select, Unary, UnaryKind};
 use crate::ops::layout::{BroadcastInDim, Reshape};
 use crate::ops::leaf::Constant;
-use crate::ops::reduce::{Reduce, ReduceKind};
+use crate::ops::reduce::{FiniteStats, Reduce, ReduceKind};
 use crate::ops::slicing::Concatenate;
-
-/// Add nodes to `g` computing, for each of `of` (floating-point nodes), its number of non-finite elements, as one
-/// `i32[of.len()]` vector in that order; returns the vector's node, or `None` when `of` is empty. The new nodes
-/// carry `loc`. Counts saturate nowhere: a tensor of more than `i32::MAX` elements would wrap.
-pub fn count_nonfinite(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Option<NodeId>, String> {
-    count_nonfinite_grouped(g, of, 1, loc)
-}
 
 /// At most this many tensors, and this many elements, share one count of [`count_nonfinite_grouped`]: few enough
 /// operands for XLA to fuse their concatenation into the counting reduction.
@@ -111,31 +104,29 @@ fn reduce_to_one(g: &mut Graph, x: NodeId, kind: ReduceKind, loc: Loc) -> Result
     g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![reduced], loc)
 }
 
-/// Add nodes to `g` computing the smallest and the largest element of each of `of` (floating-point nodes): one
-/// vector per dtype among them, in that dtype so that the values are exact, holding `min, max` of each of its
-/// nodes in `of`'s order. Returns each vector's node with the nodes it covers. The new nodes carry `loc`. A node
-/// without elements has `inf, -inf` (the reductions' identities); the values of a node with NaN elements are
-/// whatever the device's min and max make of NaN.
-pub fn extremes(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
-    let mut by_dtype: Vec<(DType, Vec<NodeId>)> = Vec::new();
+/// Add nodes to `g` computing each of `of`'s (floating-point nodes) [`FiniteStats`]: its count of non-finite
+/// elements and its range, in one reduction per node, concatenated per result dtype (f32, and f64 for f64 nodes)
+/// in the order of `of`. Returns each concatenation's node with the nodes it holds three values of.
+pub fn stats(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
+    let mut by_dtype: Vec<(DType, Vec<NodeId>, Vec<NodeId>)> = Vec::new();
     for &x in of {
-        let dtype = g.nodes[x].ty.dtype;
-        if !dtype.is_float() {
-            return Err(format!("the extremes of {}, which is not floating-point", g.nodes[x].ty));
-        }
-        match by_dtype.iter_mut().find(|(d, _)| *d == dtype) {
-            Some((_, xs)) => xs.push(x),
-            None => by_dtype.push((dtype, vec![x])),
+        let s = g.push(Op::FiniteStats(FiniteStats), vec![x], loc)?;
+        let dtype = g.nodes[s].ty.dtype;
+        match by_dtype.iter_mut().find(|(d, _, _)| *d == dtype) {
+            Some((_, xs, parts)) => {
+                xs.push(x);
+                parts.push(s);
+            }
+            None => by_dtype.push((dtype, vec![x], vec![s])),
         }
     }
     let mut out = Vec::with_capacity(by_dtype.len());
-    for (_, xs) in by_dtype {
-        let mut parts = Vec::with_capacity(2 * xs.len());
-        for &x in &xs {
-            parts.push(reduce_to_one(g, x, ReduceKind::Min, loc)?);
-            parts.push(reduce_to_one(g, x, ReduceKind::Max, loc)?);
-        }
-        out.push((g.push(Op::Concatenate(Concatenate { dim: 0 }), parts, loc)?, xs));
+    for (_, xs, parts) in by_dtype {
+        let all = match parts[..] {
+            [one] => one,
+            _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), parts, loc)?,
+        };
+        out.push((all, xs));
     }
     Ok(out)
 }
@@ -227,7 +218,7 @@ mod tests {
         let mut g = Graph::new();
         let a = g.parameter(TensorType::new(DType::F32, [2, 3]), loc);
         let b = g.parameter(TensorType::new(DType::F16, []), loc);
-        let counts = count_nonfinite(&mut g, &[a, b], loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &[a, b], 1, loc).unwrap().unwrap();
         g.outputs = vec![counts];
         let av = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, f64::NAN, f64::INFINITY, -f64::INFINITY, 0.0, 3.0]);
         let bv = ArrayD::from_elem(IxDyn(&[]), 70000.0); // past f16's largest: rounds to inf
@@ -235,25 +226,31 @@ mod tests {
         assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0]);
     }
 
-    /// Each node's smallest and largest element, grouped by dtype in the order of `of`; an empty node's are the
-    /// identities.
+    /// Each node's count and range, grouped by result dtype in the order of `of`; an empty node's range is the
+    /// identities'; counts are exact past f32's integers.
     #[test]
-    fn extremes_by_the_reference() {
+    fn stats_by_the_reference() {
         let loc = Loc { file: "t.rs", line: 1, col: 1 };
         let mut g = Graph::new();
         let a = g.parameter(TensorType::new(DType::F32, [2, 2]), loc);
-        let b = g.parameter(TensorType::new(DType::F16, []), loc);
-        let c = g.parameter(TensorType::new(DType::F32, [0]), loc);
-        let groups = extremes(&mut g, &[a, b, c], loc).unwrap();
-        assert_eq!(groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), vec![vec![a, c], vec![b]]);
+        let b = g.parameter(TensorType::new(DType::F64, []), loc);
+        let c = g.parameter(TensorType::new(DType::F16, [0]), loc);
+        let d = g.parameter(TensorType::new(DType::BF16, [70_000]), loc);
+        let groups = stats(&mut g, &[a, b, c, d], loc).unwrap();
+        assert_eq!(groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), vec![vec![a, c, d], vec![b]]);
         g.outputs = groups.iter().map(|&(v, _)| v).collect();
-        let av = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.5, -3.0, 0.25, 2.0]).unwrap();
+        let av = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.5, -3.0, f64::INFINITY, 2.0]).unwrap();
         let bv = ArrayD::from_elem(IxDyn(&[]), -7.0);
         let cv = ArrayD::from_shape_vec(IxDyn(&[0]), vec![]).unwrap();
-        let out = g.evaluate(&[av, bv, cv]).unwrap();
-        let values = |i: usize| out[i].iter().copied().collect::<Vec<_>>();
-        assert_eq!(values(0), vec![-3.0, 2.0, f64::INFINITY, f64::NEG_INFINITY]);
-        assert_eq!(values(1), vec![-7.0, -7.0]);
+        let dv = ArrayD::from_elem(IxDyn(&[70_000]), f64::NAN);
+        let out = g.evaluate(&[av, bv, cv, dv]).unwrap();
+        let read =
+            |i: usize, j: usize, dt: DType| FiniteStats::read(dt, &out[i].iter().copied().collect::<Vec<_>>()[3 * j..]);
+        assert_eq!(read(0, 0, DType::F32), (1, -3.0, f64::INFINITY));
+        assert_eq!(read(0, 1, DType::F32), (0, f64::INFINITY, f64::NEG_INFINITY));
+        let (count, min, max) = read(0, 2, DType::F32);
+        assert!(count == 70_000 && min.is_nan() && max.is_nan());
+        assert_eq!(read(1, 0, DType::F64), (0, -7.0, -7.0));
     }
 
     /// Groups are runs of one dtype, at most `GROUP_TENSORS` long; each counts all of its members' elements.
@@ -294,7 +291,7 @@ mod tests {
         let new_w = g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Div }), vec![w, x], loc);
         let new_w = new_w.unwrap();
         g.outputs = vec![new_w, new_w];
-        let counts = count_nonfinite(&mut g, &[new_w], loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &[new_w], 1, loc).unwrap().unwrap();
         let trip = tripped(&mut g, counts, loc).unwrap();
         guard(&mut g, trip, &[(0, 0)], loc).unwrap();
         let run = |x: [f64; 2]| {
@@ -317,7 +314,7 @@ mod tests {
         let flag = g.parameter(TensorType::new(DType::Bool, []), loc);
         let new_w = g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Div }), vec![w, x], loc);
         g.outputs = vec![new_w.unwrap(), flag];
-        let counts = count_nonfinite(&mut g, &[x], loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &[x], 1, loc).unwrap().unwrap();
         let trip = tripped(&mut g, counts, loc).unwrap();
         let flag_out = g.outputs[1];
         let next = sticky(&mut g, flag_out, trip, loc).unwrap();

@@ -39,7 +39,7 @@ pub use ops::leaf::{Constant, Iota, Parameter};
 pub use ops::loss::{CrossEntropy, CrossEntropyGrad};
 pub use ops::norm::{NormSpec, Normalize, NormalizeGrad};
 pub use ops::random::{BitcastConvert, RngAlgorithm, RngBitGenerator, RngOutput};
-pub use ops::reduce::{Reduce, ReduceKind};
+pub use ops::reduce::{FiniteStats, Reduce, ReduceKind};
 pub use ops::scan::{ArgKind, ArgReduce, CumSum};
 pub use ops::sharding::ShardingConstraint;
 pub use ops::slicing::{Concatenate, Pad, Reverse, Slice};

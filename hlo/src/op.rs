@@ -23,7 +23,7 @@ use crate::ops::{
     loss::{CrossEntropy, CrossEntropyGrad},
     norm::{Normalize, NormalizeGrad},
     random::{BitcastConvert, RngBitGenerator},
-    reduce::Reduce,
+    reduce::{FiniteStats, Reduce},
     scan::{ArgReduce, CumSum},
     sharding::ShardingConstraint,
     slicing::{Concatenate, Pad, Reverse, Slice},
@@ -77,6 +77,7 @@ pub enum Op {
     ScatterReduce(ScatterReduce),
     CumSum(CumSum),
     ArgReduce(ArgReduce),
+    FiniteStats(FiniteStats),
     Sort(Sort),
     Erf(Erf),
     RngBitGenerator(RngBitGenerator),
@@ -130,6 +131,7 @@ macro_rules! dispatch {
             Op::ScatterReduce($o) => $e,
             Op::CumSum($o) => $e,
             Op::ArgReduce($o) => $e,
+            Op::FiniteStats($o) => $e,
             Op::Sort($o) => $e,
             Op::Erf($o) => $e,
             Op::RngBitGenerator($o) => $e,
@@ -228,6 +230,7 @@ impl Op {
             | Op::ScatterReduce(_)
             | Op::CumSum(_)
             | Op::ArgReduce(_)
+            | Op::FiniteStats(_)
             | Op::Sort(_)
             | Op::RngBitGenerator(_)
             | Op::Convolution(_)
@@ -276,6 +279,7 @@ impl Op {
             | Op::ScatterReduce(_)
             | Op::CumSum(_)
             | Op::ArgReduce(_)
+            | Op::FiniteStats(_)
             | Op::Erf(_)
             | Op::RngBitGenerator(_)
             | Op::Convolution(_)

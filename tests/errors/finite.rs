@@ -523,6 +523,81 @@ fn grouped_counts_on_the_plugin_match_the_reference() {
     assert_eq!(got, want);
 }
 
+/// The locator's one reduction per watched node (`FiniteStats`: the count of non-finite elements and the range)
+/// compiles on the real CPU plugin and gives what the reference interpreter gives: f32, f16, bf16 and f64 nodes,
+/// an empty one, one all NaN, and a count past f32's exact integers (2^24 + 3 infinities).
+#[test]
+fn the_locators_stats_on_the_plugin_match_the_reference() {
+    use lazuli_hlo::finite::stats;
+    use lazuli_hlo::{emit, EmitOptions, FiniteStats, Graph, Loc, TensorType};
+    use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
+    use ndarray::{ArrayD, IxDyn};
+
+    let loc = Loc::caller();
+    let big = (1 << 24) + 3;
+    let specs: [(DType, Vec<f64>); 6] = [
+        (DType::F32, vec![1.5, -3.0, f64::INFINITY, 2.0, f64::NAN]),
+        (DType::F16, vec![0.25, -8.0, 70000.0]), // 70000 is past f16's largest: inf
+        (DType::BF16, vec![f64::NAN; 4]),
+        (DType::F64, vec![-1e300, 1e300, f64::NEG_INFINITY]),
+        (DType::F32, vec![]),
+        (DType::F32, vec![f64::INFINITY; big]),
+    ];
+    let mut g = Graph::new();
+    let xs: Vec<_> = specs.iter().map(|(dt, v)| g.parameter(TensorType::new(*dt, [v.len()]), loc)).collect();
+    let groups = stats(&mut g, &xs, loc).unwrap();
+    g.outputs = groups.iter().map(|&(v, _)| v).collect();
+    let values: Vec<ArrayD<f64>> =
+        specs.iter().map(|(_, v)| ArrayD::from_shape_vec(IxDyn(&[v.len()]), v.clone()).unwrap()).collect();
+    let want = g.evaluate(&values).unwrap();
+
+    let plugin = Plugin::load(provision::cpu_plugin_path().unwrap()).unwrap();
+    let client = Client::new(&plugin, &ClientOptions::new().cpu_device_count(1)).unwrap();
+    // As lazuli compiles every program: min and max propagate NaN (XLA's fast min/max off).
+    let mut options = CompileOptions::default();
+    options.xla_options.push(("xla_cpu_enable_fast_min_max".into(), lazuli_pjrt::XlaOption::Bool(false)));
+    let exe = client.compile(&emit(&g, &EmitOptions::default()), &options).unwrap();
+    let device = &client.devices()[0];
+    let mut args = Vec::new();
+    for (dt, v) in &specs {
+        let (bytes, ty): (Vec<u8>, _) = match dt {
+            DType::F16 => (v.iter().flat_map(|&e| half::f16::from_f64(e).to_le_bytes()).collect(), ElementType::F16),
+            DType::BF16 => (v.iter().flat_map(|&e| half::bf16::from_f64(e).to_le_bytes()).collect(), ElementType::BF16),
+            DType::F64 => (v.iter().flat_map(|&e| e.to_le_bytes()).collect(), ElementType::F64),
+            _ => (v.iter().flat_map(|&e| (e as f32).to_le_bytes()).collect(), ElementType::F32),
+        };
+        args.push(client.buffer_from_host(&bytes, ty, &[v.len() as i64], device).unwrap());
+    }
+    let out = exe.execute(&args.iter().collect::<Vec<_>>()).unwrap();
+    let decode = |dtype: DType, bytes: Vec<u8>| -> Vec<f64> {
+        match dtype {
+            DType::F64 => bytes.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+            _ => bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        }
+    };
+    let mut seen = 0;
+    for (((all, of), got), want) in groups.iter().zip(&out).zip(&want) {
+        let dtype = g.nodes[*all].ty.dtype;
+        let got = decode(dtype, got.to_host().unwrap());
+        let want: Vec<f64> = want.iter().copied().collect();
+        for (j, &x) in of.iter().enumerate() {
+            let (got, want) = (FiniteStats::read(dtype, &got[3 * j..]), FiniteStats::read(dtype, &want[3 * j..]));
+            let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+            assert!(
+                got.0 == want.0 && same(got.1, want.1) && same(got.2, want.2),
+                "node {x}: {got:?} against {want:?}"
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, specs.len());
+    // The count past 2^24 came through exactly.
+    let (i, j) =
+        groups.iter().enumerate().find_map(|(i, (_, of))| Some((i, of.iter().position(|&x| x == xs[5])?))).unwrap();
+    let host = decode(DType::F32, out[i].to_host().unwrap());
+    assert_eq!(FiniteStats::read(DType::F32, &host[3 * j..]).0, big as u64);
+}
+
 /// The locator counts only ops that can make a non-finite value, not those that move values (transpose, select,
 /// reshape, …): a `-inf` made by a `log`, moved through a transpose and a select that keeps it, then multiplied,
 /// is located at the `log`; an output that is a reshape is named with its own count.

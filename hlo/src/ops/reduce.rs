@@ -160,3 +160,134 @@ impl OpRules for Reduce {
         crate::shard::drop_dims(&x[0], &self.axes)
     }
 }
+
+/// A floating-point tensor's count of non-finite elements and its smallest and largest element, in one variadic
+/// reduction (one kernel, one read): the NaN locator's probe of every node it watches (`finite.rs`). The result is
+/// `[3]` in f32 (f64 for f64 tensors): the count's bits (an i32, or for f64 an i64, reinterpreted, so that it is
+/// exact at any size: [`FiniteStats::read`] turns it back), then the minimum and the maximum (NaN if there is a
+/// NaN; the dtype's `highest` and `lowest` for an empty tensor). No gradient: it only reports. Counts wrap past
+/// `i32::MAX` elements, as the step's own check does.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FiniteStats;
+
+impl FiniteStats {
+    /// The count, minimum and maximum in a [`FiniteStats`] result of type `dtype`, read as f64 values.
+    pub fn read(dtype: DType, values: &[f64]) -> (u64, f64, f64) {
+        let count = match dtype {
+            DType::F64 => values[0].to_bits(),
+            _ => (values[0] as f32).to_bits() as u64,
+        };
+        (count, values[1], values[2])
+    }
+
+    fn result_dtype(x: DType) -> DType {
+        if x == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        }
+    }
+
+    /// The reducer over (count, min, max) pairs.
+    fn region(dt: DType) -> String {
+        let (i, s) = (TensorType::scalar(DType::I32).mlir(), TensorType::scalar(dt).mlir());
+        format!(
+            "{{\n    ^bb0(%c0: {i}, %l0: {s}, %h0: {s}, %c1: {i}, %l1: {s}, %h1: {s}):\n      %c = \"stablehlo.add\"(%c0, %c1) : ({i}, {i}) -> {i}\n      %l = \"stablehlo.minimum\"(%l0, %l1) : ({s}, {s}) -> {s}\n      %h = \"stablehlo.maximum\"(%h0, %h1) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%c, %l, %h) : ({i}, {s}, {s}) -> ()\n    }}"
+        )
+    }
+}
+
+impl OpRules for FiniteStats {
+    fn name(&self) -> &'static str {
+        "finite_stats"
+    }
+    fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
+        arity("finite_stats", operands, 1)?;
+        let t = operands[0];
+        if !t.dtype.is_float() {
+            return Err(InferError::DType(format!("finite_stats is defined for floating-point tensors, not {t}")));
+        }
+        Ok(TensorType::new(FiniteStats::result_dtype(t.dtype), [3]))
+    }
+    fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        use crate::op::Op;
+        use crate::ops::elementwise::{Compare, CompareDir, Convert, Select, Unary, UnaryKind};
+        use crate::ops::layout::Reshape;
+        use crate::ops::leaf::Constant;
+        use crate::ops::random::BitcastConvert;
+        use crate::ops::slicing::Concatenate;
+        let x_ty = cx.arg_ty(0).clone();
+        let (dt, out_dt) = (x_ty.dtype, FiniteStats::result_dtype(x_ty.dtype));
+        let flat = TensorType::new(dt, [x_ty.elements()]);
+        let (flags_ty, finite_ty) = (flat.with_dtype(DType::I32), flat.with_dtype(DType::Bool));
+        let (int, scalar, out) = (TensorType::scalar(DType::I32), TensorType::scalar(dt), cx.out_ty().clone());
+        let splat = |v: f64, ty: &TensorType| Op::Constant(Constant::new(v, ty.clone()));
+        let x = cx.arg(0).to_string();
+        let x = cx.lower_op(&Op::Reshape(Reshape { dims: vec![x_ty.elements()] }), vec![(x, &x_ty)], &flat);
+        // 1 where the element is NaN or infinite: |x| < inf is false for both.
+        let abs = cx.lower_op(&Op::Unary(Unary { kind: UnaryKind::Abs }), vec![(x.clone(), &flat)], &flat);
+        let inf = cx.lower_op(&splat(f64::INFINITY, &flat), vec![], &flat);
+        let finite =
+            cx.lower_op(&Op::Compare(Compare { dir: CompareDir::Lt }), vec![(abs, &flat), (inf, &flat)], &finite_ty);
+        let zeros = cx.lower_op(&splat(0.0, &flags_ty), vec![], &flags_ty);
+        let ones = cx.lower_op(&splat(1.0, &flags_ty), vec![], &flags_ty);
+        let flags = vec![(finite, &finite_ty), (zeros, &flags_ty), (ones, &flags_ty)];
+        let flags = cx.lower_op(&Op::Select(Select), flags, &flags_ty);
+        let inits = [
+            cx.lower_op(&splat(0.0, &int), vec![], &int),
+            cx.lower_op(&splat(dt.highest(), &scalar), vec![], &scalar),
+            cx.lower_op(&splat(dt.lowest(), &scalar), vec![], &scalar),
+        ];
+        let [c0, l0, h0] = inits;
+        let operands = [flags, x.clone(), x, c0, l0, h0];
+        let tys = [&flags_ty, &flat, &flat, &int, &scalar, &scalar];
+        let (attrs, region) = ("dimensions = array<i64: 0>", FiniteStats::region(dt));
+        let r = cx.op_multi("stablehlo.reduce", &operands, &tys, attrs, Some(&region), &[&int, &scalar, &scalar]);
+        // The count's bits in the result's type, then the range in it; each as [1], joined.
+        let (out_scalar, one) = (TensorType::scalar(out_dt), TensorType::new(out_dt, [1]));
+        let wide = TensorType::scalar(DType::I64);
+        let count = match out_dt {
+            DType::F64 => {
+                let c = cx.lower_op(
+                    &Op::Convert(Convert { from: DType::I32, to: DType::I64 }),
+                    vec![(r[0].clone(), &int)],
+                    &wide,
+                );
+                cx.lower_op(
+                    &Op::BitcastConvert(BitcastConvert { from: DType::I64, to: out_dt }),
+                    vec![(c, &wide)],
+                    &out_scalar,
+                )
+            }
+            _ => cx.lower_op(
+                &Op::BitcastConvert(BitcastConvert { from: DType::I32, to: out_dt }),
+                vec![(r[0].clone(), &int)],
+                &out_scalar,
+            ),
+        };
+        let mut parts = vec![cx.lower_op(&Op::Reshape(Reshape { dims: vec![1] }), vec![(count, &out_scalar)], &one)];
+        for v in [r[1].clone(), r[2].clone()] {
+            let v = cx.lower_op(&Op::Convert(Convert { from: dt, to: out_dt }), vec![(v, &scalar)], &out_scalar);
+            parts.push(cx.lower_op(&Op::Reshape(Reshape { dims: vec![1] }), vec![(v, &out_scalar)], &one));
+        }
+        cx.lower_op(&Op::Concatenate(Concatenate { dim: 0 }), parts.into_iter().map(|p| (p, &one)).collect(), &out)
+    }
+    fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        let (mut count, mut min, mut max) = (0u64, f64::INFINITY, f64::NEG_INFINITY);
+        for &v in x[0].iter() {
+            count += !v.is_finite() as u64;
+            (min, max) = if v.is_nan() || min.is_nan() { (f64::NAN, f64::NAN) } else { (min.min(v), max.max(v)) };
+        }
+        let bits = match out.dtype {
+            DType::F64 => f64::from_bits(count),
+            _ => f32::from_bits(count as u32) as f64,
+        };
+        ArrayD::from_shape_vec(ndarray::IxDyn(&[3]), vec![bits, min, max]).expect("three values")
+    }
+    fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
+        vec![None]
+    }
+    fn shard(&self, _: &[crate::shard::ShardIn<'_>], _out: &TensorType) -> Option<crate::shard::DimShards> {
+        None
+    }
+}

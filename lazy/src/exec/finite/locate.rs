@@ -1,15 +1,15 @@
 //! Locating a trip: the first node, in program order, whose result holds non-finite values while its
-//! floating-point operands are all finite. The step's IR runs again on its kept inputs as one program whose outputs
-//! are the count of non-finite elements of every floating-point node that can make one (not of those that only
-//! move values) and of every output (one vector), and the smallest and largest element
-//! of every floating-point operand of those nodes, so that the found node's operand ranges, which the report
-//! shows, come from the same run. It is compiled here and not cached: a trip is rare.
+//! floating-point operands are all finite. The step's IR runs again on its kept inputs as one program that
+//! reduces, in one reduction each (`FiniteStats`), every floating-point node that can make a non-finite value (not
+//! those that only move values), every output and every floating-point operand of those nodes to its count of
+//! non-finite elements and its range, so that the found node's operand ranges, which the report shows, come from
+//! the same run. It is compiled here and not cached: a trip is rare.
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
 use std::time::Instant;
 
-use lazuli_hlo::{emit, DType, EmitOptions, Graph, Loc, NodeId, Op, Reshape, TensorType};
+use lazuli_hlo::{emit, EmitOptions, FiniteStats, Graph, Loc, NodeId, Op, Reshape, TensorType};
 use lazuli_pjrt::{Buffer, CompileOptions, XlaOption};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
@@ -87,19 +87,25 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let counted = counted(graph, &floats);
+    // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.
+    let watched = watched(graph, &counted);
+    if watched.is_empty() {
+        return Ok(Replayed { first: None, outputs: Vec::new() });
+    }
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
-    let Some(counts) = lazuli_hlo::finite::count_nonfinite(&mut probe, &counted, loc).map_err(Error::Internal)? else {
-        return Ok(Replayed { first: None, outputs: Vec::new() });
-    };
-    // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.
-    let extremes = lazuli_hlo::finite::extremes(&mut probe, &float_operands(graph, &counted), loc);
-    let extremes = extremes.map_err(Error::Internal)?;
-    probe.outputs = std::iter::once(counts).chain(extremes.iter().map(|&(v, _)| v)).collect();
+    let stats = lazuli_hlo::finite::stats(&mut probe, &watched, loc).map_err(Error::Internal)?;
+    probe.outputs = stats.iter().map(|&(v, _)| v).collect();
     let host = run(rt, &probe, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
-    for (&id, c) in counted.iter().zip(bytes_to_f64(DType::I32, &host[0])) {
-        nonfinite[id] = c as u64;
+    let mut range = vec![None; graph.nodes.len()];
+    for ((all, of), bytes) in stats.iter().zip(&host) {
+        let dtype = probe.nodes[*all].ty.dtype;
+        for (&id, three) in of.iter().zip(bytes_to_f64(dtype, bytes).chunks(3)) {
+            let (count, min, max) = FiniteStats::read(dtype, three);
+            nonfinite[id] = count;
+            range[id] = Some((min, max));
+        }
     }
     let float_outputs = graph.outputs.iter().filter(|&&o| graph.nodes[o].ty.dtype.is_float());
     let outputs = float_outputs.map(|&o| nonfinite[o]).collect();
@@ -109,13 +115,6 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
     let Some(first) = counted.iter().copied().find(|&id| nonfinite[id] > 0 && finite_operands(id)) else {
         return Ok(Replayed { first: None, outputs });
     };
-    let mut range = vec![None; graph.nodes.len()];
-    for ((_, of), bytes) in extremes.iter().zip(&host[1..]) {
-        let values = bytes_to_f64(graph.nodes[of[0]].ty.dtype, bytes);
-        for (&id, pair) in of.iter().zip(values.chunks(2)) {
-            range[id] = Some((pair[0], pair[1]));
-        }
-    }
     let node = &graph.nodes[first];
     let mut operands = Vec::with_capacity(node.operands.len());
     for &o in &node.operands {
@@ -143,12 +142,15 @@ fn counted(graph: &Graph, floats: &[NodeId]) -> Vec<NodeId> {
     floats.iter().copied().filter(|&id| is_output[id] || !graph.nodes[id].op.only_moves_values()).collect()
 }
 
-/// The floating-point nodes that are operands of `floats`, each once, in program order.
-fn float_operands(graph: &Graph, floats: &[NodeId]) -> Vec<NodeId> {
+/// The nodes the locating run reduces, each once, in program order: the counted ones and the floating-point
+/// operands of those (whose ranges the report shows; an uncounted one reports 0 non-finite, as it only moves
+/// values).
+fn watched(graph: &Graph, counted: &[NodeId]) -> Vec<NodeId> {
     let mut wanted = vec![false; graph.nodes.len()];
-    for &id in floats {
+    for &id in counted {
+        wanted[id] = true;
         for &o in &graph.nodes[id].operands {
-            wanted[o] = graph.nodes[o].ty.dtype.is_float();
+            wanted[o] |= graph.nodes[o].ty.dtype.is_float();
         }
     }
     (0..graph.nodes.len()).filter(|&id| wanted[id]).collect()
