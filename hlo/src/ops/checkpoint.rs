@@ -192,6 +192,64 @@ mod tests {
         BlockDef::new(p).expect("a recomputable block")
     }
 
+    /// A kernel `(x, a) → (s = x + a, y = s²)` whose joint rule returns `t = ds + 2s·dy + ds·dy` for both
+    /// operands: the last term is a marker, only there when the rule saw both cotangents in one call.
+    fn marked_kernel() -> Arc<crate::ops::kernel::KernelDef> {
+        use crate::ops::kernel::{Choice, Gradient, KernelDef};
+        let ty = TensorType::new(DType::F64, [3]);
+        let operands = vec![ty.clone(), ty.clone()];
+        let composite = Program::record(&operands, |b, x| {
+            let s = b.add(&x[0], &x[1]);
+            let y = b.mul(&s, &s);
+            vec![Some(s), Some(y)]
+        })
+        .expect("composite");
+        let mut inputs = operands.clone();
+        inputs.extend([ty.clone(), ty.clone()]);
+        let joint = Program::record(&inputs, |b, x| {
+            let s = b.sibling(0, ty.clone());
+            let two_s = b.scale(&s, 2.0);
+            let through_y = b.mul(&two_s, &x[3]);
+            let marker = b.mul(&x[2], &x[3]);
+            let t = b.add(&x[2], &through_y);
+            let t = b.add(&t, &marker);
+            vec![Some(t.clone()), Some(t)]
+        })
+        .expect("joint rule");
+        let choice = Choice { implementation: "composite", reason: "a test".into() };
+        let gradients = vec![Gradient::Joint(joint.clone()), Gradient::Joint(joint)];
+        KernelDef::new("marked", operands, vec![ty.clone(), ty], None, composite, gradients, choice).expect("def")
+    }
+
+    /// Inside a checkpointed block (differentiated on a tape, not by the lazy graph's autodiff), a kernel's joint
+    /// rule still runs once per call with both results' cotangents.
+    #[test]
+    fn a_recomputed_block_gives_a_joint_rule_every_cotangent_at_once() {
+        use crate::ops::composite::Evaluating;
+        use crate::ops::kernel::KernelOp;
+        let kernel = marked_kernel();
+        let t = TensorType::new(DType::F64, [3]);
+        let p = Program::record(&[t.clone(), t.clone()], |b, x| {
+            let s = b.op(Op::Kernel(KernelOp::new(kernel.clone(), 0)), &[&x[0], &x[1]]);
+            let y = b.op(Op::Kernel(KernelOp::new(kernel.clone(), 1)), &[&x[0], &x[1]]);
+            vec![Some(b.add(&s, &y))]
+        })
+        .expect("a block");
+        let op = Op::Checkpoint(Checkpoint::block(BlockDef::new(p).expect("recomputable"), 0));
+        let (x, a, g) = (data(&[3], 1), data(&[3], 2), data(&[3], 3));
+        let v = |a: &ndarray::ArrayD<f64>| (a.clone(), t.clone());
+        let out = op.reference(&t, &[&x, &a]);
+        let grads = op.vjp(&mut Evaluating, &[v(&x), v(&a)], &v(&out), &v(&g));
+        for d in grads {
+            let d = d.expect("a cotangent").0;
+            for i in 0..3 {
+                let s = x[i] + a[i];
+                let want = g[i] + 2.0 * s * g[i] + g[i] * g[i];
+                assert!((d[i] - want).abs() < 1e-12, "[{i}]: {} against {want}", d[i]);
+            }
+        }
+    }
+
     #[test]
     fn recomputed_gradient_matches_finite_differences() {
         let op = Op::Checkpoint(Checkpoint::block(block(3), 0));

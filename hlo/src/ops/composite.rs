@@ -151,12 +151,37 @@ pub(crate) fn vjp_outputs_with<B: Builder>(
             None => seed.clone(),
         });
     }
+    let joint = joint_calls(&ops);
     for (k, (op, ins)) in ops.iter().enumerate().rev() {
         let id = x.len() + k;
-        let Some(gk) = cot[id].take() else { continue };
         let operands: Vec<B::V> = ins.iter().map(|&i| values[i].clone()).collect();
         // The recorded values are this rule's own: every cotangent is wanted, whatever `b` would say of them.
-        let grads = op.vjp(&mut AllGrads(&mut *b), &operands, &values[id], &gk);
+        let grads = match (op, &joint[k]) {
+            // A later result of a call with a joint rule: its cotangent waits for the call's first result.
+            (_, JointCall::Later) => continue,
+            (Op::Kernel(kernel), JointCall::First(results)) => {
+                let mut cotangents: Vec<Option<B::V>> = vec![None; kernel.def.results.len()];
+                for &(r, m) in results {
+                    if let Some(g) = cot[x.len() + m].take() {
+                        cotangents[r] = Some(match cotangents[r].take() {
+                            Some(prev) => b.add(&prev, &g),
+                            None => g,
+                        });
+                    }
+                }
+                if cotangents.iter().all(Option::is_none) {
+                    continue;
+                }
+                match kernel.joint_vjp(&mut AllGrads(&mut *b), &operands, cotangents) {
+                    Some(grads) => grads,
+                    None => continue,
+                }
+            }
+            _ => {
+                let Some(gk) = cot[id].take() else { continue };
+                op.vjp(&mut AllGrads(&mut *b), &operands, &values[id], &gk)
+            }
+        };
         for (&i, d) in ins.iter().zip(grads) {
             let Some(d) = d else { continue };
             cot[i] = Some(match cot[i].take() {
@@ -167,6 +192,40 @@ pub(crate) fn vjp_outputs_with<B: Builder>(
     }
     cot.truncate(x.len());
     cot
+}
+
+/// Where a recorded op stands among the results of a kernel call with a joint gradient rule (`Gradient::Joint`).
+enum JointCall {
+    /// Not such a result: its own rule runs.
+    No,
+    /// The call's first result on the tape, where the rule runs backwards last: every result of the call on the
+    /// tape, `(result index, tape op)`, itself included; their cotangents are complete by then.
+    First(Vec<(usize, usize)>),
+    /// A later result of the call: its cotangent is the first's to take.
+    Later,
+}
+
+/// For each recorded op, its place among the results of a joint-rule kernel call: results of one call are the
+/// same kernel on the same operands.
+fn joint_calls(ops: &[(Op, Vec<usize>)]) -> Vec<JointCall> {
+    let mut out: Vec<JointCall> = ops.iter().map(|_| JointCall::No).collect();
+    for (k, (op, ins)) in ops.iter().enumerate() {
+        let Op::Kernel(kernel) = op else { continue };
+        if !kernel.has_joint_gradient() || !matches!(out[k], JointCall::No) {
+            continue;
+        }
+        let mut results = vec![(kernel.result, k)];
+        for (m, (other, other_ins)) in ops.iter().enumerate().skip(k + 1) {
+            if let Op::Kernel(o) = other {
+                if std::sync::Arc::ptr_eq(&o.def, &kernel.def) && other_ins == ins {
+                    results.push((o.result, m));
+                    out[m] = JointCall::Later;
+                }
+            }
+        }
+        out[k] = JointCall::First(results);
+    }
+    out
 }
 
 /// A builder that wants every cotangent (see `Builder::needs_grad`), recording through another. The other is
