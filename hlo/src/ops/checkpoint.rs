@@ -192,42 +192,13 @@ mod tests {
         BlockDef::new(p).expect("a recomputable block")
     }
 
-    /// A kernel `(x, a) → (s = x + a, y = s²)` whose joint rule returns `t = ds + 2s·dy + ds·dy` for both
-    /// operands: the last term is a marker, only there when the rule saw both cotangents in one call.
-    fn marked_kernel() -> Arc<crate::ops::kernel::KernelDef> {
-        use crate::ops::kernel::{Choice, Gradient, KernelDef};
-        let ty = TensorType::new(DType::F64, [3]);
-        let operands = vec![ty.clone(), ty.clone()];
-        let composite = Program::record(&operands, |b, x| {
-            let s = b.add(&x[0], &x[1]);
-            let y = b.mul(&s, &s);
-            vec![Some(s), Some(y)]
-        })
-        .expect("composite");
-        let mut inputs = operands.clone();
-        inputs.extend([ty.clone(), ty.clone()]);
-        let joint = Program::record(&inputs, |b, x| {
-            let s = b.sibling(0, ty.clone());
-            let two_s = b.scale(&s, 2.0);
-            let through_y = b.mul(&two_s, &x[3]);
-            let marker = b.mul(&x[2], &x[3]);
-            let t = b.add(&x[2], &through_y);
-            let t = b.add(&t, &marker);
-            vec![Some(t.clone()), Some(t)]
-        })
-        .expect("joint rule");
-        let choice = Choice { implementation: "composite", reason: "a test".into() };
-        let gradients = vec![Gradient::Joint(joint.clone()), Gradient::Joint(joint)];
-        KernelDef::new("marked", operands, vec![ty.clone(), ty], None, composite, gradients, choice).expect("def")
-    }
-
     /// Inside a checkpointed block (differentiated on a tape, not by the lazy graph's autodiff), a kernel's joint
     /// rule still runs once per call with both results' cotangents.
     #[test]
     fn a_recomputed_block_gives_a_joint_rule_every_cotangent_at_once() {
         use crate::ops::composite::Evaluating;
         use crate::ops::kernel::KernelOp;
-        let kernel = marked_kernel();
+        let kernel = crate::ops::kernel::joint_rule_probe(3);
         let t = TensorType::new(DType::F64, [3]);
         let p = Program::record(&[t.clone(), t.clone()], |b, x| {
             let s = b.op(Op::Kernel(KernelOp::new(kernel.clone(), 0)), &[&x[0], &x[1]]);

@@ -261,3 +261,34 @@ impl OpRules for KernelOp {
         self.def.composite.shard_outputs(x).swap_remove(self.result)
     }
 }
+
+/// A kernel `(x, a) → (s = x + a, y = s²)` on f64 `[n]` whose joint rule returns `t = ds + 2s·dy + ds·dy` for both
+/// operands. The last term is no gradient: it is a marker that is only there when the rule saw both cotangents in
+/// one call (run per result, with zeros for the other, it vanishes), and twice as large if the rule ran twice. For
+/// the tests of the grouping of a call's cotangents, here and in `lazuli-lazy`'s autodiff.
+#[doc(hidden)]
+pub fn joint_rule_probe(n: usize) -> Arc<KernelDef> {
+    let ty = TensorType::new(crate::dtype::DType::F64, [n]);
+    let operands = vec![ty.clone(), ty.clone()];
+    let composite = Program::record(&operands, |b, x| {
+        let s = b.add(&x[0], &x[1]);
+        let y = b.mul(&s, &s);
+        vec![Some(s), Some(y)]
+    })
+    .expect("the probe's composite");
+    let mut inputs = operands.clone();
+    inputs.extend([ty.clone(), ty.clone()]);
+    let joint = Program::record(&inputs, |b, x| {
+        let s = b.sibling(0, ty.clone());
+        let two_s = b.scale(&s, 2.0);
+        let through_y = b.mul(&two_s, &x[3]);
+        let marker = b.mul(&x[2], &x[3]);
+        let t = b.add(&x[2], &through_y);
+        vec![Some(b.add(&t, &marker)), Some(b.add(&t, &marker))]
+    })
+    .expect("the probe's joint rule");
+    let choice = Choice { implementation: "composite", reason: "a test probe".into() };
+    let gradients = vec![Gradient::Joint(joint.clone()), Gradient::Joint(joint)];
+    KernelDef::new("joint_probe", operands, vec![ty.clone(), ty], None, composite, gradients, choice)
+        .expect("the probe")
+}

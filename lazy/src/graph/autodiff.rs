@@ -319,49 +319,16 @@ pub fn value_and_grad(f: impl FnOnce(&[Tensor]) -> Tensor, params: &[Tensor]) ->
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use lazuli_hlo::{Choice, DType, Gradient, KernelDef, KernelOp, Loc, Op, Program, TensorType};
+    use lazuli_hlo::{KernelOp, Loc, Op};
 
     use crate::graph::record::try_apply;
     use crate::graph::tensor::{Node, Tensor};
-
-    /// A kernel `(x, a) → (s = x + a, y = s²)` whose joint rule returns `t = ds + 2s·dy + ds·dy` for both operands.
-    /// The last term is no gradient: it is a marker that is only there when the rule saw both cotangents in one
-    /// call (per result, with zeros for the other, it vanishes), and twice as large if the rule ran twice.
-    fn marked_kernel() -> Arc<KernelDef> {
-        let ty = TensorType::new(DType::F64, [3]);
-        let operands = vec![ty.clone(), ty.clone()];
-        let composite = Program::record(&operands, |b, x| {
-            let s = lazuli_hlo::Builder::add(b, &x[0], &x[1]);
-            let y = lazuli_hlo::Builder::mul(b, &s, &s);
-            vec![Some(s), Some(y)]
-        })
-        .expect("composite");
-        let mut inputs = operands.clone();
-        inputs.extend([ty.clone(), ty.clone()]);
-        let joint = Program::record(&inputs, |b, x| {
-            use lazuli_hlo::Builder;
-            let s = b.sibling(0, ty.clone());
-            let (ds, dy) = (&x[2], &x[3]);
-            let two_s = b.scale(&s, 2.0);
-            let through_y = b.mul(&two_s, dy);
-            let marker = b.mul(ds, dy);
-            let t = b.add(ds, &through_y);
-            let t = b.add(&t, &marker);
-            vec![Some(t.clone()), Some(t)]
-        })
-        .expect("joint rule");
-        let choice = Choice { implementation: "composite", reason: "a test".into() };
-        let gradients = vec![Gradient::Joint(joint.clone()), Gradient::Joint(joint)];
-        KernelDef::new("marked", operands, vec![ty.clone(), ty], None, composite, gradients, choice).expect("def")
-    }
 
     /// The joint rule runs once per call with every result's cotangent, wherever the results sit in the walk,
     /// and with zeros for a result the loss does not reach.
     #[test]
     fn a_joint_rule_sees_every_results_cotangent_once() {
-        let def = marked_kernel();
+        let def = lazuli_hlo::ops::kernel::joint_rule_probe(3);
         let (xv, av, w1, w2) = ([1.0, -2.0, 0.5], [0.25, 1.0, -1.5], [0.5, -1.0, 2.0], [1.5, 0.25, -0.5]);
         for (use_s, use_y, s_first) in
             [(true, true, true), (true, true, false), (true, false, true), (false, true, true)]
