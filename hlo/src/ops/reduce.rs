@@ -211,7 +211,7 @@ impl OpRules for FiniteStats {
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
         use crate::op::Op;
-        use crate::ops::elementwise::{Compare, CompareDir, Convert, Select, Unary, UnaryKind};
+        use crate::ops::elementwise::Convert;
         use crate::ops::layout::Reshape;
         use crate::ops::leaf::Constant;
         use crate::ops::random::BitcastConvert;
@@ -224,15 +224,10 @@ impl OpRules for FiniteStats {
         let splat = |v: f64, ty: &TensorType| Op::Constant(Constant::new(v, ty.clone()));
         let x = cx.arg(0).to_string();
         let x = cx.lower_op(&Op::Reshape(Reshape { dims: vec![x_ty.elements()] }), vec![(x, &x_ty)], &flat);
-        // 1 where the element is NaN or infinite: |x| < inf is false for both.
-        let abs = cx.lower_op(&Op::Unary(Unary { kind: UnaryKind::Abs }), vec![(x.clone(), &flat)], &flat);
-        let inf = cx.lower_op(&splat(f64::INFINITY, &flat), vec![], &flat);
-        let finite =
-            cx.lower_op(&Op::Compare(Compare { dir: CompareDir::Lt }), vec![(abs, &flat), (inf, &flat)], &finite_ty);
-        let zeros = cx.lower_op(&splat(0.0, &flags_ty), vec![], &flags_ty);
-        let ones = cx.lower_op(&splat(1.0, &flags_ty), vec![], &flags_ty);
-        let flags = vec![(finite, &finite_ty), (zeros, &flags_ty), (ones, &flags_ty)];
-        let flags = cx.lower_op(&Op::Select(Select), flags, &flags_ty);
+        // 1 where the element is NaN or infinite.
+        let finite = cx.op("stablehlo.is_finite", std::slice::from_ref(&x), &[&flat], "", None, &finite_ty);
+        let bad = cx.op("stablehlo.not", &[finite], &[&finite_ty], "", None, &finite_ty);
+        let flags = cx.op("stablehlo.convert", &[bad], &[&finite_ty], "", None, &flags_ty);
         let inits = [
             cx.lower_op(&splat(0.0, &int), vec![], &int),
             cx.lower_op(&splat(dt.highest(), &scalar), vec![], &scalar),
@@ -267,7 +262,10 @@ impl OpRules for FiniteStats {
         };
         let mut parts = vec![cx.lower_op(&Op::Reshape(Reshape { dims: vec![1] }), vec![(count, &out_scalar)], &one)];
         for v in [r[1].clone(), r[2].clone()] {
-            let v = cx.lower_op(&Op::Convert(Convert { from: dt, to: out_dt }), vec![(v, &scalar)], &out_scalar);
+            let v = match dt == out_dt {
+                true => v,
+                false => cx.lower_op(&Op::Convert(Convert { from: dt, to: out_dt }), vec![(v, &scalar)], &out_scalar),
+            };
             parts.push(cx.lower_op(&Op::Reshape(Reshape { dims: vec![1] }), vec![(v, &out_scalar)], &one));
         }
         cx.lower_op(&Op::Concatenate(Concatenate { dim: 0 }), parts.into_iter().map(|p| (p, &one)).collect(), &out)
