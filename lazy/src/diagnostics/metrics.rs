@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     pub locate_compiles: AtomicU64,
     pub locate_compile_ns: AtomicU64,
     pub locate_run_ns: AtomicU64,
+    pub locate_build_ns: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -47,6 +48,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     locate_compiles: AtomicU64::new(0),
     locate_compile_ns: AtomicU64::new(0),
     locate_run_ns: AtomicU64::new(0),
+    locate_build_ns: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -102,6 +104,8 @@ pub struct Metrics {
     pub locate_compile_ms: f64,
     /// Time running them: uploading the kept inputs, executing, reading the results.
     pub locate_run_ms: f64,
+    /// Time building them before their compile: the locating graph and its IR text.
+    pub locate_build_ms: f64,
 }
 
 /// The counters now.
@@ -128,6 +132,7 @@ pub fn metrics() -> Metrics {
         locate_compiles: c.locate_compiles.load(Relaxed),
         locate_compile_ms: c.locate_compile_ns.load(Relaxed) as f64 / 1e6,
         locate_run_ms: c.locate_run_ns.load(Relaxed) as f64 / 1e6,
+        locate_build_ms: c.locate_build_ns.load(Relaxed) as f64 / 1e6,
     }
 }
 
@@ -155,6 +160,7 @@ impl std::ops::Sub for Metrics {
             locate_compiles: self.locate_compiles - b.locate_compiles,
             locate_compile_ms: self.locate_compile_ms - b.locate_compile_ms,
             locate_run_ms: self.locate_run_ms - b.locate_run_ms,
+            locate_build_ms: self.locate_build_ms - b.locate_build_ms,
         }
     }
 }

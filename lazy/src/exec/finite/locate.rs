@@ -84,6 +84,7 @@ pub(crate) struct Replayed {
 /// outputs' counts.
 pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Replayed> {
     let _one = crate::exec::one_at_a_time();
+    let building = Instant::now();
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let counted = counted(graph, &floats);
@@ -96,6 +97,7 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
     let stats = lazuli_hlo::finite::stats(&mut probe, &watched, loc).map_err(Error::Internal)?;
     probe.outputs = stats.iter().map(|&(v, _)| v).collect();
+    Counters::add(&COUNTERS.locate_build_ns, building.elapsed().as_nanos() as u64);
     let host = run(rt, &probe, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
     let mut range = vec![None; graph.nodes.len()];
@@ -176,9 +178,11 @@ fn on_one_device(graph: &Graph) -> Graph {
 
 /// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes.
 fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
+    let building = Instant::now();
     let mut graph = graph.clone();
     graph.aliases.clear();
     let text = emit(&graph, &EmitOptions::default());
+    Counters::add(&COUNTERS.locate_build_ns, building.elapsed().as_nanos() as u64);
     let options = options(rt);
     let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
     let compiling = Instant::now();
