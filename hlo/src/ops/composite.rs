@@ -205,25 +205,22 @@ enum JointCall {
     Later,
 }
 
-/// For each recorded op, its place among the results of a joint-rule kernel call: results of one call are the
-/// same kernel on the same operands.
+/// For each recorded op, its place among the results of a joint-rule kernel call (`kernel::joint_calls`).
 fn joint_calls(ops: &[(Op, Vec<usize>)]) -> Vec<JointCall> {
     let mut out: Vec<JointCall> = ops.iter().map(|_| JointCall::No).collect();
-    for (k, (op, ins)) in ops.iter().enumerate() {
-        let Op::Kernel(kernel) = op else { continue };
-        if !kernel.has_joint_gradient() || !matches!(out[k], JointCall::No) {
-            continue;
-        }
-        let mut results = vec![(kernel.result, k)];
-        for (m, (other, other_ins)) in ops.iter().enumerate().skip(k + 1) {
-            if let Op::Kernel(o) = other {
-                if std::sync::Arc::ptr_eq(&o.def, &kernel.def) && other_ins == ins {
-                    results.push((o.result, m));
-                    out[m] = JointCall::Later;
-                }
-            }
-        }
-        out[k] = JointCall::First(results);
+    let calls: Vec<(usize, (&crate::ops::kernel::KernelOp, &Vec<usize>))> = ops
+        .iter()
+        .enumerate()
+        .filter_map(|(k, (op, ins))| match op {
+            Op::Kernel(kernel) if kernel.has_joint_gradient() => Some((k, (kernel, ins))),
+            _ => None,
+        })
+        .collect();
+    let keyed: Vec<_> = calls.iter().map(|&(_, call)| call).collect();
+    for group in crate::ops::kernel::joint_calls(&keyed) {
+        let results = group.iter().map(|&i| (calls[i].1 .0.result, calls[i].0)).collect();
+        group[1..].iter().for_each(|&i| out[calls[i].0] = JointCall::Later);
+        out[calls[group[0]].0] = JointCall::First(results);
     }
     out
 }

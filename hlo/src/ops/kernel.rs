@@ -213,6 +213,26 @@ impl KernelOp {
     }
 }
 
+/// Results of kernel calls with a joint gradient rule ([`Gradient::Joint`]), grouped by call. `results` holds each
+/// such result with what identifies its operands (their nodes, their places on a tape): results of one call are
+/// the same kernel on the same operands, as the emitter lowers them once. Each group lists indices into `results`
+/// in its order. Autodiff runs a call's rule at its first result in topological order, the last one a backward
+/// pass reaches, when every result's cotangent is complete.
+pub fn joint_calls<K: PartialEq>(results: &[(&KernelOp, K)]) -> Vec<Vec<usize>> {
+    let mut grouped = vec![false; results.len()];
+    let mut groups = Vec::new();
+    for (i, (op, key)) in results.iter().enumerate() {
+        if grouped[i] {
+            continue;
+        }
+        let same = |j: &usize| !grouped[*j] && Arc::ptr_eq(&results[*j].0.def, &op.def) && results[*j].1 == *key;
+        let members: Vec<usize> = (i..results.len()).filter(same).collect();
+        members.iter().for_each(|&j| grouped[j] = true);
+        groups.push(members);
+    }
+    groups
+}
+
 impl OpRules for KernelOp {
     fn name(&self) -> &'static str {
         self.def.name

@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use lazuli_hlo::{Builder, Loc, Op, TensorType};
+use lazuli_hlo::{Builder, KernelOp, Loc, Op, TensorType};
 
 use crate::graph::record::{apply, fail};
 use crate::graph::tensor::{Node, NodeMap, Tensor};
@@ -71,13 +71,15 @@ const UNORDERED: u64 = 0xffff_ffff;
 
 /// Nodes on the gradient path below `root`, operands before users, each stamped with its position under the
 /// returned pass; gradient leaves end the walk. Stamps instead of a map of seen nodes: a training step's
-/// backward pass visits every node of its forward pass.
-fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64) {
+/// backward pass visits every node of its forward pass. Also the nodes among them that are results of a kernel
+/// with a joint gradient rule (read from the recipes the walk reads anyway).
+fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64, Vec<Rc<Node>>) {
     let pass = (PASSES.get() + 1) << 32;
     PASSES.set(pass >> 32);
     let seen = |o: &Node| o.grad_visit.get() & !UNORDERED == pass;
     let on_path = |o: &Node| o.grad_path || o.requires_grad();
     let mut order = Vec::new();
+    let mut joint = Vec::new();
     let finish = |node: Rc<Node>, order: &mut Vec<Rc<Node>>| {
         node.grad_visit.set(pass | order.len() as u64);
         order.push(node);
@@ -96,6 +98,9 @@ fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64) {
         let below = stack.len();
         if node.grad_path && !node.requires_grad() {
             if let Some(r) = node.lock().recipe.as_ref() {
+                if matches!(&r.op, Op::Kernel(k) if k.has_joint_gradient()) {
+                    joint.push(node.clone());
+                }
                 let unseen = |o: &&Rc<Node>| on_path(o) && !seen(o);
                 stack.extend(r.operands.iter().rev().filter(unseen).map(|o| (o.clone(), false)));
             }
@@ -107,13 +112,14 @@ fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64) {
             stack.insert(below, (node, true));
         }
     }
-    (order, pass)
+    (order, pass, joint)
 }
 
 /// Cotangents of every gradient leaf under `root`, seeded with `seed` (the cotangent of `root`).
 fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
     no_grad(|| {
-        let (order, pass) = topo_order(&root.node);
+        let (order, pass, joint) = topo_order(&root.node);
+        let joint = joint_places(&joint);
         // The cotangent of each node, by its position in `order` (the root is last).
         let mut cot: Vec<Option<Rc<Node>>> = vec![None; order.len()];
         if let Some(last) = cot.last_mut() {
@@ -124,28 +130,31 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
             // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
             // computed, which frees the forward graph and lets the step donate its inputs.
             node.backward_done.set(true);
+            let mut b = Recorder { loc: node.loc };
+            let place = joint.get(&position);
+            if let Some(Joint::Later) = place {
+                continue; // the call's first result takes this cotangent
+            }
             let own = cot[position].take();
             if node.requires_grad() {
                 leaves.extend(own.map(|g| (node.clone(), Tensor::from_node(g))));
                 continue;
             }
-            let mut b = Recorder { loc: node.loc };
-            let siblings = joint_siblings(node, position, pass);
             // The rule runs under the node's lock (it records new nodes and never locks this one), so neither
             // the op nor its operands are copied.
             let state = node.lock();
             let Some(recipe) = state.recipe.as_ref() else { continue };
-            let grads = match (&recipe.op, siblings) {
-                // A result of a call with a joint rule, whose sibling later in this walk runs the rule.
-                (_, Joint::Later) => {
-                    cot[position] = own;
-                    continue;
-                }
-                (Op::Kernel(k), Joint::Here(siblings)) => {
-                    let mut cotangents = vec![None; k.def.results.len()];
-                    cotangents[k.result] = own;
-                    for (r, p) in siblings {
-                        cotangents[r] = cot[p].take();
+            let grads = match (&recipe.op, place) {
+                (Op::Kernel(k), Some(Joint::First(results))) => {
+                    let mut cotangents: Vec<Option<Rc<Node>>> = vec![None; k.def.results.len()];
+                    for &(r, p) in results {
+                        let g = if p == position { own.clone() } else { cot[p].take() };
+                        if let Some(g) = g {
+                            cotangents[r] = Some(match cotangents[r].take() {
+                                Some(prev) => b.add(&prev, &g),
+                                None => g,
+                            });
+                        }
                     }
                     if cotangents.iter().all(Option::is_none) {
                         continue;
@@ -183,34 +192,37 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
 
 /// Where a result of a kernel call with a joint gradient rule (`Gradient::Joint`) stands in a backward walk.
 enum Joint {
-    /// Not such a result: its own rule runs.
-    No,
-    /// The call's rule runs here, the last of its results in the walk: with this cotangent and those of the
-    /// siblings in the walk, `(result index, position)` (each complete: the walk reached them first).
-    Here(Vec<(usize, usize)>),
-    /// A sibling later in the walk runs the rule; this cotangent waits for it.
+    /// The call's rule runs here, at its first result in the order (the last the walk reaches), with the
+    /// cotangents of every result of the call in the walk, `(result index, position)`, this one included.
+    First(Vec<(usize, usize)>),
+    /// A later result of the call: the first takes its cotangent.
     Later,
 }
 
-/// `node`'s place among its call's results in the walk of `pass` (`node` at `position`).
-fn joint_siblings(node: &Rc<Node>, position: usize, pass: u64) -> Joint {
-    let Some(all) = node.siblings.get() else { return Joint::No };
-    let mut here = Vec::with_capacity(all.len());
-    for sibling in all.iter().filter_map(|s| s.upgrade()).filter(|s| !Rc::ptr_eq(s, node)) {
-        let stamp = sibling.grad_visit.get();
-        if stamp & !UNORDERED != pass || stamp & UNORDERED == UNORDERED {
-            continue; // not on this walk's gradient path
-        }
-        let p = (stamp & UNORDERED) as usize;
-        if p < position {
-            return Joint::Later;
-        }
-        let state = sibling.lock();
-        if let Some(Op::Kernel(k)) = state.recipe.as_ref().map(|r| &r.op) {
-            here.push((k.result, p));
-        }
+/// The places of the joint-rule kernel results `nodes` (on the walk's path) among their calls, by position.
+fn joint_places(nodes: &[Rc<Node>]) -> std::collections::HashMap<usize, Joint> {
+    let mut places = std::collections::HashMap::new();
+    if nodes.is_empty() {
+        return places;
     }
-    Joint::Here(here)
+    let position = |n: &Rc<Node>| (n.grad_visit.get() & UNORDERED) as usize;
+    let mut results: Vec<(usize, KernelOp, Vec<*const Node>)> = nodes
+        .iter()
+        .filter_map(|n| {
+            let state = n.lock();
+            let recipe = state.recipe.as_ref()?;
+            let Op::Kernel(k) = &recipe.op else { return None };
+            Some((position(n), k.clone(), recipe.operands.iter().map(Rc::as_ptr).collect()))
+        })
+        .collect();
+    results.sort_by_key(|r| r.0);
+    let keyed: Vec<(&KernelOp, &Vec<*const Node>)> = results.iter().map(|(_, k, ops)| (k, ops)).collect();
+    for group in lazuli_hlo::ops::kernel::joint_calls(&keyed) {
+        let members = group.iter().map(|&i| (results[i].1.result, results[i].0)).collect();
+        group[1..].iter().for_each(|&i| drop(places.insert(results[i].0, Joint::Later)));
+        places.insert(results[group[0]].0, Joint::First(members));
+    }
+    places
 }
 
 impl Tensor {
@@ -322,7 +334,7 @@ mod tests {
     use lazuli_hlo::{KernelOp, Loc, Op};
 
     use crate::graph::record::try_apply;
-    use crate::graph::tensor::{Node, Tensor};
+    use crate::graph::tensor::Tensor;
 
     /// The joint rule runs once per call with every result's cotangent, wherever the results sit in the walk,
     /// and with zeros for a result the loss does not reach.
@@ -343,7 +355,6 @@ mod tests {
                 let y = result(1).expect("y");
                 (result(0).expect("s"), y)
             };
-            Node::set_siblings(&[&s.node, &y.node]);
             let (c1, c2) = (Tensor::from_slice(&w1, &[3]), Tensor::from_slice(&w2, &[3]));
             let loss = match (use_s, use_y) {
                 (true, true) => (&s * &c1).sum_all() + (&y * &c2).sum_all(),

@@ -73,9 +73,6 @@ pub(crate) struct Node {
     /// The value that replaces this one (a parameter's or an optimizer state's next value): donation gives this
     /// node's buffer to that output, so XLA can update it in place instead of copying around a mismatched pair.
     pub successor: OnceCell<Weak<Node>>,
-    /// The results of the kernel call this node is one of, when the kernel has a joint gradient rule
-    /// (`Gradient::Joint`): backward passes give the rule all their cotangents at once (`autodiff.rs`).
-    pub siblings: OnceCell<Rc<[Weak<Node>]>>,
 }
 
 thread_local! {
@@ -134,7 +131,6 @@ impl Node {
             visit: Cell::new(0),
             grad_visit: Cell::new(0),
             successor: OnceCell::new(),
-            siblings: OnceCell::new(),
         })
     }
 
@@ -150,15 +146,6 @@ impl Node {
 
     pub fn requires_grad(&self) -> bool {
         self.requires_grad.get()
-    }
-
-    /// Mark `results`, nodes of one kernel call, as siblings: backward passes give the kernel's joint gradient
-    /// rule their cotangents together.
-    pub fn set_siblings(results: &[&Rc<Node>]) {
-        let all: Rc<[Weak<Node>]> = results.iter().map(|n| Rc::downgrade(n)).collect();
-        for n in results {
-            let _ = n.siblings.set(all.clone());
-        }
     }
 
     /// The operand of the pending one-operand op that is to make this node, where `is` accepts that op: what a

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::graph::record::{raise, try_apply};
-use crate::graph::tensor::{Node, Tensor};
+use crate::graph::tensor::Tensor;
 use crate::runtime::runtime;
 
 impl Tensor {
@@ -40,9 +40,9 @@ impl Tensor {
     /// NVIDIA GPUs, which reads `self` and `added` once and writes the sum beside the normalized result). `added`
     /// has `self`'s shape and any float type: a linear layer's bf16 product, say, with the layer's bias as
     /// `added_bias`, so that the product is not widened and biased in a pass of its own. The sum has `self`'s
-    /// type and is normalized as rounded to it. Elsewhere it records the adds and the layer norm. Panics at the caller's line when the shapes or dtypes do not fit, or when
-    /// `LAZULI_LAYER_NORM=triton` forces a kernel that cannot run here; [`Tensor::try_add_layer_norm_affine`]
-    /// returns those as errors.
+    /// type and is normalized as rounded to it. Elsewhere it records the adds and the layer norm. Panics at the
+    /// caller's line when the shapes or dtypes do not fit, or when `LAZULI_LAYER_NORM=triton` forces a kernel that
+    /// cannot run here; [`Tensor::try_add_layer_norm_affine`] returns those as errors.
     #[track_caller]
     pub fn add_layer_norm_affine(
         &self,
@@ -177,10 +177,8 @@ fn add_layer_norm_at(
     }
     let operands: Vec<&Tensor> = [x, added].into_iter().chain(added_bias).chain([w, b]).collect();
     let sum = try_apply(Op::Kernel(KernelOp::new(def.clone(), 3)), &operands, loc)?;
-    let y = try_apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)?;
-    // One gradient rule for both: the sum's cotangent and the layer norm's meet inside it.
-    Node::set_siblings(&[&sum.node, &y.node]);
-    Ok((sum, y))
+    // One call, two results: autodiff gives the kernel's joint gradient rule both cotangents at once.
+    Ok((sum, try_apply(Op::Kernel(KernelOp::new(def, 0)), &operands, loc)?))
 }
 
 const LAYER_NORM: &str = "layer_norm";
