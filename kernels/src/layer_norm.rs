@@ -11,9 +11,8 @@
 //! The added form ([`LayerNormCall::added`]) normalizes `x + a` (or `x + (a + c)`, `c` a bias along the last axis:
 //! a linear layer's bf16 product and its bias) and also returns that sum (in `x`'s type): a residual stream's add
 //! and the layer norm after it, which XLA cannot fuse into the kernel, in one pass. Operands `x, a, [c,] w, b`;
-//! results `y, mean, rstd, sum`. Each result has its own gradient rule and autodiff adds them: the sum passes its
-//! cotangent to `x`, `a` and (summed over rows) `c`; `y` sends the plain backward's `dx`, computed on the sum, the
-//! same way.
+//! results `y, mean, rstd, sum`. One joint gradient rule serves `y` and the sum: the plain backward's `dx`, computed
+//! on the sum, plus the sum's own cotangent, goes on to `x`, `a` and (summed over rows) `c`.
 
 use std::sync::{Arc, Mutex};
 
@@ -80,8 +79,8 @@ impl LayerNormCall {
         if p.dims[..] != [width] {
             return Err(format!("layer_norm: the scale and shift must be [{width}] (x's last axis), got {p}"));
         }
-        let added = self.added.iter().flat_map(|a| [Some(a.dtype), a.bias]).flatten();
-        if let Some(a) = added.clone().find(|a| !a.is_float()) {
+        let mut added = self.added.iter().flat_map(|a| [Some(a.dtype), a.bias]).flatten();
+        if let Some(a) = added.find(|a| !a.is_float()) {
             return Err(format!("layer_norm: the tensor added to x and its bias must be floats, got {a}"));
         }
         if !(self.eps() > 0.0 && self.eps().is_finite()) {
@@ -143,25 +142,23 @@ fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<A
     });
     let what = format!("{}{added} → {}, {rows} rows of {width}", call.x.dtype, call.out);
     let (spec, choice) = triton_or_composite(KERNEL, what, (target, want), || triton_spec(call, rows, width))?;
-    let mut gradients = match spec {
+    // `y` and, in the added form, the sum carry gradients; the statistics none.
+    let (device, carried) = match spec {
         Some(spec) => {
             let plain = call.plain();
             let composite_def = layer_norm(&plain, target, Implementation::Composite)?;
             let backward = backward_kernel(&plain, rows, &spec.plain(), &composite_def, choice.clone())?;
-            let device = forward_program(call, rows, &spec)?;
-            let gradients = match call.added {
-                Some(_) => {
-                    let joint = Gradient::Joint(joint_gradient(call, rows, &backward)?);
-                    vec![joint.clone(), Gradient::None, Gradient::None, joint]
-                }
-                None => vec![Gradient::Program(gradient(call, rows, &backward)?), Gradient::None, Gradient::None],
+            let carried = match call.added {
+                Some(_) => Gradient::Joint(joint_gradient(call, rows, &backward)?),
+                None => Gradient::Program(gradient(call, rows, &backward)?),
             };
-            return KernelDef::new(KERNEL, operands, call.results(rows), Some(device), composite, gradients, choice);
+            (Some(forward_program(call, rows, &spec)?), carried)
         }
-        None => vec![Gradient::Composite, Gradient::None, Gradient::None],
+        None => (None, Gradient::Composite),
     };
-    gradients.extend(call.added.map(|_| Gradient::Composite));
-    KernelDef::new(KERNEL, operands, call.results(rows), None, composite, gradients, choice)
+    let sum = call.added.map(|_| carried.clone());
+    let gradients = [carried, Gradient::None, Gradient::None].into_iter().chain(sum).collect();
+    KernelDef::new(KERNEL, operands, call.results(rows), device, composite, gradients, choice)
 }
 
 /// The Triton kernels' spec, or why they do not apply.
@@ -382,8 +379,8 @@ mod tests {
         assert!(c.dims().expect_err("eps").contains("eps"));
     }
 
-    /// The added form: four operands and results on both targets, a device program and a gradient rule per
-    /// differentiable result on the GPU, and a composite that normalizes the sum it returns.
+    /// The added form: four operands and results, a device program and one joint gradient rule on the GPU, and a
+    /// composite that normalizes the sum it returns (with a linear layer's bias added, five operands).
     #[test]
     fn the_added_form_returns_the_sum_and_normalizes_it() {
         let c = call(&[2, 3, 5], DType::BF16).with_added(DType::BF16, None);
@@ -399,18 +396,18 @@ mod tests {
         let e = layer_norm(&call(&[4, 6], DType::F32).with_added(DType::I32, None), &H200, Implementation::Auto);
         assert!(e.expect_err("ints").contains("must be floats"));
 
-        let cpu =
-            layer_norm(&call(&[2, 5], DType::F32).with_added(DType::F32, None), &Target::Cpu, Implementation::Auto);
-        let cpu = cpu.expect("cpu");
-        assert!(cpu.device.is_none());
+        let c = call(&[2, 5], DType::F32).with_added(DType::F32, Some(DType::F32));
+        let cpu = layer_norm(&c, &Target::Cpu, Implementation::Auto).expect("cpu");
+        assert!(cpu.device.is_none() && cpu.operands.len() == 5);
         let x = ndarray::ArrayD::from_shape_fn(vec![2, 5], |i| ((i[0] * 5 + i[1]) as f64 * 0.61).cos());
         let a = ndarray::ArrayD::from_shape_fn(vec![2, 5], |i| (i[0] as f64 - i[1] as f64) * 0.3);
+        let lin = ndarray::ArrayD::from_shape_fn(vec![5], |i| 0.25 - i[0] as f64 * 0.15);
         let w = ndarray::ArrayD::from_shape_fn(vec![5], |i| 0.5 + i[0] as f64 * 0.2);
         let bias = ndarray::ArrayD::from_shape_fn(vec![5], |i| i[0] as f64 * 0.1);
-        let out = cpu.composite.evaluate(&[&x, &a, &w, &bias]);
+        let out = cpu.composite.evaluate(&[&x, &a, &lin, &w, &bias]);
         let (y, sum) = (out[0].as_ref().unwrap(), out[3].as_ref().unwrap());
         for r in 0..2 {
-            let row: Vec<f64> = (0..5).map(|k| x[[r, k]] + a[[r, k]]).collect();
+            let row: Vec<f64> = (0..5).map(|k| x[[r, k]] + a[[r, k]] + lin[[k]]).collect();
             let m = row.iter().sum::<f64>() / 5.0;
             let s = 1.0 / (row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / 5.0 + 1e-5).sqrt();
             for k in 0..5 {
