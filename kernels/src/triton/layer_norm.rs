@@ -9,8 +9,9 @@
 //!   sums that the caller adds up in one reduction: the two column sums cost no pass of their own over `[N, D]`.
 //!
 //! With an added tensor (`LayerNormSpec::added`, and perhaps a bias along the last axis added with it), the
-//! forward first adds it to `x` and also writes that sum, in `x`'s type: a residual stream's `x + f(x)` and the layer norm after it in one pass (the sum is what the next
-//! residual add reads). The backward is the plain one on the sum.
+//! forward first adds it to `x` and also writes that sum, in `x`'s type: a residual stream's `x + f(x)` and the
+//! layer norm after it in one pass (the sum is what the next residual add reads). The backward is the plain one on
+//! the sum.
 //!
 //! Everything is computed in f32. Rows are padded to the next power of two and masked, so any `D` up to
 //! [`MAX_D`] works; row blocks past `N` are masked too.
@@ -102,12 +103,11 @@ impl LayerNormSpec {
     }
 
     fn name(&self, what: &str) -> String {
-        let (op, added) = match self.added {
-            Some(a) => (
-                "add_layer_norm",
-                format!("_{}{}", a.mlir(), self.added_bias.map_or(String::new(), |c| format!("_bias_{}", c.mlir()))),
-            ),
-            None => ("layer_norm", String::new()),
+        let op = if self.added.is_some() { "add_layer_norm" } else { "layer_norm" };
+        let added = match (self.added, self.added_bias) {
+            (Some(a), Some(c)) => format!("_{}_bias_{}", a.mlir(), c.mlir()),
+            (Some(a), None) => format!("_{}", a.mlir()),
+            _ => String::new(),
         };
         let (x, p, y) = (self.x.mlir(), self.params.mlir(), self.y.mlir());
         format!("lazuli_{op}_{what}_{}x{}_{x}{added}_{p}_{y}", self.rows, self.width)
