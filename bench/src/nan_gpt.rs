@@ -5,10 +5,11 @@
 //!
 //! Measured, each setting in a process of its own, in rounds of the three alternated (`--rounds`, the machine's
 //! noise is larger than the check's cost): the step (each reading its loss) without the check, with `stop` and
-//! with `skip`; and under the first round's `stop` the time from the start of the bad step to its error (read once two later
-//! steps are launched), split by the runtime's metrics into waiting for the check, the locator's compile, its run
-//! (uploads, execution, reading back) and the rest (the bad step and the two after it, the report); whether the error
-//! names the planted op and line; and the goal, (trip − one compile) / step ≤ 3.
+//! with `skip`; and under the first round's `stop` the time from the start of the bad step to its error (read
+//! once two later steps are launched), split by the runtime's metrics into waiting for the check, building the
+//! locator's program (its graph and IR), its compile, its run (uploads, execution, reading back) and the rest (the
+//! bad step and the two after it, the report); whether the error names the planted op and line; and the issue's
+//! goal, (trip − one compile) / step ≤ 3.
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
