@@ -1,8 +1,9 @@
 //! Counting non-finite values inside a program: the nodes `LAZULI_CHECK_FINITE` adds to a step's graph (one
 //! count per group of floating-point outputs, [`count_nonfinite_grouped`]) and to the graph that locates a trip
 //! (each watched node's count and range in one reduction, [`stats`]).
-//! lazuli's op set has no `is_finite`; `|x| < inf` is the same test (false for NaN and ±inf) from ops that every
-//! backend and the reference interpreter already have, and XLA fuses it into the reduction that counts.
+//! The step's counts test `|x| < inf` (false for NaN and ±inf) with ops that every backend and the reference
+//! interpreter already have, and XLA fuses it into the reduction that counts; the locator's `FiniteStats` op lowers
+//! its test to `stablehlo.is_finite` inside its one reduction.
 //!
 //! [`guard`] keeps a step's state from a non-finite step, as dynamic loss scaling does: every state output
 //! becomes `select(tripped, old, new)`, so a tripped step returns its inputs' values and the old buffers may
