@@ -64,6 +64,12 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_DUMP_DIR", "a directory every compiled program is written to", "a directory", "unset"),
     v("LAZULI_COMPILE_CACHE", "the persistent compile cache", "a directory, off", "<cache dir>/executables"),
     v("LAZULI_COMPILE_CACHE_LIMIT", "its size limit", "bytes, or with K, M, G", "2G"),
+    v(
+        "LAZULI_WAIT_SPIN",
+        "how long a wait for the device polls before it sleeps",
+        "microseconds",
+        "200; 50000 on GPUs",
+    ),
     v("LAZULI_DONATE", "donation of dying inputs' buffers to outputs", "1, 0", "1"),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
@@ -264,6 +270,13 @@ pub(crate) fn triton_kernel(name: &'static str) -> Result<Implementation> {
         Some(Implementation::Cudnn) | None => Err(bad(name, &v, "auto, triton or composite")),
         Some(i) => Ok(i),
     }
+}
+
+/// `LAZULI_WAIT_SPIN` in microseconds; `None` when unset (the backend's default).
+pub(crate) fn wait_spin() -> Result<Option<std::time::Duration>> {
+    let Some(v) = var("LAZULI_WAIT_SPIN") else { return Ok(None) };
+    let us: u64 = v.trim().parse().map_err(|_| bad("LAZULI_WAIT_SPIN", &v, "microseconds (0 or more)"))?;
+    Ok(Some(std::time::Duration::from_micros(us)))
 }
 
 pub(crate) fn donate() -> Result<bool> {

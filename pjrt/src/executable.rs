@@ -203,9 +203,6 @@ impl std::fmt::Debug for LoadedExecutable {
     }
 }
 
-/// How long a wait polls its event before blocking on it.
-const SPIN_BEFORE_BLOCKING: std::time::Duration = std::time::Duration::from_micros(200);
-
 /// The completion of a launched program on each of its devices.
 pub struct Completion {
     client: Arc<ClientInner>,
@@ -230,12 +227,8 @@ impl Completion {
         let api = self.client.api();
         let mut status = Ok(());
         for event in self.events.drain(..) {
-            // Poll briefly before blocking: waking a blocked waiter cost ~35 µs per step on a 2-core machine,
-            // more than many small programs run. A long program costs this poll once.
-            let t0 = std::time::Instant::now();
-            while t0.elapsed() < SPIN_BEFORE_BLOCKING && !api.event_is_ready(&event) {
-                std::hint::spin_loop();
-            }
+            // Polls before it sleeps (`crate::wait`): waking a sleeping waiter costs more than many small
+            // programs run.
             let done = api.event_await(event, "PJRT_LoadedExecutable_Execute");
             if status.is_ok() {
                 status = done;

@@ -246,15 +246,21 @@ impl Api {
 
     /// Whether `event` has fired (it stays owned by the caller).
     pub(crate) fn event_is_ready(self, event: &EventHandle) -> bool {
+        self.is_ready(event.raw())
+    }
+
+    fn is_ready(self, event: *mut c::PJRT_Event) -> bool {
         let mut args = c::PJRT_Event_IsReady_Args::new();
-        args.event = event.raw();
+        args.event = event;
         call!(self, PJRT_Event_IsReady, &mut args).map(|()| args.is_ready).unwrap_or(true)
     }
 
+    /// Polls the event for the process's spin time (`crate::wait`), then sleeps on it; destroys it.
     fn await_event(self, event: *mut c::PJRT_Event, call: &'static str) -> Result<()> {
         if event.is_null() {
             return Ok(());
         }
+        crate::wait::spin_until(|| self.is_ready(event));
         let mut args = c::PJRT_Event_Await_Args::new();
         args.event = event;
         let status = call!(self, PJRT_Event_Await, &mut args).map_err(|e| rename_call(e, call));

@@ -66,6 +66,9 @@ pub struct Config {
     /// Count each step's non-finite output values in the step's own program, and skip the step, stop or log on a
     /// trip (`LAZULI_CHECK_FINITE`, default off; see `CheckFinite`).
     pub check_finite: CheckFinite,
+    /// How long a wait for the device polls before it sleeps (`LAZULI_WAIT_SPIN`, microseconds); `None`: the
+    /// backend's default, see [`Config::wait_spin`].
+    pub wait_spin: Option<std::time::Duration>,
     /// Join a multi-process group before the client is made (`LAZULI_COORDINATOR`, `LAZULI_PROCESS_ID`,
     /// `LAZULI_NUM_PROCESSES`, `LAZULI_HEARTBEAT_TIMEOUT`, `LAZULI_COORDINATOR_EXTERNAL`); `None`: one process.
     pub distributed: Option<distributed::Distributed>,
@@ -91,6 +94,7 @@ impl Default for Config {
             compile_cache: CompileCache::Default,
             compile_cache_limit: 2 << 30,
             check_finite: CheckFinite::Off,
+            wait_spin: None,
             distributed: None,
         }
     }
@@ -117,7 +121,20 @@ impl Config {
             compile_cache: settings::compile_cache(),
             compile_cache_limit: settings::compile_cache_limit()?,
             check_finite: settings::check_finite()?,
+            wait_spin: settings::wait_spin()?,
             distributed: settings::distributed()?,
+        })
+    }
+
+    /// How long a wait for the device polls its event before sleeping on it. CPU plugins compute on the host's
+    /// cores, so a wait polls briefly (a longer poll would take a core from the program). On GPUs the host is idle
+    /// while it waits, and a thread that slept through a step wakes late on a core that may have emptied its
+    /// caches, so the next step's recording starts cold: waits poll for up to 50 ms, as CUDA's own
+    /// synchronization spins by default. Measured in `docs/perf-log/2026-12-02-waits-sums-locator.md`.
+    pub fn wait_spin(&self) -> std::time::Duration {
+        self.wait_spin.unwrap_or(match self.backend {
+            Backend::Gpu | Backend::Rocm => std::time::Duration::from_millis(50),
+            Backend::Cpu | Backend::Tpu | Backend::Xpu => lazuli_pjrt::DEFAULT_SPIN,
         })
     }
 
@@ -184,6 +201,7 @@ static INIT: Mutex<()> = Mutex::new(());
 impl Runtime {
     fn new(config: Config) -> Result<Runtime> {
         check_settings(&config)?;
+        lazuli_pjrt::set_spin_before_sleeping(config.wait_spin());
         let mut opts = ClientOptions::new();
         if config.backend == Backend::Cpu {
             opts = opts.cpu_device_count(config.cpu_device_count);
