@@ -131,3 +131,25 @@ fn values_and_indices_of_one_sort_lower_to_one_device_sort() {
     let up: Vec<f64> = out[2].iter().copied().collect();
     assert!(up[4].is_nan() && [up[0], up[1], up[2], up[3], up[5]] == [1.0, 2.0, -1.0, 2.0, 3.0], "NaN last: {up:?}");
 }
+
+/// A 16-bit sum is reduced in f32 and rounded once (the CPU plugin widens it on its own, so only the text shows
+/// it there); max stays in the element type, which loses nothing.
+#[test]
+fn sixteen_bit_sums_reduce_in_f32() {
+    let at = Loc { file: "src/model.rs", line: 3, col: 1 };
+    for dt in [DType::BF16, DType::F16] {
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(dt, [4096, 3]), at);
+        let sum = |kind| Op::Reduce(Reduce { kind, axes: vec![0], keep: false });
+        let s = g.push(sum(ReduceKind::Sum), vec![x], at).unwrap();
+        let m = g.push(sum(ReduceKind::Max), vec![x], at).unwrap();
+        g.outputs = vec![s, m];
+        let text = emit(&g, &EmitOptions::default());
+        let e = dt.mlir();
+        let widen = format!("\"stablehlo.convert\"(%arg0) : (tensor<4096x3x{e}>) -> tensor<4096x3xf32>");
+        assert!(text.contains(&widen), "{text}");
+        assert!(text.contains("(tensor<4096x3xf32>, tensor<f32>) -> tensor<3xf32>"), "{text}");
+        assert!(text.contains(&format!(": (tensor<3xf32>) -> tensor<3x{e}>")), "{text}");
+        assert!(text.contains(&format!("(tensor<4096x3x{e}>, tensor<{e}>) -> tensor<3x{e}>")), "the max:\n{text}");
+    }
+}

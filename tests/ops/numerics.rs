@@ -76,6 +76,23 @@ fn max_and_min_reductions_propagate_nan() {
     c.run();
 }
 
+/// Sums of f16 and bf16 accumulate in f32 and round once: 4,096 ones give 4,096, where a running sum in the
+/// element type stops at 2,048 (f16) or 256 (bf16). The gradient of a broadcast (a bias's) is such a sum.
+#[test]
+fn sixteen_bit_sums_accumulate_in_f32() {
+    let mut c = Checks::default();
+    for dt in [DType::F16, DType::BF16] {
+        let ones = of(dt, &[1.0; 4096], &[4096]);
+        c.push(format!("sum {dt}"), ones.sum(&[0]), &[4096.0]);
+        c.push(format!("sum kept {dt}"), of(dt, &[1.0; 4096], &[2048, 2]).sum_keepdim(&[0]), &[2048.0, 2048.0]);
+        let bias = of(dt, &[0.5, -0.5], &[2]).requires_grad();
+        let y = of(dt, &[0.25; 8192], &[4096, 2]) + &bias;
+        let db = lazuli::grad(&y.to_dtype(DType::F32).sum_all(), &[&bias]).remove(0);
+        c.push(format!("d bias {dt}"), db, &[4096.0, 4096.0]);
+    }
+    c.run();
+}
+
 #[test]
 fn maximum_minimum_clamp_and_relu_propagate_nan() {
     let mut c = Checks::default();

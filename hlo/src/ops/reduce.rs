@@ -71,24 +71,39 @@ impl OpRules for Reduce {
         Ok(self.dropped(t))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
+        use crate::op::Op;
+        use crate::ops::elementwise::Convert;
         let in_ty = cx.arg_ty(0).clone();
         let out = self.dropped(&in_ty);
-        let scalar = TensorType::scalar(in_ty.dtype);
-        let (_, body_op, init) = self.kind.row(in_ty.dtype);
-        let init_attr = format!("value = dense<{}> : {}", in_ty.dtype.literal(init), scalar.mlir());
+        let mut x = cx.arg(0).to_string();
+        // 16-bit sums accumulate in f32 (as JAX's and PyTorch's do): a bf16 running sum stops growing once it
+        // is 256 times the addend. XLA fuses the conversions into the reduction.
+        let acc = match (self.kind, in_ty.dtype) {
+            (ReduceKind::Sum, DType::BF16 | DType::F16) => DType::F32,
+            (_, dt) => dt,
+        };
+        let (acc_in, acc_out) = (in_ty.with_dtype(acc), out.with_dtype(acc));
+        if acc != in_ty.dtype {
+            x = cx.lower_op(&Op::Convert(Convert { from: in_ty.dtype, to: acc }), vec![(x, &in_ty)], &acc_in);
+        }
+        let scalar = TensorType::scalar(acc);
+        let (_, body_op, init) = self.kind.row(acc);
+        let init_attr = format!("value = dense<{}> : {}", acc.literal(init), scalar.mlir());
         let init_name = cx.op("stablehlo.constant", &[], &[], &init_attr, None, &scalar);
         let s = scalar.mlir();
         let region = format!(
             "{{\n    ^bb0(%a: {s}, %b: {s}):\n      %r = \"{body_op}\"(%a, %b) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%r) : ({s}) -> ()\n    }}"
         );
-        let x = cx.arg(0).to_string();
         let attrs = format!("dimensions = {}", i64_array(&self.axes));
-        let r = cx.op("stablehlo.reduce", &[x, init_name], &[&in_ty, &scalar], &attrs, Some(&region), &out);
+        let mut r = cx.op("stablehlo.reduce", &[x, init_name], &[&acc_in, &scalar], &attrs, Some(&region), &acc_out);
+        if acc != in_ty.dtype {
+            r = cx.lower_op(&Op::Convert(Convert { from: acc, to: in_ty.dtype }), vec![(r, &acc_out)], &out);
+        }
         if !self.keep {
             return r;
         }
         let kept = cx.out_ty().clone();
-        let reshape = crate::op::Op::Reshape(crate::ops::layout::Reshape { dims: kept.dims.to_vec() });
+        let reshape = Op::Reshape(crate::ops::layout::Reshape { dims: kept.dims.to_vec() });
         cx.lower_op(&reshape, vec![(r, &out)], &kept)
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
