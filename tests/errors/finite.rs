@@ -621,3 +621,27 @@ fn a_value_moved_by_layout_ops_is_located_where_it_was_made() {
     assert!(report.contains("f32[4] recorded at"), "the reshaped output is named: {report}");
     assert!(report.contains("1 of 4 non-finite"), "{report}");
 }
+
+/// A `-inf` mask is meant to be there: an add of a mask makes `-inf` from a non-finite operand and is passed over,
+/// and the `log` after it, which makes `-inf` from finite values, is found. The mask may be a constant compiled in
+/// (`Tensor::constant`; reduced through an optimization barrier, so that XLA does not fold its reduction at
+/// compile time) or a host value, an input of the step (`Tensor::full`): an op that made non-finite values from
+/// finite ones is named before a non-finite input.
+#[test]
+fn a_mask_is_counted_and_passed_over() {
+    if child::alone(module_path!(), "a_mask_is_counted_and_passed_over") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    let w = Tensor::from_slice(&[0.5f32, 1.0, 2.0, 3.0], &[2, 2]);
+    let compiled_in = Tensor::constant(f64::NEG_INFINITY, DType::F32).broadcast_to(&[2, 2]).tril(0);
+    let host = Tensor::full(&[2, 2], f64::NEG_INFINITY, DType::F32).tril(0);
+    let _masked = &(&w + &compiled_in) * &host;
+    let line = line!() + 1;
+    let _y = (&w - 0.5).log();
+    lazuli::sync().unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert!(report.contains("operand 0: f32[2,2]: min 0e0, max 2.5e0, 0 NaN, 0 inf"), "{report}");
+}

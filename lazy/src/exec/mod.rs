@@ -160,6 +160,7 @@ fn at_exit() {
     if !crate::runtime::distributed::exit_without_waiting() {
         in_flight::wait_at_exit();
     }
+    finite::join_unloading();
     crate::runtime::distributed::leave_at_exit();
 }
 

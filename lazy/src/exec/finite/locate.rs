@@ -1,5 +1,5 @@
 //! Locating a trip: the first node, in program order, whose result holds non-finite values while its
-//! floating-point operands are all finite. The step's IR runs again on its kept inputs as one program that
+//! floating-point operands are all finite (an op before any input or constant, which may be a `-inf` mask). The step's IR runs again on its kept inputs as one program that
 //! reduces, in one reduction each (`FiniteStats`), every floating-point node that can make a non-finite value (not
 //! those that only move values), every output and every floating-point operand of those nodes to its count of
 //! non-finite elements and its range, so that the found node's operand ranges, which the report shows, come from
@@ -7,9 +7,10 @@
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
+use std::borrow::Cow;
 use std::time::Instant;
 
-use lazuli_hlo::{emit, EmitOptions, FiniteStats, Graph, Loc, NodeId, Op, Reshape, TensorType};
+use lazuli_hlo::{emit, Checkpoint, EmitOptions, FiniteStats, Graph, Loc, NodeId, Op, Reshape, TensorType};
 use lazuli_pjrt::{Buffer, CompileOptions, XlaOption};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
@@ -80,12 +81,12 @@ pub(crate) struct Replayed {
     pub outputs: Vec<u64>,
 }
 
-/// Run `graph` again on `inputs`: its first node that made a non-finite value from finite operands, and its
+/// Run the step's graph (made by `graph`) again on `inputs`: its first node that made a non-finite value from finite operands, and its
 /// outputs' counts.
-pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Replayed> {
+pub(crate) fn locate<'g>(rt: &Runtime, graph: impl FnOnce() -> Cow<'g, Graph>, inputs: &[Data]) -> Result<Replayed> {
     let _one = crate::exec::one_at_a_time();
     let building = Instant::now();
-    let graph = &on_one_device(graph);
+    let graph = &on_one_device(&graph());
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let counted = counted(graph, &floats);
     // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.
@@ -95,15 +96,20 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
     }
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
-    let stats = lazuli_hlo::finite::stats(&mut probe, &watched, loc).map_err(Error::Internal)?;
+    let measured = unfoldable(&mut probe, &watched)?;
+    let stats = lazuli_hlo::finite::stats(&mut probe, &measured, loc).map_err(Error::Internal)?;
     probe.outputs = stats.iter().map(|&(v, _)| v).collect();
+    // Back from a barrier to the node it stands for.
+    let n = graph.nodes.len();
+    let stands_for = |m: NodeId| if m < n { m } else { probe.nodes[m].operands[0] };
     Counters::add(&COUNTERS.locate_build_ns, building.elapsed().as_nanos() as u64);
     let host = run(rt, &probe, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
     let mut range = vec![None; graph.nodes.len()];
     for ((all, of), bytes) in stats.iter().zip(&host) {
         let dtype = probe.nodes[*all].ty.dtype;
-        for (&id, three) in of.iter().zip(bytes_to_f64(dtype, bytes).chunks(3)) {
+        for (&m, three) in of.iter().zip(bytes_to_f64(dtype, bytes).chunks(3)) {
+            let id = stands_for(m);
             let (count, min, max) = FiniteStats::read(dtype, three);
             nonfinite[id] = count;
             range[id] = Some((min, max));
@@ -113,8 +119,13 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Rep
     let outputs = float_outputs.map(|&o| nonfinite[o]).collect();
     // The first counted node with non-finite values made them: an uncounted operand (0 here) only moved values
     // made before it, by a counted node that would come first.
-    let finite_operands = |id: NodeId| graph.nodes[id].operands.iter().all(|&o| nonfinite[o] == 0);
-    let Some(first) = counted.iter().copied().find(|&id| nonfinite[id] > 0 && finite_operands(id)) else {
+    let made = |id: NodeId| nonfinite[id] > 0 && graph.nodes[id].operands.iter().all(|&o| nonfinite[o] == 0);
+    let enters = |id: NodeId| matches!(graph.nodes[id].op, Op::Parameter(_) | Op::Constant(_));
+    // An op that made non-finite values from finite ones comes before any non-finite input or constant: a `-inf`
+    // mask enters as one of those and is meant to be there. One of them is named when no op made non-finite
+    // values of its own.
+    let first = counted.iter().copied().find(|&id| !enters(id) && made(id));
+    let Some(first) = first.or_else(|| counted.iter().copied().find(|&id| made(id))) else {
         return Ok(Replayed { first: None, outputs });
     };
     let node = &graph.nodes[first];
@@ -156,6 +167,32 @@ fn watched(graph: &Graph, counted: &[NodeId]) -> Vec<NodeId> {
         }
     }
     (0..graph.nodes.len()).filter(|&id| wanted[id]).collect()
+}
+
+/// The nodes to reduce for `watched`, in order: each node itself, or, for a value computed from constants alone
+/// (a mask, a zero state, their broadcasts), that value through an optimization barrier. XLA folds a reduction of
+/// a constant at compile time, and a variadic one over a large broadcast it evaluates element by element: minutes
+/// for one of GPT-2's embedding-sized values.
+fn unfoldable(probe: &mut Graph, watched: &[NodeId]) -> Result<Vec<NodeId>> {
+    let constant = constant_only(probe);
+    let barrier = Op::Checkpoint(Checkpoint::Barrier { index: 0 });
+    let mut measured = Vec::with_capacity(watched.len());
+    for &id in watched {
+        measured.push(match constant[id] {
+            true => probe.push(barrier.clone(), vec![id], probe.nodes[id].loc).map_err(Error::Internal)?,
+            false => id,
+        });
+    }
+    Ok(measured)
+}
+
+/// Whether each node's value depends on no input of the program.
+fn constant_only(graph: &Graph) -> Vec<bool> {
+    let mut constant = vec![false; graph.nodes.len()];
+    for (id, node) in graph.nodes.iter().enumerate() {
+        constant[id] = !matches!(node.op, Op::Parameter(_)) && node.operands.iter().all(|&o| constant[o]);
+    }
+    constant
 }
 
 /// `graph` as one device runs it: no partitions, no layouts, and its sharding constraints (identities with a
@@ -206,8 +243,29 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     }
     let outs = exe.execute(&args).map_err(|source| Error::Execute { at, source })?;
     let host = outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?;
+    unload_aside(move || drop((outs, uploaded, exe)));
     Counters::add(&COUNTERS.locate_run_ns, running.elapsed().as_nanos() as u64);
     Ok(host)
+}
+
+/// The thread unloading the last locating program, if one was started.
+static UNLOADING: std::sync::Mutex<Option<std::thread::JoinHandle<()>>> = std::sync::Mutex::new(None);
+
+/// Unloads the locating program off the error's path: on an H200 unloading GPT-2's took about 90 ms, five steps'
+/// time. Joined before the next one and at exit, so that no unload races the plugin's teardown.
+fn unload_aside(unload: impl FnOnce() + Send + 'static) {
+    join_unloading();
+    let handle = std::thread::Builder::new().name("lazuli-unload".into()).spawn(unload);
+    // Without a thread, `unload` was dropped unrun by the failed spawn: the program is unloaded here, as before.
+    *UNLOADING.lock().unwrap_or_else(|e| e.into_inner()) = handle.ok();
+}
+
+/// Waits for an unload started by [`unload_aside`] (at exit, before the plugin is torn down).
+pub(crate) fn join_unloading() {
+    let handle = UNLOADING.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(h) = handle {
+        let _ = h.join();
+    }
 }
 
 /// The locator's compile options. The program runs once and compiling it is most of a trip's time, so: on the
