@@ -104,6 +104,7 @@ pub(crate) fn split_median(splits: &[Split]) -> Option<Split> {
     let m = |f: fn(&Split) -> f64| median(&splits.iter().map(f).collect::<Vec<_>>());
     Some(Split {
         record: m(|s| s.record),
+        record_parts: [m(|s| s.record_parts[0]), m(|s| s.record_parts[1]), m(|s| s.record_parts[2])],
         execute: m(|s| s.execute),
         boundary: m(|s| s.boundary),
         upload: m(|s| s.upload),

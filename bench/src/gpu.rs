@@ -214,7 +214,7 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
         "reps": reps, "params": lz.num_params(), "runtime": lazuli::runtime_info()?.to_string(),
         "peak_bytes": peak_bytes, "profile": profile,
         "bytes_limit": lazuli::memory_stats().ok().and_then(|s| s.first().and_then(|m| m.bytes_limit)),
-        "split": {"record": s.record, "execute": s.execute, "programs_per_step": s.programs_per_step,
+        "split": {"record": s.record, "record_parts": s.record_parts, "execute": s.execute, "programs_per_step": s.programs_per_step,
                   "compiles": s.compiles, "boundary": s.boundary, "upload": s.upload, "finish": s.finish, "wait": s.wait},
     }))
 }
@@ -230,6 +230,7 @@ fn lazuli_side_from_json(name: String, v: &Value) -> Side {
         warmup_losses: floats(&v["warmup_losses"]),
         split: Some(Split {
             record: f("record"),
+            record_parts: [0, 1, 2].map(|i| v["split"]["record_parts"][i].as_f64().unwrap_or(f64::NAN)),
             execute: f("execute"),
             boundary: f("boundary"),
             upload: f("upload"),
@@ -315,6 +316,8 @@ impl GpuRun {
                     split.programs_per_step,
                     split.compiles
                 );
+                let [forward, backward, update] = split.record_parts.map(duration);
+                println!("(recording: forward {forward}, backward {backward}, optimizer update {update})");
             }
         }
         println!();

@@ -47,6 +47,8 @@ pub struct StepRun {
 pub struct Split {
     /// Recording forward, backward and the optimizer update (median).
     pub record: f64,
+    /// The recording's parts: forward (with the batch's upload), backward, optimizer update (medians).
+    pub record_parts: [f64; 3],
     /// Inside the plugin's execute call: launching the program (median).
     pub execute: f64,
     /// Waiting for the program to finish (`wait()`; pipelined: the final wait spread over the steps) (median).

@@ -266,8 +266,8 @@ impl LazuliRun {
     }
 
     /// Record one training step on the next batch and run it (one program); returns the loss (on the device)
-    /// and the time spent recording, before `sync()`.
-    pub fn step(&mut self) -> BenchResult<(Tensor, f64)> {
+    /// and the time spent recording before `sync()`: forward, backward, optimizer update.
+    pub fn step(&mut self) -> BenchResult<(Tensor, [f64; 3])> {
         let t0 = Instant::now();
         let i = self.next % self.inputs.len();
         self.next += 1;
@@ -287,10 +287,12 @@ impl LazuliRun {
             }
             Net::Gpt(g) => g.loss(&x, &y),
         };
+        let t1 = Instant::now();
         loss.backward();
+        let t2 = Instant::now();
         self.opt.step();
         self.opt.zero_grad();
-        let recorded = t0.elapsed().as_secs_f64();
+        let recorded = [t1 - t0, t2 - t1, t2.elapsed()].map(|d| d.as_secs_f64());
         lazuli::sync()?;
         Ok((loss, recorded))
     }
@@ -301,7 +303,7 @@ impl LazuliRun {
     pub fn run(&mut self, steps: usize, pipelined: bool) -> BenchResult<StepRun> {
         let mut times = Vec::with_capacity(steps);
         let mut losses = Vec::with_capacity(steps);
-        let mut record = Vec::with_capacity(steps);
+        let mut record: Vec<[f64; 3]> = Vec::with_capacity(steps);
         // Per step, in seconds: execute (launch), sync before arguments, uploads, after launch, wait.
         let mut phases: [Vec<f64>; 5] = Default::default();
         // As a loop that logs its loss does: every step reads it to the host (`item()`), on every side.
@@ -336,7 +338,8 @@ impl LazuliRun {
         let losses = losses.iter().map(|l| l.item::<f32>().map(f64::from)).collect::<lazuli::Result<Vec<_>>>()?;
         let med = |v: &[f64]| crate::stats::median(v);
         let split = Split {
-            record: med(&record),
+            record: med(&record.iter().map(|r| r.iter().sum()).collect::<Vec<f64>>()),
+            record_parts: [0, 1, 2].map(|i| med(&record.iter().map(|r| r[i]).collect::<Vec<f64>>())),
             execute: med(&phases[0]),
             boundary: med(&phases[1]),
             upload: med(&phases[2]),
