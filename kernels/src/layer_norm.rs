@@ -12,7 +12,9 @@
 //! a linear layer's bf16 product and its bias) and also returns that sum (in `x`'s type): a residual stream's add
 //! and the layer norm after it, which XLA cannot fuse into the kernel, in one pass. Operands `x, a, [c,] w, b`;
 //! results `y, mean, rstd, sum`. One joint gradient rule serves `y` and the sum: the plain backward's `dx`, computed
-//! on the sum, plus the sum's own cotangent, goes on to `x`, `a` and (summed over rows) `c`.
+//! on the sum, plus the sum's own cotangent, goes on to `x`, `a` and (summed over rows) `c`. On GPUs that rule is
+//! one backward kernel (`add_layer_norm_grad`): the add, `a`'s rounding and `c`'s column sums happen in the pass
+//! that computes `dx`, not in passes of their own over the cotangent.
 
 use std::sync::{Arc, Mutex};
 
@@ -149,7 +151,10 @@ fn make(call: &LayerNormCall, target: &Target, want: Implementation) -> Result<A
             let composite_def = layer_norm(&plain, target, Implementation::Composite)?;
             let backward = backward_kernel(&plain, rows, &spec.plain(), &composite_def, choice.clone())?;
             let carried = match call.added {
-                Some(_) => Gradient::Joint(joint_gradient(call, rows, &backward)?),
+                Some(added) => {
+                    let joint = joint_backward_kernel(call, added, &spec, &backward, choice.clone())?;
+                    Gradient::Joint(joint_gradient(call, rows, &joint)?)
+                }
                 None => Gradient::Program(gradient(call, rows, &backward)?),
             };
             (Some(forward_program(call, rows, &spec)?), carried)
@@ -305,11 +310,11 @@ fn gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Res
     })
 }
 
-/// The added form's gradient, one rule for `y`'s and the sum's cotangents (`Gradient::Joint`): the backward
-/// kernel on the sum gives `dx`, the sum's own cotangent is added to it once, and that total goes on to the
-/// addends. Per result, autodiff would add the two cotangents at each addend instead: a second conversion for `a`
-/// and a second column sum for the bias.
-fn joint_gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Result<Program, String> {
+/// The added form's gradient, one rule for `y`'s and the sum's cotangents (`Gradient::Joint`): the joint backward
+/// kernel on the sum, `y`'s cotangent and the sum's, whose results are the addends' and the scale's and shift's.
+/// Per result, autodiff would add the two cotangents at each addend instead: a second conversion for `a` and a
+/// second column sum for the bias.
+fn joint_gradient(call: &LayerNormCall, rows: usize, joint: &Arc<KernelDef>) -> Result<Program, String> {
     let operands = call.operands();
     let mut inputs = operands.clone();
     inputs.extend(call.results(rows));
@@ -318,13 +323,69 @@ fn joint_gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) 
         let (mean, rstd) = (b.sibling(1, call.stats(rows)), b.sibling(2, call.stats(rows)));
         let (y, sum) = (b.sibling(0, call.output()), b.sibling(3, call.x.clone()));
         let (dy, dsum) = (&x[n], &x[n + 3]);
-        let args = [&sum, &x[p], &x[p + 1], &y, dy, &mean, &rstd];
-        let dx = b.op(Op::Kernel(KernelOp::new(backward.clone(), 0)), &args);
-        let total = b.add(dsum, &dx);
-        let mut grads = to_addends(b, call, &total);
-        grads.extend((1..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))));
-        grads
+        let args = [&sum, &x[p], &x[p + 1], &y, dy, &mean, &rstd, dsum];
+        let mut result = |i: usize| Some(b.op(Op::Kernel(KernelOp::new(joint.clone(), i)), &args));
+        // Operand order: x, a, [c,] w, b; the kernel's results: dx, da, dw, db, [dc].
+        let (dx, da, dw, db) = (result(0), result(1), result(2), result(3));
+        let dc = call.added.and_then(|a| a.bias).map(|_| result(4));
+        [dx, da].into_iter().chain(dc).chain([dw, db]).collect()
     })
+}
+
+/// The added form's backward as a kernel of its own. Operands the plain backward's (`x` the sum, `w, b, y, dy,
+/// mean, rstd`) and `ds`, the sum's cotangent; results `dx + ds` (the cotangent of `x`), the same in the addend's
+/// type, `dw`, `db` and, with a bias, its column sums. Its device program is the Triton backward of the added
+/// form (the add, the addend's rounding and the bias's sums in the pass that computes `dx`) and one reduction of
+/// the programs' partial sums; its composite the plain backward's results, added to and summed in lazuli's ops.
+fn joint_backward_kernel(
+    call: &LayerNormCall,
+    added: Added,
+    spec: &LayerNormSpec,
+    plain_backward: &Arc<KernelDef>,
+    choice: Choice,
+) -> Result<Arc<KernelDef>, String> {
+    let mut operands = plain_backward.operands.clone();
+    operands.push(call.x.clone());
+    let width = spec.width;
+    let bias = added.bias.map(|c| TensorType::new(c, [width]));
+    let (dx, da) = (call.x.clone(), TensorType::new(added.dtype, call.x.dims.clone()));
+    let results: Vec<TensorType> =
+        [dx.clone(), da.clone(), call.params.clone(), call.params.clone()].into_iter().chain(bias).collect();
+    let composite = Program::record(&operands, |b, x| {
+        let args: Vec<&_> = x[..7].iter().collect();
+        let plain = |b: &mut _, i| b_op(b, plain_backward, i, &args);
+        let (dx, dw, db) = (plain(b, 0), plain(b, 1), plain(b, 2));
+        let total = b.add(&x[7], &dx);
+        // x's, a's, [c's], as the addends take them; then w's and b's, and c's last, as the kernel returns them.
+        let mut addends = to_addends(b, call, &total);
+        let dc = if added.bias.is_some() { addends.pop().flatten() } else { None };
+        addends.into_iter().chain([Some(dw), Some(db)]).chain(dc.map(Some)).collect()
+    })?;
+    let triton = ttln::backward(spec);
+    triton.validate(6, 3)?;
+    let sums = spec.backward_sums();
+    let partial = TensorType::new(DType::F32, [spec.backward_programs(), sums, width]);
+    let device = Program::record(&operands, |b, x| {
+        let (xv, w, dy, mean, rstd, ds) = (&x[0], &x[1], &x[4], &x[5], &x[6], &x[7]);
+        let r = b.call(triton.custom_call(vec![dx.clone(), da.clone(), partial.clone()]), &[xv, w, dy, mean, rstd, ds]);
+        // One reduction for every column sum, then each apart.
+        let totals = b.sum(&r[2], &[0]);
+        let mut part = |i: usize, dtype: DType| {
+            let row = b.op(Op::Slice(Slice::along(&[sums, width], 0, i, i + 1, 1)), &[&totals]);
+            let row = b.reshape(&row, &[width]);
+            b.convert(&row, dtype)
+        };
+        let (dw, db) = (part(0, call.params.dtype), part(1, call.params.dtype));
+        let dc = added.bias.map(|c| part(2, c));
+        [r[0].clone(), r[1].clone(), dw, db].into_iter().chain(dc).map(Some).collect()
+    })?;
+    let gradients = vec![Gradient::Composite; results.len()];
+    KernelDef::new("add_layer_norm_grad", operands, results, Some(device), composite, gradients, choice)
+}
+
+/// Result `i` of `def` on `args`.
+fn b_op<B: Builder>(b: &mut B, def: &Arc<KernelDef>, i: usize, args: &[&B::V]) -> B::V {
+    b.op(Op::Kernel(KernelOp::new(def.clone(), i)), args)
 }
 
 /// A cotangent of the sum as the addends' cotangents: `x`'s as it is, `a`'s in `a`'s type, the bias's summed over
@@ -395,6 +456,13 @@ mod tests {
         assert_ne!(plain.device, gpu.device);
         let e = layer_norm(&call(&[4, 6], DType::F32).with_added(DType::I32, None), &H200, Implementation::Auto);
         assert!(e.expect_err("ints").contains("must be floats"));
+        // With a linear layer's bias: the joint backward kernel's device program and composite both return the
+        // addends' cotangents and the bias's (`KernelDef::new` checks each program against the results).
+        let biased = call(&[8, 1024, 768], DType::BF16).with_added(DType::BF16, Some(DType::F32));
+        let gpu = layer_norm(&biased, &H200, Implementation::Auto).expect("biased gpu");
+        let Gradient::Joint(rule) = &gpu.gradients[0] else { panic!("a joint rule") };
+        let want = [DType::F32, DType::BF16, DType::F32, DType::F32, DType::F32];
+        assert_eq!(rule.output_types().iter().map(|t| t.expect("every operand").dtype).collect::<Vec<_>>(), want);
 
         let c = call(&[2, 5], DType::F32).with_added(DType::F32, Some(DType::F32));
         let cpu = layer_norm(&c, &Target::Cpu, Implementation::Auto).expect("cpu");

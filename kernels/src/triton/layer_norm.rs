@@ -78,6 +78,16 @@ impl LayerNormSpec {
         self.backward_blocks().min(BACKWARD_PROGRAMS)
     }
 
+    /// Column sums the backward's programs write a share of: `dw`, `db` and, in the added form with a bias, the
+    /// bias's.
+    pub fn backward_sums(&self) -> usize {
+        if self.added_bias.is_some() {
+            3
+        } else {
+            2
+        }
+    }
+
     fn num_warps(&self, rows: usize) -> u32 {
         if self.block_d() * rows >= 8192 {
             8
@@ -207,6 +217,12 @@ pub fn forward(spec: &LayerNormSpec) -> TritonCall {
 /// The backward: operands `x, w, dy, mean, rstd`, results `dx` and the partial sums of `dw` and `db`, f32
 /// `[programs, 2, D]` (`[p, 0]` is program `p`'s share of `dw`, `[p, 1]` of `db`; the caller sums over `p`, in
 /// one reduction for both).
+///
+/// The added form's (a spec with `added`): the joint gradient of the sum and the layer norm of it. Operands `x`
+/// (the sum), `w, dy, mean, rstd` and `ds`, the sum's own cotangent (in `x`'s type); results `dx + ds` (the
+/// cotangent of `x` and of the addend, in `x`'s type), the same in the addend's type, and the partial sums
+/// `[programs, 2 or 3, D]`, the third row the addend's bias's (the column sums of `dx + ds`). The add, the
+/// rounding and the bias's sums are then not passes of their own over the cotangent.
 pub fn backward(spec: &LayerNormSpec) -> TritonCall {
     let name = spec.name("bwd");
     let mut k = Kernel::new(&name);
@@ -215,8 +231,11 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
     let dy_arg = k.ptr_arg("dy", spec.y);
     let mean_arg = k.ptr_arg("mean", Scalar::F32);
     let rstd_arg = k.ptr_arg("rstd", Scalar::F32);
+    let ds_arg = spec.added.map(|_| k.ptr_arg("ds", spec.x));
     let dx_arg = k.ptr_arg("dx", spec.x);
+    let da_arg = spec.added.map(|a| k.ptr_arg("da", a));
     let part_arg = k.ptr_arg("dw_db_part", Scalar::F32);
+    let sums = spec.backward_sums();
     let (r, d) = (spec.backward_rows(), spec.block_d());
     let programs = spec.backward_programs();
     let rounds = spec.backward_blocks().div_ceil(programs);
@@ -224,9 +243,9 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
     let pid = k.program_id(0);
     let w = load_params(&mut k, spec, &w_arg, "w");
     let w = k.as_row(&w, r);
-    let dw0 = k.named("dw_acc").full_float(Scalar::F32, &[d], 0.0);
-    let db0 = k.named("db_acc").full_float(Scalar::F32, &[d], 0.0);
-    let acc = strided_blocks(&mut k, (&pid, programs, rounds), &[dw0, db0], |k, block, acc| {
+    let names = ["dw_acc", "db_acc", "dc_acc"];
+    let inits: Vec<Value> = names[..sums].iter().map(|n| k.named(n).full_float(Scalar::F32, &[d], 0.0)).collect();
+    let acc = strided_blocks(&mut k, (&pid, programs, rounds), &inits, |k, block, acc| {
         let first = first_of(k, block, r);
         let blk = rows_at(k, spec, &first, r);
         let x = blk.load(k, &x_arg, "x");
@@ -249,17 +268,24 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
         let along = k.mul(&xhat, &c1);
         let along = k.add(&along, &c2);
         let inner = k.sub(&wdy, &along);
-        let dx = k.named("dx").mul(&inner, &rstd_col);
+        let mut dx = k.named("dx").mul(&inner, &rstd_col);
+        if let Some(ds_arg) = &ds_arg {
+            let ds = blk.load(k, ds_arg, "ds");
+            dx = k.named("dxs").add(&dx, &ds);
+        }
         blk.store(k, &dx_arg, &dx);
+        if let Some(da_arg) = &da_arg {
+            blk.store(k, da_arg, &dx);
+        }
         let dyx = k.mul(&dy, &xhat);
-        let dw_rows = k.reduce(&dyx, 0, Reduction::Sum);
-        let db_rows = k.reduce(&dy, 0, Reduction::Sum);
-        let dw = k.add(&acc[0], &dw_rows);
-        let db = k.add(&acc[1], &db_rows);
-        vec![dw, db]
+        let mut rows = vec![k.reduce(&dyx, 0, Reduction::Sum), k.reduce(&dy, 0, Reduction::Sum)];
+        if sums == 3 {
+            rows.push(k.reduce(&dx, 0, Reduction::Sum));
+        }
+        acc.iter().zip(&rows).map(|(a, v)| k.add(a, v)).collect()
     });
-    // Row `pid` of the partial sums, `[2, D]`: dw's then db's.
-    let row = first_of(&mut k, &pid, 2);
+    // Row `pid` of the partial sums, `[sums, D]`: dw's, db's, then the addend's bias's.
+    let row = first_of(&mut k, &pid, sums);
     let zero = k.const_i32(0);
     let (cols, col_ok) = indices(&mut k, &zero, spec.block_d(), spec.width, "cols");
     for (which, v) in acc.iter().enumerate() {
@@ -320,8 +346,18 @@ mod tests {
         assert!(f.ir[..add].contains("%sum_") && f.ir[..add].contains("tt.load"), "{}", f.ir);
         assert!(f.ir[add..].contains("tt.reduce"), "{}", f.ir);
         assert_eq!(f.ir.matches("tt.store").count(), 4, "{}", f.ir);
-        // The backward is the plain one's, and the plain forward's text does not change.
+        // The plain backward's text does not change; the added form's reads the sum's cotangent, adds it to dx
+        // and writes the total twice (in x's and the addend's types).
         assert_eq!(backward(&spec.plain()).ir, backward(&gpt2()).ir);
+        let joint = backward(&spec);
+        joint.validate(6, 3).expect("joint backward");
+        assert!(joint.ir.contains("%ds_") && joint.ir.contains("%dxs_"), "{}", joint.ir);
+        assert_eq!(joint.ir.matches("tt.store").count(), backward(&gpt2()).ir.matches("tt.store").count() + 1);
+        let with_bias = backward(&LayerNormSpec { added_bias: Some(Scalar::F32), ..spec.clone() });
+        with_bias.validate(6, 3).expect("joint backward with a bias");
+        // A third column sum carried (the bias's), and a third row of partial sums written.
+        assert_eq!(with_bias.ir.matches("\"tt.reduce\"").count(), 5, "{}", with_bias.ir);
+        assert!(with_bias.ir.contains("%dc_acc"), "{}", with_bias.ir);
         assert!(!forward(&gpt2()).ir.contains("%sum_"));
         // A linear layer's bias is added with its product.
         let biased = forward(&LayerNormSpec { added_bias: Some(Scalar::F32), ..spec.clone() });
