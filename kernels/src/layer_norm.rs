@@ -284,15 +284,8 @@ fn backward_kernel(
     let device = Program::record(&operands, |b, x| {
         let (xv, w, dy, mean, rstd) = (&x[0], &x[1], &x[4], &x[5], &x[6]);
         let r = b.call(triton.custom_call(results.clone()), &[xv, w, dy, mean, rstd]);
-        // One reduction for both sums, then dw and db apart.
-        let sums = b.sum(&r[1], &[0]);
-        let mut part = |i: usize| {
-            let row = b.op(Op::Slice(Slice::along(&[2, width], 0, i, i + 1, 1)), &[&sums]);
-            let row = b.reshape(&row, &[width]);
-            b.convert(&row, call.params.dtype)
-        };
-        let (dw, db) = (part(0), part(1));
-        vec![Some(r[0].clone()), Some(dw), Some(db)]
+        let dw_db = column_sums(b, &r[1], width, &[call.params.dtype; 2]);
+        [r[0].clone()].into_iter().chain(dw_db).map(Some).collect()
     })?;
     let results = vec![call.x.clone(), call.params.clone(), call.params.clone()];
     KernelDef::new("layer_norm_grad", operands, results, Some(device), composite, vec![Gradient::Composite; 3], choice)
@@ -363,24 +356,29 @@ fn joint_backward_kernel(
     })?;
     let triton = ttln::backward(spec);
     triton.validate(6, 3)?;
-    let sums = spec.backward_sums();
-    let partial = TensorType::new(DType::F32, [spec.backward_programs(), sums, width]);
+    let partial = TensorType::new(DType::F32, [spec.backward_programs(), spec.backward_sums(), width]);
     let device = Program::record(&operands, |b, x| {
         let (xv, w, dy, mean, rstd, ds) = (&x[0], &x[1], &x[4], &x[5], &x[6], &x[7]);
         let r = b.call(triton.custom_call(vec![dx.clone(), da.clone(), partial.clone()]), &[xv, w, dy, mean, rstd, ds]);
-        // One reduction for every column sum, then each apart.
-        let totals = b.sum(&r[2], &[0]);
-        let mut part = |i: usize, dtype: DType| {
-            let row = b.op(Op::Slice(Slice::along(&[sums, width], 0, i, i + 1, 1)), &[&totals]);
-            let row = b.reshape(&row, &[width]);
-            b.convert(&row, dtype)
-        };
-        let (dw, db) = (part(0, call.params.dtype), part(1, call.params.dtype));
-        let dc = added.bias.map(|c| part(2, c));
-        [r[0].clone(), r[1].clone(), dw, db].into_iter().chain(dc).map(Some).collect()
+        let dtypes: Vec<DType> = [call.params.dtype; 2].into_iter().chain(added.bias).collect();
+        let sums = column_sums(b, &r[2], width, &dtypes);
+        [r[0].clone(), r[1].clone()].into_iter().chain(sums).map(Some).collect()
     })?;
     let gradients = vec![Gradient::Composite; results.len()];
     KernelDef::new("add_layer_norm_grad", operands, results, Some(device), composite, gradients, choice)
+}
+
+/// The backward programs' partial column sums `[programs, n, width]` added up in one reduction, then each of the
+/// `n` rows apart, in its type.
+fn column_sums<B: Builder>(b: &mut B, partial: &B::V, width: usize, dtypes: &[DType]) -> Vec<B::V> {
+    let totals = b.sum(partial, &[0]);
+    let n = dtypes.len();
+    let row = |b: &mut B, (i, &dtype): (usize, &DType)| {
+        let row = b.op(Op::Slice(Slice::along(&[n, width], 0, i, i + 1, 1)), &[&totals]);
+        let row = b.reshape(&row, &[width]);
+        b.convert(&row, dtype)
+    };
+    dtypes.iter().enumerate().map(|r| row(b, r)).collect()
 }
 
 /// Result `i` of `def` on `args`.
