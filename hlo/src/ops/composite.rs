@@ -160,18 +160,8 @@ pub(crate) fn vjp_outputs_with<B: Builder>(
             // A later result of a call with a joint rule: its cotangent waits for the call's first result.
             (_, JointCall::Later) => continue,
             (Op::Kernel(kernel), JointCall::First(results)) => {
-                let mut cotangents: Vec<Option<B::V>> = vec![None; kernel.def.results.len()];
-                for &(r, m) in results {
-                    if let Some(g) = cot[x.len() + m].take() {
-                        cotangents[r] = Some(match cotangents[r].take() {
-                            Some(prev) => b.add(&prev, &g),
-                            None => g,
-                        });
-                    }
-                }
-                if cotangents.iter().all(Option::is_none) {
-                    continue;
-                }
+                let cotangents: Vec<_> =
+                    results.iter().filter_map(|&(r, m)| Some((r, cot[x.len() + m].take()?))).collect();
                 match kernel.joint_vjp(&mut AllGrads(&mut *b), &operands, cotangents) {
                     Some(grads) => grads,
                     None => continue,

@@ -193,20 +193,31 @@ impl KernelOp {
         matches!(self.def.gradients[self.result], Gradient::Joint(_))
     }
 
-    /// The call's joint rule on operands `x` and its results' `cotangents` (by result; zeros stand in for the
-    /// missing ones), or `None` when the kernel has no joint rule.
+    /// The call's joint rule on operands `x` and its results' cotangents, given as `(result, cotangent)` pairs
+    /// (several for one result are added; zeros stand in for a result without any). `None` when no cotangent is
+    /// given (nothing to propagate) or the kernel has no joint rule.
     pub fn joint_vjp<B: Builder>(
         &self,
         b: &mut B,
         x: &[B::V],
-        cotangents: Vec<Option<B::V>>,
+        cotangents: impl IntoIterator<Item = (usize, B::V)>,
     ) -> Option<Vec<Option<B::V>>> {
         let program = self.def.gradients.iter().find_map(|g| match g {
             Gradient::Joint(p) => Some(p),
             _ => None,
         })?;
+        let mut by_result: Vec<Option<B::V>> = vec![None; self.def.results.len()];
+        for (r, g) in cotangents {
+            by_result[r] = Some(match by_result[r].take() {
+                Some(prev) => b.add(&prev, &g),
+                None => g,
+            });
+        }
+        if by_result.iter().all(Option::is_none) {
+            return None;
+        }
         let mut inputs = x.to_vec();
-        for (r, g) in cotangents.into_iter().enumerate() {
+        for (r, g) in by_result.into_iter().enumerate() {
             inputs.push(g.unwrap_or_else(|| b.constant(0.0, self.def.results[r].clone())));
         }
         Some(program.replay(b, &inputs, Some((&self.def, x))))
@@ -267,9 +278,7 @@ impl OpRules for KernelOp {
                 p.replay(b, &inputs, Some((&self.def, x)))
             }
             Gradient::Joint(_) => {
-                let mut cotangents = vec![None; self.def.results.len()];
-                cotangents[self.result] = Some(g.clone());
-                self.joint_vjp(b, x, cotangents).unwrap_or_else(|| vec![None; x.len()])
+                self.joint_vjp(b, x, [(self.result, g.clone())]).unwrap_or_else(|| vec![None; x.len()])
             }
         }
     }

@@ -146,19 +146,8 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
             let Some(recipe) = state.recipe.as_ref() else { continue };
             let grads = match (&recipe.op, place) {
                 (Op::Kernel(k), Some(Joint::First(results))) => {
-                    let mut cotangents: Vec<Option<Rc<Node>>> = vec![None; k.def.results.len()];
-                    for &(r, p) in results {
-                        let g = if p == position { own.clone() } else { cot[p].take() };
-                        if let Some(g) = g {
-                            cotangents[r] = Some(match cotangents[r].take() {
-                                Some(prev) => b.add(&prev, &g),
-                                None => g,
-                            });
-                        }
-                    }
-                    if cotangents.iter().all(Option::is_none) {
-                        continue;
-                    }
+                    let mut take = |p: usize| if p == position { own.clone() } else { cot[p].take() };
+                    let cotangents: Vec<_> = results.iter().filter_map(|&(r, p)| Some((r, take(p)?))).collect();
                     match k.joint_vjp(&mut b, &recipe.operands, cotangents) {
                         Some(grads) => grads,
                         None => continue,
