@@ -50,4 +50,4 @@ pub use key_value::{KeyValueError, KeyValueStore};
 pub use plugin::{AttrValue, Plugin};
 pub use profiler::Profiler;
 pub use trace::{Event, Line, Plane, Trace, TraceError};
-pub use wait::{set_spin_before_sleeping, spin_before_sleeping, DEFAULT_SPIN};
+pub use wait::{set_spin_before_sleeping, DEFAULT_SPIN};

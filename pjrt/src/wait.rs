@@ -17,14 +17,9 @@ pub fn set_spin_before_sleeping(spin: Duration) {
     SPIN_NANOS.store(u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
-/// How long a wait polls before sleeping.
-pub fn spin_before_sleeping() -> Duration {
-    Duration::from_nanos(SPIN_NANOS.load(Ordering::Relaxed))
-}
-
 /// Calls `ready` until it says yes or the poll's time is up.
 pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) {
-    let spin = spin_before_sleeping();
+    let spin = Duration::from_nanos(SPIN_NANOS.load(Ordering::Relaxed));
     if spin.is_zero() {
         return;
     }

@@ -1,13 +1,13 @@
 //! Locating a trip: the first node, in program order, whose result holds non-finite values while its
-//! floating-point operands are all finite (an op before any input or constant, which may be a `-inf` mask). The step's IR runs again on its kept inputs as one program that
-//! reduces, in one reduction each (`FiniteStats`), every floating-point node that can make a non-finite value (not
-//! those that only move values), every output and every floating-point operand of those nodes to its count of
-//! non-finite elements and its range, so that the found node's operand ranges, which the report shows, come from
-//! the same run. It is compiled here and not cached: a trip is rare.
+//! floating-point operands are all finite (an op before any input or constant, which may be a `-inf` mask). The
+//! step's IR runs again on its kept inputs as one program that reduces, in one reduction each (`FiniteStats`),
+//! every floating-point node that can make a non-finite value (not those that only move values), every output and
+//! every floating-point operand of those nodes to its count of non-finite elements and its range, so that the found
+//! node's operand ranges, which the report shows, come from the same run. It is compiled here and not cached: a
+//! trip is rare.
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
-use std::borrow::Cow;
 use std::time::Instant;
 
 use lazuli_hlo::{emit, Checkpoint, EmitOptions, FiniteStats, Graph, Loc, NodeId, Op, Reshape, TensorType};
@@ -81,12 +81,12 @@ pub(crate) struct Replayed {
     pub outputs: Vec<u64>,
 }
 
-/// Run the step's graph (made by `graph`) again on `inputs`: its first node that made a non-finite value from finite operands, and its
+/// Run `graph` again on `inputs`: its first node that made a non-finite value from finite operands, and its
 /// outputs' counts.
-pub(crate) fn locate<'g>(rt: &Runtime, graph: impl FnOnce() -> Cow<'g, Graph>, inputs: &[Data]) -> Result<Replayed> {
+pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Replayed> {
     let _one = crate::exec::one_at_a_time();
     let building = Instant::now();
-    let graph = &on_one_device(&graph());
+    let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let counted = counted(graph, &floats);
     // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.

@@ -302,7 +302,7 @@ fn read(pending: Pending, after: usize) -> Result<()> {
     }
     let first = !REPORTED.swap(true, Relaxed);
     let located = match &pending.replay {
-        Some(r) if first || mode == CheckFinite::Stop => Some(locate::locate(runtime()?, || r.own_graph(), &r.inputs)),
+        Some(r) if first || mode == CheckFinite::Stop => Some(locate::locate(runtime()?, &r.own_graph(), &r.inputs)),
         _ => None,
     };
     // The programs launched after a `stop` trip kept the state and their checks say nothing more: dropped, and the
