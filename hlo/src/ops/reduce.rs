@@ -255,26 +255,19 @@ impl OpRules for FiniteStats {
         let r = cx.op_multi("stablehlo.reduce", &operands, &tys, attrs, Some(&region), &[&int, &scalar, &scalar]);
         // The count's bits in the result's type, then the range in it; each as [1], joined.
         let (out_scalar, one) = (TensorType::scalar(out_dt), TensorType::new(out_dt, [1]));
-        let wide = TensorType::scalar(DType::I64);
-        let count = match out_dt {
-            DType::F64 => {
-                let c = cx.lower_op(
-                    &Op::Convert(Convert { from: DType::I32, to: DType::I64 }),
-                    vec![(r[0].clone(), &int)],
-                    &wide,
-                );
-                cx.lower_op(
-                    &Op::BitcastConvert(BitcastConvert { from: DType::I64, to: out_dt }),
-                    vec![(c, &wide)],
-                    &out_scalar,
-                )
-            }
-            _ => cx.lower_op(
-                &Op::BitcastConvert(BitcastConvert { from: DType::I32, to: out_dt }),
-                vec![(r[0].clone(), &int)],
-                &out_scalar,
-            ),
-        };
+        // The count as an integer of the result's width (i64 for f64), then its bits.
+        let (mut count, mut count_ty) = (r[0].clone(), int);
+        if out_dt == DType::F64 {
+            let wide = TensorType::scalar(DType::I64);
+            count = cx.lower_op(
+                &Op::Convert(Convert { from: DType::I32, to: DType::I64 }),
+                vec![(count, &count_ty)],
+                &wide,
+            );
+            count_ty = wide;
+        }
+        let bits = Op::BitcastConvert(BitcastConvert { from: count_ty.dtype, to: out_dt });
+        let count = cx.lower_op(&bits, vec![(count, &count_ty)], &out_scalar);
         let mut parts = vec![cx.lower_op(&Op::Reshape(Reshape { dims: vec![1] }), vec![(count, &out_scalar)], &one)];
         for v in [r[1].clone(), r[2].clone()] {
             let v = match dt == out_dt {
