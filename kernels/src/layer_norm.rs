@@ -299,7 +299,7 @@ fn gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Res
         let mean = b.sibling(1, call.stats(rows));
         let rstd = b.sibling(2, call.stats(rows));
         let args = [&x[0], &x[1], &x[2], &x[3], &x[4], &mean, &rstd];
-        (0..3).map(|i| Some(b.op(Op::Kernel(KernelOp::new(backward.clone(), i)), &args))).collect()
+        (0..3).map(|i| Some(kernel_result(b, backward, i, &args))).collect()
     })
 }
 
@@ -317,7 +317,7 @@ fn joint_gradient(call: &LayerNormCall, rows: usize, joint: &Arc<KernelDef>) -> 
         let (y, sum) = (b.sibling(0, call.output()), b.sibling(3, call.x.clone()));
         let (dy, dsum) = (&x[n], &x[n + 3]);
         let args = [&sum, &x[p], &x[p + 1], &y, dy, &mean, &rstd, dsum];
-        let mut result = |i: usize| Some(b.op(Op::Kernel(KernelOp::new(joint.clone(), i)), &args));
+        let mut result = |i: usize| Some(kernel_result(b, joint, i, &args));
         // Operand order: x, a, [c,] w, b; the kernel's results: dx, da, dw, db, [dc].
         let (dx, da, dw, db) = (result(0), result(1), result(2), result(3));
         let dc = call.added.and_then(|a| a.bias).map(|_| result(4));
@@ -346,7 +346,7 @@ fn joint_backward_kernel(
         [dx.clone(), da.clone(), call.params.clone(), call.params.clone()].into_iter().chain(bias).collect();
     let composite = Program::record(&operands, |b, x| {
         let args: Vec<&_> = x[..7].iter().collect();
-        let plain = |b: &mut _, i| b_op(b, plain_backward, i, &args);
+        let plain = |b: &mut _, i| kernel_result(b, plain_backward, i, &args);
         let (dx, dw, db) = (plain(b, 0), plain(b, 1), plain(b, 2));
         let total = b.add(&x[7], &dx);
         // x's, a's, [c's], as the addends take them; then w's and b's, and c's last, as the kernel returns them.
@@ -382,7 +382,7 @@ fn column_sums<B: Builder>(b: &mut B, partial: &B::V, width: usize, dtypes: &[DT
 }
 
 /// Result `i` of `def` on `args`.
-fn b_op<B: Builder>(b: &mut B, def: &Arc<KernelDef>, i: usize, args: &[&B::V]) -> B::V {
+fn kernel_result<B: Builder>(b: &mut B, def: &Arc<KernelDef>, i: usize, args: &[&B::V]) -> B::V {
     b.op(Op::Kernel(KernelOp::new(def.clone(), i)), args)
 }
 
