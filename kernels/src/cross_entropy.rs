@@ -10,6 +10,11 @@
 //! f32 copy of them for the kernel to read.
 //!
 //! Results: the loss (a scalar of the loss type) and the f32 `lse` `[N]`, which only the backward reads.
+//!
+//! In a step that will take the loss's gradient (`CrossEntropyCall::grad_in_forward`), the forward also writes the
+//! gradient at a unit cotangent, walking each row a second time while it is still in the L2 cache, so the logits
+//! are read from memory once instead of twice; its third result is that gradient, which the gradient rule scales
+//! by the loss's cotangent (XLA drops the scaling when the cotangent is `backward()`'s constant one).
 
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +23,7 @@ use lazuli_hlo::{
 };
 
 use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
+pub use crate::triton::cross_entropy::GradTiling;
 use crate::triton::cross_entropy::{self as ttce, CrossEntropySpec};
 use crate::triton::ttir::Scalar;
 use crate::{Implementation, Target};
@@ -33,6 +39,9 @@ pub struct CrossEntropyCall {
     pub ids: TensorType,
     /// The loss's float type: the logits' own, or a wider one they are converted to.
     pub out: DType,
+    /// The forward also writes the gradient (at a unit cotangent), walking the logits so; `None`: the forward
+    /// alone, and a backward kernel of its own reads the logits again.
+    pub grad_in_forward: Option<GradTiling>,
 }
 
 impl CrossEntropyCall {
@@ -60,6 +69,10 @@ impl CrossEntropyCall {
     fn lse(&self) -> TensorType {
         TensorType::new(DType::F32, [self.logits.dims[0]])
     }
+
+    fn forward_only(&self) -> CrossEntropyCall {
+        CrossEntropyCall { grad_in_forward: None, ..self.clone() }
+    }
 }
 
 /// The cross-entropy kernel for `call` on `target`, as `want` asks. Made once per (call, target, setting).
@@ -70,6 +83,9 @@ pub fn cross_entropy(call: &CrossEntropyCall, target: &Target, want: Implementat
 
 fn make(call: &CrossEntropyCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
     let (rows, classes) = call.dims()?;
+    if let Some(tiling) = call.grad_in_forward {
+        return make_with_grad(call, tiling, target, want);
+    }
     let operands = call.operands();
     let composite = Program::record(&operands, |b, x| {
         let logits = b.convert(&x[0], call.out);
@@ -94,6 +110,58 @@ fn make(call: &CrossEntropyCall, target: &Target, want: Implementation) -> Resul
         composite,
         vec![gradient, Gradient::None],
         choice,
+    )
+}
+
+/// The forward that also writes the gradient where lazuli's kernel runs; elsewhere the forward alone (the same
+/// composite: nothing is gained by computing the gradient early in a composite).
+fn make_with_grad(
+    call: &CrossEntropyCall,
+    tiling: GradTiling,
+    target: &Target,
+    want: Implementation,
+) -> Result<Arc<KernelDef>, String> {
+    let plain = cross_entropy(&call.forward_only(), target, want)?;
+    if plain.device.is_none() {
+        return Ok(plain);
+    }
+    let (rows, classes) = call.dims()?;
+    let spec = triton_spec(call, rows, classes)?;
+    let operands = call.operands();
+    let composite_def = cross_entropy(&call.forward_only(), target, Implementation::Composite)?;
+    let composite = Program::record(&operands, |b, x| {
+        let r = b.op(Op::Kernel(KernelOp::new(composite_def.clone(), 0)), &[&x[0], &x[1]]);
+        let lse = b.op(Op::Kernel(KernelOp::new(composite_def.clone(), 1)), &[&x[0], &x[1]]);
+        let one = b.constant(1.0, call.loss());
+        let mut d = KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..2], &r, &one);
+        let dx = d.swap_remove(0).map(|d| b.convert(&d, call.logits.dtype));
+        vec![Some(r), Some(lse), dx]
+    })?;
+    let triton = ttce::forward_with_grad(&spec, tiling);
+    triton.validate(2, 3)?;
+    let device = Program::record(&operands, |b, x| {
+        let r = b.call(triton.custom_call(vec![call.lse(), call.lse(), call.logits.clone()]), &[&x[0], &x[1]]);
+        let total = b.sum(&r[0], &[0]);
+        let mean = b.scale(&total, 1.0 / spec.rows as f64);
+        vec![Some(b.convert(&mean, call.out)), Some(r[1].clone()), Some(r[2].clone())]
+    })?;
+    let mut inputs = operands.clone();
+    inputs.extend([call.loss(), call.loss()]);
+    let (dims, dtype) = (call.logits.dims.clone(), call.logits.dtype);
+    let gradient = Program::record(&inputs, |b, x| {
+        let unit = b.sibling(2, call.logits.clone());
+        let g = b.convert(&x[3], dtype);
+        let g = b.broadcast(&g, &dims, &[]);
+        vec![Some(b.mul(&unit, &g)), None]
+    })?;
+    KernelDef::new(
+        "cross_entropy_with_grad",
+        operands,
+        vec![call.loss(), call.lse(), call.logits.clone()],
+        Some(device),
+        composite,
+        vec![Gradient::Program(gradient), Gradient::None, Gradient::None],
+        plain.choice.clone(),
     )
 }
 
@@ -186,7 +254,12 @@ mod tests {
     const H200: Target = Target::Cuda { compute_capability: Some((9, 0)) };
 
     fn call(n: usize, c: usize, x: DType, ids: DType) -> CrossEntropyCall {
-        CrossEntropyCall { logits: TensorType::new(x, [n, c]), ids: TensorType::new(ids, [n]), out: x }
+        CrossEntropyCall {
+            logits: TensorType::new(x, [n, c]),
+            ids: TensorType::new(ids, [n]),
+            out: x,
+            grad_in_forward: None,
+        }
     }
 
     #[test]
@@ -209,6 +282,31 @@ mod tests {
         let widening = CrossEntropyCall { out: DType::F32, ..call(8192, 50304, DType::BF16, DType::I32) };
         let def = cross_entropy(&widening, &H200, Implementation::Auto).expect("bf16 logits, f32 loss");
         assert_eq!(def.results[0], TensorType::scalar(DType::F32));
+    }
+
+    /// With the gradient in the forward: on the GPU a third result, the gradient at a unit cotangent, whose
+    /// composite (evaluated by the reference interpreter) is `(softmax(x) - onehot(t)) / N`, 0 on a row whose id is
+    /// out of range; where the kernel does not run, the forward alone.
+    #[test]
+    fn the_forward_with_the_gradient_has_it_as_a_third_result() {
+        let c = CrossEntropyCall { grad_in_forward: Some(GradTiling::DEFAULT), ..call(3, 4, DType::F32, DType::I32) };
+        let cpu = cross_entropy(&c, &Target::Cpu, Implementation::Auto).expect("cpu");
+        assert_eq!((cpu.results.len(), cpu.choice.implementation), (2, "composite"));
+        let def = cross_entropy(&c, &H200, Implementation::Auto).expect("gpu");
+        assert_eq!(def.results, vec![TensorType::scalar(DType::F32), c.lse(), c.logits.clone()]);
+        assert!(def.device.as_ref().expect("device").has_calls());
+        let x = ndarray::ArrayD::from_shape_fn(vec![3, 4], |i| ((i[0] * 4 + i[1]) as f64 * 0.7).sin() * 3.0);
+        let t = ndarray::ArrayD::from_shape_vec(vec![3], vec![2.0, 0.0, 9.0]).expect("ids");
+        let out = def.composite.evaluate(&[&x, &t]);
+        let dx = out[2].as_ref().expect("dx");
+        for r in 0..3 {
+            let total: f64 = (0..4).map(|j| x[[r, j]].exp()).sum();
+            for j in 0..4 {
+                let want =
+                    if r < 2 { (x[[r, j]].exp() / total - (t[[r]] as usize == j) as u8 as f64) / 3.0 } else { 0.0 };
+                assert!((dx[[r, j]] - want).abs() < 1e-6, "dx[{r}, {j}]: {} vs {want}", dx[[r, j]]);
+            }
+        }
     }
 
     /// The composite's loss and `lse`, evaluated by the reference interpreter, against the formula; a class id

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lazuli_hlo::Precision;
+use lazuli_kernels::cross_entropy::GradTiling;
 use lazuli_kernels::Implementation;
 use lazuli_pjrt::provision::Sources;
 use lazuli_pjrt::XlaOption;
@@ -60,6 +61,12 @@ pub const VARIABLES: &[Variable] = &[
         "cross-entropy's implementation (`Tensor::cross_entropy`)",
         "auto, triton, composite",
         "auto",
+    ),
+    v(
+        "LAZULI_CROSS_ENTROPY_GRAD",
+        "where lazuli's cross-entropy kernel writes the loss's gradient, and the forward's tiling",
+        "forward, forward:ROWS,COLS,WARPS,STAGES, backward",
+        "forward (1,4096,8,2)",
     ),
     v("LAZULI_DUMP_DIR", "a directory every compiled program is written to", "a directory", "unset"),
     v("LAZULI_COMPILE_CACHE", "the persistent compile cache", "a directory, off", "<cache dir>/executables"),
@@ -272,6 +279,31 @@ pub(crate) fn triton_kernel(name: &'static str) -> Result<Implementation> {
     }
 }
 
+/// `LAZULI_CROSS_ENTROPY_GRAD`: the tiling of a forward that also writes the gradient, or `None` for a backward
+/// kernel of its own.
+pub(crate) fn cross_entropy_grad() -> Result<Option<GradTiling>> {
+    const NAME: &str = "LAZULI_CROSS_ENTROPY_GRAD";
+    match var(NAME) {
+        None => Ok(Some(GradTiling::DEFAULT)),
+        Some(v) => parse_cross_entropy_grad(&v).ok_or_else(|| {
+            bad(NAME, &v, "forward, forward:ROWS,COLS,WARPS,STAGES (powers of two but stages, 1 to 8) or backward")
+        }),
+    }
+}
+
+fn parse_cross_entropy_grad(v: &str) -> Option<Option<GradTiling>> {
+    match v.trim() {
+        "backward" => return Some(None),
+        "forward" => return Some(Some(GradTiling::DEFAULT)),
+        _ => {}
+    }
+    let numbers = v.trim().strip_prefix("forward:")?.split(',').map(|n| n.trim().parse::<usize>().ok());
+    let numbers: Vec<usize> = numbers.collect::<Option<_>>()?;
+    let [rows, cols, warps, stages] = numbers[..] else { return None };
+    let fits = [rows, cols, warps].iter().all(|n| n.is_power_of_two()) && warps <= 32 && (1..=8).contains(&stages);
+    fits.then_some(Some(GradTiling { rows, cols, warps: warps as u32, stages: stages as u32 }))
+}
+
 /// `LAZULI_WAIT_SPIN` in microseconds; `None` when unset (the backend's default).
 pub(crate) fn wait_spin() -> Result<Option<std::time::Duration>> {
     let Some(v) = var("LAZULI_WAIT_SPIN") else { return Ok(None) };
@@ -447,6 +479,18 @@ mod tests {
             .collect();
         let read: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
         assert_eq!(listed, read);
+    }
+
+    #[test]
+    fn the_cross_entropy_gradient_setting() {
+        let t = |rows, cols, warps, stages| Some(Some(GradTiling { rows, cols, warps, stages }));
+        assert_eq!(parse_cross_entropy_grad("forward"), Some(Some(GradTiling::DEFAULT)));
+        assert_eq!(parse_cross_entropy_grad(" backward "), Some(None));
+        assert_eq!(parse_cross_entropy_grad("forward:2,2048,4,3"), t(2, 2048, 4, 3));
+        for wrong in ["forward:3,2048,4,3", "forward:1,4096,64,1", "forward:1,4096,8,9", "forward:1,4096,8", "fwd", ""]
+        {
+            assert_eq!(parse_cross_entropy_grad(wrong), None, "{wrong:?}");
+        }
     }
 
     #[test]

@@ -511,7 +511,7 @@ fn cross_entropy_and_grad(
     c: usize,
     (dtype, loss): (DType, DType),
     ids: DType,
-    wild: bool,
+    (wild, cotangent): (bool, f64),
     fused: bool,
 ) -> Vec<Vec<f64>> {
     let x_vals: Vec<f32> = data(n * c, 31).into_iter().map(|v| round(6.0 * v, dtype)).collect();
@@ -538,7 +538,8 @@ fn cross_entropy_and_grad(
         let picked = (x.log_softmax(1) * Tensor::from_slice(&hot, &[n, c])).sum_all();
         (x, picked * (-1.0 / n as f64))
     };
-    let dx = lazuli::grad(&value, &[&x]).remove(0);
+    // `backward()`'s unit cotangent, which the forward's gradient is taken at, or another one that scales it.
+    let dx = lazuli::grad(&(value.clone() * cotangent), &[&x]).remove(0);
     let read = |v: &Tensor, as_: DType| v.to_dtype(as_).to_dtype(DType::F64).to_vec::<f64>().expect("read");
     vec![read(&value, loss), read(&dx, dtype)]
 }
@@ -548,21 +549,23 @@ fn cross_entropy_and_grad(
 fn fused_cross_entropy_matches_the_formula_forward_and_backward() {
     require_gpu();
     use DType::{BF16, F16, F32, I32, I64};
-    // (rows, classes, (logits, loss), ids, ids out of range, tolerance): GPT-2's vocabulary with bf16 logits and
-    // an f32 loss (the kernel reads the bf16 values), and a bf16 loss; a ragged one; f16 logits with ids that pick
-    // nothing; a row block larger than the rows.
+    // (rows, classes, (logits, loss), ids, (ids out of range, the loss's cotangent), tolerance): GPT-2's vocabulary
+    // with bf16 logits and an f32 loss (the kernel reads the bf16 values), and a bf16 loss; the same with a
+    // cotangent that is not one; a ragged one; f16 logits with ids that pick nothing; a row block larger than the
+    // rows. Run under each `LAZULI_CROSS_ENTROPY_GRAD` (the gradient in the forward, or a backward kernel).
     let cases = [
-        (512, 50304, (BF16, F32), I32, false, 1e-2),
-        (512, 50304, (BF16, BF16), I32, false, 1e-2),
-        (129, 50257, (F32, F32), I64, false, 1e-5),
-        (37, 1000, (F16, F16), I32, true, 4e-3),
-        (3, 5, (F32, F32), I32, false, 1e-5),
+        (512, 50304, (BF16, F32), I32, (false, 1.0), 1e-2),
+        (512, 50304, (BF16, BF16), I32, (false, 1.0), 1e-2),
+        (512, 50304, (BF16, F32), I32, (false, 2.5), 1e-2),
+        (129, 50257, (F32, F32), I64, (false, 1.0), 1e-5),
+        (37, 1000, (F16, F16), I32, (true, 0.5), 4e-3),
+        (3, 5, (F32, F32), I32, (false, 1.0), 1e-5),
     ];
     let failures: Vec<String> = cases
         .into_iter()
-        .filter_map(|(n, c, dtypes, ids, wild, tolerance)| {
-            let got = cross_entropy_and_grad(n, c, dtypes, ids, wild, true);
-            let want = cross_entropy_and_grad(n, c, dtypes, ids, wild, false);
+        .filter_map(|(n, c, dtypes, ids, (wild, cotangent), tolerance)| {
+            let got = cross_entropy_and_grad(n, c, dtypes, ids, (wild, cotangent), true);
+            let want = cross_entropy_and_grad(n, c, dtypes, ids, (wild, cotangent), false);
             if wild {
                 // No gradient on the rows whose ids pick nothing.
                 assert!(got[1][..2 * c].iter().all(|&d| d == 0.0), "{n}×{c}: gradient on rows without a class");

@@ -88,52 +88,159 @@ pub fn forward(spec: &CrossEntropySpec) -> TritonCall {
     let loss_arg = k.ptr_arg("loss", Scalar::F32);
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
     let blocking = spec.blocking();
+    let rb = k.named("rb").program_id(0);
+    let rows = row_statistics(&mut k, spec, &blocking, &rb, (&x_arg, &t_arg));
+    rows.tile.store_rows(&mut k, &loss_arg, &rows.loss);
+    rows.tile.store_rows(&mut k, &lse_arg, &rows.lse);
+    TritonCall { name, ir: k.finish(), grid: [blocking.row_blocks() as u32, 1, 1], num_warps: 4, num_stages: 1 }
+}
+
+/// How the forward that also writes the gradient walks the logits: rows per program, columns per block, warps and
+/// software-pipelining stages of its loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GradTiling {
+    pub rows: usize,
+    pub cols: usize,
+    pub warps: u32,
+    pub stages: u32,
+}
+
+impl GradTiling {
+    /// One row a program, so that the few rows in flight on the whole device (two programs an SM) fit in its L2
+    /// cache and the second walk over a row reads it from there.
+    pub const DEFAULT: GradTiling = GradTiling { rows: 1, cols: 4096, warps: 8, stages: 2 };
+}
+
+/// The forward of a step that will take the loss's gradient: the forward's two results, then a second walk over
+/// each row (while it is still in the L2 cache) writing `dx = (exp(x - lse) - onehot(t)) / N` (0 on rows whose id is
+/// out of range) in the logits' type: the gradient at a unit cotangent, which the gradient rule scales by the real
+/// one. The logits are read from memory once instead of twice (forward, then backward).
+pub fn forward_with_grad(spec: &CrossEntropySpec, tiling: GradTiling) -> TritonCall {
+    let GradTiling { rows, cols, warps, stages } = tiling;
+    let name = format!("{}_{rows}x{cols}_w{warps}_s{stages}", spec.name("fwd_grad"));
+    let mut k = Kernel::new(&name);
+    let x_arg = k.ptr_arg("x", spec.x);
+    let t_arg = k.ptr_arg("t", spec.ids);
+    let loss_arg = k.ptr_arg("loss", Scalar::F32);
+    let lse_arg = k.ptr_arg("lse", Scalar::F32);
+    let dx_arg = k.ptr_arg("dx", spec.x);
+    let blocking = Blocking::new(spec.rows, spec.classes, cols, rows * cols);
     let (r, c) = (blocking.block_rows, blocking.block_cols);
     let rb = k.named("rb").program_id(0);
+    let stats = row_statistics(&mut k, spec, &blocking, &rb, (&x_arg, &t_arg));
+    stats.tile.store_rows(&mut k, &loss_arg, &stats.loss);
+    stats.tile.store_rows(&mut k, &lse_arg, &stats.lse);
+    let inv_n = k.full_float(Scalar::F32, &[r], 1.0 / spec.rows as f64);
+    let zero = k.full_float(Scalar::F32, &[r], 0.0);
+    let scale = k.named("s").select(&stats.valid, &inv_n, &zero);
+    let scale = k.as_column(&scale, c);
+    let lse = k.as_column(&stats.lse, c);
+    let (lo, hi, one) = (k.const_i32(0), k.const_i32(blocking.col_blocks() as i32), k.const_i32(1));
+    k.for_loop((&lo, &hi, &one), &[], |k, cb, _| {
+        let blk = blocking.tile(k, &rb, cb);
+        let x = blk.load(k, &x_arg, "x");
+        let dx = unit_gradient(k, (&blk, &x, &stats.ids), &lse, &scale);
+        blk.store(k, &dx_arg, &dx);
+        vec![]
+    });
+    TritonCall {
+        name,
+        ir: k.finish(),
+        grid: [blocking.row_blocks() as u32, 1, 1],
+        num_warps: warps,
+        num_stages: stages,
+    }
+}
+
+/// A forward program's rows: their tile, class ids, whether each id is in range, `lse` and loss (`[R]` each).
+struct RowStatistics {
+    tile: Tile,
+    ids: Value,
+    valid: Value,
+    lse: Value,
+    loss: Value,
+}
+
+/// One walk over the columns of row block `rb`, the online softmax: the running max (one reduction a block), and
+/// the sum of exponentials kept per column and rescaled to it, summed once at the end; then `lse = max + ln(sum)`
+/// and the loss `lse - x[t]`, the class's logit loaded by itself (0 where the id is out of range). A block's only
+/// cross-thread step is its max, which its exponentials wait for.
+fn row_statistics(
+    k: &mut Kernel,
+    spec: &CrossEntropySpec,
+    blocking: &Blocking,
+    rb: &Value,
+    (x_arg, t_arg): (&Value, &Value),
+) -> RowStatistics {
+    let (r, c) = (blocking.block_rows, blocking.block_cols);
     let first = k.const_i32(0);
-    let rows = blocking.tile(&mut k, &rb, &first);
-    let ids = row_ids(&mut k, &rows, &t_arg);
-    let inits = [
-        k.named("max").full_float(Scalar::F32, &[r], FLOOR),
-        k.named("sum").full_float(Scalar::F32, &[r], 0.0),
-        k.named("picked").full_float(Scalar::F32, &[r], 0.0),
-    ];
+    let tile = blocking.tile(k, rb, &first);
+    let ids = row_ids(k, &tile, t_arg);
+    let valid = valid_ids(k, &ids, spec.classes);
+    let inits =
+        [k.named("max").full_float(Scalar::F32, &[r], FLOOR), k.named("sums").full_float(Scalar::F32, &[r, c], 0.0)];
     let (lo, hi, one) = (k.const_i32(0), k.const_i32(blocking.col_blocks() as i32), k.const_i32(1));
     let done = k.for_loop((&lo, &hi, &one), &inits, |k, cb, acc| {
-        let (max, sum, picked) = (&acc[0], &acc[1], &acc[2]);
-        let blk = blocking.tile(k, &rb, cb);
-        let x = blk.load_or(k, &x_arg, FLOOR, "x");
-        // The online softmax: the new running max, the old sum rescaled to it, this block's terms added.
+        let (max, sums) = (&acc[0], &acc[1]);
+        let blk = blocking.tile(k, rb, cb);
+        let x = blk.load_or(k, x_arg, FLOOR, "x");
         let block_max = k.reduce(&x, 1, Reduction::Max);
         let new_max = k.named("max").max(max, &block_max);
         let shift = k.sub(max, &new_max);
         let rescale = exp(k, &shift);
-        let kept = k.mul(sum, &rescale);
+        let rescale = k.as_column(&rescale, c);
+        let kept = k.mul(sums, &rescale);
         let centered = k.as_column(&new_max, c);
         let centered = k.sub(&x, &centered);
         let terms = exp(k, &centered);
-        let block_sum = k.reduce(&terms, 1, Reduction::Sum);
-        let new_sum = k.named("sum").add(&kept, &block_sum);
-        let hot = is_class(k, &blk, &ids, c);
-        let zero = k.full_float(Scalar::F32, x.shape(), 0.0);
-        let at_class = k.select(&hot, &x, &zero);
-        let block_picked = k.reduce(&at_class, 1, Reduction::Sum);
-        let new_picked = k.named("picked").add(picked, &block_picked);
-        vec![new_max, new_sum, new_picked]
+        let new_sums = k.named("sums").add(&kept, &terms);
+        vec![new_max, new_sums]
     });
-    let (max, sum, picked) = (&done[0], &done[1], &done[2]);
+    let (max, sum) = (&done[0], k.reduce(&done[1], 1, Reduction::Sum));
     // lse = max + ln(sum) = max + log2(sum) · ln 2.
-    let log2 = k.math("log2", sum);
+    let log2 = k.math("log2", &sum);
     let ln2 = k.full_float(Scalar::F32, &[r], std::f64::consts::LN_2);
     let ln = k.mul(&log2, &ln2);
     let lse = k.named("lse").add(max, &ln);
-    let loss = k.sub(&lse, picked);
-    let valid = valid_ids(&mut k, &ids, spec.classes);
+    let picked = class_logits(k, spec, (&tile, &ids, &valid), x_arg);
+    let loss = k.sub(&lse, &picked);
     let zero = k.full_float(Scalar::F32, &[r], 0.0);
     let loss = k.named("loss").select(&valid, &loss, &zero);
-    rows.store_rows(&mut k, &loss_arg, &loss);
-    rows.store_rows(&mut k, &lse_arg, &lse);
-    TritonCall { name, ir: k.finish(), grid: [blocking.row_blocks() as u32, 1, 1], num_warps: 4, num_stages: 1 }
+    RowStatistics { tile, ids, valid, lse, loss }
+}
+
+/// `[R]`: each row's logit at its class, as f32 (0 where the id is out of range or the row past the last).
+fn class_logits(
+    k: &mut Kernel,
+    spec: &CrossEntropySpec,
+    (tile, ids, valid): (&Tile, &Value, &Value),
+    x_arg: &Value,
+) -> Value {
+    let r = ids.shape()[0];
+    let id = k.convert(ids, Scalar::I32);
+    let zero_id = k.full_int(Scalar::I32, &[r], 0);
+    let id = k.select(valid, &id, &zero_id);
+    let stride = k.full_int(Scalar::I32, &[r], spec.classes as i64);
+    let row_start = k.mul(&tile.rows, &stride);
+    let offsets = k.add(&row_start, &id);
+    let ptrs = pointers(k, x_arg, &offsets);
+    let load = k.and(valid, &tile.row_ok);
+    let zero = k.full_float(spec.x, &[r], 0.0);
+    let picked = k.named("picked").load(&ptrs, Some(&load), Some(&zero));
+    k.convert(&picked, Scalar::F32)
+}
+
+/// `(exp(x - lse) - onehot(t)) · s` for a tile's logits `x` (f32), with `lse` and `s` as `[R, C]` columns.
+fn unit_gradient(k: &mut Kernel, (blk, x, ids): (&Tile, &Value, &Value), lse: &Value, scale: &Value) -> Value {
+    let c = x.shape()[1];
+    let centered = k.sub(x, lse);
+    let p = exp(k, &centered);
+    let hot = is_class(k, blk, ids, c);
+    let one = k.full_float(Scalar::F32, x.shape(), 1.0);
+    let zero = k.full_float(Scalar::F32, x.shape(), 0.0);
+    let hot = k.select(&hot, &one, &zero);
+    let d = k.sub(&p, &hot);
+    k.named("dx").mul(&d, scale)
 }
 
 /// `[R]`: `0 <= id < classes`.
@@ -165,15 +272,8 @@ pub fn backward(spec: &CrossEntropySpec) -> TritonCall {
     let scale = blk.load_rows(&mut k, &s_arg, "s");
     let ids = row_ids(&mut k, &blk, &t_arg);
     let lse = k.as_column(&lse, c);
-    let centered = k.sub(&x, &lse);
-    let p = exp(&mut k, &centered);
-    let hot = is_class(&mut k, &blk, &ids, c);
-    let one = k.full_float(Scalar::F32, x.shape(), 1.0);
-    let zero = k.full_float(Scalar::F32, x.shape(), 0.0);
-    let hot = k.select(&hot, &one, &zero);
-    let d = k.sub(&p, &hot);
     let scale = k.as_column(&scale, c);
-    let dx = k.named("dx").mul(&d, &scale);
+    let dx = unit_gradient(&mut k, (&blk, &x, &ids), &lse, &scale);
     blk.store(&mut k, &dx_arg, &dx);
     TritonCall {
         name,
@@ -208,14 +308,30 @@ mod tests {
     }
 
     #[test]
+    fn the_forward_with_the_gradient_walks_each_row_twice_and_writes_it_in_the_logits_type() {
+        let f = forward_with_grad(&gpt2(), GradTiling::DEFAULT);
+        f.validate(2, 3).expect("forward with the gradient");
+        assert_eq!((f.grid, f.num_warps, f.num_stages), ([8192, 1, 1], 8, 2));
+        assert_eq!(f.ir.matches("scf.for").count(), 2, "{}", f.ir);
+        assert!(f.ir.contains("arith.truncf"), "the gradient is written in bf16: {}", f.ir);
+        let odd = CrossEntropySpec { rows: 3, classes: 5, x: Scalar::F16, ids: Scalar::I64 };
+        let tiling = GradTiling { rows: 2, cols: 4, warps: 1, stages: 1 };
+        let small = forward_with_grad(&odd, tiling);
+        small.validate(2, 3).expect("small");
+        assert_eq!(small.grid, [2, 1, 1], "two rows a program over three rows");
+    }
+
+    #[test]
     fn small_and_odd_shapes_are_masked_or_refused() {
         let spec = CrossEntropySpec { rows: 3, classes: 5, x: Scalar::F32, ids: Scalar::I64 };
         let b = spec.blocking();
         assert_eq!((b.block_rows, b.block_cols, b.row_blocks(), b.col_blocks()), (4, 8, 1, 1));
         let f = forward(&spec);
         f.validate(2, 2).expect("forward");
-        assert!(f.ir.contains("arith.extsi"), "i32 columns compared with i64 ids: {}", f.ir);
-        backward(&spec).validate(4, 1).expect("backward");
+        assert!(f.ir.contains("arith.trunci"), "i64 ids as i32 offsets of the class's logit: {}", f.ir);
+        let b = backward(&spec);
+        b.validate(4, 1).expect("backward");
+        assert!(b.ir.contains("arith.extsi"), "i32 columns compared with i64 ids: {}", b.ir);
         let huge = CrossEntropySpec { rows: 1 << 16, classes: 1 << 16, ..spec.clone() };
         assert!(huge.unsupported().expect("too many").contains("32-bit"));
         let narrow = CrossEntropySpec { ids: Scalar::I1, ..spec };

@@ -97,8 +97,11 @@ fn cross_entropy_node(x: &Tensor, t: &Tensor, loc: Loc) -> Tensor {
     let narrow = narrow_source(x);
     let dtype = narrow.as_ref().map_or(x.dtype(), |n| n.dtype());
     let logits = TensorType::new(dtype, x.dims());
-    let call = CrossEntropyCall { logits, ids: t.tensor_type().clone(), out: x.dtype() };
+    // Logits that will be differentiated get their gradient from the forward kernel (where the setting says so).
+    let differentiated = crate::graph::autodiff::grad_enabled() && (x.node.grad_path || x.node.requires_grad());
     let made = kernel("cross_entropy", "LAZULI_CROSS_ENTROPY", loc, |rt| {
+        let grad_in_forward = rt.config.cross_entropy_grad.filter(|_| differentiated);
+        let call = CrossEntropyCall { logits, ids: t.tensor_type().clone(), out: x.dtype(), grad_in_forward };
         cross_entropy(&call, &rt.target, rt.config.cross_entropy)
     });
     let def = match made {

@@ -51,6 +51,10 @@ pub struct Config {
     pub bias_gelu: Implementation,
     /// Which cross-entropy implementation `Tensor::cross_entropy` records (`LAZULI_CROSS_ENTROPY`), likewise.
     pub cross_entropy: Implementation,
+    /// Where that kernel writes the loss's gradient (`LAZULI_CROSS_ENTROPY_GRAD`): in a forward that walks each row
+    /// twice with this tiling, when the logits will be differentiated (default), or `None`: in a backward kernel
+    /// of its own.
+    pub cross_entropy_grad: Option<lazuli_kernels::cross_entropy::GradTiling>,
     /// Where plugins come from (`LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`,
     /// `LAZULI_TPU_PLUGIN`, `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`); `plugin_path`, when set, wins.
     pub plugins: Sources,
@@ -88,6 +92,7 @@ impl Default for Config {
             layer_norm: Implementation::Auto,
             bias_gelu: Implementation::Auto,
             cross_entropy: Implementation::Auto,
+            cross_entropy_grad: Some(lazuli_kernels::cross_entropy::GradTiling::DEFAULT),
             plugins: Sources::default(),
             donate: true,
             dump_dir: None,
@@ -115,6 +120,7 @@ impl Config {
             layer_norm: settings::triton_kernel("LAZULI_LAYER_NORM")?,
             bias_gelu: settings::triton_kernel("LAZULI_BIAS_GELU")?,
             cross_entropy: settings::triton_kernel("LAZULI_CROSS_ENTROPY")?,
+            cross_entropy_grad: settings::cross_entropy_grad()?,
             plugins: settings::plugin_sources()?,
             donate: settings::donate()?,
             dump_dir: settings::dump_dir()?,
