@@ -13,7 +13,7 @@
 //! each take one `[R, BC]` block. Exponentials are written with `exp2`, which every Triton lowers.
 
 use super::pointers;
-use super::tile::{Blocking, Tile};
+use super::tile::{strided_blocks, Blocking, Tile};
 use super::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
 use super::TritonCall;
 
@@ -96,40 +96,66 @@ pub fn forward(spec: &CrossEntropySpec) -> TritonCall {
 }
 
 /// How the forward that also writes the gradient walks the logits: rows per program, columns per block, warps and
-/// software-pipelining stages of its loops.
+/// software-pipelining stages of its loops, and how many programs (0: one per row block; else each walks row blocks
+/// `pid`, `pid + programs`, … in rounds, which bounds the rows in flight on the device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GradTiling {
     pub rows: usize,
     pub cols: usize,
     pub warps: u32,
     pub stages: u32,
+    pub programs: usize,
 }
 
 impl GradTiling {
-    /// One row a program, so that the few rows in flight on the whole device (two programs an SM) fit in its L2
-    /// cache and the second walk over a row reads it from there.
-    pub const DEFAULT: GradTiling = GradTiling { rows: 1, cols: 4096, warps: 8, stages: 2 };
+    /// The fastest of a sweep at GPT-2's shape on an H200 (BENCHMARKS.md's log of 2026-12-02).
+    pub const DEFAULT: GradTiling = GradTiling { rows: 1, cols: 2048, warps: 4, stages: 2, programs: 0 };
 }
 
 /// The forward of a step that will take the loss's gradient: the forward's two results, then a second walk over
-/// each row (while it is still in the L2 cache) writing `dx = (exp(x - lse) - onehot(t)) / N` (0 on rows whose id is
-/// out of range) in the logits' type: the gradient at a unit cotangent, which the gradient rule scales by the real
-/// one. The logits are read from memory once instead of twice (forward, then backward).
+/// each row (while it may still be in the L2 cache) writing `dx = (exp(x - lse) - onehot(t)) / N` (0 on rows whose
+/// id is out of range) in the logits' type: the gradient at a unit cotangent, which the gradient rule scales by the
+/// real one. The logits are read once by this kernel instead of once by each of two.
 pub fn forward_with_grad(spec: &CrossEntropySpec, tiling: GradTiling) -> TritonCall {
-    let GradTiling { rows, cols, warps, stages } = tiling;
-    let name = format!("{}_{rows}x{cols}_w{warps}_s{stages}", spec.name("fwd_grad"));
+    let GradTiling { rows, cols, warps, stages, programs } = tiling;
+    let name = format!("{}_{rows}x{cols}_w{warps}_s{stages}_p{programs}", spec.name("fwd_grad"));
     let mut k = Kernel::new(&name);
     let x_arg = k.ptr_arg("x", spec.x);
     let t_arg = k.ptr_arg("t", spec.ids);
-    let loss_arg = k.ptr_arg("loss", Scalar::F32);
-    let lse_arg = k.ptr_arg("lse", Scalar::F32);
-    let dx_arg = k.ptr_arg("dx", spec.x);
+    let outs = [k.ptr_arg("loss", Scalar::F32), k.ptr_arg("lse", Scalar::F32), k.ptr_arg("dx", spec.x)];
     let blocking = Blocking::new(spec.rows, spec.classes, cols, rows * cols);
+    let pid = k.named("pid").program_id(0);
+    let grid = match programs {
+        0 => {
+            row_block_with_grad(&mut k, spec, &blocking, &pid, (&x_arg, &t_arg), &outs);
+            blocking.row_blocks()
+        }
+        p => {
+            let p = p.min(blocking.row_blocks());
+            let rounds = blocking.row_blocks().div_ceil(p);
+            strided_blocks(&mut k, (&pid, p, rounds), &[], |k, rb, _| {
+                row_block_with_grad(k, spec, &blocking, rb, (&x_arg, &t_arg), &outs);
+                vec![]
+            });
+            p
+        }
+    };
+    TritonCall { name, ir: k.finish(), grid: [grid as u32, 1, 1], num_warps: warps, num_stages: stages }
+}
+
+/// Row block `rb` of [`forward_with_grad`]: its loss and `lse` stored, then its gradient, a column block at a time.
+fn row_block_with_grad(
+    k: &mut Kernel,
+    spec: &CrossEntropySpec,
+    blocking: &Blocking,
+    rb: &Value,
+    (x_arg, t_arg): (&Value, &Value),
+    [loss_arg, lse_arg, dx_arg]: &[Value; 3],
+) {
     let (r, c) = (blocking.block_rows, blocking.block_cols);
-    let rb = k.named("rb").program_id(0);
-    let stats = row_statistics(&mut k, spec, &blocking, &rb, (&x_arg, &t_arg));
-    stats.tile.store_rows(&mut k, &loss_arg, &stats.loss);
-    stats.tile.store_rows(&mut k, &lse_arg, &stats.lse);
+    let stats = row_statistics(k, spec, blocking, rb, (x_arg, t_arg));
+    stats.tile.store_rows(k, loss_arg, &stats.loss);
+    stats.tile.store_rows(k, lse_arg, &stats.lse);
     let inv_n = k.full_float(Scalar::F32, &[r], 1.0 / spec.rows as f64);
     let zero = k.full_float(Scalar::F32, &[r], 0.0);
     let scale = k.named("s").select(&stats.valid, &inv_n, &zero);
@@ -137,19 +163,12 @@ pub fn forward_with_grad(spec: &CrossEntropySpec, tiling: GradTiling) -> TritonC
     let lse = k.as_column(&stats.lse, c);
     let (lo, hi, one) = (k.const_i32(0), k.const_i32(blocking.col_blocks() as i32), k.const_i32(1));
     k.for_loop((&lo, &hi, &one), &[], |k, cb, _| {
-        let blk = blocking.tile(k, &rb, cb);
-        let x = blk.load(k, &x_arg, "x");
+        let blk = blocking.tile(k, rb, cb);
+        let x = blk.load(k, x_arg, "x");
         let dx = unit_gradient(k, (&blk, &x, &stats.ids), &lse, &scale);
-        blk.store(k, &dx_arg, &dx);
+        blk.store(k, dx_arg, &dx);
         vec![]
     });
-    TritonCall {
-        name,
-        ir: k.finish(),
-        grid: [blocking.row_blocks() as u32, 1, 1],
-        num_warps: warps,
-        num_stages: stages,
-    }
 }
 
 /// A forward program's rows: their tile, class ids, whether each id is in range, `lse` and loss (`[R]` each).
@@ -311,11 +330,14 @@ mod tests {
     fn the_forward_with_the_gradient_walks_each_row_twice_and_writes_it_in_the_logits_type() {
         let f = forward_with_grad(&gpt2(), GradTiling::DEFAULT);
         f.validate(2, 3).expect("forward with the gradient");
-        assert_eq!((f.grid, f.num_warps, f.num_stages), ([8192, 1, 1], 8, 2));
+        assert_eq!((f.grid, f.num_warps, f.num_stages), ([8192, 1, 1], 4, 2));
         assert_eq!(f.ir.matches("scf.for").count(), 2, "{}", f.ir);
+        let persistent = forward_with_grad(&gpt2(), GradTiling { programs: 264, ..GradTiling::DEFAULT });
+        persistent.validate(2, 3).expect("persistent");
+        assert_eq!((persistent.grid, persistent.ir.matches("scf.for").count()), ([264, 1, 1], 3));
         assert!(f.ir.contains("arith.truncf"), "the gradient is written in bf16: {}", f.ir);
         let odd = CrossEntropySpec { rows: 3, classes: 5, x: Scalar::F16, ids: Scalar::I64 };
-        let tiling = GradTiling { rows: 2, cols: 4, warps: 1, stages: 1 };
+        let tiling = GradTiling { rows: 2, cols: 4, warps: 1, stages: 1, programs: 0 };
         let small = forward_with_grad(&odd, tiling);
         small.validate(2, 3).expect("small");
         assert_eq!(small.grid, [2, 1, 1], "two rows a program over three rows");
