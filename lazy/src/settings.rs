@@ -65,7 +65,7 @@ pub const VARIABLES: &[Variable] = &[
     v(
         "LAZULI_CROSS_ENTROPY_GRAD",
         "where lazuli's cross-entropy kernel writes the loss's gradient, and the forward's tiling",
-        "forward, forward:ROWS,COLS,WARPS,STAGES[,PROGRAMS], backward",
+        "forward, forward:ROWS,COLS,WARPS,STAGES, backward",
         "forward (1,2048,4,2)",
     ),
     v("LAZULI_DUMP_DIR", "a directory every compiled program is written to", "a directory", "unset"),
@@ -286,11 +286,7 @@ pub(crate) fn cross_entropy_grad() -> Result<Option<GradTiling>> {
     match var(NAME) {
         None => Ok(Some(GradTiling::DEFAULT)),
         Some(v) => parse_cross_entropy_grad(&v).ok_or_else(|| {
-            bad(
-                NAME,
-                &v,
-                "forward, forward:ROWS,COLS,WARPS,STAGES[,PROGRAMS] (powers of two but stages, 1 to 8) or backward",
-            )
+            bad(NAME, &v, "forward, forward:ROWS,COLS,WARPS,STAGES (powers of two but stages, 1 to 8) or backward")
         }),
     }
 }
@@ -303,12 +299,9 @@ fn parse_cross_entropy_grad(v: &str) -> Option<Option<GradTiling>> {
     }
     let numbers = v.trim().strip_prefix("forward:")?.split(',').map(|n| n.trim().parse::<usize>().ok());
     let numbers: Vec<usize> = numbers.collect::<Option<_>>()?;
-    let (&[rows, cols, warps, stages], programs) = match numbers[..] {
-        [.., p] if numbers.len() == 5 => (numbers[..4].try_into().ok()?, p),
-        _ => (numbers[..].try_into().ok()?, 0),
-    };
+    let [rows, cols, warps, stages] = numbers[..] else { return None };
     let fits = [rows, cols, warps].iter().all(|n| n.is_power_of_two()) && warps <= 32 && (1..=8).contains(&stages);
-    fits.then_some(Some(GradTiling { rows, cols, warps: warps as u32, stages: stages as u32, programs }))
+    fits.then_some(Some(GradTiling { rows, cols, warps: warps as u32, stages: stages as u32 }))
 }
 
 /// `LAZULI_WAIT_SPIN` in microseconds; `None` when unset (the backend's default).
@@ -490,13 +483,19 @@ mod tests {
 
     #[test]
     fn the_cross_entropy_gradient_setting() {
-        let t = |rows, cols, warps, stages, programs| Some(Some(GradTiling { rows, cols, warps, stages, programs }));
+        let t = |rows, cols, warps, stages| Some(Some(GradTiling { rows, cols, warps, stages }));
         assert_eq!(parse_cross_entropy_grad("forward"), Some(Some(GradTiling::DEFAULT)));
         assert_eq!(parse_cross_entropy_grad(" backward "), Some(None));
-        assert_eq!(parse_cross_entropy_grad("forward:2,2048,4,3"), t(2, 2048, 4, 3, 0));
-        assert_eq!(parse_cross_entropy_grad("forward:1,8192,16,2,264"), t(1, 8192, 16, 2, 264));
-        for wrong in ["forward:3,2048,4,3", "forward:1,4096,64,1", "forward:1,4096,8,9", "forward:1,4096,8", "fwd", ""]
-        {
+        assert_eq!(parse_cross_entropy_grad("forward:2,2048,4,3"), t(2, 2048, 4, 3));
+        for wrong in [
+            "forward:3,2048,4,3",
+            "forward:1,4096,64,1",
+            "forward:1,4096,8,9",
+            "forward:1,4096,8",
+            "forward:1,4096,8,2,264",
+            "fwd",
+            "",
+        ] {
             assert_eq!(parse_cross_entropy_grad(wrong), None, "{wrong:?}");
         }
     }

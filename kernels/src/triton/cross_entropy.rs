@@ -13,7 +13,7 @@
 //! each take one `[R, BC]` block. Exponentials are written with `exp2`, which every Triton lowers.
 
 use super::pointers;
-use super::tile::{strided_blocks, Blocking, Tile};
+use super::tile::{Blocking, Tile};
 use super::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
 use super::TritonCall;
 
@@ -96,20 +96,18 @@ pub fn forward(spec: &CrossEntropySpec) -> TritonCall {
 }
 
 /// How the forward that also writes the gradient walks the logits: rows per program, columns per block, warps and
-/// software-pipelining stages of its loops, and how many programs (0: one per row block; else each walks row blocks
-/// `pid`, `pid + programs`, … in rounds, which bounds the rows in flight on the device).
+/// software-pipelining stages of its loops. A program takes one row block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GradTiling {
     pub rows: usize,
     pub cols: usize,
     pub warps: u32,
     pub stages: u32,
-    pub programs: usize,
 }
 
 impl GradTiling {
     /// The fastest of a sweep at GPT-2's shape on an H200 (BENCHMARKS.md's log of 2026-12-02).
-    pub const DEFAULT: GradTiling = GradTiling { rows: 1, cols: 2048, warps: 4, stages: 2, programs: 0 };
+    pub const DEFAULT: GradTiling = GradTiling { rows: 1, cols: 2048, warps: 4, stages: 2 };
 }
 
 /// The forward of a step that will take the loss's gradient: the forward's two results, then a second walk over
@@ -117,30 +115,17 @@ impl GradTiling {
 /// id is out of range) in the logits' type: the gradient at a unit cotangent, which the gradient rule scales by the
 /// real one. The logits are read once by this kernel instead of once by each of two.
 pub fn forward_with_grad(spec: &CrossEntropySpec, tiling: GradTiling) -> TritonCall {
-    let GradTiling { rows, cols, warps, stages, programs } = tiling;
-    let name = format!("{}_{rows}x{cols}_w{warps}_s{stages}_p{programs}", spec.name("fwd_grad"));
+    let GradTiling { rows, cols, warps, stages } = tiling;
+    let name = format!("{}_{rows}x{cols}_w{warps}_s{stages}", spec.name("fwd_grad"));
     let mut k = Kernel::new(&name);
     let x_arg = k.ptr_arg("x", spec.x);
     let t_arg = k.ptr_arg("t", spec.ids);
     let outs = [k.ptr_arg("loss", Scalar::F32), k.ptr_arg("lse", Scalar::F32), k.ptr_arg("dx", spec.x)];
     let blocking = Blocking::new(spec.rows, spec.classes, cols, rows * cols);
-    let pid = k.named("pid").program_id(0);
-    let grid = match programs {
-        0 => {
-            row_block_with_grad(&mut k, spec, &blocking, &pid, (&x_arg, &t_arg), &outs);
-            blocking.row_blocks()
-        }
-        p => {
-            let p = p.min(blocking.row_blocks());
-            let rounds = blocking.row_blocks().div_ceil(p);
-            strided_blocks(&mut k, (&pid, p, rounds), &[], |k, rb, _| {
-                row_block_with_grad(k, spec, &blocking, rb, (&x_arg, &t_arg), &outs);
-                vec![]
-            });
-            p
-        }
-    };
-    TritonCall { name, ir: k.finish(), grid: [grid as u32, 1, 1], num_warps: warps, num_stages: stages }
+    let rb = k.named("rb").program_id(0);
+    row_block_with_grad(&mut k, spec, &blocking, &rb, (&x_arg, &t_arg), &outs);
+    let grid = [blocking.row_blocks() as u32, 1, 1];
+    TritonCall { name, ir: k.finish(), grid, num_warps: warps, num_stages: stages }
 }
 
 /// Row block `rb` of [`forward_with_grad`]: its loss and `lse` stored, then its gradient, a column block at a time.
@@ -332,12 +317,9 @@ mod tests {
         f.validate(2, 3).expect("forward with the gradient");
         assert_eq!((f.grid, f.num_warps, f.num_stages), ([8192, 1, 1], 4, 2));
         assert_eq!(f.ir.matches("scf.for").count(), 2, "{}", f.ir);
-        let persistent = forward_with_grad(&gpt2(), GradTiling { programs: 264, ..GradTiling::DEFAULT });
-        persistent.validate(2, 3).expect("persistent");
-        assert_eq!((persistent.grid, persistent.ir.matches("scf.for").count()), ([264, 1, 1], 3));
         assert!(f.ir.contains("arith.truncf"), "the gradient is written in bf16: {}", f.ir);
         let odd = CrossEntropySpec { rows: 3, classes: 5, x: Scalar::F16, ids: Scalar::I64 };
-        let tiling = GradTiling { rows: 2, cols: 4, warps: 1, stages: 1, programs: 0 };
+        let tiling = GradTiling { rows: 2, cols: 4, warps: 1, stages: 1 };
         let small = forward_with_grad(&odd, tiling);
         small.validate(2, 3).expect("small");
         assert_eq!(small.grid, [2, 1, 1], "two rows a program over three rows");
