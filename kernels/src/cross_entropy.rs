@@ -12,8 +12,8 @@
 //! Results: the loss (a scalar of the loss type) and the f32 `lse` `[N]`, which only the backward reads.
 //!
 //! In a step that will take the loss's gradient (`CrossEntropyCall::grad_in_forward`), the forward also writes the
-//! gradient at a unit cotangent, walking each row a second time while it is still in the L2 cache, so the logits
-//! are read from memory once instead of twice; its third result is that gradient, which the gradient rule scales
+//! gradient at a unit cotangent, walking each row a second time right after the first (partly from the L2 cache),
+//! so no backward kernel reads the logits again; its third result is that gradient, which the gradient rule scales
 //! by the loss's cotangent (XLA drops the scaling when the cotangent is `backward()`'s constant one).
 
 use std::sync::{Arc, Mutex};

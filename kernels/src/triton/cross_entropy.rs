@@ -1,13 +1,16 @@
-//! Softmax cross-entropy of logits `x: [N, C]` against class ids `t: [N]`, as two Triton kernels generated per
-//! shape signature, computing in f32. XLA's program for the same loss read the logits three times (the row max,
-//! the sum of exponentials, then the gradient with the picked logit), which at a language model's vocabulary is
-//! the largest memory-bound piece of a step. Here:
+//! Softmax cross-entropy of logits `x: [N, C]` against class ids `t: [N]`, as Triton kernels generated per shape
+//! signature, computing in f32. XLA's program for the same loss read the logits three times (the row max, the sum
+//! of exponentials, then the gradient with the picked logit), which at a language model's vocabulary is the largest
+//! memory-bound piece of a step. Here:
 //!
-//! - the forward walks each row once, keeping a running max and the sum of exponentials rescaled to it (the online
-//!   softmax) and the logit at the row's class; it writes each row's `lse = log Σ exp x` and its loss `lse - x[t]`
-//!   (0 for a class id outside `0..C`), f32 `[N]`;
+//! - the forward walks each row once, keeping a running max (one cross-thread reduction a block) and the sum of
+//!   exponentials per column rescaled to it (the online softmax), summed after the walk; it loads the logit at the
+//!   row's class by itself and writes each row's `lse = log Σ exp x` and its loss `lse - x[t]` (0 for a class id
+//!   outside `0..C`), f32 `[N]`;
 //! - the backward reads the logits once more with `lse` and a per-row scale `s` (the loss's cotangent over `N`, 0
-//!   on rows whose id is out of range) and writes `dx = (exp(x - lse) - onehot(t)) · s` in the logits' type.
+//!   on rows whose id is out of range) and writes `dx = (exp(x - lse) - onehot(t)) · s` in the logits' type;
+//! - the forward with the gradient does both in one program a row block: the forward's walk, then a second walk
+//!   writing `dx` at `s = 1 / N`, which the gradient rule scales by the real cotangent.
 //!
 //! A program of the forward takes `R` rows and walks their columns in blocks of `BC`; the backward's programs
 //! each take one `[R, BC]` block. Exponentials are written with `exp2`, which every Triton lowers.
@@ -106,7 +109,7 @@ pub struct GradTiling {
 }
 
 impl GradTiling {
-    /// The fastest of a sweep at GPT-2's shape on an H200 (BENCHMARKS.md's log of 2026-12-02).
+    /// The fastest of a sweep at GPT-2's shape on an H200 (`docs/perf-log/2026-12-02-cross-entropy-gradient-in-forward.md`).
     pub const DEFAULT: GradTiling = GradTiling { rows: 1, cols: 2048, warps: 4, stages: 2 };
 }
 
