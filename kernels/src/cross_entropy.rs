@@ -154,7 +154,7 @@ fn make_with_grad(
         let g = b.broadcast(&g, &dims, &[]);
         vec![Some(b.mul(&unit, &g)), None]
     })?;
-    KernelDef::new(
+    let def = KernelDef::new(
         "cross_entropy_with_grad",
         operands,
         vec![call.loss(), call.lse(), call.logits.clone()],
@@ -162,7 +162,10 @@ fn make_with_grad(
         composite,
         vec![Gradient::Program(gradient), Gradient::None, Gradient::None],
         plain.choice.clone(),
-    )
+    )?;
+    // A loss scaled before its backward (gradient accumulation, loss scaling, `cross_entropy_with`'s options) gets
+    // the forward and backward kernels instead, whose backward folds the scale into its one pass.
+    KernelDef::with_scaled_alternative(def, plain)
 }
 
 fn triton_spec(call: &CrossEntropyCall, rows: usize, classes: usize) -> Result<CrossEntropySpec, String> {
@@ -294,6 +297,8 @@ mod tests {
         assert_eq!((cpu.results.len(), cpu.choice.implementation), (2, "composite"));
         let def = cross_entropy(&c, &H200, Implementation::Auto).expect("gpu");
         assert_eq!(def.results, vec![TensorType::scalar(DType::F32), c.lse(), c.logits.clone()]);
+        let alternative = def.scaled_alternative.as_ref().expect("the forward and backward kernels, for a scaled loss");
+        assert_eq!((alternative.name, alternative.results.len()), ("cross_entropy", 2));
         assert!(def.device.as_ref().expect("device").has_calls());
         let x = ndarray::ArrayD::from_shape_fn(vec![3, 4], |i| ((i[0] * 4 + i[1]) as f64 * 0.7).sin() * 3.0);
         let t = ndarray::ArrayD::from_shape_vec(vec![3], vec![2.0, 0.0, 9.0]).expect("ids");

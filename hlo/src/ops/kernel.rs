@@ -58,7 +58,7 @@ pub struct Choice {
 
 /// A kernel built for one signature. Made by `lazuli-kernels` (or a user's custom kernel) and shared by every node
 /// that calls it; compared and hashed by content, with the hash taken once.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct KernelDef {
     /// Its op name in diagnostics (`attention`, a user kernel's name).
     pub name: &'static str,
@@ -71,6 +71,11 @@ pub struct KernelDef {
     /// One rule per result.
     pub gradients: Vec<Gradient>,
     pub choice: Choice,
+    /// For a kernel whose first result's gradient is computed ahead for a unit cotangent (`backward()`'s seed),
+    /// the kernel to record in its place when the cotangent turns out to be anything else (the lazy autodiff
+    /// swaps them): it would otherwise scale a precomputed gradient in a pass of its own. Set with
+    /// [`KernelDef::with_scaled_alternative`].
+    pub scaled_alternative: Option<Arc<KernelDef>>,
     hash: u64,
 }
 
@@ -146,7 +151,28 @@ impl KernelDef {
         let mut h = std::hash::DefaultHasher::new();
         (name, &operands, &results, &device, &composite, &gradients, &choice).hash(&mut h);
         let hash = h.finish();
-        Ok(Arc::new(KernelDef { name, operands, results, device, composite, gradients, choice, hash }))
+        let scaled_alternative = None;
+        Ok(Arc::new(KernelDef {
+            name,
+            operands,
+            results,
+            device,
+            composite,
+            gradients,
+            choice,
+            scaled_alternative,
+            hash,
+        }))
+    }
+
+    /// `def` with `alternative` as its [`KernelDef::scaled_alternative`]: a kernel of the same operands whose
+    /// first result is `def`'s, and whose gradient takes any cotangent.
+    pub fn with_scaled_alternative(def: Arc<KernelDef>, alternative: Arc<KernelDef>) -> Result<Arc<KernelDef>, String> {
+        if alternative.operands != def.operands || alternative.results.first() != def.results.first() {
+            let (name, alt) = (def.name, alternative.name);
+            return Err(format!("{name}: the alternative {alt} has other operands or another first result"));
+        }
+        Ok(Arc::new(KernelDef { scaled_alternative: Some(alternative), ..Arc::unwrap_or_clone(def) }))
     }
 
     /// Lower the kernel on the node's operands: its device program if it has one, else its composite.

@@ -142,8 +142,11 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
             }
             // The rule runs under the node's lock (it records new nodes and never locks this one), so neither
             // the op nor its operands are copied.
-            let state = node.lock();
-            let Some(recipe) = state.recipe.as_ref() else { continue };
+            let mut state = node.lock();
+            let Some(recipe) = state.recipe.as_mut() else { continue };
+            if let (None, Some(g)) = (place, &own) {
+                record_scaled_alternative(&mut recipe.op, g);
+            }
             let grads = match (&recipe.op, place) {
                 (Op::Kernel(k), Some(Joint::First(results))) => {
                     let mut take = |p: usize| if p == position { own.clone() } else { cot[p].take() };
@@ -177,6 +180,17 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
         }
         leaves
     })
+}
+
+/// A kernel result whose gradient was computed ahead for a unit cotangent (`KernelDef::scaled_alternative`) is
+/// recorded as its alternative's when its cotangent `g` is anything but a constant one, before its rule runs.
+fn record_scaled_alternative(op: &mut Op, g: &Rc<Node>) {
+    let Op::Kernel(k) = op else { return };
+    let Some(alternative) = &k.def.scaled_alternative else { return };
+    let one = g.lock().recipe.as_ref().is_some_and(|r| matches!(&r.op, Op::Constant(c) if c.value() == 1.0));
+    if !one {
+        *op = Op::Kernel(KernelOp::new(alternative.clone(), k.result));
+    }
 }
 
 /// Where a result of a kernel call with a joint gradient rule (`Gradient::Joint`) stands in a backward walk.
@@ -361,6 +375,42 @@ mod tests {
                     assert!((got[i] - want).abs() < 1e-12, "{case:?} [{i}]: {} against {want}", got[i]);
                 }
             }
+        }
+    }
+
+    /// A kernel whose rule assumes a unit cotangent keeps it under `backward()`'s seed and gives way to its scaled
+    /// alternative under any other cotangent. The two rules differ on purpose (2 and 5 for `d(2·Σx)/dx`), so the
+    /// gradient says which ran; the loss's value is the same either way.
+    #[test]
+    fn a_scaled_cotangent_records_the_scaled_alternative() {
+        use lazuli_hlo::{Builder, Choice, DType, Gradient, KernelDef, Program, TensorType};
+        use std::sync::Arc;
+        let kernel = |name: &'static str, claimed: f64, alternative: Option<Arc<KernelDef>>| {
+            let (x, y) = (TensorType::new(DType::F64, [3]), TensorType::scalar(DType::F64));
+            let composite = Program::record(std::slice::from_ref(&x), |b, v| {
+                let s = b.sum(&v[0], &[0]);
+                vec![Some(b.scale(&s, 2.0))]
+            });
+            let rule = Program::record(&[x.clone(), y.clone(), y.clone()], |b, v| {
+                let g = b.broadcast(&v[2], &[3], &[]);
+                vec![Some(b.scale(&g, claimed))]
+            });
+            let choice = Choice { implementation: "composite", reason: String::new() };
+            let rules = vec![Gradient::Program(rule.expect("rule"))];
+            let def = KernelDef::new(name, vec![x], vec![y], None, composite.expect("composite"), rules, choice);
+            match alternative {
+                Some(a) => KernelDef::with_scaled_alternative(def.expect("def"), a).expect("alternative"),
+                None => def.expect("def"),
+            }
+        };
+        let ahead = kernel("ahead", 2.0, Some(kernel("alternative", 5.0, None)));
+        for (scale, want) in [(1.0, 2.0), (3.0, 15.0)] {
+            let x = Tensor::from_slice(&[1.0f64, 2.0, 3.0], &[3]).requires_grad();
+            let y = try_apply(Op::Kernel(KernelOp::new(ahead.clone(), 0)), &[&x], Loc::caller()).expect("y");
+            let loss = if scale == 1.0 { y.clone() } else { &y * scale };
+            let grads = crate::graph::autodiff::grad(&loss, &[&x]);
+            assert_eq!(grads[0].to_vec::<f64>().expect("gradient"), vec![want; 3], "loss scaled by {scale}");
+            assert_eq!(y.to_vec::<f64>().expect("y"), vec![12.0], "loss scaled by {scale}");
         }
     }
 }

@@ -93,16 +93,13 @@ impl CrossEntropyOptions {
 /// GPUs, `LAZULI_CROSS_ENTROPY`), else the `CrossEntropy` op, so CPU programs do not change. Logits that are a
 /// pending widening of 16-bit values (a bf16 matmul's product converted to f32, maybe reshaped) reach the kernel
 /// before the conversion: it widens them as it reads them and writes their gradient in their own type.
-/// `returned_as_is`: the node is the loss the caller gets, not a term that is scaled first.
-fn cross_entropy_node(x: &Tensor, t: &Tensor, returned_as_is: bool, loc: Loc) -> Tensor {
+fn cross_entropy_node(x: &Tensor, t: &Tensor, loc: Loc) -> Tensor {
     let narrow = narrow_source(x);
     let dtype = narrow.as_ref().map_or(x.dtype(), |n| n.dtype());
     let logits = TensorType::new(dtype, x.dims());
-    // Logits that will be differentiated get their gradient from the forward kernel (where the setting says so),
-    // unless the loss is scaled here before it is returned: the gradient rule would then multiply the whole
-    // gradient by the scale in a pass of its own, where the backward kernel folds it into its one pass.
+    // Logits that will be differentiated get their gradient from the forward kernel (where the setting says so);
+    // the autodiff records the forward and backward kernels instead if the loss's cotangent is not one.
     let differentiated = crate::graph::autodiff::grad_enabled() && (x.node.grad_path || x.node.requires_grad());
-    let differentiated = differentiated && returned_as_is;
     let made = kernel("cross_entropy", "LAZULI_CROSS_ENTROPY", loc, |rt| {
         let grad_in_forward = rt.config.cross_entropy_grad.filter(|_| differentiated);
         let call = CrossEntropyCall { logits, ids: t.tensor_type().clone(), out: x.dtype(), grad_in_forward };
@@ -167,10 +164,10 @@ fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, lo
         }
     };
     let (x2, t2) = (reshape(x, vec![n, c]), reshape(targets, vec![n]));
+    let ce = |t: &Tensor| cross_entropy_node(&x2, t, loc);
     if opts.ignore_index.is_none() && eps == 0.0 {
-        return cross_entropy_node(&x2, &t2, true, loc);
+        return ce(&t2);
     }
-    let ce = |t: &Tensor| cross_entropy_node(&x2, t, false, loc);
     // Counts in f32 at least: a sum of ones in half precision stops being exact at 256 (bf16) or 2048 (f16).
     let wide = DType::computing([x.dtype()]);
     let sum_all = |t: &Tensor| {

@@ -53,8 +53,8 @@ pub struct Config {
     pub cross_entropy: Implementation,
     /// Where that kernel writes the loss's gradient (`LAZULI_CROSS_ENTROPY_GRAD`): in a forward that walks each row
     /// twice with this tiling, when the logits will be differentiated (default), or `None`: in a backward kernel
-    /// of its own. The forward's gradient is at a unit cotangent: a loss scaled before `backward()` multiplies it
-    /// in a pass of its own, which the backward kernel folds into its one pass.
+    /// of its own. The forward's gradient is at a unit cotangent: for a loss scaled before `backward()` the
+    /// autodiff records the forward and backward kernels instead (`KernelDef::scaled_alternative`).
     pub cross_entropy_grad: Option<lazuli_kernels::cross_entropy::GradTiling>,
     /// Where plugins come from (`LAZULI_PJRT_PLUGIN`, `LAZULI_CPU_PLUGIN`, `LAZULI_GPU_PLUGIN`,
     /// `LAZULI_TPU_PLUGIN`, `LAZULI_CACHE_DIR`, `LAZULI_PYTHON`); `plugin_path`, when set, wins.
