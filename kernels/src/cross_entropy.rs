@@ -14,7 +14,8 @@
 //! In a step that will take the loss's gradient (`CrossEntropyCall::grad_in_forward`), the forward also writes the
 //! gradient at a unit cotangent, walking each row a second time right after the first (partly from the L2 cache),
 //! so no backward kernel reads the logits again; its third result is that gradient, which the gradient rule scales
-//! by the loss's cotangent (XLA drops the scaling when the cotangent is `backward()`'s constant one).
+//! by the loss's cotangent (XLA drops the scaling when the cotangent is `backward()`'s constant one). For any other
+//! cotangent the lazy autodiff records the forward and backward kernels instead (`KernelDef::scaled_alternative`).
 
 use std::sync::{Arc, Mutex};
 
