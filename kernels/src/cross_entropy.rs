@@ -85,7 +85,7 @@ pub fn cross_entropy(call: &CrossEntropyCall, target: &Target, want: Implementat
 fn make(call: &CrossEntropyCall, target: &Target, want: Implementation) -> Result<Arc<KernelDef>, String> {
     let (rows, classes) = call.dims()?;
     if let Some(tiling) = call.grad_in_forward {
-        return make_with_grad(call, tiling, target, want);
+        return make_with_grad(call, (rows, classes), tiling, (target, want));
     }
     let operands = call.operands();
     let composite = Program::record(&operands, |b, x| {
@@ -118,15 +118,17 @@ fn make(call: &CrossEntropyCall, target: &Target, want: Implementation) -> Resul
 /// composite: nothing is gained by computing the gradient early in a composite).
 fn make_with_grad(
     call: &CrossEntropyCall,
+    (rows, classes): (usize, usize),
     tiling: GradTiling,
-    target: &Target,
-    want: Implementation,
+    (target, want): (&Target, Implementation),
 ) -> Result<Arc<KernelDef>, String> {
     let plain = cross_entropy(&call.forward_only(), target, want)?;
     if plain.device.is_none() {
         return Ok(plain);
     }
-    let (rows, classes) = call.dims()?;
+    if let Some(why) = tiling.unsupported() {
+        return Err(format!("{KERNEL} with the gradient: {why}"));
+    }
     let spec = triton_spec(call, rows, classes)?;
     let operands = call.operands();
     let composite_def = cross_entropy(&call.forward_only(), target, Implementation::Composite)?;
@@ -301,6 +303,10 @@ mod tests {
         let alternative = def.scaled_alternative.as_ref().expect("the forward and backward kernels, for a scaled loss");
         assert_eq!((alternative.name, alternative.results.len()), ("cross_entropy", 2));
         assert!(def.device.as_ref().expect("device").has_calls());
+        let odd =
+            CrossEntropyCall { grad_in_forward: Some(GradTiling { rows: 3, ..GradTiling::DEFAULT }), ..c.clone() };
+        let e = cross_entropy(&odd, &H200, Implementation::Auto).expect_err("3 rows a block");
+        assert!(e.contains("rows and columns are powers of two"), "{e}");
         let x = ndarray::ArrayD::from_shape_fn(vec![3, 4], |i| ((i[0] * 4 + i[1]) as f64 * 0.7).sin() * 3.0);
         let t = ndarray::ArrayD::from_shape_vec(vec![3], vec![2.0, 0.0, 9.0]).expect("ids");
         let out = def.composite.evaluate(&[&x, &t]);

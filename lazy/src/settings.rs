@@ -286,7 +286,11 @@ pub(crate) fn cross_entropy_grad() -> Result<Option<GradTiling>> {
     match var(NAME) {
         None => Ok(Some(GradTiling::DEFAULT)),
         Some(v) => parse_cross_entropy_grad(&v).ok_or_else(|| {
-            bad(NAME, &v, "forward, forward:ROWS,COLS,WARPS,STAGES (powers of two but stages, 1 to 8) or backward")
+            bad(
+                NAME,
+                &v,
+                "forward, forward:ROWS,COLS,WARPS,STAGES (powers of two; warps up to 32, stages 1 to 8) or backward",
+            )
         }),
     }
 }
@@ -300,8 +304,8 @@ fn parse_cross_entropy_grad(v: &str) -> Option<Option<GradTiling>> {
     let numbers = v.trim().strip_prefix("forward:")?.split(',').map(|n| n.trim().parse::<usize>().ok());
     let numbers: Vec<usize> = numbers.collect::<Option<_>>()?;
     let [rows, cols, warps, stages] = numbers[..] else { return None };
-    let fits = [rows, cols, warps].iter().all(|n| n.is_power_of_two()) && warps <= 32 && (1..=8).contains(&stages);
-    fits.then_some(Some(GradTiling { rows, cols, warps: warps as u32, stages: stages as u32 }))
+    let tiling = GradTiling { rows, cols, warps: u32::try_from(warps).ok()?, stages: u32::try_from(stages).ok()? };
+    tiling.unsupported().is_none().then_some(Some(tiling))
 }
 
 /// `LAZULI_WAIT_SPIN` in microseconds; `None` when unset (the backend's default).

@@ -109,8 +109,20 @@ pub struct GradTiling {
 }
 
 impl GradTiling {
-    /// The fastest of a sweep at GPT-2's shape on an H200 (`docs/perf-log/2026-12-02-cross-entropy-gradient-in-forward.md`).
+    /// The fastest of a sweep at GPT-2's shape on an H200
+    /// (`docs/perf-log/2026-12-02-cross-entropy-gradient-in-forward.md`).
     pub const DEFAULT: GradTiling = GradTiling { rows: 1, cols: 2048, warps: 4, stages: 2 };
+
+    /// Why the kernel cannot be walked so (`None`: it can): blocks are powers of two, and Triton takes 1 to 32
+    /// warps (a power of two) and 1 to 8 stages.
+    pub fn unsupported(&self) -> Option<String> {
+        let GradTiling { rows, cols, warps, stages } = *self;
+        let blocks = rows.is_power_of_two() && cols.is_power_of_two();
+        let launch = warps.is_power_of_two() && warps <= 32 && (1..=8).contains(&stages);
+        let what = format!("{rows} rows × {cols} columns, {warps} warps, {stages} stages");
+        let rule = "rows and columns are powers of two, warps a power of two up to 32, stages 1 to 8";
+        (!blocks || !launch).then(|| format!("{what}: {rule}"))
+    }
 }
 
 /// The forward of a step that will take the loss's gradient: the forward's two results, then a second walk over
