@@ -15,25 +15,53 @@ use std::ops::Range;
 use crate::dtype::{DType, TensorType};
 use crate::graph::{Graph, Loc, NodeId};
 use crate::op::Op;
+use crate::ops::checkpoint::Checkpoint;
 use crate::ops::elementwise::{BinaryKind, Compare, CompareDir, Select, Unary, UnaryKind};
 use crate::ops::layout::{BroadcastInDim, Reshape};
 use crate::ops::leaf::Constant;
 use crate::ops::reduce::{FiniteStats, Reduce, ReduceKind};
-use crate::ops::slicing::Concatenate;
+use crate::ops::slicing::{Concatenate, Pad};
 
-/// At most this many tensors, and this many elements, share one count of [`count_nonfinite_grouped`]: few enough
-/// operands for XLA to fuse their concatenation into the counting reduction.
+/// How [`count_nonfinite_grouped`] groups tensors into counts and shapes each count's reduction: the caller
+/// picks the one that suits the compiler of its backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counting {
+    /// At most this many tensors share a count…
+    pub tensors: usize,
+    /// …and at most this many elements (a larger tensor is counted alone).
+    pub elements: usize,
+    /// A count of more than `elements` elements (a tensor alone) first sums rows of this many elements of its
+    /// flattened tensor (padded with zeros), then the rows' sums; `None`, and smaller counts: one reduction over
+    /// all of them.
+    pub rows: Option<usize>,
+}
+
+impl Counting {
+    /// XLA's GPU compiler: up to [`GROUP_TENSORS`] tensors, flattened and concatenated, counted by one reduction,
+    /// whose concatenation it fuses into the kernel that counts (a launch per tensor cost more than the reading).
+    pub const FOR_GPU: Counting = Counting { tensors: GROUP_TENSORS, elements: 1 << 30, rows: None };
+    /// XLA's CPU compiler: only small tensors share a count, and a large tensor's count sums rows of 32. Its
+    /// loop over a concatenation picks each element's source tensor in turn and is not vectorized, and it
+    /// rewrites a reduction over more than 32 elements into a tree whose first level it does not fuse with the test
+    /// of each element, so that the test's flags were written out in full and read again. Small counts stay one
+    /// reduction: fewer kernels.
+    pub const FOR_CPU: Counting = Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32) };
+}
+
+/// At most this many tensors share one count of [`Counting::FOR_GPU`]: few enough operands for XLA to fuse their
+/// concatenation into the counting reduction.
 pub const GROUP_TENSORS: usize = 32;
-const GROUP_ELEMENTS: usize = 1 << 30;
 
 /// How [`count_nonfinite_grouped`] splits tensors of these types, in order, into counted groups: runs of one dtype
-/// of at most `most` tensors and [`GROUP_ELEMENTS`] elements (a larger tensor is a group alone).
-pub fn count_groups(types: &[&TensorType], most: usize) -> Vec<Range<usize>> {
+/// of at most `counting.tensors` tensors and `counting.elements` elements (a larger tensor is a group alone).
+pub fn count_groups(types: &[&TensorType], counting: &Counting) -> Vec<Range<usize>> {
     let mut groups: Vec<Range<usize>> = Vec::new();
     let mut elements = 0;
     for (i, ty) in types.iter().enumerate() {
         let joins = groups.last().is_some_and(|r| {
-            r.len() < most && types[r.start].dtype == ty.dtype && elements + ty.elements() <= GROUP_ELEMENTS
+            r.len() < counting.tensors
+                && types[r.start].dtype == ty.dtype
+                && elements + ty.elements() <= counting.elements
         });
         match groups.last_mut() {
             Some(r) if joins => {
@@ -52,9 +80,14 @@ pub fn count_groups(types: &[&TensorType], most: usize) -> Vec<Range<usize>> {
 /// As [`count_nonfinite`], with one count per group of [`count_groups`] instead of one per node: each group's
 /// tensors are flattened and concatenated into one counting reduction. A step checks hundreds of outputs, and a
 /// reduction per output is a kernel launch per output (two, and a zeroing, for large ones); a group is one.
-pub fn count_nonfinite_grouped(g: &mut Graph, of: &[NodeId], most: usize, loc: Loc) -> Result<Option<NodeId>, String> {
+pub fn count_nonfinite_grouped(
+    g: &mut Graph,
+    of: &[NodeId],
+    counting: &Counting,
+    loc: Loc,
+) -> Result<Option<NodeId>, String> {
     let types: Vec<&TensorType> = of.iter().map(|&x| &g.nodes[x].ty).collect();
-    let groups = count_groups(&types, most);
+    let groups = count_groups(&types, counting);
     let mut counts = Vec::with_capacity(groups.len());
     for group in groups {
         let members = &of[group];
@@ -69,7 +102,8 @@ pub fn count_nonfinite_grouped(g: &mut Graph, of: &[NodeId], most: usize, loc: L
                 g.push(Op::Concatenate(Concatenate { dim: 0 }), flat, loc)?
             }
         };
-        counts.push(count_one(g, counted, loc)?);
+        let rows = counting.rows.filter(|_| g.nodes[counted].ty.elements() > counting.elements);
+        counts.push(count_one(g, counted, rows, loc)?);
     }
     match counts.len() {
         0 => Ok(None),
@@ -79,7 +113,7 @@ pub fn count_nonfinite_grouped(g: &mut Graph, of: &[NodeId], most: usize, loc: L
 }
 
 /// `i32[1]`: how many elements of node `x` are NaN or infinite.
-fn count_one(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String> {
+fn count_one(g: &mut Graph, x: NodeId, rows: Option<usize>, loc: Loc) -> Result<NodeId, String> {
     let ty = g.nodes[x].ty.clone();
     if !ty.dtype.is_float() {
         return Err(format!("counting non-finite values of {ty}, which is not floating-point"));
@@ -91,7 +125,30 @@ fn count_one(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String> {
     let zero = g.push(splat(0.0, DType::I32), vec![], loc)?;
     let one = g.push(splat(1.0, DType::I32), vec![], loc)?;
     let flags = g.push(Op::Select(Select), vec![finite, zero, one], loc)?;
-    reduce_to_one(g, flags, ReduceKind::Sum, loc)
+    match rows {
+        Some(width) if width > 0 && ty.elements() > width => {
+            let rows = count_rows(g, flags, width, loc)?;
+            reduce_to_one(g, rows, ReduceKind::Sum, loc)
+        }
+        _ => reduce_to_one(g, flags, ReduceKind::Sum, loc),
+    }
+}
+
+/// `i32[rows]`: the `s32` `flags` flattened, padded with zeros to whole rows of `width` and each row summed,
+/// behind an optimization barrier.
+fn count_rows(g: &mut Graph, flags: NodeId, width: usize, loc: Loc) -> Result<NodeId, String> {
+    let n = g.nodes[flags].ty.elements();
+    let rows = n.div_ceil(width);
+    let mut flat = g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![flags], loc)?;
+    if rows * width > n {
+        let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
+        let pad = Pad { low: vec![0], high: vec![rows * width - n], interior: vec![0] };
+        flat = g.push(Op::Pad(pad), vec![flat, zero], loc)?;
+    }
+    let table = g.push(Op::Reshape(Reshape { dims: vec![rows, width] }), vec![flat], loc)?;
+    let per_row = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![1], keep: false }), vec![table], loc)?;
+    // XLA's simplifier would merge this reduction with the one summing its rows back into one over every element.
+    g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![per_row], loc)
 }
 
 /// `[1]`: node `x` reduced over all its axes by `kind`.
@@ -212,6 +269,11 @@ mod tests {
     use super::*;
     use ndarray::{ArrayD, IxDyn};
 
+    /// Each tensor counted alone.
+    fn alone(rows: Option<usize>) -> Counting {
+        Counting { tensors: 1, elements: 0, rows }
+    }
+
     /// The reference interpreter counts NaN and both infinities, per node, in order.
     #[test]
     fn counts_by_the_reference() {
@@ -219,12 +281,38 @@ mod tests {
         let mut g = Graph::new();
         let a = g.parameter(TensorType::new(DType::F32, [2, 3]), loc);
         let b = g.parameter(TensorType::new(DType::F16, []), loc);
-        let counts = count_nonfinite_grouped(&mut g, &[a, b], 1, loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &[a, b], &alone(None), loc).unwrap().unwrap();
         g.outputs = vec![counts];
         let av = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, f64::NAN, f64::INFINITY, -f64::INFINITY, 0.0, 3.0]);
         let bv = ArrayD::from_elem(IxDyn(&[]), 70000.0); // past f16's largest: rounds to inf
         let out = g.evaluate(&[av.unwrap(), bv]).unwrap();
         assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0]);
+    }
+
+    /// Counting in rows gives the whole count: a tensor of a whole number of rows, one padded to whole rows, and
+    /// one no larger than a row (counted whole), with non-finite values in the first, a middle and the last row.
+    #[test]
+    fn counts_in_rows_by_the_reference() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        for (dims, width) in [(vec![4usize, 8], 8usize), (vec![5, 7], 8), (vec![3], 8), (vec![2, 2, 9], 4)] {
+            let mut g = Graph::new();
+            let x = g.parameter(TensorType::new(DType::F32, dims.clone()), loc);
+            let counts = count_nonfinite_grouped(&mut g, &[x], &alone(Some(width)), loc).unwrap().unwrap();
+            g.outputs = vec![counts];
+            let n: usize = dims.iter().product();
+            let bad = [0, n / 2, n - 1];
+            let values: Vec<f64> = (0..n)
+                .map(|i| match bad.iter().position(|&b| b == i) {
+                    Some(0) => f64::NAN,
+                    Some(1) => f64::INFINITY,
+                    Some(_) => -f64::INFINITY,
+                    None => i as f64 - 3.5,
+                })
+                .collect();
+            let out = g.evaluate(&[ArrayD::from_shape_vec(IxDyn(&dims), values).unwrap()]).unwrap();
+            let expected = bad.iter().collect::<std::collections::BTreeSet<_>>().len() as f64;
+            assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![expected], "{dims:?} in rows of {width}");
+        }
     }
 
     /// Each node's count and range, grouped by result dtype in the order of `of`; an empty node's range is the
@@ -264,10 +352,10 @@ mod tests {
         xs.push(g.parameter(TensorType::new(DType::F16, [4]), loc));
         xs.extend((0..GROUP_TENSORS + 1).map(|_| g.parameter(TensorType::new(DType::F32, [2]), loc)));
         let types: Vec<TensorType> = xs.iter().map(|&x| g.nodes[x].ty.clone()).collect();
-        let groups = count_groups(&types.iter().collect::<Vec<_>>(), GROUP_TENSORS);
+        let groups = count_groups(&types.iter().collect::<Vec<_>>(), &Counting::FOR_GPU);
         let n = xs.len();
         assert_eq!(groups, vec![0..2, 2..3, 3..3 + GROUP_TENSORS, 3 + GROUP_TENSORS..n]);
-        let counts = count_nonfinite_grouped(&mut g, &xs, GROUP_TENSORS, loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &xs, &Counting::FOR_GPU, loc).unwrap().unwrap();
         g.outputs = vec![counts];
         let mut values = vec![
             ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, f64::NAN, 0.0, 0.0, f64::INFINITY, 3.0]).unwrap(),
@@ -292,7 +380,7 @@ mod tests {
         let new_w = g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Div }), vec![w, x], loc);
         let new_w = new_w.unwrap();
         g.outputs = vec![new_w, new_w];
-        let counts = count_nonfinite_grouped(&mut g, &[new_w], 1, loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &[new_w], &alone(None), loc).unwrap().unwrap();
         let trip = tripped(&mut g, counts, loc).unwrap();
         guard(&mut g, trip, &[(0, 0)], loc).unwrap();
         let run = |x: [f64; 2]| {
@@ -315,7 +403,7 @@ mod tests {
         let flag = g.parameter(TensorType::new(DType::Bool, []), loc);
         let new_w = g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Div }), vec![w, x], loc);
         g.outputs = vec![new_w.unwrap(), flag];
-        let counts = count_nonfinite_grouped(&mut g, &[x], 1, loc).unwrap().unwrap();
+        let counts = count_nonfinite_grouped(&mut g, &[x], &alone(None), loc).unwrap().unwrap();
         let trip = tripped(&mut g, counts, loc).unwrap();
         let flag_out = g.outputs[1];
         let next = sticky(&mut g, flag_out, trip, loc).unwrap();

@@ -473,54 +473,66 @@ fn skip_on_a_mesh_keeps_the_state_and_the_step_count() {
 
 /// The grouped counts (one reduction over up to `GROUP_TENSORS` flattened, concatenated tensors of one dtype)
 /// compile on the real CPU plugin and count what the reference interpreter counts: NaN, +inf and −inf, in every
-/// group, with f16 beside f32 and more tensors than one group holds.
+/// group, with f16 beside f32 and more tensors than one group holds; counted whole and in rows.
 #[test]
 fn grouped_counts_on_the_plugin_match_the_reference() {
-    use lazuli_hlo::finite::{count_nonfinite_grouped, GROUP_TENSORS};
+    use lazuli_hlo::finite::{count_groups, count_nonfinite_grouped, Counting, GROUP_TENSORS};
     use lazuli_hlo::{emit, EmitOptions, Graph, Loc, TensorType};
     use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
     use ndarray::{ArrayD, IxDyn};
 
-    let loc = Loc::caller();
-    let mut g = Graph::new();
-    let shapes: Vec<Vec<usize>> = (0..GROUP_TENSORS + 9).map(|i| vec![1 + i % 3, 2 + i % 5]).collect();
-    let mut xs: Vec<_> = shapes.iter().map(|s| g.parameter(TensorType::new(DType::F32, s.clone()), loc)).collect();
-    xs.push(g.parameter(TensorType::new(DType::F16, [3]), loc));
-    let counts = count_nonfinite_grouped(&mut g, &xs, GROUP_TENSORS, loc).unwrap().unwrap();
-    g.outputs = vec![counts];
-    // Tensor i holds i % 4 non-finite elements (as many as fit), of every kind.
-    let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
-    let mut values: Vec<ArrayD<f64>> = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let n: usize = s.iter().product();
-            let v = (0..n).map(|k| if k < i % 4 { specials[(i + k) % 3] } else { k as f64 * 0.5 - 1.0 });
-            ArrayD::from_shape_vec(IxDyn(s), v.collect()).unwrap()
-        })
-        .collect();
-    values.push(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, f64::NAN, 2.0]).unwrap());
-    let want: Vec<i32> = g.evaluate(&values).unwrap()[0].iter().map(|&c| c as i32).collect();
-    assert_eq!(want.len(), 3, "two f32 groups and one f16 group: {want:?}");
-    assert!(want.iter().all(|&c| c > 0), "every group has non-finite values: {want:?}");
-
     let plugin = Plugin::load(provision::cpu_plugin_path().unwrap()).unwrap();
     let client = Client::new(&plugin, &ClientOptions::new().cpu_device_count(1)).unwrap();
-    let exe = client.compile(&emit(&g, &EmitOptions::default()), &CompileOptions::default()).unwrap();
-    let device = &client.devices()[0];
-    let mut args = Vec::new();
-    for (v, &x) in values.iter().zip(&xs) {
-        let dims: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-        let (bytes, ty) = match g.nodes[x].ty.dtype {
-            DType::F16 => (v.iter().flat_map(|&e| half::f16::from_f64(e).to_le_bytes()).collect(), ElementType::F16),
-            _ => (v.iter().flat_map(|&e| (e as f32).to_le_bytes()).collect::<Vec<u8>>(), ElementType::F32),
-        };
-        args.push(client.buffer_from_host(&bytes, ty, &dims, device).unwrap());
+    // As on a GPU and on the CPU (here all small: grouped, no rows); and small enough limits that most tensors
+    // are counted alone, in rows of 4 or 3 (padded to whole rows), beside groups of tensors small enough to share.
+    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4) };
+    let threes = Counting { tensors: 3, elements: 10, rows: Some(3) };
+    for counting in [Counting::FOR_GPU, Counting::FOR_CPU, alone_in_rows, threes] {
+        let loc = Loc::caller();
+        let mut g = Graph::new();
+        let shapes: Vec<Vec<usize>> = (0..GROUP_TENSORS + 9).map(|i| vec![1 + i % 3, 2 + i % 5]).collect();
+        let mut xs: Vec<_> = shapes.iter().map(|s| g.parameter(TensorType::new(DType::F32, s.clone()), loc)).collect();
+        xs.push(g.parameter(TensorType::new(DType::F16, [3]), loc));
+        let counts = count_nonfinite_grouped(&mut g, &xs, &counting, loc).unwrap().unwrap();
+        g.outputs = vec![counts];
+        // Tensor i holds i % 4 non-finite elements (as many as fit), of every kind.
+        let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+        let mut values: Vec<ArrayD<f64>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n: usize = s.iter().product();
+                let v = (0..n).map(|k| if k < i % 4 { specials[(i + k) % 3] } else { k as f64 * 0.5 - 1.0 });
+                ArrayD::from_shape_vec(IxDyn(s), v.collect()).unwrap()
+            })
+            .collect();
+        values.push(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, f64::NAN, 2.0]).unwrap());
+        let want: Vec<i32> = g.evaluate(&values).unwrap()[0].iter().map(|&c| c as i32).collect();
+        let types: Vec<_> = xs.iter().map(|&x| &g.nodes[x].ty).collect();
+        let groups = count_groups(&types, &counting).len();
+        assert!(groups >= 3, "at least two f32 groups and one f16 group: {counting:?}");
+        assert_eq!(want.len(), groups, "one count per group: {want:?}");
+        let planted: usize = shapes.iter().enumerate().map(|(i, s)| (i % 4).min(s.iter().product())).sum::<usize>() + 1;
+        assert_eq!(want.iter().sum::<i32>() as usize, planted, "the counts hold every planted value: {want:?}");
+
+        let exe = client.compile(&emit(&g, &EmitOptions::default()), &CompileOptions::default()).unwrap();
+        let device = &client.devices()[0];
+        let mut args = Vec::new();
+        for (v, &x) in values.iter().zip(&xs) {
+            let dims: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
+            let (bytes, ty) = match g.nodes[x].ty.dtype {
+                DType::F16 => {
+                    (v.iter().flat_map(|&e| half::f16::from_f64(e).to_le_bytes()).collect(), ElementType::F16)
+                }
+                _ => (v.iter().flat_map(|&e| (e as f32).to_le_bytes()).collect::<Vec<u8>>(), ElementType::F32),
+            };
+            args.push(client.buffer_from_host(&bytes, ty, &dims, device).unwrap());
+        }
+        let out = exe.execute(&args.iter().collect::<Vec<_>>()).unwrap();
+        let got: Vec<i32> =
+            out[0].to_host().unwrap().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, want, "{counting:?}");
     }
-    let out = exe.execute(&args.iter().collect::<Vec<_>>()).unwrap();
-    let got: Vec<i32> =
-        out[0].to_host().unwrap().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
-    assert_eq!(got, want);
 }
 
 /// The locator's one reduction per watched node (`FiniteStats`: the count of non-finite elements and the range)

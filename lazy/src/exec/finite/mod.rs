@@ -27,7 +27,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use lazuli_hlo::finite::GROUP_TENSORS;
 use lazuli_hlo::{Graph, Loc, TensorType};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
@@ -35,7 +34,7 @@ use crate::diagnostics::{self, EventKind};
 use crate::error::{Error, Result};
 use crate::graph::element::bytes_to_f64;
 use crate::graph::tensor::Data;
-use crate::runtime::{runtime, CheckFinite};
+use crate::runtime::{runtime, Backend, CheckFinite};
 
 /// A step whose check has not been read yet.
 pub(crate) struct Pending {
@@ -138,14 +137,16 @@ pub(crate) fn with_check(
     guards: &[(usize, usize)],
     flag: Option<usize>,
     mode: CheckFinite,
+    backend: Backend,
     counts_sharding: Option<String>,
 ) -> Result<Graph> {
     use lazuli_hlo::finite as f;
     let mut g = graph.clone();
     let loc = g.outputs.first().map_or(Loc::caller(), |&o| g.nodes[o].loc);
+    let counting = self::counting(backend);
     let counts = if self::guards(mode) {
         let entering = f::update_inputs(&g, guards);
-        let entering = f::count_nonfinite_grouped(&mut g, &entering, GROUP_TENSORS, loc).map_err(Error::Internal)?;
+        let entering = f::count_nonfinite_grouped(&mut g, &entering, &counting, loc).map_err(Error::Internal)?;
         let total = f::total_of(&mut g, entering, loc).map_err(Error::Internal)?;
         let mut tripped = f::tripped(&mut g, total, loc).map_err(Error::Internal)?;
         if let Some(j) = flag {
@@ -157,7 +158,7 @@ pub(crate) fn with_check(
         total
     } else {
         let outputs = f::floating(&g, g.outputs.clone());
-        match f::count_nonfinite_grouped(&mut g, &outputs, GROUP_TENSORS, loc).map_err(Error::Internal)? {
+        match f::count_nonfinite_grouped(&mut g, &outputs, &counting, loc).map_err(Error::Internal)? {
             Some(counts) => counts,
             // A step without floating-point outputs still gets an output, so that every checked program has one
             // more.
@@ -169,6 +170,14 @@ pub(crate) fn with_check(
         g.output_shardings.push(counts_sharding);
     }
     Ok(g)
+}
+
+/// How the check's counts are grouped and reduced on `backend` (`docs/perf-log/2026-12-02-cpu-check.md`).
+fn counting(backend: Backend) -> lazuli_hlo::finite::Counting {
+    match backend {
+        Backend::Cpu => lazuli_hlo::finite::Counting::FOR_CPU,
+        _ => lazuli_hlo::finite::Counting::FOR_GPU,
+    }
 }
 
 /// The IR of each program structure that a trip may be located in, by key: built once, when a program of that key
@@ -351,7 +360,9 @@ fn checked(p: &Pending) -> Vec<(TensorType, Loc)> {
 /// The groups of the checked outputs that `log`'s counts count, in order.
 fn groups(p: &Pending) -> Vec<std::ops::Range<usize>> {
     let checked = checked(p);
-    lazuli_hlo::finite::count_groups(&checked.iter().map(|(ty, _)| ty).collect::<Vec<_>>(), GROUP_TENSORS)
+    // A check is pending only once the runtime is up.
+    let counting = runtime().map_or(lazuli_hlo::finite::Counting::FOR_GPU, |rt| counting(rt.config.backend));
+    lazuli_hlo::finite::count_groups(&checked.iter().map(|(ty, _)| ty).collect::<Vec<_>>(), &counting)
 }
 
 /// The outputs a report lists (a model's weights all go non-finite together; the first few say enough).
