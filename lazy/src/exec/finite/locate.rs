@@ -268,19 +268,15 @@ pub(crate) fn join_unloading() {
     }
 }
 
-/// The locator's compile options. The program runs once and compiling it is most of a trip's time, so: on the
-/// CPU, without LLVM's optimizations (`docs/perf-log/2026-12-01-nan-gpt.md`); on NVIDIA GPUs, without autotuning
-/// (XLA's default GEMM and fusion configurations instead of timing candidates; `docs/perf-log/2026-12-02-fused-layers.md`).
-/// They go first, so that `LAZULI_XLA_OPTIONS` can still set them.
+/// The locator's compile options. The program runs once and compiling it is most of a trip's time, so on the CPU
+/// it is compiled without LLVM's optimizations (`docs/perf-log/2026-12-01-nan-gpt.md`); that option goes first, so
+/// that `LAZULI_XLA_OPTIONS` can still set it. On NVIDIA GPUs it keeps XLA's autotuning: without it the compile was
+/// no shorter and, with the step's program from the persistent cache, the run took about 460 ms instead of 70–90 ms
+/// (`docs/perf-log/2026-12-02-cpu-check-locator-autotuning.md`).
 fn options(rt: &Runtime) -> CompileOptions {
     let mut options = rt.single_device_options();
-    let quick = match rt.config.backend {
-        Backend::Cpu => Some(("xla_backend_optimization_level", XlaOption::Int(0))),
-        Backend::Gpu => Some(("xla_gpu_autotune_level", XlaOption::Int(0))),
-        _ => None,
-    };
-    if let Some((name, value)) = quick {
-        options.xla_options.insert(0, (name.into(), value));
+    if rt.config.backend == Backend::Cpu {
+        options.xla_options.insert(0, ("xla_backend_optimization_level".into(), XlaOption::Int(0)));
     }
     options
 }
