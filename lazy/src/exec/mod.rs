@@ -188,8 +188,8 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
                 None => inputs.push(data),
             }
         }
-        let graph = finite::graph_of(plan.key, || plan.walk.graph().clone());
-        Some(finite::Replay { graph, inputs, input_locs })
+        let (graph, ahead) = finite::graph_of(plan.key, || plan.walk.graph().clone());
+        Some(finite::Replay { graph, ahead, inputs, input_locs })
     } else {
         None
     };

@@ -81,33 +81,88 @@ pub(crate) struct Replayed {
     pub outputs: Vec<u64>,
 }
 
-/// Run `graph` again on `inputs`: its first node that made a non-finite value from finite operands, and its
-/// outputs' counts.
-pub(crate) fn locate(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Replayed> {
-    let _one = crate::exec::one_at_a_time();
-    let building = Instant::now();
+/// The locating program of one step structure: the step's IR on one device with every watched node's
+/// statistics as its outputs, and its StableHLO text. Built on a thread of its own when a structure is first kept
+/// ([`Ahead`]), so that a trip does not build it (at GPT-2's size some 30–60 ms of the trip's time).
+pub(crate) struct Probe {
+    graph: Graph,
+    /// Each statistics output's node and the nodes it holds three values of.
+    stats: Vec<(NodeId, Vec<NodeId>)>,
+    /// The counted nodes of the step's IR, in program order.
+    counted: Vec<NodeId>,
+    /// The step's nodes: a probe node at or past this stands for its operand (a barrier before a reduction).
+    nodes: usize,
+    text: String,
+}
+
+/// A structure's [`Probe`], built ahead on a thread of its own; empty until that thread is done, and `None` in it
+/// when there was nothing to watch or the build failed (a trip then builds it, and reports what failed).
+#[derive(Default)]
+pub(crate) struct Ahead(std::sync::OnceLock<Option<Probe>>);
+
+impl Ahead {
+    /// Starts building `graph`'s probe on a thread of its own; without a thread the trip builds it.
+    pub fn start(graph: std::sync::Arc<Graph>) -> std::sync::Arc<Ahead> {
+        let ahead = std::sync::Arc::new(Ahead::default());
+        let filled = ahead.clone();
+        // Pure Rust over the IR, no plugin call: nothing to join at exit.
+        let _ = std::thread::Builder::new().name("lazuli-locator".into()).spawn(move || {
+            let _ = filled.0.set(probe(&graph).ok().flatten());
+        });
+        ahead
+    }
+
+    fn ready(&self) -> Option<&Probe> {
+        self.0.get().and_then(Option::as_ref)
+    }
+}
+
+/// `graph`'s locating program: `None` when it has no floating-point node to watch.
+fn probe(graph: &Graph) -> Result<Option<Probe>> {
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let counted = counted(graph, &floats);
     // Whichever node is found, its floating-point operands are among these: their ranges come from the same run.
     let watched = watched(graph, &counted);
     if watched.is_empty() {
-        return Ok(Replayed { first: None, outputs: Vec::new() });
+        return Ok(None);
     }
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
     let measured = unfoldable(&mut probe, &watched)?;
     let stats = lazuli_hlo::finite::stats(&mut probe, &measured, loc).map_err(Error::Internal)?;
     probe.outputs = stats.iter().map(|&(v, _)| v).collect();
-    // Back from a barrier to the node it stands for.
-    let n = graph.nodes.len();
-    let stands_for = |m: NodeId| if m < n { m } else { probe.nodes[m].operands[0] };
+    // No aliases: the kept inputs stay the caller's.
+    probe.aliases.clear();
+    let text = emit(&probe, &EmitOptions::default());
+    Ok(Some(Probe { graph: probe, stats, counted, nodes: graph.nodes.len(), text }))
+}
+
+/// Run `graph` again on `inputs`: its first node that made a non-finite value from finite operands, and its
+/// outputs' counts. `ahead` is its structure's probe if already built; else it is built here.
+pub(crate) fn locate(rt: &Runtime, graph: &Graph, ahead: Option<&Ahead>, inputs: &[Data]) -> Result<Replayed> {
+    let _one = crate::exec::one_at_a_time();
+    let building = Instant::now();
+    let built;
+    let probe = match ahead.and_then(Ahead::ready) {
+        Some(p) => p,
+        None => match probe(graph)? {
+            Some(p) => {
+                built = p;
+                &built
+            }
+            None => return Ok(Replayed { first: None, outputs: Vec::new() }),
+        },
+    };
     Counters::add(&COUNTERS.locate_build_ns, building.elapsed().as_nanos() as u64);
-    let host = run(rt, &probe, inputs)?;
+    let Probe { graph: probed, stats, counted, nodes: n, text } = probe;
+    // Back from a barrier to the node it stands for.
+    let stands_for = |m: NodeId| if m < *n { m } else { probed.nodes[m].operands[0] };
+    let host = run(rt, probed, text, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
     let mut range = vec![None; graph.nodes.len()];
     for ((all, of), bytes) in stats.iter().zip(&host) {
-        let dtype = probe.nodes[*all].ty.dtype;
+        let dtype = probed.nodes[*all].ty.dtype;
         for (&m, three) in of.iter().zip(bytes_to_f64(dtype, bytes).chunks(3)) {
             let id = stands_for(m);
             let (count, min, max) = FiniteStats::read(dtype, three);
@@ -213,18 +268,14 @@ fn on_one_device(graph: &Graph) -> Graph {
     g
 }
 
-/// Compile `graph` (no aliases: the inputs are kept) and run it on `inputs`; each output's bytes.
-fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
-    let building = Instant::now();
-    let mut graph = graph.clone();
-    graph.aliases.clear();
-    let text = emit(&graph, &EmitOptions::default());
-    Counters::add(&COUNTERS.locate_build_ns, building.elapsed().as_nanos() as u64);
+/// Compile `text`, `graph`'s program (no aliases: the inputs are kept), and run it on `inputs`; each output's
+/// bytes.
+fn run(rt: &Runtime, graph: &Graph, text: &str, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     let options = options(rt);
     let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
     let compiling = Instant::now();
     let exe = loop {
-        match rt.client.compile(&text, &options) {
+        match rt.client.compile(text, &options) {
             Err(source) if rt.drop_unknown_default(&source) => continue,
             done => break done.map_err(|source| Error::Compile { at, source })?,
         }
@@ -232,7 +283,7 @@ fn run(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
     Counters::add(&COUNTERS.locate_compiles, 1);
     Counters::add(&COUNTERS.locate_compile_ns, compiling.elapsed().as_nanos() as u64);
     let running = Instant::now();
-    let uploaded = upload(rt, &graph, inputs)?;
+    let uploaded = upload(rt, graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
     for (data, up) in inputs.iter().zip(&uploaded) {
         args.push(match (data, up) {
@@ -295,4 +346,40 @@ fn upload(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Option<Buf
         out.push(Some(rt.client.buffer_from_host(&bytes, element_type(ty.dtype), &dims, &rt.device)?));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use lazuli_hlo::ops::elementwise::{Binary, BinaryKind, Unary, UnaryKind};
+    use lazuli_hlo::{DType, Graph, Loc, Op, TensorType};
+
+    use super::{locate, probe, Ahead, Replayed};
+    use crate::graph::tensor::Data;
+
+    /// A probe built ahead (as a trip finds it once its thread is done) and one built by the trip give the same
+    /// answer: `log` of 0 and of −1 named first, its two non-finite elements, and the output's count.
+    #[test]
+    fn a_probe_built_ahead_locates_as_one_built_by_the_trip() {
+        let at = |line| Loc { file: "step.rs", line, col: 1 };
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::F32, [4]), at(1));
+        let log = g.push(Op::Unary(Unary { kind: UnaryKind::Log }), vec![x], at(2)).unwrap();
+        let y = g.push(Op::Binary(Binary { kind: BinaryKind::Add }), vec![log, x], at(3)).unwrap();
+        g.outputs = vec![y];
+        let bytes: Vec<u8> = [1.0f32, 0.0, -1.0, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let inputs = [Data::Host(Arc::new(bytes))];
+        let rt = crate::runtime::runtime().expect("the CPU runtime");
+        let ahead = Ahead(probe(&g).expect("a probe").into());
+        assert!(ahead.ready().is_some(), "the probe was built");
+        let summary = |r: Replayed| {
+            let first = r.first.expect("a first non-finite value");
+            (first.op, first.loc.line, first.nonfinite, r.outputs)
+        };
+        let by_the_trip = summary(locate(rt, &g, None, &inputs).expect("located by the trip"));
+        let built_ahead = summary(locate(rt, &g, Some(&ahead), &inputs).expect("located ahead"));
+        assert_eq!(by_the_trip, ("log", 2, 2, vec![2]));
+        assert_eq!(built_ahead, by_the_trip);
+    }
 }

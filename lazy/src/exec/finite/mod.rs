@@ -54,6 +54,8 @@ pub(crate) struct Pending {
 /// A step's IR (without the check) and its inputs, in parameter order, with the lines that recorded them.
 pub(crate) struct Replay {
     pub graph: Arc<Graph>,
+    /// The structure's locating program, built ahead.
+    pub ahead: Arc<locate::Ahead>,
     pub inputs: Vec<Data>,
     pub input_locs: Vec<Loc>,
 }
@@ -180,22 +182,26 @@ fn counting(backend: Backend) -> lazuli_hlo::finite::Counting {
     }
 }
 
-/// The IR of each program structure that a trip may be located in, by key: built once, when a program of that key
-/// is first kept (usually right after its compile, which built it anyway); a cache hit builds none. A program
-/// recorded from other lines shares its key (keys hold no lines) and so the lines of the first.
-pub(crate) fn graph_of(key: u64, build: impl FnOnce() -> Graph) -> Arc<Graph> {
+/// The IR of each program structure that a trip may be located in, by key, and its locating program, built ahead
+/// on a thread of its own: built once, when a program of that key is first kept (usually right after its compile,
+/// which built the IR anyway); a cache hit builds none. A program recorded from other lines shares its key (keys
+/// hold no lines) and so the lines of the first.
+pub(crate) fn graph_of(key: u64, build: impl FnOnce() -> Graph) -> (Arc<Graph>, Arc<locate::Ahead>) {
     /// More structures than a training loop has; past it the store starts again.
     const MOST: usize = 64;
-    static GRAPHS: Mutex<Option<HashMap<u64, Arc<Graph>>>> = Mutex::new(None);
+    type Kept = (Arc<Graph>, Arc<locate::Ahead>);
+    static GRAPHS: Mutex<Option<HashMap<u64, Kept>>> = Mutex::new(None);
     let mut graphs = GRAPHS.lock().unwrap_or_else(|e| e.into_inner());
     let graphs = graphs.get_or_insert_with(HashMap::new);
-    if let Some(g) = graphs.get(&key) {
-        return g.clone();
+    if let Some(kept) = graphs.get(&key) {
+        return kept.clone();
     }
     if graphs.len() >= MOST {
         graphs.clear();
     }
-    graphs.entry(key).or_insert_with(|| Arc::new(build())).clone()
+    let graph = Arc::new(build());
+    let ahead = locate::Ahead::start(graph.clone());
+    graphs.entry(key).or_insert((graph, ahead)).clone()
 }
 
 /// Keep a launched step's check until it is read: its counts and, where the mode locates trips, what to run it
@@ -311,7 +317,9 @@ fn read(pending: Pending, after: usize) -> Result<()> {
     }
     let first = !REPORTED.swap(true, Relaxed);
     let located = match &pending.replay {
-        Some(r) if first || mode == CheckFinite::Stop => Some(locate::locate(runtime()?, &r.own_graph(), &r.inputs)),
+        Some(r) if first || mode == CheckFinite::Stop => {
+            Some(locate::locate(runtime()?, &r.own_graph(), Some(&r.ahead), &r.inputs))
+        }
         _ => None,
     };
     // The programs launched after a `stop` trip kept the state and their checks say nothing more: dropped, and the
