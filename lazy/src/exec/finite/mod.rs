@@ -174,7 +174,8 @@ pub(crate) fn with_check(
     Ok(g)
 }
 
-/// How the check's counts are grouped and reduced on `backend` (`docs/perf-log/2026-12-02-cpu-check.md`).
+/// How the check's counts are grouped and reduced on `backend`
+/// (`docs/perf-log/2026-12-02-cpu-check-locator-autotuning.md`).
 fn counting(backend: Backend) -> lazuli_hlo::finite::Counting {
     match backend {
         Backend::Cpu => lazuli_hlo::finite::Counting::FOR_CPU,
