@@ -27,6 +27,7 @@ use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
 pub use crate::triton::cross_entropy::GradTiling;
 use crate::triton::cross_entropy::{self as ttce, CrossEntropySpec};
 use crate::triton::ttir::Scalar;
+use crate::triton::TritonCall;
 use crate::{Implementation, Target};
 
 const KERNEL: &str = "cross_entropy";
@@ -99,7 +100,8 @@ fn make(call: &CrossEntropyCall, target: &Target, want: Implementation) -> Resul
         Some(spec) => {
             let composite_def = cross_entropy(call, target, Implementation::Composite)?;
             let backward = backward_kernel(call, &spec, &composite_def, choice.clone())?;
-            (Some(forward_program(call, &spec)?), Gradient::Program(gradient(call, &backward)?))
+            let forward = forward_program(call, &spec, ttce::forward(&spec), &[])?;
+            (Some(forward), Gradient::Program(gradient(call, &backward)?))
         }
         None => (None, Gradient::Composite),
     };
@@ -140,14 +142,7 @@ fn make_with_grad(
         let dx = d.swap_remove(0).map(|d| b.convert(&d, call.logits.dtype));
         vec![Some(r), Some(lse), dx]
     })?;
-    let triton = ttce::forward_with_grad(&spec, tiling);
-    triton.validate(2, 3)?;
-    let device = Program::record(&operands, |b, x| {
-        let r = b.call(triton.custom_call(vec![call.lse(), call.lse(), call.logits.clone()]), &[&x[0], &x[1]]);
-        let total = b.sum(&r[0], &[0]);
-        let mean = b.scale(&total, 1.0 / spec.rows as f64);
-        vec![Some(b.convert(&mean, call.out)), Some(r[1].clone()), Some(r[2].clone())]
-    })?;
+    let device = forward_program(call, &spec, ttce::forward_with_grad(&spec, tiling), &[call.logits.clone()])?;
     let mut inputs = operands.clone();
     inputs.extend([call.loss(), call.loss()]);
     let (dims, dtype) = (call.logits.dims.clone(), call.logits.dtype);
@@ -192,15 +187,24 @@ fn composite_lse<B: Builder>(b: &mut B, logits: &B::V) -> B::V {
     b.convert(&lse, DType::F32)
 }
 
-/// The forward program: the Triton call, then the mean of its per-row losses in the logits' type.
-fn forward_program(call: &CrossEntropyCall, spec: &CrossEntropySpec) -> Result<Program, String> {
-    let triton = ttce::forward(spec);
-    triton.validate(2, 2)?;
+/// A forward's device program: the Triton call `triton` (per-row losses, `lse`, then results of the types `extra`),
+/// the mean of its per-row losses in the loss type, `lse` and the extra results.
+fn forward_program(
+    call: &CrossEntropyCall,
+    spec: &CrossEntropySpec,
+    triton: TritonCall,
+    extra: &[TensorType],
+) -> Result<Program, String> {
+    triton.validate(2, 2 + extra.len())?;
+    let mut results = vec![call.lse(), call.lse()];
+    results.extend_from_slice(extra);
     Program::record(&call.operands(), |b, x| {
-        let r = b.call(triton.custom_call(vec![call.lse(), call.lse()]), &[&x[0], &x[1]]);
+        let r = b.call(triton.custom_call(results), &[&x[0], &x[1]]);
         let total = b.sum(&r[0], &[0]);
         let mean = b.scale(&total, 1.0 / spec.rows as f64);
-        vec![Some(b.convert(&mean, call.out)), Some(r[1].clone())]
+        let mut out = vec![Some(b.convert(&mean, call.out))];
+        out.extend(r[1..].iter().cloned().map(Some));
+        out
     })
 }
 
