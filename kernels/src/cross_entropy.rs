@@ -142,7 +142,8 @@ fn make_with_grad(
         let dx = d.swap_remove(0).map(|d| b.convert(&d, call.logits.dtype));
         vec![Some(r), Some(lse), dx]
     })?;
-    let device = forward_program(call, &spec, ttce::forward_with_grad(&spec, tiling), &[call.logits.clone()])?;
+    let device =
+        forward_program(call, &spec, ttce::forward_with_grad(&spec, tiling), std::slice::from_ref(&call.logits))?;
     let mut inputs = operands.clone();
     inputs.extend([call.loss(), call.loss()]);
     let (dims, dtype) = (call.logits.dims.clone(), call.logits.dtype);
