@@ -290,7 +290,12 @@ impl TensorType {
     /// Why no device could hold this type (its bytes overflow 64 bits or exceed `i64::MAX`, XLA's limit), or
     /// `None`.
     pub fn addressable(&self) -> Option<String> {
-        let bytes = self.dims.iter().try_fold(self.dtype.byte_size() as u128, |n, &d| n.checked_mul(d as u128));
+        // Every node's type passes here: 64-bit products first, 128-bit ones only where those overflow (a zero
+        // dimension after the overflow still makes the type empty).
+        let small = self.dims.iter().try_fold(self.dtype.byte_size() as u64, |n, &d| n.checked_mul(d as u64));
+        let bytes = small
+            .map(u128::from)
+            .or_else(|| self.dims.iter().try_fold(self.dtype.byte_size() as u128, |n, &d| n.checked_mul(d as u128)));
         match bytes {
             Some(b) if b <= i64::MAX as u128 => None,
             _ => Some(format!("{self} has more bytes than a 64-bit address space holds")),
@@ -326,5 +331,22 @@ impl fmt::Display for TensorType {
             write!(f, "{d}")?;
         }
         f.write_str("]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limit is `i64::MAX` bytes; a product past 64 bits is over it unless a zero dimension empties the type.
+    #[test]
+    fn addressable_types_stop_at_i64_max_bytes() {
+        let t = |dims: &[usize]| TensorType::new(DType::U8, dims);
+        assert!(t(&[i64::MAX as usize]).addressable().is_none());
+        assert!(t(&[i64::MAX as usize + 1]).addressable().is_some());
+        assert!(TensorType::new(DType::F32, [1 << 31, 1 << 30]).addressable().is_some(), "2^63 bytes");
+        assert!(TensorType::new(DType::F32, [1 << 30, 1 << 30]).addressable().is_none(), "2^62 bytes");
+        assert!(t(&[1 << 40, 1 << 40]).addressable().is_some(), "past 64 bits");
+        assert!(t(&[1 << 40, 1 << 40, 0]).addressable().is_none(), "empty, though its first dimensions overflow");
     }
 }

@@ -39,7 +39,7 @@ pub enum Step {
 }
 
 /// An expression over `args` operands; the last step is the result. Cloning shares the steps.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Fused {
     /// Its name in diagnostics.
     pub name: &'static str,
@@ -49,6 +49,37 @@ pub struct Fused {
     pub steps: Arc<[Step]>,
     /// Hash of the steps, taken once: every node of this expression hashes it instead of the steps.
     digest: u64,
+    /// The result's dtype when every operand has one dtype, per operand dtype, once checked (shared by clones).
+    uniform: Arc<UniformChecks>,
+}
+
+impl PartialEq for Fused {
+    fn eq(&self, other: &Fused) -> bool {
+        (self.name, self.args, self.digest, &self.steps) == (other.name, other.args, other.digest, &other.steps)
+    }
+}
+impl Eq for Fused {}
+
+/// Per operand dtype (in `DType::ALL`'s order), the result's dtype of an expression whose operands all have that
+/// dtype: 0 until checked, else 1 + the result dtype's index. An optimizer records the same expression on
+/// operands of one dtype for every parameter of every step; this answers those without a lookup.
+#[derive(Debug, Default)]
+struct UniformChecks([std::sync::atomic::AtomicU8; DType::ALL.len()]);
+
+impl UniformChecks {
+    fn get(&self, operand: DType) -> Option<DType> {
+        let i = DType::ALL.iter().position(|&d| d == operand)?;
+        match self.0[i].load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            n => Some(DType::ALL[n as usize - 1]),
+        }
+    }
+    fn set(&self, operand: DType, result: DType) {
+        let index = |dt: DType| DType::ALL.iter().position(|&d| d == dt);
+        if let (Some(i), Some(r)) = (index(operand), index(result)) {
+            self.0[i].store(r as u8 + 1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl std::hash::Hash for Fused {
@@ -108,7 +139,13 @@ impl FusedBuilder {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.steps.hash(&mut h);
-        Fused { name: self.name, args: self.args, steps: self.steps.into(), digest: h.finish() }
+        Fused {
+            name: self.name,
+            args: self.args,
+            steps: self.steps.into(),
+            digest: h.finish(),
+            uniform: Arc::default(),
+        }
     }
 }
 
@@ -175,6 +212,10 @@ impl OpRules for Fused {
         // Elementwise steps keep the shape, so the result's dtype depends only on the operands' dtypes: the
         // steps are checked once per expression and dtypes (on rank-0 types), then remembered, since a training
         // loop records the same updates every step.
+        let one_dtype = operands.iter().all(|t| t.dtype == operands[0].dtype).then_some(operands[0].dtype);
+        if let Some(dtype) = one_dtype.and_then(|d| self.uniform.get(d)) {
+            return Ok(TensorType::new(dtype, full.dims.clone()));
+        }
         type Key = (u64, u8, smallvec::SmallVec<[DType; 8]>);
         thread_local! {
             static CHECKED: std::cell::RefCell<std::collections::HashMap<Key, DType>> = Default::default();
@@ -195,6 +236,9 @@ impl OpRules for Fused {
             return Err(e);
         }
         let dtype = out.last().expect("at least one step").dtype;
+        if let Some(d) = one_dtype {
+            self.uniform.set(d, dtype);
+        }
         CHECKED.with(|c| {
             let mut c = c.borrow_mut();
             if c.len() >= 1024 {
@@ -223,5 +267,34 @@ impl OpRules for Fused {
     }
     fn shard(&self, x: &[crate::shard::ShardIn<'_>], out: &TensorType) -> Option<crate::shard::DimShards> {
         crate::shard::elementwise(x, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-dtype answer of an expression whose operands share one dtype: each dtype is checked by the steps'
+    /// own rules once, then answered from the expression; a dtype the steps reject stays an error.
+    #[test]
+    fn a_uniform_dtype_is_checked_once_per_dtype_and_errors_stay_errors() {
+        let mut e = FusedBuilder::new("and_then_add", 2);
+        let (a, b) = (e.arg(0), e.arg(1));
+        let both = e.binary(BinaryKind::And, a, b);
+        e.add(both, a);
+        let expr = e.finish();
+        let clone = expr.clone();
+        let ty = |dt| TensorType::new(dt, [3]);
+        for _ in 0..2 {
+            let (i, s) = (ty(DType::I32), TensorType::scalar(DType::I32));
+            assert_eq!(expr.infer(&[&i, &s]).expect("i32 takes `and`"), ty(DType::I32));
+            // Clones share the answers: the first call's, or a check of their own, give the same type.
+            assert_eq!(clone.infer(&[&i, &i]).expect("i32 takes `and`"), ty(DType::I32));
+            let f = ty(DType::F32);
+            let err = expr.infer(&[&f, &f]).expect_err("f32 has no `and`");
+            assert!(format!("{err:?}").contains("and_then_add"), "{err:?}");
+        }
+        assert_eq!(expr.uniform.get(DType::I32), Some(DType::I32));
+        assert_eq!(expr.uniform.get(DType::F32), None, "an error is not remembered as an answer");
     }
 }
