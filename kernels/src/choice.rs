@@ -48,8 +48,9 @@ pub(crate) fn triton_or_composite<S>(
     }
 }
 
-/// Kernels made so far, by signature, target and setting: each kernel keeps one such map.
-pub(crate) type Made<K> = Mutex<Option<HashMap<K, Arc<KernelDef>>>>;
+/// Kernels made so far, by signature, target and setting: each kernel keeps one such map. Every call of a kernel
+/// looks its signature up here while it is recorded, so the map hashes with foldhash, not SipHash.
+pub(crate) type Made<K> = Mutex<Option<HashMap<K, Arc<KernelDef>, foldhash::fast::FixedState>>>;
 
 /// The kernel of `key` from `made`, or made by `make` and kept there.
 pub(crate) fn made_once<K: Hash + Eq>(
@@ -61,6 +62,6 @@ pub(crate) fn made_once<K: Hash + Eq>(
         return Ok(def.clone());
     }
     let def = make()?;
-    made.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, def.clone());
+    made.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::default).insert(key, def.clone());
     Ok(def)
 }

@@ -119,7 +119,7 @@ fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64, Vec<Rc<Node>>) {
 fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
     no_grad(|| {
         let (order, pass, joint) = topo_order(&root.node);
-        let joint = joint_places(&joint);
+        let joint = joint_places(&joint, order.len());
         // The cotangent of each node, by its position in `order` (the root is last).
         let mut cot: Vec<Option<Rc<Node>>> = vec![None; order.len()];
         if let Some(last) = cot.last_mut() {
@@ -131,7 +131,7 @@ fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
             // computed, which frees the forward graph and lets the step donate its inputs.
             node.backward_done.set(true);
             let mut b = Recorder { loc: node.loc };
-            let place = joint.get(&position);
+            let place = joint[position].as_ref();
             if let Some(Joint::Later) = place {
                 continue; // the call's first result takes this cotangent
             }
@@ -202,9 +202,10 @@ enum Joint {
     Later,
 }
 
-/// The places of the joint-rule kernel results `nodes` (on the walk's path) among their calls, by position.
-fn joint_places(nodes: &[Rc<Node>]) -> std::collections::HashMap<usize, Joint> {
-    let mut places = std::collections::HashMap::new();
+/// The places of the joint-rule kernel results `nodes` (on the walk's path) among their calls, by position in a
+/// walk of `len` nodes (a list, not a map: the walk asks for every position).
+fn joint_places(nodes: &[Rc<Node>], len: usize) -> Vec<Option<Joint>> {
+    let mut places: Vec<Option<Joint>> = std::iter::repeat_with(|| None).take(len).collect();
     if nodes.is_empty() {
         return places;
     }
@@ -222,8 +223,8 @@ fn joint_places(nodes: &[Rc<Node>]) -> std::collections::HashMap<usize, Joint> {
     let keyed: Vec<(&KernelOp, &Vec<*const Node>)> = results.iter().map(|(_, k, ops)| (k, ops)).collect();
     for group in lazuli_hlo::ops::kernel::joint_calls(&keyed) {
         let members = group.iter().map(|&i| (results[i].1.result, results[i].0)).collect();
-        group[1..].iter().for_each(|&i| drop(places.insert(results[i].0, Joint::Later)));
-        places.insert(results[group[0]].0, Joint::First(members));
+        group[1..].iter().for_each(|&i| places[results[i].0] = Some(Joint::Later));
+        places[results[group[0]].0] = Some(Joint::First(members));
     }
     places
 }
