@@ -113,7 +113,7 @@ fn device_value(rt: &Runtime, node: &Node, upload: Upload) -> Result<(Arg, u64)>
     if let Some(key) = key {
         let mut cache = SCALARS.lock().unwrap_or_else(|e| e.into_inner());
         let map = cache.get_or_insert_with(Default::default);
-        // Values that change every step (bias corrections) would grow it without bound.
+        // Values that change every step (a learning-rate schedule) would grow it without bound.
         if map.len() >= 256 {
             map.clear();
         }

@@ -29,8 +29,8 @@ pub struct AdamW {
     /// Decoupled weight decay (default 0.01).
     pub weight_decay: f64,
     steps: u64,
-    /// Under `LAZULI_CHECK_FINITE=skip` or `stop`: the steps applied, an f64 scalar on the device (see
-    /// `applied_corrections`).
+    /// The steps applied, an f64 scalar on the device (see `applied_corrections`); `None` before the first step
+    /// (and after `load_state`), when it starts from `steps`.
     applied: Option<Tensor>,
 }
 
@@ -108,18 +108,17 @@ fn expressions() -> &'static [Fused; 3] {
 }
 
 impl AdamW {
-    /// Under `LAZULI_CHECK_FINITE=skip` or `stop`, the bias corrections' factors `lr / bc1` and `1 / √bc2` of this
-    /// step (f64 scalars), computed in the program from the count of steps applied: device state that the check's
-    /// guard keeps on a skipped (or, under `stop`, frozen) step as it keeps the moments, so that the steps after it
-    /// correct as if it had never run, also in a run that catches `stop`'s error and goes on. A count on the host
-    /// could not follow exactly: the check of a step is read two launches later, when the next steps are recorded
-    /// already. Otherwise `None`: the factors are host scalars.
+    /// The bias corrections' factors `lr / bc1` and `1 / √bc2` of this step (f64 scalars), computed in the program
+    /// from the count of steps applied, which stays on the device (one f64 in, one out, with the step):
+    /// - Under `LAZULI_CHECK_FINITE=skip` or `stop`, the check's guard keeps that count on a skipped (or, under
+    ///   `stop`, frozen) step as it keeps the moments, so that the steps after it correct as if it had never run,
+    ///   also in a run that catches `stop`'s error and goes on. A count on the host could not follow exactly: the
+    ///   check of a step is read two launches later, when the next steps are recorded already.
+    /// - Otherwise it counts every step, as the host does. Factors computed on the host would change every step,
+    ///   and each new value is an upload before the step can start: two per step, on the path of a loop that
+    ///   waits for every step (`docs/perf-log/2026-12-02-recording-and-waiting.md`).
     #[track_caller]
-    fn applied_corrections(&mut self) -> Option<(Tensor, Tensor)> {
-        let guarded = crate::runtime::runtime().is_ok_and(|rt| crate::exec::finite::guards(rt.config.check_finite));
-        if !guarded {
-            return None;
-        }
+    fn applied_corrections(&mut self) -> (Tensor, Tensor) {
         let before = (self.steps - 1) as f64;
         let applied = self.applied.get_or_insert_with(|| Tensor::scalar_of(DType::F64, before));
         let t = &*applied + 1.0;
@@ -128,27 +127,22 @@ impl AdamW {
         let step_size = Tensor::scalar_of(DType::F64, self.lr) / correction(self.beta1);
         let inv_sqrt_bc2 = 1.0 / correction(self.beta2).sqrt();
         super::replace(applied, t);
-        Some((step_size, inv_sqrt_bc2))
+        (step_size, inv_sqrt_bc2)
     }
 }
 
 impl Optimizer for AdamW {
     fn step(&mut self) {
         self.steps += 1;
-        let t = self.steps as f64;
-        // Bias corrections are computed on the host and enter as parameters: no recompile as t grows.
-        let bc1 = 1.0 - self.beta1.powf(t);
-        let bc2 = 1.0 - self.beta2.powf(t);
-        let step_size = self.lr / bc1;
-        let inv_sqrt_bc2 = 1.0 / bc2.sqrt();
         let decay = 1.0 - self.lr * self.weight_decay;
-        let applied = self.applied_corrections();
+        // Bias corrections are computed in the program from the device's count: no recompile as t grows.
+        let (step_size, inv_sqrt_bc2) = self.applied_corrections();
         let mut s = Scalars::new();
         let [moment, square_moment, update] = expressions();
         let at = Loc::caller();
-        let hyper =
-            [self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, decay, step_size, inv_sqrt_bc2, self.eps];
-        // The eight host scalars of the update, for the dtype of the last parameter seen (usually all share one).
+        // Slots 5 and 6 take the bias corrections, converted to the parameter's dtype.
+        let hyper = [self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, decay, 0.0, 0.0, self.eps];
+        // The update's eight scalars, for the dtype of the last parameter seen (usually all share one).
         let mut scalars: Option<(lazuli_hlo::DType, Vec<Tensor>)> = None;
         no_grad(|| {
             for (i, (_, p)) in self.params.iter().enumerate() {
@@ -156,9 +150,7 @@ impl Optimizer for AdamW {
                 let dt = g.dtype();
                 if scalars.as_ref().is_none_or(|(d, _)| *d != dt) {
                     let mut c: Vec<Tensor> = hyper.iter().map(|&v| s.scalar(dt, v)).collect();
-                    if let Some((step_size, inv_sqrt_bc2)) = &applied {
-                        (c[5], c[6]) = (step_size.to_dtype(dt), inv_sqrt_bc2.to_dtype(dt));
-                    }
+                    (c[5], c[6]) = (step_size.to_dtype(dt), inv_sqrt_bc2.to_dtype(dt));
                     scalars = Some((dt, c));
                 }
                 let c = &scalars.as_ref().expect("set above").1;
