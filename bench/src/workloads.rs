@@ -310,7 +310,12 @@ impl LazuliRun {
         let read = std::env::var("LAZULI_BENCH_READ_LOSS").is_ok_and(|v| v == "1");
         let before = lazuli::metrics();
         let start = Instant::now();
+        let probe = crate::host_probe::wanted();
+        let mut probes = Vec::new();
         for _ in 0..steps {
+            if probe {
+                probes.push(crate::host_probe::run());
+            }
             let m0 = lazuli::metrics();
             let t0 = Instant::now();
             let (loss, recorded) = self.step()?;
@@ -348,6 +353,16 @@ impl LazuliRun {
             programs_per_step: m.executions as f64 / steps.max(1) as f64,
             compiles: m.compiles,
         };
+        if probe {
+            let us = |i: usize| {
+                med(&probes.iter().map(|p: &(f64, f64)| if i == 0 { p.0 } else { p.1 }).collect::<Vec<_>>()) * 1e6
+            };
+            eprintln!(
+                "lazuli-bench: host probe before each step: compute {:.1} µs, memory {:.1} µs (medians)",
+                us(0),
+                us(1)
+            );
+        }
         let peak_bytes = lazuli::memory_stats().ok().and_then(|s| s.first()?.peak_bytes_in_use).map(|b| b as f64);
         Ok(StepRun { times, losses, split: Some(split), peak_bytes })
     }
