@@ -140,8 +140,7 @@ impl Optimizer for AdamW {
         let mut s = Scalars::new();
         let [moment, square_moment, update] = expressions();
         let at = Loc::caller();
-        // Slots 5 and 6 take the bias corrections, converted to the parameter's dtype.
-        let hyper = [self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, decay, 0.0, 0.0, self.eps];
+        let (beta1, beta2, eps) = (self.beta1, self.beta2, self.eps);
         // The update's eight scalars, for the dtype of the last parameter seen (usually all share one).
         let mut scalars: Option<(lazuli_hlo::DType, Vec<Tensor>)> = None;
         no_grad(|| {
@@ -149,8 +148,18 @@ impl Optimizer for AdamW {
                 let Some(g) = p.grad_at(at) else { continue };
                 let dt = g.dtype();
                 if scalars.as_ref().is_none_or(|(d, _)| *d != dt) {
-                    let mut c: Vec<Tensor> = hyper.iter().map(|&v| s.scalar(dt, v)).collect();
-                    (c[5], c[6]) = (step_size.to_dtype(dt), inv_sqrt_bc2.to_dtype(dt));
+                    let mut host = |v: f64| s.scalar(dt, v);
+                    // In the expressions' order: the moments' decays, the weight's decay, the bias corrections, eps.
+                    let c = vec![
+                        host(beta1),
+                        host(1.0 - beta1),
+                        host(beta2),
+                        host(1.0 - beta2),
+                        host(decay),
+                        step_size.to_dtype(dt),
+                        inv_sqrt_bc2.to_dtype(dt),
+                        host(eps),
+                    ];
                     scalars = Some((dt, c));
                 }
                 let c = &scalars.as_ref().expect("set above").1;
