@@ -209,19 +209,11 @@ impl OpRules for Fused {
                 self.name
             )));
         }
-        // Elementwise steps keep the shape, so the result's dtype depends only on the operands' dtypes: the
-        // steps are checked once per expression and dtypes (on rank-0 types), then remembered, since a training
-        // loop records the same updates every step.
+        // Elementwise steps keep the shape, so the result's dtype depends only on the operands' dtypes. Operands of
+        // one dtype (every update the optimizers record) are checked once per expression and dtype, then answered
+        // from the expression; other mixes are checked by the steps' rules (on rank-0 types) every time.
         let one_dtype = operands.iter().all(|t| t.dtype == operands[0].dtype).then_some(operands[0].dtype);
         if let Some(dtype) = one_dtype.and_then(|d| self.uniform.get(d)) {
-            return Ok(TensorType::new(dtype, full.dims.clone()));
-        }
-        type Key = (u64, u8, smallvec::SmallVec<[DType; 8]>);
-        thread_local! {
-            static CHECKED: std::cell::RefCell<std::collections::HashMap<Key, DType>> = Default::default();
-        }
-        let key: Key = (self.digest, self.args, operands.iter().map(|t| t.dtype).collect());
-        if let Some(dtype) = CHECKED.with(|c| c.borrow().get(&key).copied()) {
             return Ok(TensorType::new(dtype, full.dims.clone()));
         }
         let tys: Vec<TensorType> = operands.iter().map(|t| TensorType::scalar(t.dtype)).collect();
@@ -239,13 +231,6 @@ impl OpRules for Fused {
         if let Some(d) = one_dtype {
             self.uniform.set(d, dtype);
         }
-        CHECKED.with(|c| {
-            let mut c = c.borrow_mut();
-            if c.len() >= 1024 {
-                c.clear();
-            }
-            c.insert(key, dtype);
-        });
         Ok(TensorType::new(dtype, full.dims.clone()))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
