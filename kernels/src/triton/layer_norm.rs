@@ -52,30 +52,21 @@ impl LayerNormSpec {
         self.width.next_power_of_two()
     }
 
-    /// Rows per block of the forward: a block of about 4,096 elements (one row when rows are that wide).
+    /// Rows per block, in both kernels: a block of about 1,024 elements, one row at GPT-2's width. In the GPT-2 step
+    /// on an H200 (perf log #45), one row on one warp took the added form's forward from 22 to 19 µs a call against
+    /// four rows on four warps, and its backward from 37 to 28.5 µs against one row on four warps; two rows, two
+    /// warps, or 512 and 4,096 backward programs were slower.
     pub fn block_rows(&self) -> usize {
-        (4096 / self.block_d()).clamp(1, 16)
-    }
-
-    /// Rows per block of the backward: about 1,024 elements, one row at GPT-2's width. In the GPT-2 step on an
-    /// H200, one row a block took the backward from 22.5 to 19.6 µs a call against four (perf log, 2026-12-02),
-    /// while the forward is slower with fewer than two.
-    pub fn backward_rows(&self) -> usize {
         (1024 / self.block_d()).clamp(1, 16)
     }
 
-    /// Row blocks of the forward (one program each).
+    /// Row blocks: one program each in the forward; the backward's programs each walk every `programs`-th block.
     pub fn blocks(&self) -> usize {
         self.rows.div_ceil(self.block_rows())
     }
 
-    /// Row blocks of the backward, and its programs (each walks every `programs`-th block).
-    pub fn backward_blocks(&self) -> usize {
-        self.rows.div_ceil(self.backward_rows())
-    }
-
     pub fn backward_programs(&self) -> usize {
-        self.backward_blocks().min(BACKWARD_PROGRAMS)
+        self.blocks().min(BACKWARD_PROGRAMS)
     }
 
     /// Column sums the backward's programs write a share of: `dw`, `db` and, in the added form with a bias, the
@@ -88,12 +79,9 @@ impl LayerNormSpec {
         }
     }
 
-    fn num_warps(&self, rows: usize) -> u32 {
-        if self.block_d() * rows >= 8192 {
-            8
-        } else {
-            4
-        }
+    /// Warps per program: about 32 elements of a block per thread (one warp at GPT-2's width), at most 8.
+    fn num_warps(&self) -> u32 {
+        (self.block_d() * self.block_rows() / 1024).clamp(1, 8) as u32
     }
 
     /// Why the kernels do not take this signature (`None`: they do).
@@ -210,8 +198,7 @@ pub fn forward(spec: &LayerNormSpec) -> TritonCall {
     blk.store_rows(&mut k, &mean_arg, &mean);
     blk.store_rows(&mut k, &rstd_arg, &rstd);
 
-    let num_warps = spec.num_warps(r);
-    TritonCall { name, ir: k.finish(), grid: [spec.blocks() as u32, 1, 1], num_warps, num_stages: 1 }
+    TritonCall { name, ir: k.finish(), grid: [spec.blocks() as u32, 1, 1], num_warps: spec.num_warps(), num_stages: 1 }
 }
 
 /// The backward: operands `x, w, dy, mean, rstd`, results `dx` and the partial sums of `dw` and `db`, f32
@@ -236,9 +223,9 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
     let da_arg = spec.added.map(|a| k.ptr_arg("da", a));
     let part_arg = k.ptr_arg("dw_db_part", Scalar::F32);
     let sums = spec.backward_sums();
-    let (r, d) = (spec.backward_rows(), spec.block_d());
+    let (r, d) = (spec.block_rows(), spec.block_d());
     let programs = spec.backward_programs();
-    let rounds = spec.backward_blocks().div_ceil(programs);
+    let rounds = spec.blocks().div_ceil(programs);
 
     let pid = k.program_id(0);
     let w = load_params(&mut k, spec, &w_arg, "w");
@@ -293,8 +280,7 @@ pub fn backward(spec: &LayerNormSpec) -> TritonCall {
         let row = k.add(&row, &offset);
         store_row(&mut k, &part_arg, (&row, spec.width), (&cols, &col_ok), v);
     }
-    let num_warps = spec.num_warps(r);
-    TritonCall { name, ir: k.finish(), grid: [programs as u32, 1, 1], num_warps, num_stages: 1 }
+    TritonCall { name, ir: k.finish(), grid: [programs as u32, 1, 1], num_warps: spec.num_warps(), num_stages: 1 }
 }
 
 #[cfg(test)]
@@ -317,11 +303,11 @@ mod tests {
     #[test]
     fn the_calls_are_well_formed_for_the_gpt2_shape() {
         let spec = gpt2();
-        assert_eq!((spec.block_d(), spec.block_rows(), spec.blocks()), (1024, 4, 2048));
-        assert_eq!((spec.backward_rows(), spec.backward_blocks(), spec.backward_programs()), (1, 8192, 1024));
+        assert_eq!((spec.block_d(), spec.block_rows(), spec.blocks()), (1024, 1, 8192));
+        assert_eq!((spec.backward_programs(), spec.num_warps()), (1024, 1));
         let f = forward(&spec);
         f.validate(3, 3).expect("forward");
-        assert_eq!(f.grid, [2048, 1, 1]);
+        assert_eq!((f.grid, f.num_warps), ([8192, 1, 1], 1));
         let b = backward(&spec);
         b.validate(5, 2).expect("backward");
         assert_eq!(b.grid, [1024, 1, 1]);
@@ -375,7 +361,7 @@ mod tests {
         let mut spec = gpt2();
         spec.rows = 7;
         spec.width = 100;
-        assert_eq!((spec.block_d(), spec.block_rows(), spec.blocks()), (128, 16, 1));
+        assert_eq!((spec.block_d(), spec.block_rows(), spec.blocks()), (128, 8, 1));
         forward(&spec).validate(3, 3).expect("forward");
         backward(&spec).validate(5, 2).expect("backward");
         spec.width = MAX_D + 1;
