@@ -10,8 +10,9 @@
 //!
 //! With an added tensor (`LayerNormSpec::added`, and perhaps a bias along the last axis added with it), the
 //! forward first adds it to `x` and also writes that sum, in `x`'s type: a residual stream's `x + f(x)` and the
-//! layer norm after it in one pass (the sum is what the next residual add reads). The backward is the plain one on
-//! the sum.
+//! layer norm after it in one pass (the sum is what the next residual add reads). Its backward is the plain one on
+//! the sum that also adds the sum's own cotangent to `dx`, writes the total in `x`'s type and the addend's, and
+//! sums the bias's columns beside `dw`'s and `db`'s.
 //!
 //! Everything is computed in f32. Rows are padded to the next power of two and masked, so any `D` up to
 //! [`MAX_D`] works; row blocks past `N` are masked too.
