@@ -67,16 +67,18 @@ impl Eq for Fused {}
 struct UniformChecks([std::sync::atomic::AtomicU8; DType::ALL.len()]);
 
 impl UniformChecks {
+    /// The slot of `dtype`: its index in `DType::ALL`.
+    fn slot(dtype: DType) -> Option<usize> {
+        DType::ALL.iter().position(|&d| d == dtype)
+    }
     fn get(&self, operand: DType) -> Option<DType> {
-        let i = DType::ALL.iter().position(|&d| d == operand)?;
-        match self.0[i].load(std::sync::atomic::Ordering::Relaxed) {
+        match self.0[Self::slot(operand)?].load(std::sync::atomic::Ordering::Relaxed) {
             0 => None,
             n => Some(DType::ALL[n as usize - 1]),
         }
     }
     fn set(&self, operand: DType, result: DType) {
-        let index = |dt: DType| DType::ALL.iter().position(|&d| d == dt);
-        if let (Some(i), Some(r)) = (index(operand), index(result)) {
+        if let (Some(i), Some(r)) = (Self::slot(operand), Self::slot(result)) {
             self.0[i].store(r as u8 + 1, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -212,7 +214,7 @@ impl OpRules for Fused {
         // Elementwise steps keep the shape, so the result's dtype depends only on the operands' dtypes. Operands of
         // one dtype (every update the optimizers record) are checked once per expression and dtype, then answered
         // from the expression; other mixes are checked by the steps' rules (on rank-0 types) every time.
-        let one_dtype = operands.iter().all(|t| t.dtype == operands[0].dtype).then_some(operands[0].dtype);
+        let one_dtype = operands.first().map(|t| t.dtype).filter(|&d| operands.iter().all(|t| t.dtype == d));
         if let Some(dtype) = one_dtype.and_then(|d| self.uniform.get(d)) {
             return Ok(TensorType::new(dtype, full.dims.clone()));
         }
