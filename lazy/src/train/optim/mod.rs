@@ -1,9 +1,10 @@
 //! Optimizers whose updates are recorded into the step's graph. Their state lives on the device as tensors;
 //! hyperparameters enter as host scalars (program parameters), so a learning-rate schedule changes values, never
-//! the compiled program (AdamW's bias corrections are computed in the program from a step count on the device). At the step boundary the new parameters and state are computed in
-//! place: the old buffers are donated to the outputs (see `exec/plan`). The optimizers read each parameter's
-//! gradient and write its new value through `Param` alone: the copies a parameter keeps in other dtypes
-//! (`Param::get_as`) add their gradients there and are rewritten there, in the same program as the update.
+//! the compiled program (AdamW's bias corrections are computed in the program from a step count on the device).
+//! At the step boundary the new parameters and state are computed in place: the old buffers are donated to the
+//! outputs (see `exec/plan`). The optimizers read each parameter's gradient and write its new value through
+//! `Param` alone: the copies a parameter keeps in other dtypes (`Param::get_as`) add their gradients there and are
+//! rewritten there, in the same program as the update.
 
 pub mod adamw;
 mod clip;
