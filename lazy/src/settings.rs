@@ -69,6 +69,12 @@ pub const VARIABLES: &[Variable] = &[
         "forward (1,2048,4,2)",
     ),
     v("LAZULI_DUMP_DIR", "a directory every compiled program is written to", "a directory", "unset"),
+    v(
+        "LAZULI_PROFILE_TRACE",
+        "a file each `profile()` writes the plugin's whole trace to (an `XSpace`, as `*.xplane.pb` holds)",
+        "a path",
+        "unset",
+    ),
     v("LAZULI_COMPILE_CACHE", "the persistent compile cache", "a directory, off", "<cache dir>/executables"),
     v("LAZULI_COMPILE_CACHE_LIMIT", "its size limit", "bytes, or with K, M, G", "2G"),
     v(
@@ -339,6 +345,11 @@ pub(crate) fn dump_dir() -> Result<Option<PathBuf>> {
     std::fs::create_dir_all(&dir)
         .map_err(|e| bad("LAZULI_DUMP_DIR", &dir, format_args!("a directory lazuli can create ({e})")))?;
     Ok(Some(PathBuf::from(dir)))
+}
+
+/// `LAZULI_PROFILE_TRACE`: where `profile()` writes the plugin's raw trace.
+pub(crate) fn profile_trace() -> Option<PathBuf> {
+    var("LAZULI_PROFILE_TRACE").map(PathBuf::from)
 }
 
 pub(crate) fn compile_cache() -> CompileCache {

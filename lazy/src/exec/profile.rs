@@ -12,7 +12,8 @@ use crate::runtime::runtime;
 /// profiler stops, so pipelined steps are counted whole. `steps` only scales what the profile prints.
 ///
 /// On the GPU (and TPU) plugins. The CPU plugins have no profiler: there this is an [`Error::Unsupported`].
-/// One profile at a time per process (the plugin's profiler is process-wide).
+/// One profile at a time per process (the plugin's profiler is process-wide). With `LAZULI_PROFILE_TRACE=path`
+/// the plugin's whole trace (host spans and device streams, as `*.xplane.pb` files hold it) is also written there.
 #[track_caller]
 pub fn profile<R>(steps: usize, f: impl FnOnce() -> R) -> Result<(R, DeviceProfile)> {
     let at = Loc::caller();
@@ -31,6 +32,12 @@ pub fn profile<R>(steps: usize, f: impl FnOnce() -> R) -> Result<(R, DeviceProfi
     })?;
     let out = f();
     super::wait()?;
-    let trace = profiler.finish()?;
+    let raw = profiler.finish_raw()?;
+    if let Some(path) = crate::settings::profile_trace() {
+        // The host's spans and every stream's events, for a trace viewer: the profile below keeps kernels only.
+        std::fs::write(&path, &raw)
+            .map_err(|e| Error::Config(format!("LAZULI_PROFILE_TRACE={}: cannot write it ({e})", path.display())))?;
+    }
+    let trace = lazuli_pjrt::Trace::decode(&raw).map_err(|e| Error::Internal(format!("the plugin's trace: {e}")))?;
     Ok((out, DeviceProfile::from_trace(&trace, steps)))
 }
