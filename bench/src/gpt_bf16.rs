@@ -1,6 +1,6 @@
 //! `nn::Gpt`'s forward pass with bf16 matmuls: every matmul's operands are converted to bf16 and its result
 //! back to f32 (layer norms and the MLP's bias + GELU compute in f32 and write their results in bf16, the next
-//! matmul's operand type); weights, softmax, residuals and the optimizer stay f32. Same layout and order of
+//! matmul's operand type; fused attention's q, k and v stay bf16, their bias added in bf16); weights, softmax, residuals and the optimizer stay f32. Same layout and order of
 //! operations as `lazuli::nn::gpt` (and as the Python worker's model), so only the matmul precision differs.
 //! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]). The blocks run
 //! unrolled, each recomputed in the backward pass (`GptConfig::checkpoint_blocks`), or as one scanned body over
@@ -65,6 +65,16 @@ fn linear_parts(l: &Linear, x: &Tensor) -> (Tensor, Option<Tensor>) {
     (mm_bf16(x, &weight(&l.weight)), l.bias.as_ref().map(Param::get))
 }
 
+/// A linear layer whose result a bf16 consumer reads (fused attention's q, k, v): the bias added to the bf16
+/// product in bf16, as `Linear::forward_in_product_dtype` does (on a GPU, in the GEMM's own epilogue).
+fn linear_in_bf16(l: &Linear, x: &Tensor) -> Tensor {
+    let y = mm_bf16(x, &weight(&l.weight));
+    match &l.bias {
+        Some(b) => y + b.get().to_dtype(DType::BF16),
+        None => y,
+    }
+}
+
 /// The product widened to f32 and its bias added: the linear layer's result.
 fn joined((product, bias): (Tensor, Option<Tensor>)) -> Tensor {
     let y = product.to_dtype(DType::F32);
@@ -95,13 +105,13 @@ fn attention(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
 }
 
 /// [`attention`] as one fused op (on a GPU, lazuli's Triton flash kernels reading q, k, v in place from the
-/// projection; cuDNN's with `LAZULI_ATTENTION=cudnn`): q, k, v in bf16, [B, T, H, hd] as the
-/// projection lays them out (no transposes), the heads' output back to f32.
+/// projection; cuDNN's with `LAZULI_ATTENTION=cudnn`): q, k, v in bf16 with their bias added in bf16, [B, T, H, hd]
+/// as the projection lays them out (no transposes), the heads' output back to f32.
 fn attention_fused(a: &CausalSelfAttention, x: &Tensor) -> Tensor {
     let (b, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
     let h = a.n_head as isize;
     let hd = d / h;
-    let qkv = linear(&a.qkv, x).to_dtype(DType::BF16).reshape(&[b, t, 3, h, hd]);
+    let qkv = linear_in_bf16(&a.qkv, x).reshape(&[b, t, 3, h, hd]);
     let part = |i: usize| qkv.narrow(2, i, 1).reshape(&[b, t, h, hd]);
     let (q, k, v) = (part(0), part(1), part(2));
     let y = lazuli::scaled_dot_product_attention(

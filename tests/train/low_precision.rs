@@ -45,6 +45,11 @@ fn linear(l: &Linear, x: &Tensor) -> Tensor {
     mm(x, &l.weight.get()) + l.bias.as_ref().expect("a bias").get()
 }
 
+/// `x @ w + b` all in bf16, the weight and bias converted here: q, k and v as attention reads them.
+fn linear_low(l: &Linear, x: &Tensor) -> Tensor {
+    x.to_dtype(LOW).matmul(&l.weight.get().to_dtype(LOW)) + l.bias.as_ref().expect("a bias").get().to_dtype(LOW)
+}
+
 type MakeOpt = fn(Vec<(String, Param)>) -> Box<dyn Optimizer>;
 
 fn sgd(params: Vec<(String, Param)>) -> Box<dyn Optimizer> {
@@ -130,7 +135,7 @@ fn gpt(scan_blocks: bool, checkpoint_blocks: bool) -> Gpt {
 fn block_converting(b: &Block, x: &Tensor) -> Tensor {
     let (n, t, d) = (x.dims()[0] as isize, x.dims()[1] as isize, x.dims()[2] as isize);
     let h = b.attn.n_head as isize;
-    let qkv = linear(&b.attn.qkv, &b.ln1.forward(x)).to_dtype(LOW).reshape(&[n, t, 3, h, d / h]);
+    let qkv = linear_low(&b.attn.qkv, &b.ln1.forward(x)).reshape(&[n, t, 3, h, d / h]);
     let part = |i: usize| qkv.narrow(2, i, 1).reshape(&[n, t, h, d / h]);
     let opts = AttentionOptions::causal().layout(AttentionLayout::Bthd);
     let y = scaled_dot_product_attention(&part(0), &part(1), &part(2), &opts);

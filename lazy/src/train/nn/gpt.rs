@@ -109,8 +109,7 @@ impl CausalSelfAttention {
         let hd = d / h;
         // [B, T, 3d] → [B, T, 3, H, hd]: q, k and v are [B, T, H, hd] slices, the layout fused attention takes.
         // With products in a lower precision (`Linear::matmul_dtype`), attention takes q, k and v in it too.
-        let qkv = self.qkv.forward(x);
-        let qkv = qkv.to_dtype(self.qkv.matmul_dtype.unwrap_or(qkv.dtype())).reshape(&[b, t, 3, h, hd]);
+        let qkv = self.qkv.forward_in_product_dtype(x).reshape(&[b, t, 3, h, hd]);
         let part = |i: usize| qkv.narrow(2, i, 1).reshape(&[b, t, h, hd]);
         let (q, k, v) = (part(0), part(1), part(2));
         let y = if self.attn_drop.is_training() && self.attn_drop.p > 0.0 {

@@ -61,6 +61,22 @@ impl Linear {
             None => y,
         }
     }
+
+    /// `x @ weight + bias` in the product's own type ([`Linear::matmul_dtype`] when set), for a consumer that
+    /// reads the result in that type (attention's q, k and v): the bias added in `x`'s type would round the
+    /// result twice, and on GPUs it keeps XLA from adding the bias in the product's own epilogue.
+    #[track_caller]
+    pub fn forward_in_product_dtype(&self, x: &Tensor) -> Tensor {
+        let y = self.product(x);
+        match &self.bias {
+            Some(b) => {
+                let b = b.get();
+                let dtype = y.dtype();
+                y + if b.dtype() == dtype { b } else { b.to_dtype(dtype) }
+            }
+            None => y,
+        }
+    }
 }
 
 impl Module for Linear {
