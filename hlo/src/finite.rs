@@ -163,19 +163,31 @@ fn reduce_to_one(g: &mut Graph, x: NodeId, kind: ReduceKind, loc: Loc) -> Result
 }
 
 /// Add nodes to `g` computing each of `of`'s (floating-point nodes) [`FiniteStats`]: its count of non-finite
-/// elements and its range, in one reduction per node, concatenated per result dtype (f32, and f64 for f64 nodes)
-/// in the order of `of`. Returns each concatenation's node with the nodes it holds three values of.
-pub fn stats(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
-    let mut by_dtype: Vec<(DType, Vec<NodeId>, Vec<NodeId>)> = Vec::new();
+/// elements and its range. Nodes of one dtype and size are stacked, up to `stack` at a time and in order of
+/// first appearance, into one reduction by rows (a reduction per node is a kernel per node: about 1,500 in
+/// GPT-2's step); the results are concatenated per result dtype (f32, and f64 for f64 nodes). Returns each
+/// concatenation's node with the nodes it holds three values of, in its order.
+pub fn stats(g: &mut Graph, of: &[NodeId], stack: usize, loc: Loc) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
+    // Runs of nodes of one dtype and size, at most `stack` long; an empty node is alone.
+    let mut runs: Vec<(DType, usize, Vec<NodeId>)> = Vec::new();
     for &x in of {
-        let s = g.push(Op::FiniteStats(FiniteStats), vec![x], loc)?;
-        let dtype = g.nodes[s].ty.dtype;
+        let (dtype, n) = (g.nodes[x].ty.dtype, g.nodes[x].ty.elements());
+        let open = runs.iter_mut().rev().find(|(d, m, xs)| (*d, *m) == (dtype, n) && n > 0 && xs.len() < stack);
+        match open {
+            Some((_, _, xs)) => xs.push(x),
+            None => runs.push((dtype, n, vec![x])),
+        }
+    }
+    let mut by_dtype: Vec<(DType, Vec<NodeId>, Vec<NodeId>)> = Vec::new();
+    for (_, n, xs) in runs {
+        let part = stats_of_run(g, &xs, n, loc)?;
+        let dtype = g.nodes[part].ty.dtype;
         match by_dtype.iter_mut().find(|(d, _, _)| *d == dtype) {
-            Some((_, xs, parts)) => {
-                xs.push(x);
-                parts.push(s);
+            Some((_, all, parts)) => {
+                all.extend(xs);
+                parts.push(part);
             }
-            None => by_dtype.push((dtype, vec![x], vec![s])),
+            None => by_dtype.push((dtype, xs, vec![part])),
         }
     }
     let mut out = Vec::with_capacity(by_dtype.len());
@@ -187,6 +199,19 @@ pub fn stats(g: &mut Graph, of: &[NodeId], loc: Loc) -> Result<Vec<(NodeId, Vec<
         out.push((all, xs));
     }
     Ok(out)
+}
+
+/// `[3 k]`: the [`FiniteStats`] of `xs` (k nodes of `n` elements each) in order: one node's alone, several
+/// flattened into the rows of one table and reduced by rows.
+fn stats_of_run(g: &mut Graph, xs: &[NodeId], n: usize, loc: Loc) -> Result<NodeId, String> {
+    if let [x] = xs[..] {
+        return g.push(Op::FiniteStats(FiniteStats { rows: false }), vec![x], loc);
+    }
+    let rows = xs.iter().map(|&x| g.push(Op::Reshape(Reshape { dims: vec![1, n] }), vec![x], loc));
+    let rows = rows.collect::<Result<Vec<_>, _>>()?;
+    let table = g.push(Op::Concatenate(Concatenate { dim: 0 }), rows, loc)?;
+    let three = g.push(Op::FiniteStats(FiniteStats { rows: true }), vec![table], loc)?;
+    g.push(Op::Reshape(Reshape { dims: vec![3 * xs.len()] }), vec![three], loc)
 }
 
 /// `bool[]`: whether a vector of counts (from [`count_nonfinite`]) has a non-zero count.
@@ -325,7 +350,7 @@ mod tests {
         let b = g.parameter(TensorType::new(DType::F64, []), loc);
         let c = g.parameter(TensorType::new(DType::F16, [0]), loc);
         let d = g.parameter(TensorType::new(DType::BF16, [70_000]), loc);
-        let groups = stats(&mut g, &[a, b, c, d], loc).unwrap();
+        let groups = stats(&mut g, &[a, b, c, d], GROUP_TENSORS, loc).unwrap();
         assert_eq!(groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), vec![vec![a, c, d], vec![b]]);
         g.outputs = groups.iter().map(|&(v, _)| v).collect();
         let av = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.5, -3.0, f64::INFINITY, 2.0]).unwrap();
@@ -340,6 +365,53 @@ mod tests {
         let (count, min, max) = read(0, 2, DType::F32);
         assert!(count == 70_000 && min.is_nan() && max.is_nan());
         assert_eq!(read(1, 0, DType::F64), (0, -7.0, -7.0));
+    }
+
+    /// Nodes of one dtype and size share a reduction by rows, at most `stack` of them, in order of first
+    /// appearance; each still gets its own three values, the same as alone; other sizes and dtypes are not stacked.
+    #[test]
+    fn stacked_stats_are_each_nodes_own() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let (pair, other) = (TensorType::new(DType::F32, [2, 3]), TensorType::new(DType::F32, [5]));
+        let mut g = Graph::new();
+        let xs = [
+            g.parameter(pair.clone(), loc),
+            g.parameter(other.clone(), loc),
+            g.parameter(pair.clone(), loc),
+            g.parameter(TensorType::new(DType::BF16, [2, 3]), loc),
+            g.parameter(pair.clone(), loc),
+            g.parameter(other, loc),
+        ];
+        let values: Vec<ArrayD<f64>> = (0..xs.len())
+            .map(|i| {
+                let n = g.nodes[xs[i]].ty.elements();
+                let mut v: Vec<f64> = (0..n).map(|j| (i * 10 + j) as f64 - 20.0).collect();
+                v[i % n] = [f64::NAN, f64::INFINITY, -f64::INFINITY][i % 3];
+                ArrayD::from_shape_vec(IxDyn(&g.nodes[xs[i]].ty.dims), v).unwrap()
+            })
+            .collect();
+        let read_all = |stack: usize| {
+            let mut g = g.clone();
+            let groups = stats(&mut g, &xs, stack, loc).unwrap();
+            g.outputs = groups.iter().map(|&(v, _)| v).collect();
+            let out = g.evaluate(&values).unwrap();
+            let mut by_node = std::collections::BTreeMap::new();
+            for ((_, of), o) in groups.iter().zip(&out) {
+                let o: Vec<f64> = o.iter().copied().collect();
+                for (j, &x) in of.iter().enumerate() {
+                    let (count, min, max) = FiniteStats::read(DType::F32, &o[3 * j..]);
+                    by_node.insert(x, (count, min.to_bits(), max.to_bits()));
+                }
+            }
+            (groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), by_node, g.nodes.len())
+        };
+        let (alone, want, _) = read_all(1);
+        assert_eq!(alone, vec![xs.to_vec()]);
+        let (stacked, got, nodes) = read_all(2);
+        // [x0, x2] stacked, x1 and x5 stacked, x3 alone (bf16), x4 alone (the run of its size is full).
+        assert_eq!(stacked, vec![vec![xs[0], xs[2], xs[1], xs[5], xs[3], xs[4]]]);
+        assert_eq!(got, want, "each node's three values, stacked or alone");
+        assert!(nodes < read_all(1).2 + 8, "stacking adds a few reshapes and joins, not a reduction per node");
     }
 
     /// Groups are runs of one dtype, at most `GROUP_TENSORS` long; each counts all of its members' elements.

@@ -535,9 +535,10 @@ fn grouped_counts_on_the_plugin_match_the_reference() {
     }
 }
 
-/// The locator's one reduction per watched node (`FiniteStats`: the count of non-finite elements and the range)
-/// compiles on the real CPU plugin and gives what the reference interpreter gives: f32, f16, bf16 and f64 nodes,
-/// an empty one, one all NaN, and a count past f32's exact integers (2^24 + 3 infinities).
+/// The locator's reductions of watched nodes (`FiniteStats`: the count of non-finite elements and the range; nodes
+/// of one dtype and size stacked into one reduction by rows) compile on the real CPU plugin and give what the
+/// reference interpreter gives: f32, f16, bf16 and f64 nodes, stacked ones, an empty one, one all NaN, and a count
+/// past f32's exact integers (2^24 + 3 infinities).
 #[test]
 fn the_locators_stats_on_the_plugin_match_the_reference() {
     use lazuli_hlo::finite::stats;
@@ -547,17 +548,24 @@ fn the_locators_stats_on_the_plugin_match_the_reference() {
 
     let loc = Loc::caller();
     let big = (1 << 24) + 3;
-    let specs: [(DType, Vec<f64>); 6] = [
+    let specs: [(DType, Vec<f64>); 10] = [
         (DType::F32, vec![1.5, -3.0, f64::INFINITY, 2.0, f64::NAN]),
         (DType::F16, vec![0.25, -8.0, 70000.0]), // 70000 is past f16's largest: inf
         (DType::BF16, vec![f64::NAN; 4]),
         (DType::F64, vec![-1e300, 1e300, f64::NEG_INFINITY]),
         (DType::F32, vec![]),
         (DType::F32, vec![f64::INFINITY; big]),
+        // Stacked with the first: f32 of its size.
+        (DType::F32, vec![-0.5, 7.0, 1.0, 2.0, 3.0]),
+        (DType::F32, vec![f64::NEG_INFINITY, 0.0, 0.0, 9.0, -9.5]),
+        // Stacked with each other: bf16 and f64 of one size.
+        (DType::BF16, vec![1.0, -2.0, 4.0, 8.0]),
+        (DType::F64, vec![f64::NAN, 1.0, 2.0]),
     ];
     let mut g = Graph::new();
     let xs: Vec<_> = specs.iter().map(|(dt, v)| g.parameter(TensorType::new(*dt, [v.len()]), loc)).collect();
-    let groups = stats(&mut g, &xs, loc).unwrap();
+    let groups = stats(&mut g, &xs, lazuli_hlo::finite::GROUP_TENSORS, loc).unwrap();
+    assert!(groups.iter().any(|(_, of)| of.windows(2).any(|w| w == [xs[0], xs[6]])), "the first f32 nodes stacked");
     g.outputs = groups.iter().map(|&(v, _)| v).collect();
     let values: Vec<ArrayD<f64>> =
         specs.iter().map(|(_, v)| ArrayD::from_shape_vec(IxDyn(&[v.len()]), v.clone()).unwrap()).collect();

@@ -180,10 +180,13 @@ impl OpRules for Reduce {
 /// reduction (one kernel, one read): the NaN locator's probe of every node it watches (`finite.rs`). The result is
 /// `[3]` in f32 (f64 for f64 tensors): the count's bits (an i32, or for f64 an i64, reinterpreted, so that it is
 /// exact at any size: [`FiniteStats::read`] turns it back), then the minimum and the maximum (NaN if there is a
-/// NaN; the dtype's `highest` and `lowest` for an empty tensor). No gradient: it only reports. Counts wrap past
-/// `i32::MAX` elements, as the step's own check does.
+/// NaN; the dtype's `highest` and `lowest` for an empty tensor). With `rows`, the operand is `[k, n]` and the
+/// result `[k, 3]`, each row's three: one reduction for several same-sized tensors stacked. No gradient: it only
+/// reports. Counts wrap past `i32::MAX` elements, as the step's own check does.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct FiniteStats;
+pub struct FiniteStats {
+    pub rows: bool,
+}
 
 impl FiniteStats {
     /// The count, minimum and maximum in a [`FiniteStats`] result of type `dtype`, read as f64 values.
@@ -222,7 +225,12 @@ impl OpRules for FiniteStats {
         if !t.dtype.is_float() {
             return Err(InferError::DType(format!("finite_stats is defined for floating-point tensors, not {t}")));
         }
-        Ok(TensorType::new(FiniteStats::result_dtype(t.dtype), [3]))
+        let out = FiniteStats::result_dtype(t.dtype);
+        match (self.rows, &t.dims[..]) {
+            (false, _) => Ok(TensorType::new(out, [3])),
+            (true, &[k, _]) => Ok(TensorType::new(out, [k, 3])),
+            (true, _) => Err(InferError::Shape(format!("finite_stats by rows takes a [rows, n] tensor, not {t}"))),
+        }
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
         use crate::op::Op;
@@ -233,14 +241,20 @@ impl OpRules for FiniteStats {
         use crate::ops::slicing::Concatenate;
         let x_ty = cx.arg_ty(0).clone();
         let (dt, out_dt) = (x_ty.dtype, FiniteStats::result_dtype(x_ty.dtype));
-        let flat = TensorType::new(dt, [x_ty.elements()]);
-        let (flags_ty, finite_ty) = (flat.with_dtype(DType::I32), flat.with_dtype(DType::Bool));
-        let (int, scalar, out) = (TensorType::scalar(DType::I32), TensorType::scalar(dt), cx.out_ty().clone());
+        // Reduced over its last axis: `[n]` (the tensor flattened), or `[k, n]` by rows; `kept` the axes left.
+        let (table, kept) = match self.rows {
+            false => (TensorType::new(dt, [x_ty.elements()]), vec![]),
+            true => (x_ty.clone(), vec![x_ty.dims[0]]),
+        };
+        let (flags_ty, finite_ty) = (table.with_dtype(DType::I32), table.with_dtype(DType::Bool));
+        let (int, scalar) = (TensorType::scalar(DType::I32), TensorType::scalar(dt));
+        let (ints, values) = (TensorType::new(DType::I32, kept.clone()), TensorType::new(dt, kept.clone()));
+        let out = cx.out_ty().clone();
         let splat = |v: f64, ty: &TensorType| Op::Constant(Constant::new(v, ty.clone()));
         let x = cx.arg(0).to_string();
-        let x = cx.lower_op(&Op::Reshape(Reshape { dims: vec![x_ty.elements()] }), vec![(x, &x_ty)], &flat);
+        let x = cx.lower_op(&Op::Reshape(Reshape { dims: table.dims.to_vec() }), vec![(x, &x_ty)], &table);
         // 1 where the element is NaN or infinite.
-        let finite = cx.op("stablehlo.is_finite", std::slice::from_ref(&x), &[&flat], "", None, &finite_ty);
+        let finite = cx.op("stablehlo.is_finite", std::slice::from_ref(&x), &[&table], "", None, &finite_ty);
         let bad = cx.op("stablehlo.not", &[finite], &[&finite_ty], "", None, &finite_ty);
         let flags = cx.op("stablehlo.convert", &[bad], &[&finite_ty], "", None, &flags_ty);
         let inits = [
@@ -250,15 +264,17 @@ impl OpRules for FiniteStats {
         ];
         let [c0, l0, h0] = inits;
         let operands = [flags, x.clone(), x, c0, l0, h0];
-        let tys = [&flags_ty, &flat, &flat, &int, &scalar, &scalar];
-        let (attrs, region) = ("dimensions = array<i64: 0>", FiniteStats::region(dt));
-        let r = cx.op_multi("stablehlo.reduce", &operands, &tys, attrs, Some(&region), &[&int, &scalar, &scalar]);
-        // The count's bits in the result's type, then the range in it; each as [1], joined.
-        let (out_scalar, one) = (TensorType::scalar(out_dt), TensorType::new(out_dt, [1]));
+        let tys = [&flags_ty, &table, &table, &int, &scalar, &scalar];
+        let attrs = format!("dimensions = array<i64: {}>", table.rank() - 1);
+        let region = FiniteStats::region(dt);
+        let r = cx.op_multi("stablehlo.reduce", &operands, &tys, &attrs, Some(&region), &[&ints, &values, &values]);
+        // The count's bits in the result's type, then the range in it; each as one column, joined.
+        let (out_values, column) =
+            (TensorType::new(out_dt, kept.clone()), TensorType::new(out_dt, [kept, vec![1]].concat()));
         // The count as an integer of the result's width (i64 for f64), then its bits.
-        let (mut count, mut count_ty) = (r[0].clone(), int);
+        let (mut count, mut count_ty) = (r[0].clone(), ints);
         if out_dt == DType::F64 {
-            let wide = TensorType::scalar(DType::I64);
+            let wide = count_ty.with_dtype(DType::I64);
             count = cx.lower_op(
                 &Op::Convert(Convert { from: DType::I32, to: DType::I64 }),
                 vec![(count, &count_ty)],
@@ -267,28 +283,37 @@ impl OpRules for FiniteStats {
             count_ty = wide;
         }
         let bits = Op::BitcastConvert(BitcastConvert { from: count_ty.dtype, to: out_dt });
-        let count = cx.lower_op(&bits, vec![(count, &count_ty)], &out_scalar);
-        let mut parts = vec![cx.lower_op(&Op::Reshape(Reshape { dims: vec![1] }), vec![(count, &out_scalar)], &one)];
+        let count = cx.lower_op(&bits, vec![(count, &count_ty)], &out_values);
+        let as_column = Op::Reshape(Reshape { dims: column.dims.to_vec() });
+        let mut parts = vec![cx.lower_op(&as_column, vec![(count, &out_values)], &column)];
         for v in [r[1].clone(), r[2].clone()] {
             let v = match dt == out_dt {
                 true => v,
-                false => cx.lower_op(&Op::Convert(Convert { from: dt, to: out_dt }), vec![(v, &scalar)], &out_scalar),
+                false => cx.lower_op(&Op::Convert(Convert { from: dt, to: out_dt }), vec![(v, &values)], &out_values),
             };
-            parts.push(cx.lower_op(&Op::Reshape(Reshape { dims: vec![1] }), vec![(v, &out_scalar)], &one));
+            parts.push(cx.lower_op(&as_column, vec![(v, &out_values)], &column));
         }
-        cx.lower_op(&Op::Concatenate(Concatenate { dim: 0 }), parts.into_iter().map(|p| (p, &one)).collect(), &out)
+        let join = Op::Concatenate(Concatenate { dim: column.rank() - 1 });
+        cx.lower_op(&join, parts.into_iter().map(|p| (p, &column)).collect(), &out)
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
-        let (mut count, mut min, mut max) = (0u64, f64::INFINITY, f64::NEG_INFINITY);
-        for &v in x[0].iter() {
-            count += !v.is_finite() as u64;
-            (min, max) = if v.is_nan() || min.is_nan() { (f64::NAN, f64::NAN) } else { (min.min(v), max.max(v)) };
-        }
-        let bits = match out.dtype {
-            DType::F64 => f64::from_bits(count),
-            _ => f32::from_bits(count as u32) as f64,
+        let three = |values: &mut dyn Iterator<Item = f64>| {
+            let (mut count, mut min, mut max) = (0u64, f64::INFINITY, f64::NEG_INFINITY);
+            for v in values {
+                count += !v.is_finite() as u64;
+                (min, max) = if v.is_nan() || min.is_nan() { (f64::NAN, f64::NAN) } else { (min.min(v), max.max(v)) };
+            }
+            let bits = match out.dtype {
+                DType::F64 => f64::from_bits(count),
+                _ => f32::from_bits(count as u32) as f64,
+            };
+            [bits, min, max]
         };
-        ArrayD::from_shape_vec(ndarray::IxDyn(&[3]), vec![bits, min, max]).expect("three values")
+        let all = match self.rows {
+            false => three(&mut x[0].iter().copied()).to_vec(),
+            true => x[0].outer_iter().flat_map(|row| three(&mut row.iter().copied())).collect(),
+        };
+        ArrayD::from_shape_vec(ndarray::IxDyn(&out.dims), all).expect("three values a row")
     }
     fn vjp<B: Builder>(&self, _: &mut B, _: &[B::V], _: &B::V, _: &B::V) -> Vec<Option<B::V>> {
         vec![None]

@@ -1,10 +1,10 @@
 //! Locating a trip: the first node, in program order, whose result holds non-finite values while its
 //! floating-point operands are all finite (an op before any input or constant, which may be a `-inf` mask). The
-//! step's IR runs again on its kept inputs as one program that reduces, in one reduction each (`FiniteStats`),
-//! every floating-point node that can make a non-finite value (not those that only move values), every output and
-//! every floating-point operand of those nodes to its count of non-finite elements and its range, so that the found
-//! node's operand ranges, which the report shows, come from the same run. It is compiled here and not cached: a
-//! trip is rare.
+//! step's IR runs again on its kept inputs as one program that reduces (`FiniteStats`; nodes of one dtype and size
+//! stacked into one reduction by rows) every floating-point node that can make a non-finite value (not those that
+//! only move values), every output and every floating-point operand of those nodes to its count of non-finite
+//! elements and its range, so that the found node's operand ranges, which the report shows, come from the same
+//! run. It is compiled here and not cached: a trip is rare.
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
@@ -81,6 +81,11 @@ pub(crate) struct Replayed {
     pub outputs: Vec<u64>,
 }
 
+/// Watched nodes of one dtype and size reduced together, at most: one reduction by rows instead of one each, so
+/// that the locating program has tens of reductions where GPT-2's step watches about 1,500 nodes (fewer kernels
+/// to compile, to load on the first run, and to launch).
+const STACK: usize = lazuli_hlo::finite::GROUP_TENSORS;
+
 /// The locating program of one step structure: the step's IR on one device with every watched node's
 /// statistics as its outputs, and its StableHLO text. Built on a thread of its own when a structure is first kept
 /// ([`Ahead`]), so that a trip does not build it (at GPT-2's size some 30–60 ms of the trip's time).
@@ -130,7 +135,7 @@ fn probe(graph: &Graph) -> Result<Option<Probe>> {
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
     let measured = unfoldable(&mut probe, &watched)?;
-    let stats = lazuli_hlo::finite::stats(&mut probe, &measured, loc).map_err(Error::Internal)?;
+    let stats = lazuli_hlo::finite::stats(&mut probe, &measured, STACK, loc).map_err(Error::Internal)?;
     probe.outputs = stats.iter().map(|&(v, _)| v).collect();
     // No aliases: the kept inputs stay the caller's.
     probe.aliases.clear();
