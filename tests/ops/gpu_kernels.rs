@@ -578,3 +578,30 @@ fn fused_cross_entropy_matches_the_formula_forward_and_backward() {
         .collect();
     assert!(failures.is_empty(), "the cross-entropy kernels disagree with the formula:\n{}", failures.join("\n"));
 }
+
+/// With `LAZULI_PROFILE_TRACE`, `profile()` also writes the plugin's whole trace: the file reads as the same
+/// kernels the profile counted, and holds the host's spans too (the plugin's launch call). Run in a child process,
+/// as the setting is the process's.
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn profile_writes_the_plugins_whole_trace() {
+    const CHILD: &str = "LAZULI_TEST_TRACE_FILE";
+    let Ok(path) = std::env::var(CHILD) else {
+        let path = std::env::temp_dir().join(format!("lazuli-trace-{}.xplane.pb", std::process::id()));
+        let path = path.to_str().expect("a UTF-8 temporary directory");
+        let test = crate::common::child::test_name(module_path!(), "profile_writes_the_plugins_whole_trace");
+        crate::common::child::passes(&test, &[(CHILD, path), ("LAZULI_PROFILE_TRACE", path)]);
+        let _ = std::fs::remove_file(path);
+        return;
+    };
+    require_gpu();
+    let x = Tensor::from_slice(&data(256 * 256, 7), &[256, 256]);
+    let (value, profile) = lazuli::profile(1, || x.matmul(&x).sum(&[0, 1]).item::<f32>()).unwrap();
+    assert!(value.unwrap().is_finite());
+    let bytes = std::fs::read(&path).expect("the trace file was written");
+    let written = lazuli::diagnostics::DeviceProfile::from_xspace(&bytes, 1).expect("an XSpace");
+    assert!(profile.launches() > 0, "{profile}");
+    assert_eq!(written.launches(), profile.launches(), "{written}");
+    let host_span = b"PJRT_LoadedExecutable_Execute";
+    assert!(bytes.windows(host_span.len()).any(|w| w == host_span), "the host's spans are in the file");
+}
