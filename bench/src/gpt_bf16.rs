@@ -1,7 +1,8 @@
 //! `nn::Gpt`'s forward pass with bf16 matmuls: every matmul's operands are converted to bf16 and its result
 //! back to f32 (layer norms and the MLP's bias + GELU compute in f32 and write their results in bf16, the next
-//! matmul's operand type; fused attention's q, k and v stay bf16, their bias added in bf16); weights, softmax, residuals and the optimizer stay f32. Same layout and order of
-//! operations as `lazuli::nn::gpt` (and as the Python worker's model), so only the matmul precision differs.
+//! matmul's operand type; fused attention's q, k and v stay bf16, their bias added in bf16); weights, softmax,
+//! residuals and the optimizer stay f32. Same layout and order of operations as `lazuli::nn::gpt` (and as the
+//! Python worker's model), so only the matmul precision differs.
 //! Attention is written out ([`attention`]) or one fused op on bf16 q, k, v ([`attention_fused`]). The blocks run
 //! unrolled, each recomputed in the backward pass (`GptConfig::checkpoint_blocks`), or as one scanned body over
 //! stacked weights (`GptConfig::scan_blocks`; with `checkpoint_blocks` too, the scan recomputes each block).
