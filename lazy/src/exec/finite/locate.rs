@@ -82,8 +82,8 @@ pub(crate) struct Replayed {
 }
 
 /// Watched nodes of one dtype and size reduced together, at most: one reduction by rows instead of one each, so
-/// that the locating program has tens of reductions where GPT-2's step watches about 1,500 nodes (fewer kernels
-/// to compile, to load on the first run, and to launch).
+/// that GPT-2's step, which watches about 2,500 nodes, has under a hundred reductions (fewer kernels to compile,
+/// to load on the first run, and to launch).
 const STACK: usize = lazuli_hlo::finite::GROUP_TENSORS;
 
 /// The locating program of one step structure: the step's IR on one device with every watched node's
