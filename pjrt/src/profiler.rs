@@ -33,18 +33,19 @@ impl Profiler {
     }
 
     /// Stops recording and returns what was recorded.
-    pub fn finish(mut self) -> Result<Trace> {
+    pub fn finish(self) -> Result<Trace> {
+        self.finish_with_raw().map(|(trace, _)| trace)
+    }
+
+    /// [`Profiler::finish`], with the serialized `XSpace` as the plugin gave it (what `*.xplane.pb` files hold).
+    pub fn finish_with_raw(mut self) -> Result<(Trace, Vec<u8>)> {
         let bytes = self.stop_and_collect()?;
-        Trace::decode(&bytes).map_err(|e| Error::Pjrt {
+        let trace = Trace::decode(&bytes).map_err(|e| Error::Pjrt {
             call: "PLUGIN_Profiler_CollectData",
             code: None,
             message: e.to_string(),
-        })
-    }
-
-    /// Stops recording and returns the serialized `XSpace` as the plugin gave it (what `*.xplane.pb` files hold).
-    pub fn finish_raw(mut self) -> Result<Vec<u8>> {
-        self.stop_and_collect()
+        })?;
+        Ok((trace, bytes))
     }
 
     fn stop_and_collect(&mut self) -> Result<Vec<u8>> {

@@ -32,12 +32,11 @@ pub fn profile<R>(steps: usize, f: impl FnOnce() -> R) -> Result<(R, DeviceProfi
     })?;
     let out = f();
     super::wait()?;
-    let raw = profiler.finish_raw()?;
+    let (trace, raw) = profiler.finish_with_raw()?;
     if let Some(path) = crate::settings::profile_trace() {
         // The host's spans and every stream's events, for a trace viewer: the profile below keeps kernels only.
         std::fs::write(&path, &raw)
             .map_err(|e| Error::Config(format!("LAZULI_PROFILE_TRACE={}: cannot write it ({e})", path.display())))?;
     }
-    let trace = lazuli_pjrt::Trace::decode(&raw).map_err(|e| Error::Internal(format!("the plugin's trace: {e}")))?;
     Ok((out, DeviceProfile::from_trace(&trace, steps)))
 }
