@@ -69,10 +69,9 @@ fn linear_parts(l: &Linear, x: &Tensor) -> (Tensor, Option<Tensor>) {
 /// A linear layer whose result a bf16 consumer reads (fused attention's q, k, v): the bias added to the bf16
 /// product in bf16, as `Linear::forward_in_product_dtype` does (on a GPU, in the GEMM's own epilogue).
 fn linear_in_bf16(l: &Linear, x: &Tensor) -> Tensor {
-    let y = mm_bf16(x, &weight(&l.weight));
-    match &l.bias {
-        Some(b) => y + b.get().to_dtype(DType::BF16),
-        None => y,
+    match linear_parts(l, x) {
+        (y, Some(b)) => y + b.to_dtype(DType::BF16),
+        (y, None) => y,
     }
 }
 

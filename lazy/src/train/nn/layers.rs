@@ -70,9 +70,8 @@ impl Linear {
         let y = self.product(x);
         match &self.bias {
             Some(b) => {
-                let b = b.get();
-                let dtype = y.dtype();
-                y + if b.dtype() == dtype { b } else { b.to_dtype(dtype) }
+                let b = b.get().to_dtype(y.dtype());
+                y + b
             }
             None => y,
         }
