@@ -236,7 +236,11 @@ fn stepping_replica() {
         let x = Tensor::from_slice(&[1.0f32, 2.0], &[2]);
         lazuli::sync().unwrap();
         (&x * 2.0).to_vec::<f32>().unwrap();
-        group.barrier("step", Duration::from_secs(60)).unwrap();
+        if let Err(e) = group.barrier("step", Duration::from_secs(60)) {
+            // The runtime's failure hook ends this process with its own message; a panic here would race it.
+            std::thread::sleep(Duration::from_secs(30));
+            panic!("the failure hook did not end this process: {e}");
+        }
         println!("step {}", lazuli::diagnostics::current_step());
         std::thread::sleep(Duration::from_millis(10));
     }

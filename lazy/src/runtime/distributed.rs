@@ -82,6 +82,13 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 /// The backend the group's runtime runs on.
 static BACKEND: OnceLock<Backend> = OnceLock::new();
 
+/// Writes `line` to stderr in one write: a panic on another thread (a failed collective, say) prints through an
+/// unlocked stderr, and `eprintln!`'s piecewise writes of a `Display` could be cut by it mid-sentence.
+fn say_whole(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// This process's membership, once the runtime joined a group.
 pub fn group() -> Option<&'static Member> {
     GROUP.get()
@@ -98,10 +105,10 @@ pub(crate) fn join(config: &Distributed, backend: Backend, options: ClientOption
             member.report_steps_from(crate::diagnostics::current_step);
             member.on_failure(|failure| {
                 if EXITING.load(Relaxed) {
-                    eprintln!("lazuli: {failure}");
+                    say_whole(&format!("lazuli: {failure}\n"));
                     return;
                 }
-                eprintln!("lazuli: {failure}; ending this process (exit code {GROUP_FAILED_EXIT_CODE})");
+                say_whole(&format!("lazuli: {failure}; ending this process (exit code {GROUP_FAILED_EXIT_CODE})\n"));
                 std::process::exit(GROUP_FAILED_EXIT_CODE);
             });
             GROUP.get_or_init(|| member)
