@@ -163,17 +163,24 @@ fn reduce_to_one(g: &mut Graph, x: NodeId, kind: ReduceKind, loc: Loc) -> Result
 }
 
 /// Add nodes to `g` computing each of `of`'s (floating-point nodes) [`FiniteStats`]: its count of non-finite
-/// elements and its range. Nodes of one dtype and size are stacked, up to `stack` at a time and in order of
-/// first appearance, into one reduction by rows (a reduction per node is a kernel per node: GPT-2's step
+/// elements and its range. Nodes of one dtype and size, of at most `stack_up_to` elements, are stacked, up to
+/// `stack` at a time and in order of first appearance, into one reduction by rows (a reduction per node is a kernel per node: GPT-2's step
 /// watches about 2,500 nodes, which stack into under a hundred reductions); the results are concatenated per
 /// result dtype (f32, and f64 for f64 nodes). Returns each concatenation's node with the nodes it holds three
 /// values of, in its order.
-pub fn stats(g: &mut Graph, of: &[NodeId], stack: usize, loc: Loc) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
-    // Runs of nodes of one dtype and size, at most `stack` long; an empty node is alone.
+pub fn stats(
+    g: &mut Graph,
+    of: &[NodeId],
+    stack: usize,
+    stack_up_to: usize,
+    loc: Loc,
+) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
+    // Runs of nodes of one dtype and size, at most `stack` long; an empty or a larger node is alone.
     let mut runs: Vec<(DType, usize, Vec<NodeId>)> = Vec::new();
     for &x in of {
         let (dtype, n) = (g.nodes[x].ty.dtype, g.nodes[x].ty.elements());
-        let open = runs.iter_mut().rev().find(|(d, m, xs)| (*d, *m) == (dtype, n) && n > 0 && xs.len() < stack);
+        let stacks = 0 < n && n <= stack_up_to;
+        let open = runs.iter_mut().rev().find(|(d, m, xs)| (*d, *m) == (dtype, n) && stacks && xs.len() < stack);
         match open {
             Some((_, _, xs)) => xs.push(x),
             None => runs.push((dtype, n, vec![x])),
@@ -351,7 +358,7 @@ mod tests {
         let b = g.parameter(TensorType::new(DType::F64, []), loc);
         let c = g.parameter(TensorType::new(DType::F16, [0]), loc);
         let d = g.parameter(TensorType::new(DType::BF16, [70_000]), loc);
-        let groups = stats(&mut g, &[a, b, c, d], GROUP_TENSORS, loc).unwrap();
+        let groups = stats(&mut g, &[a, b, c, d], GROUP_TENSORS, usize::MAX, loc).unwrap();
         assert_eq!(groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), vec![vec![a, c, d], vec![b]]);
         g.outputs = groups.iter().map(|&(v, _)| v).collect();
         let av = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.5, -3.0, f64::INFINITY, 2.0]).unwrap();
@@ -391,9 +398,9 @@ mod tests {
                 ArrayD::from_shape_vec(IxDyn(&g.nodes[xs[i]].ty.dims), v).unwrap()
             })
             .collect();
-        let read_all = |stack: usize| {
+        let read_all = |stack: usize, up_to: usize| {
             let mut g = g.clone();
-            let groups = stats(&mut g, &xs, stack, loc).unwrap();
+            let groups = stats(&mut g, &xs, stack, up_to, loc).unwrap();
             g.outputs = groups.iter().map(|&(v, _)| v).collect();
             let out = g.evaluate(&values).unwrap();
             let mut by_node = std::collections::BTreeMap::new();
@@ -406,13 +413,20 @@ mod tests {
             }
             (groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), by_node, g.nodes.len())
         };
-        let (alone, want, _) = read_all(1);
+        let (alone, want, _) = read_all(1, usize::MAX);
         assert_eq!(alone, vec![xs.to_vec()]);
-        let (stacked, got, nodes) = read_all(2);
+        let (stacked, got, nodes) = read_all(2, usize::MAX);
         // [x0, x2] stacked, x1 and x5 stacked, x3 alone (bf16), x4 alone (the run of its size is full).
         assert_eq!(stacked, vec![vec![xs[0], xs[2], xs[1], xs[5], xs[3], xs[4]]]);
         assert_eq!(got, want, "each node's three values, stacked or alone");
-        assert!(nodes < read_all(1).2 + 8, "stacking adds a few reshapes and joins, not a reduction per node");
+        assert!(
+            nodes < read_all(1, usize::MAX).2 + 8,
+            "stacking adds a few reshapes and joins, not a reduction per node"
+        );
+        // Only nodes of up to 5 elements stacked: x1 and x5; the others (6 elements) alone.
+        let (capped, got, _) = read_all(2, 5);
+        assert_eq!(capped, vec![vec![xs[0], xs[1], xs[5], xs[2], xs[3], xs[4]]]);
+        assert_eq!(got, want, "each node's three values under a size cap");
     }
 
     /// Groups are runs of one dtype, at most `GROUP_TENSORS` long; each counts all of its members' elements.

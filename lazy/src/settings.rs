@@ -87,6 +87,12 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
     v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, skip, log", "off"),
+    v(
+        "LAZULI_LOCATE_AHEAD",
+        "the program locating a trip compiled on a thread and run once before any trip (stop and log)",
+        "1, 0",
+        "0",
+    ),
     v("LAZULI_CHECK_INDICES", "index_select and embedding checked like index_select_checked", "1, 0", "0"),
     v("LAZULI_COORDINATOR", "the coordinator of a multi-process group (`lazuli-run` sets it)", "host:port", "unset"),
     v("LAZULI_PROCESS_ID", "this process's id in its group", "0 to N-1", "unset"),
@@ -337,6 +343,10 @@ pub(crate) fn check_finite() -> Result<CheckFinite> {
             _ => Err(bad("LAZULI_CHECK_FINITE", &v, "off, stop, skip or log")),
         },
     }
+}
+
+pub(crate) fn locate_ahead() -> Result<bool> {
+    switch("LAZULI_LOCATE_AHEAD", false)
 }
 
 /// A directory lazuli can create (it is created here).

@@ -121,6 +121,56 @@ fn an_optimizer_update_is_named_at_the_next_step() {
     assert!(w.get().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
 }
 
+/// `LAZULI_LOCATE_AHEAD`: the locating program of a training step is compiled on a thread once the step runs
+/// again, and run once on a finite step; a trip then runs it without compiling and names the op as a trip that
+/// compiles does.
+#[test]
+fn a_locator_compiled_ahead_locates_without_a_compile_at_the_trip() {
+    if child::alone(module_path!(), "a_locator_compiled_ahead_locates_without_a_compile_at_the_trip") {
+        return; // the runtime's configuration is process-wide
+    }
+    let config = Config { check_finite: CheckFinite::Stop, locate_ahead: true, ..Config::from_env().unwrap() };
+    lazuli::init(config).unwrap();
+    let w = Param::new(Tensor::from_slice(&[1.0f32, 2.0], &[2]));
+    let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.01);
+    let line = line!() + 3;
+    let mut step = |scale: f32| {
+        let batch = Tensor::from_slice(&[scale, scale], &[2]);
+        let loss = (&w.get() * &batch).log().sum_all();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()
+    };
+    // Steps until the compiles started ahead are done, then three more: the next check read runs the program.
+    let compiling = || {
+        let m = lazuli::metrics();
+        m.locate_ahead == 0 || m.locate_compiles < m.locate_ahead
+    };
+    let mut steps = 0;
+    while compiling() {
+        assert!(steps < 3000, "no locating program was compiled ahead");
+        step(1.0).unwrap();
+        steps += 1;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    (0..3).for_each(|_| step(1.0).unwrap());
+    let before = lazuli::metrics();
+    assert!(before.locate_warm_runs >= 1, "{before:?}");
+    // The bad step's check is read once two later steps are launched.
+    step(0.0).unwrap();
+    step(1.0).unwrap();
+    let e = step(1.0).unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert!(report.contains("2 of 2 non-finite"), "{report}");
+    // The log's operand, w · 0.
+    assert!(report.contains("operand 0: f32[2]: min 0e0, max 0e0, 0 NaN, 0 inf"), "{report}");
+    let trip = lazuli::metrics() - before;
+    assert_eq!((trip.locate_compiles, trip.locate_ahead), (0, 0), "the trip ran the program compiled ahead");
+    assert!(trip.locate_run_ms > 0.0, "{trip:?}");
+}
+
 #[test]
 fn log_mode_reports_and_carries_on() {
     if child::alone(module_path!(), "log_mode_reports_and_carries_on") {
@@ -564,7 +614,7 @@ fn the_locators_stats_on_the_plugin_match_the_reference() {
     ];
     let mut g = Graph::new();
     let xs: Vec<_> = specs.iter().map(|(dt, v)| g.parameter(TensorType::new(*dt, [v.len()]), loc)).collect();
-    let groups = stats(&mut g, &xs, lazuli_hlo::finite::GROUP_TENSORS, loc).unwrap();
+    let groups = stats(&mut g, &xs, lazuli_hlo::finite::GROUP_TENSORS, usize::MAX, loc).unwrap();
     assert!(groups.iter().any(|(_, of)| of.windows(2).any(|w| w == [xs[0], xs[6]])), "the first f32 nodes stacked");
     g.outputs = groups.iter().map(|&(v, _)| v).collect();
     let values: Vec<ArrayD<f64>> =

@@ -25,6 +25,9 @@ pub(crate) struct Counters {
     pub locate_compile_ns: AtomicU64,
     pub locate_run_ns: AtomicU64,
     pub locate_build_ns: AtomicU64,
+    pub locate_ahead: AtomicU64,
+    pub locate_warm_runs: AtomicU64,
+    pub locate_warm_ns: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -49,6 +52,9 @@ pub(crate) static COUNTERS: Counters = Counters {
     locate_compile_ns: AtomicU64::new(0),
     locate_run_ns: AtomicU64::new(0),
     locate_build_ns: AtomicU64::new(0),
+    locate_ahead: AtomicU64::new(0),
+    locate_warm_runs: AtomicU64::new(0),
+    locate_warm_ns: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -98,7 +104,8 @@ pub struct Metrics {
     /// Reading steps' finite checks (`LAZULI_CHECK_FINITE`): mostly waiting for the checked step to finish.
     pub finite_read_ms: f64,
     /// Programs compiled to locate a trip's first non-finite value (`LAZULI_CHECK_FINITE=stop` and `log`), one
-    /// per located trip; not in `compiles`.
+    /// per located trip, or one per step structure ahead of any trip under `LAZULI_LOCATE_AHEAD`; not in
+    /// `compiles`.
     pub locate_compiles: u64,
     /// Time compiling those programs; not in `compile_ms`.
     pub locate_compile_ms: f64,
@@ -106,6 +113,13 @@ pub struct Metrics {
     pub locate_run_ms: f64,
     /// Time building them before their compile: the locating graph and its IR text.
     pub locate_build_ms: f64,
+    /// Locating programs whose compile ahead was started (`LAZULI_LOCATE_AHEAD`: one per step structure that runs
+    /// more than once); each ends as one of `locate_compiles`.
+    pub locate_ahead: u64,
+    /// Of those, the ones run once on a finite step before any trip, so that a trip does not pay a new program's
+    /// first run; and the time of those runs.
+    pub locate_warm_runs: u64,
+    pub locate_warm_ms: f64,
 }
 
 /// The counters now.
@@ -133,6 +147,9 @@ pub fn metrics() -> Metrics {
         locate_compile_ms: c.locate_compile_ns.load(Relaxed) as f64 / 1e6,
         locate_run_ms: c.locate_run_ns.load(Relaxed) as f64 / 1e6,
         locate_build_ms: c.locate_build_ns.load(Relaxed) as f64 / 1e6,
+        locate_ahead: c.locate_ahead.load(Relaxed),
+        locate_warm_runs: c.locate_warm_runs.load(Relaxed),
+        locate_warm_ms: c.locate_warm_ns.load(Relaxed) as f64 / 1e6,
     }
 }
 
@@ -161,6 +178,9 @@ impl std::ops::Sub for Metrics {
             locate_compile_ms: self.locate_compile_ms - b.locate_compile_ms,
             locate_run_ms: self.locate_run_ms - b.locate_run_ms,
             locate_build_ms: self.locate_build_ms - b.locate_build_ms,
+            locate_ahead: self.locate_ahead - b.locate_ahead,
+            locate_warm_runs: self.locate_warm_runs - b.locate_warm_runs,
+            locate_warm_ms: self.locate_warm_ms - b.locate_warm_ms,
         }
     }
 }

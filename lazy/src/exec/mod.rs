@@ -160,7 +160,7 @@ fn at_exit() {
     if !crate::runtime::distributed::exit_without_waiting() {
         in_flight::wait_at_exit();
     }
-    finite::join_unloading();
+    finite::join_aside();
     crate::runtime::distributed::leave_at_exit();
 }
 
@@ -188,7 +188,9 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
                 None => inputs.push(data),
             }
         }
-        let (graph, ahead) = finite::graph_of(plan.key, || plan.walk.graph().clone());
+        // Ahead only for programs that update state: training steps, not a model's initialization.
+        let ahead_compile = runtime()?.config.locate_ahead && !plan.guards.is_empty();
+        let (graph, ahead) = finite::graph_of(plan.key, ahead_compile, || plan.walk.graph().clone());
         Some(finite::Replay { graph, ahead, inputs, input_locs })
     } else {
         None

@@ -71,6 +71,11 @@ pub struct Config {
     /// Count each step's non-finite output values in the step's own program, and skip the step, stop or log on a
     /// trip (`LAZULI_CHECK_FINITE`, default off; see `CheckFinite`).
     pub check_finite: CheckFinite,
+    /// Where the check locates trips (`stop`, `log`): compile each step structure's locating program on a thread
+    /// of its own as soon as the structure is first run, and run it once on a finite step, so that a trip names
+    /// its op without a compile (`LAZULI_LOCATE_AHEAD`, default off: a compile as long as the step's, paid by every
+    /// run, and a process that ends within it waits for it at exit).
+    pub locate_ahead: bool,
     /// How long a wait for the device polls before it sleeps (`LAZULI_WAIT_SPIN`, microseconds); `None`: the
     /// backend's default, see [`Config::wait_spin`].
     pub wait_spin: Option<std::time::Duration>,
@@ -100,6 +105,7 @@ impl Default for Config {
             compile_cache: CompileCache::Default,
             compile_cache_limit: 2 << 30,
             check_finite: CheckFinite::Off,
+            locate_ahead: false,
             wait_spin: None,
             distributed: None,
         }
@@ -128,6 +134,7 @@ impl Config {
             compile_cache: settings::compile_cache(),
             compile_cache_limit: settings::compile_cache_limit()?,
             check_finite: settings::check_finite()?,
+            locate_ahead: settings::locate_ahead()?,
             wait_spin: settings::wait_spin()?,
             distributed: settings::distributed()?,
         })

@@ -8,10 +8,13 @@
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use lazuli_hlo::{emit, Checkpoint, EmitOptions, FiniteStats, Graph, Loc, NodeId, Op, Reshape, TensorType};
-use lazuli_pjrt::{Buffer, CompileOptions, XlaOption};
+use lazuli_pjrt::{Buffer, CompileOptions, LoadedExecutable, XlaOption};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::error::{Error, Result};
@@ -86,6 +89,13 @@ pub(crate) struct Replayed {
 /// to load on the first run, and to launch).
 const STACK: usize = lazuli_hlo::finite::GROUP_TENSORS;
 
+/// When the locating program is compiled ahead and run once before any trip (`LAZULI_LOCATE_AHEAD`), only nodes of
+/// up to this many elements are stacked: a new program's first run, which loads its kernels, no longer falls on a
+/// trip, and a large node reduced alone reads its values once where a stacked one is gathered first. On an H200,
+/// GPT-2's locating run took 23 ms so against 42 ms with every size stacked
+/// (`docs/perf-log/2026-12-03-locator-ahead.md`).
+const STACK_UP_TO_AHEAD: usize = 1 << 16;
+
 /// The locating program of one step structure: the step's IR on one device with every watched node's
 /// statistics as its outputs, and its StableHLO text. Built on a thread of its own when a structure is first kept
 /// ([`Ahead`]), so that a trip does not build it (at GPT-2's size some 30–60 ms of the trip's time).
@@ -101,29 +111,117 @@ pub(crate) struct Probe {
 }
 
 /// A structure's [`Probe`], built ahead on a thread of its own; empty until that thread is done, and `None` in it
-/// when there was nothing to watch or the build failed (a trip then builds it, and reports what failed).
+/// when there was nothing to watch or the build failed (a trip then builds it, and reports what failed). Under
+/// `LAZULI_LOCATE_AHEAD` the same thread also compiles it, and the first check of the structure read after that
+/// runs it once ([`warm`]), so that a trip neither compiles nor pays a new program's first run.
 #[derive(Default)]
-pub(crate) struct Ahead(std::sync::OnceLock<Option<Probe>>);
+pub(crate) struct Ahead {
+    probe: OnceLock<Option<Probe>>,
+    /// The compiled probe; `None` in it when the compile failed (a trip then compiles again, and reports why).
+    program: OnceLock<Option<LoadedExecutable>>,
+    /// A thread was started to compile the probe: `program` will be set.
+    compiling: AtomicBool,
+    /// The compiled probe ran once, or that run failed and it is not tried again.
+    warmed: AtomicBool,
+}
+
+/// The threads compiling probes ahead: joined at exit ([`join_aside`]), before the plugin is torn down.
+static ASIDE: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
 
 impl Ahead {
-    /// Starts building `graph`'s probe on a thread of its own; without a thread the trip builds it.
-    pub fn start(graph: std::sync::Arc<Graph>) -> std::sync::Arc<Ahead> {
-        let ahead = std::sync::Arc::new(Ahead::default());
+    /// Starts building `graph`'s probe on a thread of its own (stacking only nodes of up to
+    /// [`STACK_UP_TO_AHEAD`] elements when it will be compiled ahead); without a thread the trip builds it.
+    pub fn start(graph: Arc<Graph>, to_compile: bool) -> Arc<Ahead> {
+        let ahead = Arc::new(Ahead::default());
         let filled = ahead.clone();
+        let stack_up_to = if to_compile { STACK_UP_TO_AHEAD } else { usize::MAX };
         // Pure Rust over the IR, no plugin call: nothing to join at exit.
-        let _ = std::thread::Builder::new().name("lazuli-locator".into()).spawn(move || {
-            let _ = filled.0.set(probe(&graph).ok().flatten());
+        let spawned = std::thread::Builder::new().name("lazuli-locator".into()).spawn(move || {
+            let _ = filled.probe.set(probe(&graph, stack_up_to).ok().flatten());
         });
+        if spawned.is_err() {
+            let _ = ahead.probe.set(None);
+        }
         ahead
     }
 
+    /// Starts compiling the probe on a thread of its own, once: called when its step structure runs again, so that
+    /// a structure that runs once (a first step) costs no compile. Without a thread the trip compiles it.
+    pub fn compile(self: &Arc<Ahead>) {
+        if self.compiling.load(Relaxed) {
+            return;
+        }
+        let filled = self.clone();
+        let spawned = std::thread::Builder::new().name("lazuli-locator-compile".into()).spawn(move || {
+            // Set whatever happens: a trip waits for it.
+            let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let p = filled.built()?;
+                crate::runtime::runtime().and_then(|rt| compile_probe(rt, p)).ok()
+            }));
+            let _ = filled.program.set(compiled.ok().flatten());
+        });
+        if let Ok(handle) = spawned {
+            Counters::add(&COUNTERS.locate_ahead, 1);
+            self.compiling.store(true, Relaxed);
+            ASIDE.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        }
+    }
+
+    /// The probe once its thread is done: `None` when there is nothing to watch or the build failed.
+    fn built(&self) -> Option<&Probe> {
+        loop {
+            match self.probe.get() {
+                Some(probe) => return probe.as_ref(),
+                None => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+    }
+
     fn ready(&self) -> Option<&Probe> {
-        self.0.get().and_then(Option::as_ref)
+        self.probe.get().and_then(Option::as_ref)
+    }
+
+    fn compiled(&self) -> Option<&LoadedExecutable> {
+        self.program.get().and_then(Option::as_ref)
+    }
+
+    /// The probe and its program once compiled ahead, waiting for a compile still under way (no longer than a
+    /// compile at the trip would take); `None` when none was started or it failed.
+    fn wait_compiled(&self) -> Option<(&Probe, &LoadedExecutable)> {
+        if !self.compiling.load(Relaxed) {
+            return None;
+        }
+        // A compiling thread sets `program` whatever happens.
+        let exe = loop {
+            match self.program.get() {
+                Some(program) => break program.as_ref()?,
+                None => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        };
+        Some((self.ready()?, exe))
     }
 }
 
-/// `graph`'s locating program: `None` when it has no floating-point node to watch.
-fn probe(graph: &Graph) -> Result<Option<Probe>> {
+/// Runs a structure's probe once if it was compiled ahead and has not run yet, on `inputs` (a finite step's kept
+/// inputs), its results dropped: a new program's first run loads its kernels (on an H200 some 15–50 ms for GPT-2's
+/// locating program), which then does not fall on a trip. A failed run is not tried again; a trip then runs the
+/// program as it is.
+pub(crate) fn warm(rt: &Runtime, ahead: &Ahead, inputs: &[Data]) {
+    let (Some(p), Some(exe)) = (ahead.ready(), ahead.compiled()) else { return };
+    if ahead.warmed.swap(true, Relaxed) {
+        return;
+    }
+    let _one = crate::exec::one_at_a_time();
+    let running = Instant::now();
+    if execute(rt, &p.graph, exe, inputs).is_ok() {
+        Counters::add(&COUNTERS.locate_warm_runs, 1);
+        Counters::add(&COUNTERS.locate_warm_ns, running.elapsed().as_nanos() as u64);
+    }
+}
+
+/// `graph`'s locating program: `None` when it has no floating-point node to watch. Watched nodes of up to
+/// `stack_up_to` elements are stacked.
+fn probe(graph: &Graph, stack_up_to: usize) -> Result<Option<Probe>> {
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let counted = counted(graph, &floats);
@@ -135,7 +233,7 @@ fn probe(graph: &Graph) -> Result<Option<Probe>> {
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
     let measured = unfoldable(&mut probe, &watched)?;
-    let stats = lazuli_hlo::finite::stats(&mut probe, &measured, STACK, loc).map_err(Error::Internal)?;
+    let stats = lazuli_hlo::finite::stats(&mut probe, &measured, STACK, stack_up_to, loc).map_err(Error::Internal)?;
     probe.outputs = stats.iter().map(|&(v, _)| v).collect();
     // No aliases: the kept inputs stay the caller's.
     probe.aliases.clear();
@@ -144,14 +242,21 @@ fn probe(graph: &Graph) -> Result<Option<Probe>> {
 }
 
 /// Run `graph` again on `inputs`: its first node that made a non-finite value from finite operands, and its
-/// outputs' counts. `ahead` is its structure's probe if already built; else it is built here.
+/// outputs' counts. `ahead` is its structure's probe if already built (and compiled, under
+/// `LAZULI_LOCATE_AHEAD`: a compile still under way is waited for); else it is built and compiled here.
 pub(crate) fn locate(rt: &Runtime, graph: &Graph, ahead: Option<&Ahead>, inputs: &[Data]) -> Result<Replayed> {
     let _one = crate::exec::one_at_a_time();
+    if let Some((p, exe)) = ahead.and_then(Ahead::wait_compiled) {
+        let running = Instant::now();
+        let host = execute(rt, &p.graph, exe, inputs)?;
+        Counters::add(&COUNTERS.locate_run_ns, running.elapsed().as_nanos() as u64);
+        return found(graph, p, &host);
+    }
     let building = Instant::now();
     let built;
     let probe = match ahead.and_then(Ahead::ready) {
         Some(p) => p,
-        None => match probe(graph)? {
+        None => match probe(graph, usize::MAX)? {
             Some(p) => {
                 built = p;
                 &built
@@ -160,13 +265,22 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, ahead: Option<&Ahead>, inputs:
         },
     };
     Counters::add(&COUNTERS.locate_build_ns, building.elapsed().as_nanos() as u64);
-    let Probe { graph: probed, stats, counted, nodes: n, text } = probe;
+    let exe = compile_probe(rt, probe)?;
+    let running = Instant::now();
+    let host = execute(rt, &probe.graph, &exe, inputs)?;
+    unload_aside(move || drop(exe));
+    Counters::add(&COUNTERS.locate_run_ns, running.elapsed().as_nanos() as u64);
+    found(graph, probe, &host)
+}
+
+/// What a run of `probe` (its outputs' bytes, `host`) found in `graph`.
+fn found(graph: &Graph, probe: &Probe, host: &[Vec<u8>]) -> Result<Replayed> {
+    let Probe { graph: probed, stats, counted, nodes: n, .. } = probe;
     // Back from a barrier to the node it stands for.
     let stands_for = |m: NodeId| if m < *n { m } else { probed.nodes[m].operands[0] };
-    let host = run(rt, probed, text, inputs)?;
     let mut nonfinite = vec![0u64; graph.nodes.len()];
     let mut range = vec![None; graph.nodes.len()];
-    for ((all, of), bytes) in stats.iter().zip(&host) {
+    for ((all, of), bytes) in stats.iter().zip(host) {
         let dtype = probed.nodes[*all].ty.dtype;
         for (&m, three) in of.iter().zip(bytes_to_f64(dtype, bytes).chunks(3)) {
             let id = stands_for(m);
@@ -273,21 +387,26 @@ fn on_one_device(graph: &Graph) -> Graph {
     g
 }
 
-/// Compile `text`, `graph`'s program (no aliases: the inputs are kept), and run it on `inputs`; each output's
-/// bytes.
-fn run(rt: &Runtime, graph: &Graph, text: &str, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
+/// Compile a probe's program (no aliases: the inputs are kept).
+fn compile_probe(rt: &Runtime, probe: &Probe) -> Result<LoadedExecutable> {
     let options = options(rt);
+    let graph = &probe.graph;
     let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
     let compiling = Instant::now();
     let exe = loop {
-        match rt.client.compile(text, &options) {
+        match rt.client.compile(&probe.text, &options) {
             Err(source) if rt.drop_unknown_default(&source) => continue,
             done => break done.map_err(|source| Error::Compile { at, source })?,
         }
     };
     Counters::add(&COUNTERS.locate_compiles, 1);
     Counters::add(&COUNTERS.locate_compile_ns, compiling.elapsed().as_nanos() as u64);
-    let running = Instant::now();
+    Ok(exe)
+}
+
+/// Run `exe`, `graph`'s program, on `inputs`; each output's bytes.
+fn execute(rt: &Runtime, graph: &Graph, exe: &LoadedExecutable, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
+    let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
     let uploaded = upload(rt, graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
     for (data, up) in inputs.iter().zip(&uploaded) {
@@ -298,10 +417,7 @@ fn run(rt: &Runtime, graph: &Graph, text: &str, inputs: &[Data]) -> Result<Vec<V
         });
     }
     let outs = exe.execute(&args).map_err(|source| Error::Execute { at, source })?;
-    let host = outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>()?;
-    unload_aside(move || drop((outs, uploaded, exe)));
-    Counters::add(&COUNTERS.locate_run_ns, running.elapsed().as_nanos() as u64);
-    Ok(host)
+    outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>().map_err(Error::from)
 }
 
 /// The thread unloading the last locating program, if one was started.
@@ -316,8 +432,18 @@ fn unload_aside(unload: impl FnOnce() + Send + 'static) {
     *UNLOADING.lock().unwrap_or_else(|e| e.into_inner()) = handle.ok();
 }
 
-/// Waits for an unload started by [`unload_aside`] (at exit, before the plugin is torn down).
-pub(crate) fn join_unloading() {
+/// At exit, before the plugin is torn down: waits for the compiles started ahead (a run that ends within one waits
+/// for its end) and for an unload started by [`unload_aside`].
+pub(crate) fn join_aside() {
+    let compiles = std::mem::take(&mut *ASIDE.lock().unwrap_or_else(|e| e.into_inner()));
+    for handle in compiles {
+        let _ = handle.join();
+    }
+    join_unloading();
+}
+
+/// Waits for an unload started by [`unload_aside`].
+fn join_unloading() {
     let handle = UNLOADING.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(h) = handle {
         let _ = h.join();
@@ -376,7 +502,7 @@ mod tests {
         let bytes: Vec<u8> = [1.0f32, 0.0, -1.0, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         let inputs = [Data::Host(Arc::new(bytes))];
         let rt = crate::runtime::runtime().expect("the CPU runtime");
-        let ahead = Ahead(probe(&g).expect("a probe").into());
+        let ahead = Ahead { probe: probe(&g, usize::MAX).expect("a probe").into(), ..Ahead::default() };
         assert!(ahead.ready().is_some(), "the probe was built");
         let summary = |r: Replayed| {
             let first = r.first.expect("a first non-finite value");

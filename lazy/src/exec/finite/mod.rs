@@ -22,7 +22,7 @@
 pub(crate) mod flag;
 mod locate;
 
-pub(crate) use locate::join_unloading;
+pub(crate) use locate::join_aside;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -186,9 +186,10 @@ fn counting(backend: Backend) -> lazuli_hlo::finite::Counting {
 
 /// The IR of each program structure that a trip may be located in, by key, and its locating program, built ahead
 /// on a thread of its own: built once, when a program of that key is first kept (usually right after its compile,
-/// which built the IR anyway); a cache hit builds none. A program recorded from other lines shares its key (keys
+/// which built the IR anyway); a cache hit builds none. With `compile` (`LAZULI_LOCATE_AHEAD`) the locating
+/// program is also compiled ahead, on another thread, once the structure is kept a second time. A program recorded from other lines shares its key (keys
 /// hold no lines) and so the lines of the first.
-pub(crate) fn graph_of(key: u64, build: impl FnOnce() -> Graph) -> (Arc<Graph>, Arc<locate::Ahead>) {
+pub(crate) fn graph_of(key: u64, compile: bool, build: impl FnOnce() -> Graph) -> (Arc<Graph>, Arc<locate::Ahead>) {
     /// More structures than a training loop has; past it the store starts again.
     const MOST: usize = 64;
     type Kept = (Arc<Graph>, Arc<locate::Ahead>);
@@ -196,13 +197,16 @@ pub(crate) fn graph_of(key: u64, build: impl FnOnce() -> Graph) -> (Arc<Graph>, 
     let mut graphs = GRAPHS.lock().unwrap_or_else(|e| e.into_inner());
     let graphs = graphs.get_or_insert_with(HashMap::new);
     if let Some(kept) = graphs.get(&key) {
+        if compile {
+            kept.1.compile();
+        }
         return kept.clone();
     }
     if graphs.len() >= MOST {
         graphs.clear();
     }
     let graph = Arc::new(build());
-    let ahead = locate::Ahead::start(graph.clone());
+    let ahead = locate::Ahead::start(graph.clone(), compile);
     graphs.entry(key).or_insert((graph, ahead)).clone()
 }
 
@@ -299,6 +303,9 @@ fn read(pending: Pending, after: usize) -> Result<()> {
     if entered == 0 && counts.iter().all(|&c| c == 0) {
         if pending.mode == CheckFinite::Skip && pending.guarded {
             SKIPPED_IN_A_ROW.store(0, Relaxed);
+        }
+        if let Some(r) = &pending.replay {
+            locate::warm(runtime()?, &r.ahead, &r.inputs);
         }
         return Ok(());
     }
