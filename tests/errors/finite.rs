@@ -363,6 +363,46 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
     assert!(last.explanation.join("\n").contains("updates no state: nothing to skip"), "{last:?}");
 }
 
+/// A loop that reads its loss every step waits for each step anyway: under `stop` the bad step's own read reads
+/// its check and is the trip's error, located before anything runs after it, with the state from before the step;
+/// the next step trains again.
+#[test]
+fn a_read_of_the_bad_steps_loss_is_the_trip() {
+    if child::alone(module_path!(), "a_read_of_the_bad_steps_loss_is_the_trip") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    let model = Mlp::new(&mut HostRng::new(5), &[3, 8, 1], Activation::Tanh, DType::F32);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
+    let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
+    let line = line!() + 3;
+    let step = |opt: &mut AdamW, scale: f32| {
+        let mse = (&model.forward(&x) - &target).pow(2.0).mean_all();
+        let loss = (mse * Tensor::scalar(scale)).log();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()?;
+        loss.item::<f32>()
+    };
+    for _ in 0..3 {
+        assert!(step(&mut opt, 1.0).unwrap().is_finite());
+    }
+    let before = state_bits(&model, &opt);
+    let executions = lazuli::metrics().executions;
+    let bad = step(&mut opt, 0.0);
+    let (op, at, report) = located(bad.as_ref().unwrap_err());
+    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert!(report.contains("step 3: "), "{report}");
+    assert!(report.contains("hold their values from before the step\n"), "{report}");
+    // Only the bad step ran (the locating run is not counted among executions).
+    assert_eq!(lazuli::metrics().executions, executions + 1);
+    assert_eq!(state_bits(&model, &opt), before, "{report}");
+    assert!(step(&mut opt, 1.0).unwrap().is_finite());
+    assert_ne!(state_bits(&model, &opt), before);
+}
+
 /// `stop` keeps the state as `skip` does, with donation on: a planted `log(0)` is located at its line with its
 /// step, and the parameters and AdamW's moments after the error are bit for bit those before the bad step,
 /// although two more programs (an evaluation and a training step) were launched after it; the run can go on from

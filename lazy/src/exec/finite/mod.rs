@@ -7,14 +7,16 @@
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
 //! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old
 //! state is still donated to it, and nothing waits for the host. Their checks are read once two later programs are
-//! launched (or at `wait()`), when the in-flight bound has waited for that step anyway. Under `stop` the guard is
+//! launched (or at `wait()`), when the in-flight bound has waited for that step anyway, or by a read that has
+//! waited for its value while no launched program is still running ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
 //! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step
 //! k is read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program
 //! structure, [`graph_of`]) and the inputs that are not donated state (the batch, scalars); the donated ones are
 //! followed from output to output as later programs take them ([`keep`]), so that on a trip [`locate`] runs step
 //! k again on exactly its inputs: the first op that made a non-finite value from finite operands, and each
 //! output's count. The trip is an `Error::NonFinite`; the checks of the programs launched after it are dropped
-//! with it and the flag is cleared.
+//! with it and the flag is cleared. Under `LAZULI_LOCATE_AHEAD` the locating program of a structure that runs again
+//! and updates state is compiled ahead on a thread and run once at a finite check ([`locate::warm`]).
 //!
 //! `log` keeps the first program: every output counted per group, nothing guarded or donated, the step's IR and
 //! inputs kept, its check read at the next materialization before anything is launched.
@@ -272,6 +274,20 @@ pub(crate) fn before_launch() -> Result<usize> {
     }
     read_all(take(usize::MAX))?;
     Ok(0)
+}
+
+/// After a read of a value waited for its step: under `skip` and `stop`, if every launched program has finished
+/// (a loop that reads its loss each step), read every check now. Reading then waits for nothing, and a trip is the
+/// read's own error, located on an idle device before anything runs after the bad step, instead of two launches
+/// later.
+pub(crate) fn after_read() -> Result<()> {
+    if !HAS_PENDING.load(Relaxed) || !guards(runtime()?.config.check_finite) {
+        return Ok(());
+    }
+    if !crate::exec::in_flight::all_done() {
+        return Ok(());
+    }
+    read_all(take(usize::MAX))
 }
 
 /// Read the oldest `n` checks, as [`before_launch`] counted them.

@@ -113,7 +113,7 @@ impl AdamW {
     /// - Under `LAZULI_CHECK_FINITE=skip` or `stop`, the check's guard keeps that count on a skipped (or, under
     ///   `stop`, frozen) step as it keeps the moments, so that the steps after it correct as if it had never run,
     ///   also in a run that catches `stop`'s error and goes on. A count on the host could not follow exactly: the
-    ///   check of a step is read two launches later, when the next steps are recorded already.
+    ///   check of a step is read up to two launches later, when the next steps are recorded already.
     /// - Otherwise it counts every step, as the host does. Factors computed on the host would change every step,
     ///   and each new value is an upload before the step can start: two per step, on the path of a loop that
     ///   waits for every step (`docs/perf-log/2026-12-02-recording-and-waiting.md`).
