@@ -107,7 +107,8 @@ pub fn side(cfg: NanConfig) -> BenchResult<Value> {
     let step_s = t0.elapsed().as_secs_f64() / cfg.steps as f64;
     let before = lazuli::metrics();
     let t0 = Instant::now();
-    // The bad step, then two more: under `stop` a step's check is read once two later steps are launched.
+    // The bad step, and two more should its check not be read by its own loss read (at the latest it is read once
+    // two later steps are launched).
     let outcome = step(-1e30).and_then(|_| step(1.0)).and_then(|_| step(1.0));
     let trip_s = t0.elapsed().as_secs_f64();
     let m = lazuli::metrics() - before;

@@ -162,12 +162,12 @@ fn reduce_to_one(g: &mut Graph, x: NodeId, kind: ReduceKind, loc: Loc) -> Result
     g.push(Op::Reshape(Reshape { dims: vec![1] }), vec![reduced], loc)
 }
 
-/// Add nodes to `g` computing each of `of`'s (floating-point nodes) [`FiniteStats`]: its count of non-finite
-/// elements and its range. Nodes of one dtype and size, of at most `stack_up_to` elements, are stacked, up to
-/// `stack` at a time and in order of first appearance, into one reduction by rows (a reduction per node is a kernel per node: GPT-2's step
-/// watches about 2,500 nodes, which stack into under a hundred reductions); the results are concatenated per
-/// result dtype (f32, and f64 for f64 nodes). Returns each concatenation's node with the nodes it holds three
-/// values of, in its order.
+/// Add nodes to `g` computing each of `of`'s (floating-point nodes) [`FiniteStats`]: its count of non-finite elements
+/// and its range. Nodes of one dtype and size, of at most `stack_up_to` elements, are stacked, up to `stack` at a time
+/// and in order of first appearance, into one reduction by rows (a reduction per node is a kernel per node: GPT-2's
+/// step watches about 2,500 nodes, which stack into under a hundred reductions); the results are concatenated per
+/// result dtype (f32, and f64 for f64 nodes). Returns each concatenation's node with the nodes it holds three values
+/// of, in its order.
 pub fn stats(
     g: &mut Graph,
     of: &[NodeId],

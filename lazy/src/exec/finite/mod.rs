@@ -5,13 +5,13 @@
 //!
 //! `skip` and `stop` count only what enters the update (`hlo::finite::update_inputs`: the loss, the gradients, the
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
-//! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old
-//! state is still donated to it, and nothing waits for the host. Their checks are read once two later programs are
-//! launched (or at `wait()`), when the in-flight bound has waited for that step anyway, or by a read that has
-//! waited for its value while no launched program is still running ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
-//! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step
-//! k is read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program
-//! structure, [`graph_of`]) and the inputs that are not donated state (the batch, scalars); the donated ones are
+//! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old state is
+//! still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched (or
+//! at `wait()`), when the in-flight bound has waited for that step anyway, or by a read that has waited for its value
+//! while no launched program is still running ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
+//! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step k is
+//! read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program structure,
+//! [`graph_of`]) and the inputs that are not donated state (the batch, scalars); the donated ones are
 //! followed from output to output as later programs take them ([`keep`]), so that on a trip [`locate`] runs step
 //! k again on exactly its inputs: the first op that made a non-finite value from finite operands, and each
 //! output's count. The trip is an `Error::NonFinite`; the checks of the programs launched after it are dropped
@@ -186,11 +186,11 @@ fn counting(backend: Backend) -> lazuli_hlo::finite::Counting {
     }
 }
 
-/// The IR of each program structure that a trip may be located in, by key, and its locating program, built ahead
-/// on a thread of its own: built once, when a program of that key is first kept (usually right after its compile,
-/// which built the IR anyway); a cache hit builds none. With `compile` (`LAZULI_LOCATE_AHEAD`) the locating
-/// program is also compiled ahead, on another thread, once the structure is kept a second time. A program recorded from other lines shares its key (keys
-/// hold no lines) and so the lines of the first.
+/// The IR of each program structure that a trip may be located in, by key, and its locating program, built ahead on a
+/// thread of its own: built once, when a program of that key is first kept (usually right after its compile, which
+/// built the IR anyway); a cache hit builds none. With `compile` (`LAZULI_LOCATE_AHEAD`) the locating program is also
+/// compiled ahead, on another thread, once the structure is kept a second time. A program recorded from other lines
+/// shares its key (keys hold no lines) and so the lines of the first.
 pub(crate) fn graph_of(key: u64, compile: bool, build: impl FnOnce() -> Graph) -> (Arc<Graph>, Arc<locate::Ahead>) {
     /// More structures than a training loop has; past it the store starts again.
     const MOST: usize = 64;
