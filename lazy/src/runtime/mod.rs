@@ -74,7 +74,8 @@ pub struct Config {
     /// Where the check locates trips (`stop`, `log`): compile each step structure's locating program on a thread
     /// of its own as soon as the structure is first run, and run it once on a finite step, so that a trip names
     /// its op without a compile (`LAZULI_LOCATE_AHEAD`, default off: a compile as long as the step's, paid by every
-    /// run, and a process that ends within it waits for it at exit).
+    /// run, a process that ends within it waits for it at exit, and the one run holds the locating program's
+    /// memory beside a step that may still be running).
     pub locate_ahead: bool,
     /// How long a wait for the device polls before it sleeps (`LAZULI_WAIT_SPIN`, microseconds); `None`: the
     /// backend's default, see [`Config::wait_spin`].

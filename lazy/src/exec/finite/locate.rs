@@ -92,7 +92,7 @@ const STACK: usize = lazuli_hlo::finite::GROUP_TENSORS;
 /// When the locating program is compiled ahead and run once before any trip (`LAZULI_LOCATE_AHEAD`), only nodes of
 /// up to this many elements are stacked: a new program's first run, which loads its kernels, no longer falls on a
 /// trip, and a large node reduced alone reads its values once where a stacked one is gathered first. On an H200,
-/// GPT-2's locating run took 23 ms so against 42 ms with every size stacked
+/// GPT-2's locating run took 23 ms so, against 42 ms with every size stacked
 /// (`docs/perf-log/2026-12-03-locator-ahead.md`).
 const STACK_UP_TO_AHEAD: usize = 1 << 16;
 
@@ -112,8 +112,9 @@ pub(crate) struct Probe {
 
 /// A structure's [`Probe`], built ahead on a thread of its own; empty until that thread is done, and `None` in it
 /// when there was nothing to watch or the build failed (a trip then builds it, and reports what failed). Under
-/// `LAZULI_LOCATE_AHEAD` the same thread also compiles it, and the first check of the structure read after that
-/// runs it once ([`warm`]), so that a trip neither compiles nor pays a new program's first run.
+/// `LAZULI_LOCATE_AHEAD` another thread compiles it once the structure runs again ([`Ahead::compile`]), and the
+/// first finite check of the structure read after that runs it once ([`warm`]), so that a trip neither compiles
+/// nor pays a new program's first run.
 #[derive(Default)]
 pub(crate) struct Ahead {
     probe: OnceLock<Option<Probe>>,
