@@ -363,6 +363,43 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
     assert!(last.explanation.join("\n").contains("updates no state: nothing to skip"), "{last:?}");
 }
 
+/// An MLP trained with AdamW on two points, its loss `log(mse · scale)`: `scale`, a host scalar, 0 at a bad step
+/// makes the planted `log` -inf and every gradient NaN.
+struct PlantedLog {
+    model: Mlp,
+    opt: AdamW,
+    x: Tensor,
+    target: Tensor,
+    /// The planted `log`'s line.
+    line: u32,
+}
+
+impl PlantedLog {
+    fn new(seed: u64) -> PlantedLog {
+        let model = Mlp::new(&mut HostRng::new(seed), &[3, 8, 1], Activation::Tanh, DType::F32);
+        let opt = AdamW::new(model.named_params(), 1e-2);
+        let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
+        let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
+        PlantedLog { model, opt, x, target, line: 0 }
+    }
+
+    /// Records a training step and ends it with `sync()`; its loss.
+    fn step(&mut self, scale: f32) -> lazuli::Result<Tensor> {
+        let mse = (&self.model.forward(&self.x) - &self.target).pow(2.0).mean_all();
+        self.line = line!() + 1;
+        let loss = (mse * Tensor::scalar(scale)).log();
+        loss.backward();
+        self.opt.step();
+        self.opt.zero_grad();
+        lazuli::sync()?;
+        Ok(loss)
+    }
+
+    fn state_bits(&self) -> Vec<(String, Vec<u32>)> {
+        state_bits(&self.model, &self.opt)
+    }
+}
+
 /// A loop that reads its loss every step waits for each step anyway: under `stop` the bad step's own read reads
 /// its check and is the trip's error, located before anything runs after it, with the state from before the step;
 /// the next step trains again.
@@ -372,35 +409,23 @@ fn a_read_of_the_bad_steps_loss_is_the_trip() {
         return; // the runtime's configuration is process-wide
     }
     init(CheckFinite::Stop);
-    let model = Mlp::new(&mut HostRng::new(5), &[3, 8, 1], Activation::Tanh, DType::F32);
-    let mut opt = AdamW::new(model.named_params(), 1e-2);
-    let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
-    let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
-    let line = line!() + 3;
-    let step = |opt: &mut AdamW, scale: f32| {
-        let mse = (&model.forward(&x) - &target).pow(2.0).mean_all();
-        let loss = (mse * Tensor::scalar(scale)).log();
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync()?;
-        loss.item::<f32>()
-    };
+    let mut run = PlantedLog::new(5);
+    let read_loss = |loss: Tensor| loss.item::<f32>();
     for _ in 0..3 {
-        assert!(step(&mut opt, 1.0).unwrap().is_finite());
+        assert!(run.step(1.0).and_then(read_loss).unwrap().is_finite());
     }
-    let before = state_bits(&model, &opt);
+    let before = run.state_bits();
     let executions = lazuli::metrics().executions;
-    let bad = step(&mut opt, 0.0);
+    let bad = run.step(0.0).and_then(read_loss);
     let (op, at, report) = located(bad.as_ref().unwrap_err());
-    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert_eq!((op, at.file, at.line), ("log", file!(), run.line), "{report}");
     assert!(report.contains("step 3: "), "{report}");
     assert!(report.contains("hold their values from before the step\n"), "{report}");
     // Only the bad step ran (the locating run is not counted among executions).
     assert_eq!(lazuli::metrics().executions, executions + 1);
-    assert_eq!(state_bits(&model, &opt), before, "{report}");
-    assert!(step(&mut opt, 1.0).unwrap().is_finite());
-    assert_ne!(state_bits(&model, &opt), before);
+    assert_eq!(run.state_bits(), before, "{report}");
+    assert!(run.step(1.0).and_then(read_loss).unwrap().is_finite());
+    assert_ne!(run.state_bits(), before);
 }
 
 /// `stop` keeps the state as `skip` does, with donation on: a planted `log(0)` is located at its line with its
@@ -413,61 +438,43 @@ fn stop_keeps_the_state_from_before_the_bad_step() {
         return; // the runtime's configuration and the counters are process-wide
     }
     init(CheckFinite::Stop);
-    let model = Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
-    let mut opt = AdamW::new(model.named_params(), 1e-2);
-    let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
-    let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
-    let line = line!() + 4;
-    // `scale` is a host scalar: 0 at the bad step makes the planted `log` -inf and every gradient NaN.
-    let step = |opt: &mut AdamW, scale: f32| {
-        let mse = (&model.forward(&x) - &target).pow(2.0).mean_all();
-        let loss = (mse * Tensor::scalar(scale)).log();
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync()
-    };
+    let mut run = PlantedLog::new(3);
     for _ in 0..3 {
-        step(&mut opt, 1.0).unwrap();
+        run.step(1.0).unwrap();
     }
-    let before = state_bits(&model, &opt);
+    let before = run.state_bits();
     let donated = lazuli::metrics().bytes_donated;
     // Step 3 is bad. An evaluation (another program, which updates no state) and a training step are launched
     // after it; the training step's `sync()` reads step 3's check. Both read the flag and hand it on.
-    let bad = step(&mut opt, 0.0);
-    let evaluated = model.forward(&x).sum_all();
+    let bad = run.step(0.0);
+    let evaluated = run.model.forward(&run.x).sum_all();
     let eval = lazuli::sync();
-    let next = step(&mut opt, 1.0);
+    let next = run.step(1.0);
     assert!(bad.is_ok() && eval.is_ok(), "{bad:?} {eval:?}");
     assert!(evaluated.item::<f32>().unwrap().is_finite());
     let (op, at, report) = located(next.as_ref().unwrap_err());
-    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
+    assert_eq!((op, at.file, at.line), ("log", file!(), run.line), "{report}");
     assert!(report.contains("step 3: "), "{report}");
     assert!(report.contains("as the 2 program(s) launched after it left them"), "{report}");
     // Read back from the device: the bad step and the two after it left every parameter and moment as it was.
-    assert_eq!(state_bits(&model, &opt), before, "{report}");
+    assert_eq!(run.state_bits(), before, "{report}");
     // The state was still donated: the guarded programs hand the old buffers back.
     assert!(lazuli::metrics().bytes_donated > donated);
     // The flag is cleared with the error: the next step trains again from the kept state.
-    step(&mut opt, 1.0).unwrap();
+    run.step(1.0).unwrap();
     lazuli::wait().unwrap();
-    let after = state_bits(&model, &opt);
+    let after = run.state_bits();
     assert_ne!(after, before);
     assert!(after.iter().all(|(_, bits)| bits.iter().all(|&b| f32::from_bits(b).is_finite())));
     // ... bit for bit as a run that never took the frozen steps: AdamW's bias correction counts the 4 steps
     // applied, not the 6 taken.
-    assert_eq!((opt.steps(), opt.steps_applied().unwrap()), (6, 4));
-    let clean_model = Mlp::new(&mut HostRng::new(3), &[3, 8, 1], Activation::Tanh, DType::F32);
-    let mut clean_opt = AdamW::new(clean_model.named_params(), 1e-2);
+    assert_eq!((run.opt.steps(), run.opt.steps_applied().unwrap()), (6, 4));
+    let mut clean = PlantedLog::new(3);
     for _ in 0..4 {
-        let mse = (&clean_model.forward(&x) - &target).pow(2.0).mean_all();
-        (mse * Tensor::scalar(1.0f32)).log().backward();
-        clean_opt.step();
-        clean_opt.zero_grad();
-        lazuli::sync().unwrap();
+        clean.step(1.0).unwrap();
     }
     lazuli::wait().unwrap();
-    assert_eq!(after, state_bits(&clean_model, &clean_opt), "the frozen steps counted in the bias correction");
+    assert_eq!(after, clean.state_bits(), "the frozen steps counted in the bias correction");
 }
 
 #[test]
