@@ -195,7 +195,7 @@ pub enum CheckFinite {
     /// A step whose loss or gradients are not all finite is an [`Error::NonFinite`], naming the first op that made
     /// a non-finite value from finite operands and its line. The step and every program launched after it leave
     /// parameters and optimizer state as they were before it (a sticky flag on the device), so the check is read
-    /// once two later programs are launched (or at `wait()`, or at a read that has waited for every launched
+    /// once two later programs are launched (or at `wait()`, or at a read of a result of the thread's latest
     /// program: a loop reading its loss gets the error from the bad step's own read), never waiting for the device,
     /// and the step is run again on exactly its inputs to locate the op (compiled ahead with
     /// `LAZULI_LOCATE_AHEAD`). A non-finite value that an update makes from finite inputs
@@ -204,7 +204,7 @@ pub enum CheckFinite {
     /// A step whose loss or gradients (what enters the update) are not all finite leaves the state as it was
     /// before it and the run carries on, like dynamic loss scaling's skipped step: an event, a report on stderr
     /// for the first one, and `Metrics::skipped_steps`. A step's check is read once two later programs are
-    /// launched (or at `wait()`, or at a read that has waited for every launched program), so checking never
+    /// launched (or at `wait()`, or at a read of a result of the thread's latest program), so checking never
     /// waits for the device. A non-finite value that the update
     /// makes from finite inputs reaches the state and is an [`Error::NonFinite`] saying so.
     Skip,

@@ -56,8 +56,8 @@ impl Tensor {
                     e.bytes_to_host = bytes.len() as u64;
                     crate::diagnostics::events::emit(e);
                 }
-                // So does the finite check of a step that has finished with everything launched after it.
-                crate::exec::finite::after_read()?;
+                // So does the finite check of a step whose result this is (see `finite::after_read`).
+                crate::exec::finite::after_read(&d)?;
                 Ok(bytes)
             }
             None => Err(Error::Internal("materialize left a target pending".into())),

@@ -135,9 +135,14 @@ pub(crate) fn note_wait() {
 /// Note a read of `value`: a result of the thread's latest program means the thread needs results as soon as
 /// they exist. A result of an earlier one (a loop that logs the previous step's loss) does not.
 pub(crate) fn note_read(value: &DeviceValue) {
-    if value.program != 0 && value.program == PROGRAMS.get() {
+    if of_latest_program(value) {
         DEMANDED.set(true);
     }
+}
+
+/// Whether `value` is a result of this thread's latest program.
+pub(crate) fn of_latest_program(value: &DeviceValue) -> bool {
+    value.program != 0 && value.program == PROGRAMS.get()
 }
 
 /// Whether this thread read a result of its latest program (or waited) since launching it, and start over. A

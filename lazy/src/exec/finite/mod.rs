@@ -7,8 +7,8 @@
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
 //! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old state is
 //! still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched (or
-//! at `wait()`), when the in-flight bound has waited for that step anyway, or by a read that has waited for its value
-//! while no launched program is still running ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
+//! at `wait()`), when the in-flight bound has waited for that step anyway, or by a read that has waited for a result
+//! of its thread's latest program ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
 //! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step k is
 //! read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program structure,
 //! [`graph_of`]) and the inputs that are not donated state (the batch, scalars); the donated ones are
@@ -37,7 +37,7 @@ use crate::diagnostics::{self, EventKind};
 use crate::error::{Error, Result};
 use crate::graph::element::bytes_to_f64;
 use crate::graph::tensor::Data;
-use crate::runtime::{runtime, Backend, CheckFinite};
+use crate::runtime::{launcher, runtime, Backend, CheckFinite};
 
 /// A step whose check has not been read yet.
 pub(crate) struct Pending {
@@ -276,17 +276,24 @@ pub(crate) fn before_launch() -> Result<usize> {
     Ok(0)
 }
 
-/// After a read of a value waited for its step: under `skip` and `stop`, if every launched program has finished
-/// (a loop that reads its loss each step), read every check now. Reading then waits for nothing, and a trip is the
-/// read's own error, located on an idle device before anything runs after the bad step, instead of two launches
-/// later.
-pub(crate) fn after_read() -> Result<()> {
+/// After a read of `read`, which waited for it: under `skip` and `stop`, if it is a result of this thread's latest
+/// program (a loop that reads its loss each step), wait for the launched programs (done by then, but for the
+/// launcher's own note of it) and read every check now. A trip is then the read's own error, located on an idle
+/// device before anything runs after the bad step, instead of two launches later. A read of an older program's
+/// result (a loop that logs the previous step's loss) leaves the checks to the launches, so as not to wait.
+pub(crate) fn after_read(read: &Data) -> Result<()> {
     if !HAS_PENDING.load(Relaxed) || !guards(runtime()?.config.check_finite) {
         return Ok(());
     }
-    if !crate::exec::in_flight::all_done() {
+    let of_latest = match read {
+        Data::Device(v) => launcher::of_latest_program(v),
+        // A mesh program's shards carry no program number: its checks keep to the launches.
+        Data::Sharded { .. } | Data::Host(_) => false,
+    };
+    if !of_latest {
         return Ok(());
     }
+    crate::exec::in_flight::throttle(0)?;
     read_all(take(usize::MAX))
 }
 

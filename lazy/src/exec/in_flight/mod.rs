@@ -45,15 +45,6 @@ pub(crate) fn push(launched: Launched) {
     in_flight().push_back(launched);
 }
 
-/// Whether every launched program has finished (without waiting): the device is idle, as after a loop read its
-/// last step's value.
-pub(crate) fn all_done() -> bool {
-    in_flight().iter().all(|launched| match launched {
-        Launched::Here { done, .. } => done.is_done(),
-        Launched::Queued(ticket) => ticket.is_done(),
-    })
-}
-
 /// Wait for the oldest launched programs until at most `keep` remain; an error names the line that launched it.
 pub(crate) fn throttle(keep: usize) -> Result<()> {
     if in_flight().len() <= keep {
