@@ -30,9 +30,9 @@ pub struct Counting {
     pub tensors: usize,
     /// …and at most this many elements (a larger tensor is counted alone).
     pub elements: usize,
-    /// A count of more than `elements` elements (a tensor alone) first sums rows of this many elements of its
-    /// flattened tensor (padded with zeros), then the rows' sums; `None`, and smaller counts: one reduction over
-    /// all of them.
+    /// A count of more than `elements` elements (a tensor alone) first views its flattened tensor (padded with
+    /// zeros) as this many rows and sums them into one row, then that row; `None`, and smaller counts: one
+    /// reduction over all of them.
     pub rows: Option<usize>,
 }
 
@@ -40,11 +40,13 @@ impl Counting {
     /// XLA's GPU compiler: up to [`GROUP_TENSORS`] tensors, flattened and concatenated, counted by one reduction,
     /// whose concatenation it fuses into the kernel that counts (a launch per tensor cost more than the reading).
     pub const FOR_GPU: Counting = Counting { tensors: GROUP_TENSORS, elements: 1 << 30, rows: None };
-    /// XLA's CPU compiler: only small tensors share a count, and a large tensor's count sums rows of 32. Its
-    /// loop over a concatenation picks each element's source tensor in turn and is not vectorized, and it
-    /// rewrites a reduction over more than 32 elements into a tree whose first level it does not fuse with the test
-    /// of each element, so that the test's flags were written out in full and read again. Small counts stay one
-    /// reduction: fewer kernels.
+    /// XLA's CPU compiler: only small tensors share a count, and a large tensor's count first sums its 32 rows
+    /// into one. Its loop over a concatenation picks each element's source tensor in turn and is not vectorized,
+    /// and it rewrites a reduction over more than 32 elements into a tree whose first level it does not fuse with
+    /// the test of each element, so that the test's flags were written out in full and read again. Summing rows
+    /// (the leading axis) reads each row contiguously and vectorizes; summing within rows of 32 (the last axis)
+    /// loaded element by element and took about 1.5 times as long (`docs/perf-log/2026-12-03-locator-ahead.md`).
+    /// Small counts stay one reduction: fewer kernels.
     pub const FOR_CPU: Counting = Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32) };
 }
 
@@ -126,19 +128,19 @@ fn count_one(g: &mut Graph, x: NodeId, rows: Option<usize>, loc: Loc) -> Result<
     let one = g.push(splat(1.0, DType::I32), vec![], loc)?;
     let flags = g.push(Op::Select(Select), vec![finite, zero, one], loc)?;
     match rows {
-        Some(width) if width > 0 && ty.elements() > width => {
-            let rows = count_rows(g, flags, width, loc)?;
-            reduce_to_one(g, rows, ReduceKind::Sum, loc)
+        Some(rows) if rows > 0 && ty.elements() > rows => {
+            let row = count_rows(g, flags, rows, loc)?;
+            reduce_to_one(g, row, ReduceKind::Sum, loc)
         }
         _ => reduce_to_one(g, flags, ReduceKind::Sum, loc),
     }
 }
 
-/// `i32[rows]`: the `s32` `flags` flattened, padded with zeros to whole rows of `width` and each row summed,
-/// behind an optimization barrier.
-fn count_rows(g: &mut Graph, flags: NodeId, width: usize, loc: Loc) -> Result<NodeId, String> {
+/// `i32[width]`: the `s32` `flags` flattened, padded with zeros to `rows` whole rows and the rows summed into
+/// one, behind an optimization barrier.
+fn count_rows(g: &mut Graph, flags: NodeId, rows: usize, loc: Loc) -> Result<NodeId, String> {
     let n = g.nodes[flags].ty.elements();
-    let rows = n.div_ceil(width);
+    let width = n.div_ceil(rows);
     let mut flat = g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![flags], loc)?;
     if rows * width > n {
         let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
@@ -146,9 +148,9 @@ fn count_rows(g: &mut Graph, flags: NodeId, width: usize, loc: Loc) -> Result<No
         flat = g.push(Op::Pad(pad), vec![flat, zero], loc)?;
     }
     let table = g.push(Op::Reshape(Reshape { dims: vec![rows, width] }), vec![flat], loc)?;
-    let per_row = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![1], keep: false }), vec![table], loc)?;
-    // XLA's simplifier would merge this reduction with the one summing its rows back into one over every element.
-    g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![per_row], loc)
+    let row = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false }), vec![table], loc)?;
+    // XLA's simplifier would merge this reduction with the one summing its row back into one over every element.
+    g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![row], loc)
 }
 
 /// `[1]`: node `x` reduced over all its axes by `kind`.
@@ -322,15 +324,16 @@ mod tests {
         assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![3.0, 1.0]);
     }
 
-    /// Counting in rows gives the whole count: a tensor of a whole number of rows, one padded to whole rows, and
-    /// one no larger than a row (counted whole), with non-finite values in the first, a middle and the last row.
+    /// Counting by rows summed into one gives the whole count: a tensor of whole rows, one padded to whole rows,
+    /// and one of no more elements than rows (counted whole), with non-finite values in the first, a middle and the
+    /// last row.
     #[test]
     fn counts_in_rows_by_the_reference() {
         let loc = Loc { file: "t.rs", line: 1, col: 1 };
-        for (dims, width) in [(vec![4usize, 8], 8usize), (vec![5, 7], 8), (vec![3], 8), (vec![2, 2, 9], 4)] {
+        for (dims, rows) in [(vec![4usize, 8], 8usize), (vec![5, 7], 8), (vec![3], 8), (vec![2, 2, 9], 4)] {
             let mut g = Graph::new();
             let x = g.parameter(TensorType::new(DType::F32, dims.clone()), loc);
-            let counts = count_nonfinite_grouped(&mut g, &[x], &alone(Some(width)), loc).unwrap().unwrap();
+            let counts = count_nonfinite_grouped(&mut g, &[x], &alone(Some(rows)), loc).unwrap().unwrap();
             g.outputs = vec![counts];
             let n: usize = dims.iter().product();
             let bad = [0, n / 2, n - 1];
@@ -344,7 +347,7 @@ mod tests {
                 .collect();
             let out = g.evaluate(&[ArrayD::from_shape_vec(IxDyn(&dims), values).unwrap()]).unwrap();
             let expected = bad.iter().collect::<std::collections::BTreeSet<_>>().len() as f64;
-            assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![expected], "{dims:?} in rows of {width}");
+            assert_eq!(out[0].iter().copied().collect::<Vec<_>>(), vec![expected], "{dims:?} in {rows} rows");
         }
     }
 

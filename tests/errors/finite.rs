@@ -581,7 +581,7 @@ fn grouped_counts_on_the_plugin_match_the_reference() {
     let plugin = Plugin::load(provision::cpu_plugin_path().unwrap()).unwrap();
     let client = Client::new(&plugin, &ClientOptions::new().cpu_device_count(1)).unwrap();
     // As on a GPU and on the CPU (here all small: grouped, no rows); and small enough limits that most tensors
-    // are counted alone, in rows of 4 or 3 (padded to whole rows), beside groups of tensors small enough to share.
+    // are counted alone, as 4 or 3 rows summed into one (padded to whole rows), beside groups small enough to share.
     let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4) };
     let threes = Counting { tensors: 3, elements: 10, rows: Some(3) };
     for counting in [Counting::FOR_GPU, Counting::FOR_CPU, alone_in_rows, threes] {

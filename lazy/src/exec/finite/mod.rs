@@ -1,7 +1,7 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
 //! output: counts of non-finite elements, one small `i32` vector (`hlo::finite::count_groups`, shaped per backend by
 //! [`counting`]: on a GPU one reduction per group of up to 32 tensors, since a launch per tensor cost more than the
-//! reading; on the CPU large tensors alone, in rows).
+//! reading; on the CPU large tensors alone, their rows summed first).
 //!
 //! `skip` and `stop` count only what enters the update (`hlo::finite::update_inputs`: the loss, the gradients, the
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
