@@ -2,11 +2,12 @@
 //! variance is annealed towards zero on the host; at step 5 it reaches zero and `log` of it goes to -inf, making
 //! the loss and every gradient non-finite from then on. With `LAZULI_CHECK_FINITE=stop` each step's own program
 //! counts the non-finite values that enter its update and, from the bad step on, keeps the weights and AdamW's
-//! state as they were before it. The step's check is read once a later step is launched, so that reading it never
-//! waits for the device, or by a read that has waited for the step anyway, as this loop's read of each step's loss
-//! does: step 5's read returns an error naming the first op that made a non-finite value from finite operands,
-//! with its line; the example prints it and exits normally. With `LAZULI_CHECK_FINITE=skip` every step from step 5 on is skipped instead: its loss prints as
-//! non-finite, the model keeps its weights from step 4, and the run ends with the count of skipped steps.
+//! state as they were before it. The step's check is read once a later step is launched, so that reading it never waits
+//! for the device, or by a read that has waited for the step anyway, as this loop's read of each step's loss does: step
+//! 5's read returns an error naming the first op that made a non-finite value from finite operands, with its line; the
+//! example prints it and exits normally. With `LAZULI_CHECK_FINITE=skip` every step from step 5 on is skipped instead:
+//! its loss prints as non-finite, the model keeps its weights from step 4, and the run ends with the count of skipped
+//! steps.
 //!
 //! LAZULI_CHECK_FINITE=stop cargo run --release --example nan_hunt
 
