@@ -142,19 +142,7 @@ fn a_locator_compiled_ahead_locates_without_a_compile_at_the_trip() {
         opt.zero_grad();
         lazuli::sync()
     };
-    // Steps until the compiles started ahead are done, then three more: the next check read runs the program.
-    let compiling = || {
-        let m = lazuli::metrics();
-        m.locate_ahead == 0 || m.locate_compiles < m.locate_ahead
-    };
-    let mut steps = 0;
-    while compiling() {
-        assert!(steps < 3000, "no locating program was compiled ahead");
-        step(1.0).unwrap();
-        steps += 1;
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    (0..3).for_each(|_| step(1.0).unwrap());
+    step_until_compiled_ahead(|| step(1.0).unwrap());
     let before = lazuli::metrics();
     assert!(before.locate_warm_runs >= 1, "{before:?}");
     // The bad step's check is read once two later steps are launched.
@@ -400,6 +388,23 @@ impl PlantedLog {
     }
 }
 
+/// Runs `step` until the locating programs whose compile started ahead are compiled, then three more times: the
+/// next finite check read runs each once.
+fn step_until_compiled_ahead(mut step: impl FnMut()) {
+    let compiling = || {
+        let m = lazuli::metrics();
+        m.locate_ahead == 0 || m.locate_compiles < m.locate_ahead
+    };
+    let mut steps = 0;
+    while compiling() {
+        assert!(steps < 3000, "no locating program was compiled ahead");
+        step();
+        steps += 1;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    (0..3).for_each(|_| step());
+}
+
 /// A loop that reads its loss every step waits for each step anyway: under `stop` the bad step's own read reads
 /// its check and is the trip's error, located before anything runs after it, with the state from before the step;
 /// the next step trains again.
@@ -482,8 +487,30 @@ fn a_sharded_step_is_located_at_its_line() {
     if child::alone(module_path!(), "a_sharded_step_is_located_at_its_line") {
         return; // the runtime (on 4 devices) is process-wide
     }
-    lazuli::init(Config { check_finite: CheckFinite::Stop, cpu_device_count: 4, ..Config::from_env().unwrap() })
-        .unwrap();
+    sharded_trip(false);
+}
+
+/// As `a_sharded_step_is_located_at_its_line`, the mesh step's locating program compiled ahead (whole, for one
+/// device) and run once before the trip, which then compiles nothing.
+#[test]
+fn a_sharded_step_is_located_by_a_program_compiled_ahead() {
+    if child::alone(module_path!(), "a_sharded_step_is_located_by_a_program_compiled_ahead") {
+        return; // the runtime (on 4 devices) is process-wide
+    }
+    sharded_trip(true);
+}
+
+/// A replicated MLP stepped on a 4-device mesh whose planted `log` goes -inf once its parameters are zeroed: the
+/// trip names the `log`'s line and the state keeps its layout and values. With `ahead`, the locating program is
+/// compiled ahead and run once first, and the trip compiles nothing.
+fn sharded_trip(ahead: bool) {
+    let config = Config {
+        check_finite: CheckFinite::Stop,
+        cpu_device_count: 4,
+        locate_ahead: ahead,
+        ..Config::from_env().unwrap()
+    };
+    lazuli::init(config).unwrap();
     let m = mesh(&[("data", 4)]).unwrap();
     let model = Mlp::new(&mut HostRng::new(4), &[2, 8, 1], Activation::Tanh, DType::F32);
     lazuli::shard_params(&model, &m, |_, t| PartitionSpec::replicated(t.rank()));
@@ -501,6 +528,9 @@ fn a_sharded_step_is_located_at_its_line() {
         lazuli::sync()
     };
     step(&mut opt, 1.0).unwrap();
+    if ahead {
+        step_until_compiled_ahead(|| step(&mut opt, 1.0).unwrap());
+    }
     let before = state_bits(&model, &opt);
     // One parameter set to zero makes y = 0 for every row: log(0) = -inf.
     for (_, p) in model.named_params() {
@@ -508,6 +538,8 @@ fn a_sharded_step_is_located_at_its_line() {
     }
     let zeroed = state_bits(&model, &opt);
     assert_ne!(before, zeroed);
+    let at_trip = lazuli::metrics();
+    assert_eq!(at_trip.locate_warm_runs >= 1, ahead, "{at_trip:?}");
     step(&mut opt, 0.0).unwrap();
     let e = lazuli::wait().unwrap_err();
     let (op, at, report) = located(&e);
@@ -516,6 +548,8 @@ fn a_sharded_step_is_located_at_its_line() {
     let w = &model.named_params()[0].1;
     assert_eq!(w.get().sharding().unwrap().mesh, m);
     assert_eq!(state_bits(&model, &opt), zeroed);
+    let trip = lazuli::metrics() - at_trip;
+    assert_eq!(trip.locate_compiles, u64::from(!ahead), "{trip:?}");
 }
 
 #[test]
