@@ -170,12 +170,7 @@ impl Ahead {
 
     /// The probe once its thread is done: `None` when there is nothing to watch or the build failed.
     fn built(&self) -> Option<&Probe> {
-        loop {
-            match self.probe.get() {
-                Some(probe) => return probe.as_ref(),
-                None => std::thread::sleep(std::time::Duration::from_millis(1)),
-            }
-        }
+        once_set(&self.probe).as_ref()
     }
 
     fn ready(&self) -> Option<&Probe> {
@@ -193,13 +188,18 @@ impl Ahead {
             return None;
         }
         // A compiling thread sets `program` whatever happens.
-        let exe = loop {
-            match self.program.get() {
-                Some(program) => break program.as_ref()?,
-                None => std::thread::sleep(std::time::Duration::from_millis(1)),
-            }
-        };
+        let exe = once_set(&self.program).as_ref()?;
         Some((self.ready()?, exe))
+    }
+}
+
+/// `cell`'s value once another thread, which sets it whatever happens, has set it.
+fn once_set<T>(cell: &OnceLock<T>) -> &T {
+    loop {
+        match cell.get() {
+            Some(value) => return value,
+            None => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
     }
 }
 
@@ -388,11 +388,15 @@ fn on_one_device(graph: &Graph) -> Graph {
     g
 }
 
+/// The line a locating program's compile or run error names: its first output's.
+fn line_of(graph: &Graph) -> Loc {
+    graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc)
+}
+
 /// Compile a probe's program (no aliases: the inputs are kept).
 fn compile_probe(rt: &Runtime, probe: &Probe) -> Result<LoadedExecutable> {
     let options = options(rt);
-    let graph = &probe.graph;
-    let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
+    let at = line_of(&probe.graph);
     let compiling = Instant::now();
     let exe = loop {
         match rt.client.compile(&probe.text, &options) {
@@ -407,7 +411,7 @@ fn compile_probe(rt: &Runtime, probe: &Probe) -> Result<LoadedExecutable> {
 
 /// Run `exe`, `graph`'s program, on `inputs`; each output's bytes.
 fn execute(rt: &Runtime, graph: &Graph, exe: &LoadedExecutable, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
-    let at = graph.outputs.first().map_or(Loc::caller(), |&o| graph.nodes[o].loc);
+    let at = line_of(graph);
     let uploaded = upload(rt, graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
     for (data, up) in inputs.iter().zip(&uploaded) {
