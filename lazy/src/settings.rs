@@ -84,6 +84,12 @@ pub const VARIABLES: &[Variable] = &[
         "200; 50000 on GPUs",
     ),
     v("LAZULI_DONATE", "donation of dying inputs' buffers to outputs", "1, 0", "1"),
+    v(
+        "LAZULI_SPLIT_UPDATE",
+        "an optimizer's step() launching the gradients before recording its update",
+        "auto, on, off",
+        "auto (on for NVIDIA GPUs)",
+    ),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
     v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, skip, log", "off"),
@@ -180,6 +186,24 @@ impl Default for CpuLauncher {
             CpuLauncher::Off
         }
     }
+}
+
+/// Whether an optimizer's `step()` first launches the step's gradients (every live pending tensor: the loss,
+/// the gradients) as a program of their own, its update then being the step boundary's program
+/// (`LAZULI_SPLIT_UPDATE`). On a device that runs programs asynchronously, the host then records the update,
+/// plans it and the plugin prepares its launch (its many parameter, moment and weight-copy buffers) while the
+/// device runs the forward and backward, instead of before the device starts. Not used under
+/// `LAZULI_CHECK_FINITE`, whose guard keeps a step in one program.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SplitUpdate {
+    /// On NVIDIA GPUs, where it shortens a step the host waits for (the default).
+    #[default]
+    Auto,
+    /// On every device (on the CPU a program launched from the recording thread runs before the launch returns,
+    /// so there is nothing to overlap; for testing it).
+    On,
+    /// One program per step.
+    Off,
 }
 
 /// What a step whose values hold NaN or infinities does (`LAZULI_CHECK_FINITE`). When on, every program computes
@@ -344,6 +368,18 @@ pub(crate) fn check_finite() -> Result<CheckFinite> {
             "skip" => Ok(CheckFinite::Skip),
             "log" => Ok(CheckFinite::Log),
             _ => Err(bad("LAZULI_CHECK_FINITE", &v, "off, stop, skip or log")),
+        },
+    }
+}
+
+pub(crate) fn split_update() -> Result<SplitUpdate> {
+    match var("LAZULI_SPLIT_UPDATE") {
+        None => Ok(SplitUpdate::Auto),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "auto" => Ok(SplitUpdate::Auto),
+            "1" | "on" => Ok(SplitUpdate::On),
+            "0" | "off" => Ok(SplitUpdate::Off),
+            _ => Err(bad("LAZULI_SPLIT_UPDATE", &v, "auto, on or off")),
         },
     }
 }

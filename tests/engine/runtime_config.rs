@@ -101,6 +101,29 @@ fn a_bad_donate_setting_is_a_clear_error() {
     a_bad_setting_is_a_clear_error(name, "LAZULI_DONATE", "banana", "expected 1 (default) or 0");
 }
 
+/// `LAZULI_SPLIT_UPDATE` takes auto, on or off.
+#[test]
+fn a_bad_split_update_setting_is_a_clear_error() {
+    let name = "a_bad_split_update_setting_is_a_clear_error";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_SPLIT_UPDATE", "twice", "expected auto, on or off");
+}
+
+/// The step is split on NVIDIA GPUs by default, or where asked, but never under the finite check.
+#[test]
+fn the_update_is_split_from_the_gradients_on_gpus_and_never_under_the_finite_check() {
+    use lazuli::{Backend, CheckFinite, SplitUpdate};
+    let on = |backend, split_update, check_finite| {
+        Config { backend, split_update, check_finite, ..Config::default() }.splits_update()
+    };
+    assert!(on(Backend::Gpu, SplitUpdate::Auto, CheckFinite::Off));
+    assert!(!on(Backend::Cpu, SplitUpdate::Auto, CheckFinite::Off));
+    assert!(on(Backend::Cpu, SplitUpdate::On, CheckFinite::Off));
+    assert!(!on(Backend::Gpu, SplitUpdate::Off, CheckFinite::Off));
+    for check in [CheckFinite::Stop, CheckFinite::Skip, CheckFinite::Log] {
+        assert!(!on(Backend::Gpu, SplitUpdate::On, check));
+    }
+}
+
 /// `LAZULI_COMPILE_CACHE_LIMIT` takes a size (it used to fall back to 2G with a warning).
 #[test]
 fn a_bad_compile_cache_limit_is_a_clear_error() {

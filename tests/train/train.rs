@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use common::{array, values, Rng};
 use lazuli::nn::{Activation, HostRng, Linear, Mlp};
-use lazuli::{AdamW, DType, Module, Optimizer, Sgd, Tensor};
+use lazuli::{AdamW, Config, DType, Module, Optimizer, Sgd, SplitUpdate, Tensor};
 use ndarray::{Array1, Array2, Axis};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -85,17 +85,13 @@ fn sgd_with_momentum_and_weight_decay_matches_the_host_reference() {
     assert_same("sgd", &got, &w, &b);
 }
 
-#[test]
-fn adamw_matches_the_host_reference() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let p = problem();
-    let (lr, b1, b2, eps, wd) = (0.05, 0.9, 0.99, 1e-8, 0.1);
-    let got = run_lazuli(&p, |params| Box::new(AdamW::new(params, lr).betas(b1, b2).eps(eps).weight_decay(wd)), 6);
+/// AdamW on the regression problem, `steps` steps, on the host in f64.
+fn adamw_reference(p: &Problem, (lr, b1, b2, eps, wd): (f64, f64, f64, f64, f64), steps: i32) -> Vec<f64> {
     let (mut w, mut b) = (p.w.clone(), p.b.clone());
     let (mut mw, mut vw) = (Array2::<f64>::zeros(w.raw_dim()), Array2::<f64>::zeros(w.raw_dim()));
     let (mut mb, mut vb) = (Array1::<f64>::zeros(b.raw_dim()), Array1::<f64>::zeros(b.raw_dim()));
-    for t in 1..=6 {
-        let (gw, gb) = grads(&p, &w, &b);
+    for t in 1..=steps {
+        let (gw, gb) = grads(p, &w, &b);
         let (c1, c2) = (1.0 - f64::powi(b1, t), 1.0 - f64::powi(b2, t));
         mw = mw * b1 + &gw * (1.0 - b1);
         vw = vw * b2 + &gw * &gw * (1.0 - b2);
@@ -104,11 +100,80 @@ fn adamw_matches_the_host_reference() {
         w = &w * (1.0 - lr * wd) - (&mw / c1) / ((&vw / c2).mapv(f64::sqrt) + eps) * lr;
         b = &b * (1.0 - lr * wd) - (&mb / c1) / ((&vb / c2).mapv(f64::sqrt) + eps) * lr;
     }
+    w.iter().chain(b.iter()).copied().collect()
+}
+
+#[test]
+fn adamw_matches_the_host_reference() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = problem();
+    let (lr, b1, b2, eps, wd) = (0.05, 0.9, 0.99, 1e-8, 0.1);
+    let got = run_lazuli(&p, |params| Box::new(AdamW::new(params, lr).betas(b1, b2).eps(eps).weight_decay(wd)), 6);
+    let want = adamw_reference(&p, (lr, b1, b2, eps, wd), 6);
     // AdamW's update is a ratio of small numbers: allow a few ulps of reassociation.
-    let want: Vec<f64> = w.iter().chain(b.iter()).copied().collect();
     for (i, (g, e)) in got.iter().zip(&want).enumerate() {
         assert!((g - e).abs() < 1e-10, "adamw: element {i}: {g} vs {e}");
     }
+}
+
+/// `LAZULI_SPLIT_UPDATE=on` (the default on NVIDIA GPUs): `step()` launches the gradients, the update is the step
+/// boundary's program. Strict mode (one program per step, no compile after step 2) lets it through, the report
+/// finds no break, the update still donates, and the result is the host's.
+#[test]
+fn a_step_split_before_its_update_matches_the_host_reference_in_two_programs_without_a_break() {
+    let name = "a_step_split_before_its_update_matches_the_host_reference_in_two_programs_without_a_break";
+    if common::child::alone(module_path!(), name) {
+        return; // the runtime's configuration, the counters and captured events are process-wide
+    }
+    lazuli::init(Config { split_update: SplitUpdate::On, ..Config::from_env().unwrap() }).unwrap();
+    let _strict = lazuli::diagnostics::strict_scope(lazuli::diagnostics::Budget::training());
+    lazuli::diagnostics::events::start_capture();
+    let p = problem();
+    let hyper = (0.05, 0.9, 0.99, 1e-8, 0.1);
+    let (lr, b1, b2, eps, wd) = hyper;
+    let before = lazuli::metrics();
+    let got = run_lazuli(&p, |params| Box::new(AdamW::new(params, lr).betas(b1, b2).eps(eps).weight_decay(wd)), 6);
+    let d = lazuli::metrics() - before;
+    let events = lazuli::diagnostics::events::take_captured();
+    let programs: Vec<_> = events.iter().filter(|e| e.kind == lazuli::diagnostics::EventKind::Program).collect();
+    let causes: Vec<&str> = programs.iter().map(|e| e.cause.as_str()).collect();
+    assert_eq!(causes, ["gradients", "sync"].repeat(6), "{d}");
+    let report = lazuli::diagnostics::report::analyse(&events);
+    assert_eq!(report.steps_with_breaks, 0, "{report:?}");
+    // From step 1 on, each update replaces the weight, the bias and both of their moments in place.
+    let param_bytes = 8 * (p.w.len() + p.b.len()) as u64;
+    assert!(d.bytes_donated >= 5 * 3 * param_bytes, "{d}");
+    for (i, (g, e)) in got.iter().zip(&adamw_reference(&p, hyper, 6)).enumerate() {
+        assert!((g - e).abs() < 1e-10, "split adamw: element {i}: {g} vs {e}");
+    }
+}
+
+/// `step()` returns nothing: an error of the gradients' program it launches (here strict mode refusing the
+/// compile) is returned by the thread's next materialization, naming `step()`'s line, and loses nothing.
+#[test]
+fn an_error_of_the_gradients_launched_by_step_is_returned_by_the_next_sync_at_steps_line() {
+    let name = "an_error_of_the_gradients_launched_by_step_is_returned_by_the_next_sync_at_steps_line";
+    if common::child::alone(module_path!(), name) {
+        return; // the runtime's configuration and strict mode are process-wide
+    }
+    lazuli::init(Config { split_update: SplitUpdate::On, ..Config::from_env().unwrap() }).unwrap();
+    let p = problem();
+    let layer = Linear::from_tensors(Tensor::from_ndarray(&p.w), Some(Tensor::from_ndarray(&p.b)));
+    let mut opt = Sgd::new(layer.named_params(), 0.1);
+    let (x, t) = (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t));
+    let strict =
+        lazuli::diagnostics::strict_scope(lazuli::diagnostics::Budget { programs_per_step: 1, compile_until_step: 0 });
+    (layer.forward(&x) - &t).pow(2.0).mean_all().backward();
+    let line = line!() + 1;
+    opt.step();
+    let err = lazuli::sync().unwrap_err().to_string();
+    assert!(err.contains(&format!("recompile at {}:{line}", file!())), "{err}");
+    drop(strict);
+    lazuli::sync().unwrap();
+    let (gw, gb) = grads(&p, &p.w, &p.b);
+    let mut got = layer.weight.get().to_vec::<f64>().unwrap();
+    got.extend(layer.bias.as_ref().unwrap().get().to_vec::<f64>().unwrap());
+    assert_same("sgd after the error", &got, &(&p.w - &gw * 0.1), &(&p.b - &gb * 0.1));
 }
 
 #[test]

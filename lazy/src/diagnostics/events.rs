@@ -28,7 +28,7 @@ pub enum EventKind {
 pub struct Event {
     /// What happened: a program, a read or a step boundary.
     pub kind: EventKind,
-    /// `item`, `to_vec`, `display`, `sync`, `checkpoint`, `host_control_flow`, `explicit`.
+    /// `item`, `to_vec`, `display`, `sync`, `gradients`, `checkpoint`, `host_control_flow`, `explicit`, `graph_size`.
     pub cause: String,
     /// Source file of the line that caused it (the materializing call).
     pub file: String,

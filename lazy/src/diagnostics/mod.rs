@@ -28,6 +28,9 @@ pub enum Cause {
     Display,
     /// `sync()`, the step boundary.
     Sync,
+    /// An optimizer's `step()` computing the step's gradients before recording its update
+    /// (`LAZULI_SPLIT_UPDATE`): the first of the step boundary's two programs, not a graph break.
+    Gradients,
     /// `Tensor::materialize()`.
     Explicit,
     /// Saving a checkpoint.

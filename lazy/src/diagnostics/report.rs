@@ -104,6 +104,7 @@ fn break_advice(cause: &str) -> String {
         "host_control_flow" => "an `if` on a tensor value waits for the device mid-step: decide on the device (cond.select(a, b)) or branch on a value read after the step boundary".into(),
         "checkpoint" => "save checkpoints right after lazuli::sync()".into(),
         "explicit" => "let the step boundary compute the tensor instead of materialize()".into(),
+        "gradients" => "the optimizer's gradients, launched before its update (LAZULI_SPLIT_UPDATE): not a break".into(),
         "graph_size" => "the graph grew too large without a step boundary and was compiled in pieces: call lazuli::sync() inside the loop that records it".into(),
         _ => "the step ran more than one program".into(),
     }
@@ -212,16 +213,14 @@ pub fn analyse(events: &[Event]) -> Report {
     let mut breaks: BTreeMap<(String, String), BreakSite> = BTreeMap::new();
     let mut steps_with_breaks = 0;
     for (&step, progs) in &by_step {
-        if progs.len() < 2 {
+        // The step boundary's programs: `sync`'s, and the gradients an optimizer launched before its update.
+        let (boundary, others): (Vec<&Event>, Vec<&Event>) =
+            progs.iter().partition(|e| e.cause == "sync" || e.cause == "gradients");
+        let extra: &[&Event] = if boundary.is_empty() { &others[..others.len().saturating_sub(1)] } else { &others };
+        if extra.is_empty() {
             continue;
         }
         steps_with_breaks += 1;
-        let has_boundary = progs.iter().any(|e| e.cause == "sync");
-        let extra: Vec<&&Event> = if has_boundary {
-            progs.iter().filter(|e| e.cause != "sync").collect()
-        } else {
-            progs[..progs.len() - 1].iter().collect()
-        };
         for e in extra {
             let b = breaks.entry((e.cause.clone(), e.site())).or_insert_with(|| BreakSite {
                 cause: e.cause.clone(),

@@ -200,13 +200,23 @@ pub(crate) fn before_program(cause: Cause, at: Loc, cache_hit: bool, graph: Opti
     if unchecked {
         return Ok(ProgramCheck { program_in_step: 0, unchecked, recompile: false, explanation, differences });
     }
-    let program_in_step = PROGRAMS_IN_STEP.fetch_add(1, Relaxed) + 1;
+    // The gradients launched before an update are part of the step boundary: they do not count as a program of
+    // the step's budget.
+    let program_in_step = match cause {
+        Cause::Gradients => PROGRAMS_IN_STEP.load(Relaxed) + 1,
+        _ => PROGRAMS_IN_STEP.fetch_add(1, Relaxed) + 1,
+    };
     let recompile = !cache_hit && step >= 1;
     if let Some((b, since)) = strict_budget() {
         // The step boundary's own program is still to come unless this is it.
-        let will_run = program_in_step + u32::from(cause != Cause::Sync);
+        let will_run = program_in_step + u32::from(!matches!(cause, Cause::Sync | Cause::Gradients));
+        let uncount = || {
+            if cause != Cause::Gradients {
+                PROGRAMS_IN_STEP.fetch_sub(1, Relaxed);
+            }
+        };
         if will_run > b.programs_per_step {
-            PROGRAMS_IN_STEP.fetch_sub(1, Relaxed);
+            uncount();
             return Err(Error::Strict(format!(
                 "graph break at {at}: {} forces a program in the middle of step {step} (budget: {} program(s) per step)\n  advice: {}",
                 cause_name(cause),
@@ -215,7 +225,7 @@ pub(crate) fn before_program(cause: Cause, at: Loc, cache_hit: bool, graph: Opti
             )));
         }
         if !cache_hit && step >= since + b.compile_until_step {
-            PROGRAMS_IN_STEP.fetch_sub(1, Relaxed);
+            uncount();
             return Err(Error::Strict(format!(
                 "recompile at {at} in step {step} (compiles allowed until step {}):\n{}",
                 since + b.compile_until_step,
@@ -247,6 +257,7 @@ pub fn cause_name(c: Cause) -> &'static str {
         Cause::ToVec => "to_vec",
         Cause::Display => "display",
         Cause::Sync => "sync",
+        Cause::Gradients => "gradients",
         Cause::Explicit => "explicit",
         Cause::Checkpoint => "checkpoint",
         Cause::HostControlFlow => "host_control_flow",
@@ -266,6 +277,9 @@ pub fn advice(c: Cause) -> &'static str {
         Cause::Checkpoint => "save checkpoints right after lazuli::sync(), not in the middle of a step",
         Cause::Explicit => "materialize() forces a program; let the step boundary compute the tensor instead",
         Cause::Sync => "a step ran more programs than its budget",
+        Cause::Gradients => {
+            "the optimizer launched the step's gradients before its update (LAZULI_SPLIT_UPDATE): part of the step boundary"
+        }
         Cause::GraphSize => {
             "the graph grew too large without a step boundary and was compiled in pieces: call lazuli::sync() inside the loop that records it"
         }

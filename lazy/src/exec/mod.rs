@@ -40,6 +40,9 @@ use plan::Plan;
 /// Compute `targets` (those still pending) in one program, or in several when their graph is larger than
 /// [`MAX_GRAPH_NODES`]. `cause` and `at` say why and where, for diagnostics and errors.
 pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result<()> {
+    if let Some(e) = DEFERRED.take() {
+        return Err(e);
+    }
     let started = Instant::now();
     // A `log` check, before anything new is launched (reads come here too); `skip`'s and `stop`'s older checks
     // are read once this materialization's program is queued.
@@ -95,6 +98,18 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     Counters::add(&COUNTERS.finish_ns, t3.elapsed().as_nanos() as u64);
     drop(one);
     finite::after_launch(previous)
+}
+
+thread_local! {
+    /// An error of a materialization whose caller could not return it (`read::launch_gradients`, inside an
+    /// optimizer's `step()`): the thread's next materialization returns it.
+    static DEFERRED: std::cell::Cell<Option<crate::error::Error>> = const { std::cell::Cell::new(None) };
+}
+
+/// Keep `e` for this thread's next materialization (the first error kept wins).
+pub(crate) fn defer_error(e: crate::error::Error) {
+    let first = DEFERRED.take().unwrap_or(e);
+    DEFERRED.set(Some(first));
 }
 
 /// The device stages (upload, compile, launch, finish) of one materialization at a time in the process. Walks and

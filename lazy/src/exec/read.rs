@@ -132,6 +132,27 @@ pub fn sync() -> Result<()> {
     Ok(())
 }
 
+/// Before an optimizer records its update, where [`Config::splits_update`](crate::Config::splits_update) says
+/// so: compute every live pending tensor of this thread (the step's loss and gradients) in a program of its own.
+/// On a device that runs programs asynchronously the host then records the update, plans its program and the
+/// plugin prepares its launch while the device runs the forward and backward. It is the first of the step
+/// boundary's two programs, not a graph break. A tensor still held here but dropped before `sync()` is computed
+/// here, where one program would not have written it. An error is returned by this thread's next
+/// materialization (the step boundary, or a read), at its line.
+pub(crate) fn launch_gradients(at: Loc) {
+    // Without a runtime the step boundary reports why.
+    let Ok(rt) = crate::runtime::runtime() else { return };
+    if !rt.config.splits_update() {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    let live = live_pending();
+    Counters::add(&COUNTERS.boundary_ns, t0.elapsed().as_nanos() as u64);
+    if let Err(e) = materialize(&live, Cause::Gradients, at) {
+        crate::exec::defer_error(e);
+    }
+}
+
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = if self.is_pending() { "pending" } else { "ready" };

@@ -12,7 +12,7 @@ use lazuli_pjrt::{
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
-pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher};
+pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher, SplitUpdate};
 use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
@@ -77,6 +77,9 @@ pub struct Config {
     /// run, a process that ends within it waits for it at exit, and the one run holds the locating program's
     /// memory beside a step that may still be running).
     pub locate_ahead: bool,
+    /// Whether an optimizer's `step()` launches the gradients before recording its update (`LAZULI_SPLIT_UPDATE`,
+    /// see [`SplitUpdate`] and [`Config::splits_update`]).
+    pub split_update: SplitUpdate,
     /// How long a wait for the device polls before it sleeps (`LAZULI_WAIT_SPIN`, microseconds); `None`: the
     /// backend's default, see [`Config::wait_spin`].
     pub wait_spin: Option<std::time::Duration>,
@@ -107,6 +110,7 @@ impl Default for Config {
             compile_cache_limit: 2 << 30,
             check_finite: CheckFinite::Off,
             locate_ahead: false,
+            split_update: SplitUpdate::Auto,
             wait_spin: None,
             distributed: None,
         }
@@ -136,6 +140,7 @@ impl Config {
             compile_cache_limit: settings::compile_cache_limit()?,
             check_finite: settings::check_finite()?,
             locate_ahead: settings::locate_ahead()?,
+            split_update: settings::split_update()?,
             wait_spin: settings::wait_spin()?,
             distributed: settings::distributed()?,
         })
@@ -151,6 +156,18 @@ impl Config {
             Backend::Gpu | Backend::Rocm => std::time::Duration::from_millis(50),
             Backend::Cpu | Backend::Tpu | Backend::Xpu => lazuli_pjrt::DEFAULT_SPIN,
         })
+    }
+
+    /// Whether an optimizer's `step()` launches the gradients before recording its update: as
+    /// [`Config::split_update`] says (`Auto`: on NVIDIA GPUs), never under the finite check, whose guard keeps a
+    /// step in one program. Measured in `docs/perf-log/2026-12-03-split-update.md`.
+    pub fn splits_update(&self) -> bool {
+        let wanted = match self.split_update {
+            SplitUpdate::Auto => self.backend == Backend::Gpu,
+            SplitUpdate::On => true,
+            SplitUpdate::Off => false,
+        };
+        wanted && self.check_finite == CheckFinite::Off
     }
 
     /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.

@@ -79,6 +79,7 @@ fn expressions() -> &'static [Fused; 3] {
 
 impl Optimizer for Sgd {
     fn step(&mut self) {
+        super::before_update(Loc::caller());
         self.steps += 1;
         let mut s = Scalars::new();
         let [decay, momentum, update] = expressions();
