@@ -317,7 +317,9 @@ impl GpuRun {
                     split.compiles
                 );
                 let [forward, backward, update] = split.record_parts.map(duration);
-                println!("(recording: forward {forward}, backward {backward}, optimizer update {update})");
+                // A split step (two programs) launches the gradients inside the optimizer's `step()`.
+                let launch = if split.programs_per_step >= 2.0 { ", with the gradients' launch" } else { "" };
+                println!("(recording: forward {forward}, backward {backward}, optimizer update {update}{launch})");
             }
         }
         println!();

@@ -104,7 +104,7 @@ fn break_advice(cause: &str) -> String {
         "host_control_flow" => "an `if` on a tensor value waits for the device mid-step: decide on the device (cond.select(a, b)) or branch on a value read after the step boundary".into(),
         "checkpoint" => "save checkpoints right after lazuli::sync()".into(),
         "explicit" => "let the step boundary compute the tensor instead of materialize()".into(),
-        "gradients" => "the optimizer's gradients, launched before its update (LAZULI_SPLIT_UPDATE): not a break".into(),
+        "gradients" => "the gradients, launched before the optimizer's update (LAZULI_SPLIT_UPDATE)".into(),
         "graph_size" => "the graph grew too large without a step boundary and was compiled in pieces: call lazuli::sync() inside the loop that records it".into(),
         _ => "the step ran more than one program".into(),
     }

@@ -278,7 +278,7 @@ pub fn advice(c: Cause) -> &'static str {
         Cause::Explicit => "materialize() forces a program; let the step boundary compute the tensor instead",
         Cause::Sync => "a step ran more programs than its budget",
         Cause::Gradients => {
-            "the optimizer launched the step's gradients before its update (LAZULI_SPLIT_UPDATE): part of the step boundary"
+            "the gradients, launched before the optimizer's update (LAZULI_SPLIT_UPDATE): part of the step boundary"
         }
         Cause::GraphSize => {
             "the graph grew too large without a step boundary and was compiled in pieces: call lazuli::sync() inside the loop that records it"
