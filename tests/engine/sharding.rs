@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use lazuli::nn::{Activation, HostRng, Mlp};
-use lazuli::{mesh, AdamW, Config, DType, Mesh, Module, Optimizer, PartitionSpec, Tensor};
+use lazuli::{mesh, AdamW, Config, DType, Mesh, Module, Optimizer, PartitionSpec, SplitUpdate, Tensor};
 
 use crate::common::child;
 
@@ -82,7 +82,9 @@ fn place(model: &Mlp, m: &Mesh, plan: &str) {
     });
 }
 
-fn train(plan: Option<(&Mesh, &str)>, steps: usize) -> (Vec<f32>, Mlp) {
+/// `steps` AdamW steps of the MLP, placed by `plan` on its mesh (or on one device), each step reading its loss.
+/// Each step after the first runs `programs` cached programs (2 where the step is split before its update).
+fn train_in(plan: Option<(&Mesh, &str)>, steps: usize, programs: u64) -> (Vec<f32>, Mlp) {
     let model = Mlp::new(&mut HostRng::new(11), &[16, 32, 32, 8], Activation::Tanh, DType::F32);
     if let Some((m, plan)) = plan {
         place(&model, m, plan);
@@ -109,11 +111,33 @@ fn train(plan: Option<(&Mesh, &str)>, steps: usize) -> (Vec<f32>, Mlp) {
         losses.push(loss.item::<f32>().unwrap());
         let d = lazuli::metrics() - before;
         if step > 0 {
-            assert_eq!((d.compiles, d.executions), (0, 1), "step {step}: {d}");
+            assert_eq!((d.compiles, d.executions), (0, programs), "step {step}: {d}");
             assert_eq!(d.bytes_to_host, 4, "step {step}: only the loss comes back, nothing is gathered ({d})");
         }
     }
     (losses, model)
+}
+
+fn train(plan: Option<(&Mesh, &str)>, steps: usize) -> (Vec<f32>, Mlp) {
+    train_in(plan, steps, 1)
+}
+
+/// The step split before its update (`LAZULI_SPLIT_UPDATE=on`, the default on NVIDIA GPUs) on a mesh: the first
+/// program's sharded gradients feed the update, and sharded plans train as one device does.
+#[test]
+fn a_step_split_before_its_update_on_a_mesh_matches_one_device() {
+    if child::alone(module_path!(), "a_step_split_before_its_update_on_a_mesh_matches_one_device") {
+        return; // the runtime's configuration and the counters are process-wide
+    }
+    lazuli::init(Config { cpu_device_count: 4, split_update: SplitUpdate::On, ..Config::default() }).unwrap();
+    let (reference, _) = train_in(None, 10, 2);
+    for (plan, axes) in [("fsdp", vec![("data", 4)]), ("2d", vec![("data", 2), ("model", 2)])] {
+        let m = mesh(&axes).unwrap();
+        let (losses, _) = train_in(Some((&m, plan)), 10, 2);
+        for (i, (a, b)) in losses.iter().zip(&reference).enumerate() {
+            assert!((a - b).abs() <= 2e-5 * (1.0 + b.abs()), "{plan}: step {i}: {a} vs {b}");
+        }
+    }
 }
 
 #[test]
