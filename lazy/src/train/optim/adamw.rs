@@ -133,7 +133,8 @@ impl AdamW {
 
 impl Optimizer for AdamW {
     fn step(&mut self) {
-        super::before_update(Loc::caller());
+        // Where the step is split (`LAZULI_SPLIT_UPDATE`), the gradients run while the update is recorded.
+        crate::exec::read::launch_gradients(Loc::caller());
         self.steps += 1;
         let decay = 1.0 - self.lr * self.weight_decay;
         // Bias corrections are computed in the program from the device's count: no recompile as t grows.

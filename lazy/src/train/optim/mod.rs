@@ -50,12 +50,6 @@ pub trait Optimizer {
     fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()>;
 }
 
-/// Where the runtime splits the step (`LAZULI_SPLIT_UPDATE`), launch the step's gradients before the update at
-/// `at` is recorded (`exec::read::launch_gradients`).
-pub(crate) fn before_update(at: lazuli_hlo::Loc) {
-    crate::exec::read::launch_gradients(at);
-}
-
 /// One host scalar per dtype and value for one step, shared by every parameter's update (one upload each); the
 /// fused updates broadcast it inside.
 pub(crate) struct Scalars(HashMap<(DType, u64), Tensor>);

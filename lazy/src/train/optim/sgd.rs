@@ -79,7 +79,8 @@ fn expressions() -> &'static [Fused; 3] {
 
 impl Optimizer for Sgd {
     fn step(&mut self) {
-        super::before_update(Loc::caller());
+        // Where the step is split (`LAZULI_SPLIT_UPDATE`), the gradients run while the update is recorded.
+        crate::exec::read::launch_gradients(Loc::caller());
         self.steps += 1;
         let mut s = Scalars::new();
         let [decay, momentum, update] = expressions();
