@@ -19,7 +19,7 @@
 use std::sync::{Arc, Mutex};
 
 use lazuli_hlo::{Builder, Choice, DType, Gradient, KernelDef, KernelOp, NormSpec, Normalize, Op, Program, TensorType};
-use lazuli_hlo::{OpRules, ReduceKind, Slice, UnaryKind};
+use lazuli_hlo::{Concatenate, OpRules, ReduceKind, Slice, UnaryKind};
 
 use crate::choice::{made_once, triton_or_composite, triton_scalar, Made};
 use crate::triton::layer_norm::{self as ttln, LayerNormSpec};
@@ -261,9 +261,9 @@ fn forward_program(call: &LayerNormCall, rows: usize, spec: &LayerNormSpec) -> R
     })
 }
 
-/// The backward as a kernel of its own. Operands `x, w, b, y, dy, mean, rstd`; results `dx, dw, db`. Its device
-/// program is the Triton backward and the sums of its partial `dw` and `db` rows; its composite the composite
-/// forward's gradient.
+/// The backward as a kernel of its own. Operands `x, w, b, y, dy, mean, rstd`; results `dx` and the column sums
+/// `[dw; db]` as one f32 `[2, width]` (see [`sum_row`]). Its device program is the Triton backward and the sum of
+/// its programs' partial rows; its composite the composite forward's gradient.
 fn backward_kernel(
     call: &LayerNormCall,
     rows: usize,
@@ -274,21 +274,22 @@ fn backward_kernel(
     let stats = call.stats(rows);
     let mut operands = call.operands();
     operands.extend([call.output(), call.output(), stats.clone(), stats]);
-    let composite =
-        Program::record(&operands, |b, x| KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..3], &x[3], &x[4]))?;
+    let width = spec.width;
+    let composite = Program::record(&operands, |b, x| {
+        let g = KernelOp::new(composite_def.clone(), 0).vjp(b, &x[..3], &x[3], &x[4]);
+        let [Some(dx), Some(dw), Some(db)] = &g[..] else { unreachable!("a layer norm's vjp has its three gradients") };
+        vec![Some(dx.clone()), Some(stack_rows(b, &[dw, db], width))]
+    })?;
     let triton = ttln::backward(spec);
     triton.validate(5, 2)?;
-    let width = spec.width;
     let partial = TensorType::new(DType::F32, [spec.backward_programs(), 2, width]);
-    let results = vec![call.x.clone(), partial];
     let device = Program::record(&operands, |b, x| {
         let (xv, w, dy, mean, rstd) = (&x[0], &x[1], &x[4], &x[5], &x[6]);
-        let r = b.call(triton.custom_call(results.clone()), &[xv, w, dy, mean, rstd]);
-        let dw_db = column_sums(b, &r[1], width, &[call.params.dtype; 2]);
-        [r[0].clone()].into_iter().chain(dw_db).map(Some).collect()
+        let r = b.call(triton.custom_call(vec![call.x.clone(), partial.clone()]), &[xv, w, dy, mean, rstd]);
+        vec![Some(r[0].clone()), Some(b.sum(&r[1], &[0]))]
     })?;
-    let results = vec![call.x.clone(), call.params.clone(), call.params.clone()];
-    KernelDef::new("layer_norm_grad", operands, results, Some(device), composite, vec![Gradient::Composite; 3], choice)
+    let results = vec![call.x.clone(), TensorType::new(DType::F32, [2, width])];
+    KernelDef::new("layer_norm_grad", operands, results, Some(device), composite, vec![Gradient::Composite; 2], choice)
 }
 
 /// `y`'s gradient: the backward kernel on the operands, `y`, its cotangent and the forward's statistics.
@@ -299,7 +300,10 @@ fn gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Res
         let mean = b.sibling(1, call.stats(rows));
         let rstd = b.sibling(2, call.stats(rows));
         let args = [&x[0], &x[1], &x[2], &x[3], &x[4], &mean, &rstd];
-        (0..3).map(|i| Some(kernel_result(b, backward, i, &args))).collect()
+        let (dx, sums) = (kernel_result(b, backward, 0, &args), kernel_result(b, backward, 1, &args));
+        let (width, dtype) = (call.params.dims[0], call.params.dtype);
+        let (dw, db) = (sum_row(b, &sums, 2, width, 0, dtype), sum_row(b, &sums, 2, width, 1, dtype));
+        vec![Some(dx), Some(dw), Some(db)]
     })
 }
 
@@ -317,19 +321,23 @@ fn joint_gradient(call: &LayerNormCall, rows: usize, joint: &Arc<KernelDef>) -> 
         let (y, sum) = (b.sibling(0, call.output()), b.sibling(3, call.x.clone()));
         let (dy, dsum) = (&x[n], &x[n + 3]);
         let args = [&sum, &x[p], &x[p + 1], &y, dy, &mean, &rstd, dsum];
-        let mut result = |i: usize| Some(kernel_result(b, joint, i, &args));
-        // Operand order: x, a, [c,] w, b; the kernel's results: dx, da, dw, db, [dc].
-        let (dx, da, dw, db) = (result(0), result(1), result(2), result(3));
-        let dc = call.added.and_then(|a| a.bias).map(|_| result(4));
-        [dx, da].into_iter().chain(dc).chain([dw, db]).collect()
+        let (dx, da, sums) =
+            (kernel_result(b, joint, 0, &args), kernel_result(b, joint, 1, &args), kernel_result(b, joint, 2, &args));
+        // Operand order: x, a, [c,] w, b; the kernel's column sums: dw, db, [dc].
+        let (width, dtype, bias) = (call.params.dims[0], call.params.dtype, call.added.and_then(|a| a.bias));
+        let n = 2 + usize::from(bias.is_some());
+        let (dw, db) = (sum_row(b, &sums, n, width, 0, dtype), sum_row(b, &sums, n, width, 1, dtype));
+        let dc = bias.map(|c| sum_row(b, &sums, n, width, 2, c));
+        [Some(dx), Some(da)].into_iter().chain(dc.map(Some)).chain([Some(dw), Some(db)]).collect()
     })
 }
 
 /// The added form's backward as a kernel of its own. Operands the plain backward's (`x` the sum, `w, b, y, dy,
 /// mean, rstd`) and `ds`, the sum's cotangent; results `dx + ds` (the cotangent of `x`), the same in the addend's
-/// type, `dw`, `db` and, with a bias, its column sums. Its device program is the Triton backward of the added
-/// form (the add, the addend's rounding and the bias's sums in the pass that computes `dx`) and one reduction of
-/// the programs' partial sums; its composite the plain backward's results, added to and summed in lazuli's ops.
+/// type, and the column sums `[dw; db; dc]` as one f32 `[n, width]` (`dc`, the bias's, only with a bias). Its
+/// device program is the Triton backward of the added form (the add, the addend's rounding and the bias's sums in
+/// the pass that computes `dx`) and one reduction of the programs' partial sums; its composite the plain
+/// backward's results, added to and summed in lazuli's ops.
 fn joint_backward_kernel(
     call: &LayerNormCall,
     added: Added,
@@ -340,63 +348,64 @@ fn joint_backward_kernel(
     let mut operands = plain_backward.operands.clone();
     operands.push(call.x.clone());
     let width = spec.width;
-    let bias = added.bias.map(|c| TensorType::new(c, [width]));
+    let n = spec.backward_sums();
     let (dx, da) = (call.x.clone(), TensorType::new(added.dtype, call.x.dims.clone()));
-    let results: Vec<TensorType> =
-        [dx.clone(), da.clone(), call.params.clone(), call.params.clone()].into_iter().chain(bias).collect();
+    let results = vec![dx.clone(), da.clone(), TensorType::new(DType::F32, [n, width])];
     let composite = Program::record(&operands, |b, x| {
         let args: Vec<&_> = x[..7].iter().collect();
-        let plain = |b: &mut _, i| kernel_result(b, plain_backward, i, &args);
-        let (dx, dw, db) = (plain(b, 0), plain(b, 1), plain(b, 2));
+        let (dx, dw_db) = (kernel_result(b, plain_backward, 0, &args), kernel_result(b, plain_backward, 1, &args));
         let total = b.add(&x[7], &dx);
-        // x's, a's, [c's], as the addends take them; then w's and b's, and c's last, as the kernel returns them.
-        let mut addends = to_addends(b, call, &total);
-        let dc = if added.bias.is_some() { addends.pop().flatten() } else { None };
-        addends.into_iter().chain([Some(dw), Some(db)]).chain(dc.map(Some)).collect()
+        let rows: Vec<usize> = (0..call.x.rank() - 1).collect();
+        let dc = added.bias.map(|_| b.sum(&total, &rows));
+        let sums = match dc {
+            Some(dc) => {
+                let dc = stack_rows(b, &[&dc], width);
+                b.op(Op::Concatenate(Concatenate { dim: 0 }), &[&dw_db, &dc])
+            }
+            None => dw_db,
+        };
+        vec![Some(total.clone()), Some(b.convert(&total, added.dtype)), Some(sums)]
     })?;
     let triton = ttln::backward(spec);
     triton.validate(6, 3)?;
-    let partial = TensorType::new(DType::F32, [spec.backward_programs(), spec.backward_sums(), width]);
+    let partial = TensorType::new(DType::F32, [spec.backward_programs(), n, width]);
     let device = Program::record(&operands, |b, x| {
         let (xv, w, dy, mean, rstd, ds) = (&x[0], &x[1], &x[4], &x[5], &x[6], &x[7]);
         let r = b.call(triton.custom_call(vec![dx.clone(), da.clone(), partial.clone()]), &[xv, w, dy, mean, rstd, ds]);
-        let dtypes: Vec<DType> = [call.params.dtype; 2].into_iter().chain(added.bias).collect();
-        let sums = column_sums(b, &r[2], width, &dtypes);
-        [r[0].clone(), r[1].clone()].into_iter().chain(sums).map(Some).collect()
+        vec![Some(r[0].clone()), Some(r[1].clone()), Some(b.sum(&r[2], &[0]))]
     })?;
     let gradients = vec![Gradient::Composite; results.len()];
     KernelDef::new("add_layer_norm_grad", operands, results, Some(device), composite, gradients, choice)
 }
 
-/// The backward programs' partial column sums `[programs, n, width]` added up in one reduction, then each of the
-/// `n` rows apart, in its type.
-fn column_sums<B: Builder>(b: &mut B, partial: &B::V, width: usize, dtypes: &[DType]) -> Vec<B::V> {
-    let totals = b.sum(partial, &[0]);
-    let n = dtypes.len();
-    let row = |b: &mut B, (i, &dtype): (usize, &DType)| {
-        let row = b.op(Op::Slice(Slice::along(&[n, width], 0, i, i + 1, 1)), &[&totals]);
-        let row = b.reshape(&row, &[width]);
-        b.convert(&row, dtype)
-    };
-    dtypes.iter().enumerate().map(|r| row(b, r)).collect()
+/// Row `i` of a backward kernel's `[n, width]` f32 column sums, as a `[width]` gradient in `dtype`. One tensor for
+/// all of a call's sums, sliced apart in the graph rather than inside the kernel: where the gradients are a
+/// program's outputs (the first program of a split step) the sums are one output, and the program that reads them
+/// slices them inside its own fusions, instead of each row being written out by a copy of its own.
+fn sum_row<B: Builder>(b: &mut B, sums: &B::V, n: usize, width: usize, i: usize, dtype: DType) -> B::V {
+    let row = b.op(Op::Slice(Slice::along(&[n, width], 0, i, i + 1, 1)), &[sums]);
+    let row = b.reshape(&row, &[width]);
+    b.convert(&row, dtype)
+}
+
+/// `[width]` vectors stacked as the rows of one f32 `[n, width]`, as the backward kernels return column sums.
+fn stack_rows<B: Builder>(b: &mut B, rows: &[&B::V], width: usize) -> B::V {
+    let rows: Vec<B::V> = rows
+        .iter()
+        .map(|r| {
+            let r = b.convert(r, DType::F32);
+            b.reshape(&r, &[1, width])
+        })
+        .collect();
+    match &rows[..] {
+        [one] => one.clone(),
+        _ => b.op(Op::Concatenate(Concatenate { dim: 0 }), &rows.iter().collect::<Vec<_>>()),
+    }
 }
 
 /// Result `i` of `def` on `args`.
 fn kernel_result<B: Builder>(b: &mut B, def: &Arc<KernelDef>, i: usize, args: &[&B::V]) -> B::V {
     b.op(Op::Kernel(KernelOp::new(def.clone(), i)), args)
-}
-
-/// A cotangent of the sum as the addends' cotangents: `x`'s as it is, `a`'s in `a`'s type, the bias's summed over
-/// the rows.
-fn to_addends<B: Builder>(b: &mut B, call: &LayerNormCall, g: &B::V) -> Vec<Option<B::V>> {
-    let Some(added) = call.added else { return vec![Some(g.clone())] };
-    let mut grads = vec![Some(g.clone()), Some(b.convert(g, added.dtype))];
-    if let Some(c) = added.bias {
-        let rows: Vec<usize> = (0..call.x.rank() - 1).collect();
-        let summed = b.sum(g, &rows);
-        grads.push(Some(b.convert(&summed, c)));
-    }
-    grads
 }
 
 #[cfg(test)]
