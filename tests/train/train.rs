@@ -148,6 +148,44 @@ fn a_step_split_before_its_update_matches_the_host_reference_in_two_programs_wit
     }
 }
 
+/// Gradients that only slice one pending value (two parameters joined by a concatenation: their gradients are
+/// slices of its cotangent) leave the gradients' program as that value, one output instead of one per slice; the
+/// update slices it, and the step is SGD's on the host.
+#[test]
+fn gradients_that_slice_one_pending_value_leave_the_first_program_as_that_value() {
+    let name = "gradients_that_slice_one_pending_value_leave_the_first_program_as_that_value";
+    if common::child::alone(module_path!(), name) {
+        return; // the runtime's configuration and captured events are process-wide
+    }
+    lazuli::init(Config { split_update: SplitUpdate::On, ..Config::from_env().unwrap() }).unwrap();
+    let (a0, b0, x) = ([0.5, -1.0, 2.0], [1.5, 0.25], [1.0, 2.0, -1.0, 0.5, 3.0]);
+    let (a, b) =
+        (lazuli::nn::Param::new(Tensor::from_slice(&a0, &[3])), lazuli::nn::Param::new(Tensor::from_slice(&b0, &[2])));
+    let mut opt = Sgd::new(vec![("a".into(), a.clone()), ("b".into(), b.clone())], 0.1);
+    lazuli::diagnostics::events::start_capture();
+    let joined = Tensor::concat(&[&a.get(), &b.get()], 0);
+    // loss = (Σ x·w)², so dloss/dw = 2 (Σ x·w) x.
+    let loss = (joined * Tensor::from_slice(&x, &[5])).sum_all().pow(2.0);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    lazuli::sync().unwrap();
+    let events = lazuli::diagnostics::events::take_captured();
+    let programs: Vec<_> = events.iter().filter(|e| e.kind == lazuli::diagnostics::EventKind::Program).collect();
+    let shape: Vec<(&str, usize)> = programs.iter().map(|e| (e.cause.as_str(), e.outputs)).collect();
+    // The loss and the cotangent of the concatenation; then the two parameters.
+    assert_eq!(shape, [("gradients", 2), ("sync", 2)]);
+    let w: Vec<f64> = a0.iter().chain(&b0).copied().collect();
+    let dot: f64 = w.iter().zip(&x).map(|(w, x)| w * x).sum();
+    let want: Vec<f64> = w.iter().zip(&x).map(|(w, x)| w - 0.1 * 2.0 * dot * x).collect();
+    let mut got = a.get().to_vec::<f64>().unwrap();
+    got.extend(b.get().to_vec::<f64>().unwrap());
+    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+        assert!((g - e).abs() < 1e-12, "element {i}: {g} vs {e}");
+    }
+    assert!((loss.item::<f64>().unwrap() - dot * dot).abs() < 1e-12);
+}
+
 /// `step()` returns nothing: an error of the gradients' program it launches (here strict mode refusing the
 /// compile) is returned by the thread's next materialization, naming `step()`'s line, and loses nothing.
 #[test]

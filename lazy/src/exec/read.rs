@@ -3,9 +3,10 @@
 //! line, then copies the value to the host.
 
 use std::fmt;
+use std::rc::Rc;
 use std::sync::Arc;
 
-use lazuli_hlo::{DType, Loc, TensorType};
+use lazuli_hlo::{DType, Loc, Op, TensorType};
 use ndarray::{ArrayD, IxDyn};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
@@ -13,7 +14,7 @@ use crate::diagnostics::{cause_name, Cause, EventKind};
 use crate::error::{Error, Result};
 use crate::exec::materialize;
 use crate::graph::element::{bytes_to_f64, from_bytes, Element};
-use crate::graph::tensor::{live_pending, Data, Tensor};
+use crate::graph::tensor::{live_pending, Data, Node, Recipe, Tensor};
 
 impl Data {
     /// The whole value as dense host bytes (gathering shards).
@@ -146,10 +147,50 @@ pub(crate) fn launch_gradients(at: Loc) {
         return;
     }
     let t0 = std::time::Instant::now();
-    let live = live_pending();
+    let outputs = viewed_values(live_pending());
     Counters::add(&COUNTERS.boundary_ns, t0.elapsed().as_nanos() as u64);
-    if let Err(e) = materialize(&live, Cause::Gradients, at) {
+    if let Err(e) = materialize(&outputs, Cause::Gradients, at) {
         crate::exec::defer_error(e);
+    }
+}
+
+/// What the gradients' program computes for the live pending tensors `live`: each one, except a tensor that only
+/// views another pending value (a slice, reshape or convert of it, at most four times its size), whose viewed
+/// value is computed instead; the view stays pending and is computed inside the next program's fusions. A
+/// kernel's column sums sliced into several parameters' gradients are then one output of the first program
+/// instead of a copy per row, and the update reads them as one program would.
+fn viewed_values(live: Vec<Rc<Node>>) -> Vec<Rc<Node>> {
+    let mut outputs = Vec::with_capacity(live.len());
+    let mut viewed: Vec<Rc<Node>> = Vec::new();
+    for node in live {
+        match viewed_value(&node) {
+            // A value the user holds is live itself, and has its own turn.
+            Some(v) if v.user_handles() > 0 || viewed.iter().any(|w| Rc::ptr_eq(w, &v)) => {}
+            Some(v) => viewed.push(v),
+            None => outputs.push(node),
+        }
+    }
+    outputs.extend(viewed);
+    outputs
+}
+
+/// The pending value `node` views through slices, reshapes and converts, if any (see [`viewed_values`]).
+fn viewed_value(node: &Rc<Node>) -> Option<Rc<Node>> {
+    let most = node.ty.elements().saturating_mul(4);
+    let mut from = node.clone();
+    let mut viewed = None;
+    loop {
+        let next = match &from.lock().recipe {
+            Some(Recipe { op: Op::Slice(_) | Op::Reshape(_) | Op::Convert(_), operands }) if operands.len() == 1 => {
+                operands[0].clone()
+            }
+            _ => return viewed,
+        };
+        if !next.is_pending() || next.ty.elements() > most {
+            return viewed;
+        }
+        viewed = Some(next.clone());
+        from = next;
     }
 }
 
