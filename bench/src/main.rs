@@ -76,6 +76,10 @@ enum Cmd {
         layers: Vec<usize>,
         #[arg(long, default_value_t = 15)]
         iters: usize,
+        /// Sleep this long before each timed step, as a loop that waits for the device's step does: the step is
+        /// then recorded on a cold host (caches, allocator blocks), not right after the one before.
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
         /// Print JSON lines (used by `cpu`).
         #[arg(long)]
         json: bool,
@@ -284,7 +288,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Cpu { common, only } => cpu(&common, &only),
-        Cmd::Trace { layers, iters, json } => trace_cmd(&layers, iters, json),
+        Cmd::Trace { layers, iters, pause_ms, json } => trace_cmd(&layers, iters, pause_ms, json),
         Cmd::Compile { reps } => scratch().and_then(|dir| {
             let r = compile_cmd(&dir, reps);
             let _ = std::fs::remove_dir_all(&dir);
@@ -512,7 +516,7 @@ fn cpu(common: &Common, only: &[String]) -> BenchResult<()> {
             .filter_map(|l| serde_json::from_str(l).ok())
             .map(|v| TraceRow::from_json(&v))
             .collect();
-        print_trace(&rows);
+        print_trace(&rows, 0);
     }
     if wanted("compile") {
         eprintln!("lazuli-bench: compile ...");
@@ -522,8 +526,12 @@ fn cpu(common: &Common, only: &[String]) -> BenchResult<()> {
     Ok(())
 }
 
-fn print_trace(rows: &[TraceRow]) {
-    println!("\ntrace: one GPT-2-small-shaped training step (d=768, 12 heads, vocab 50304, AdamW) recorded and looked up, not executed; medians; goal at 12 layers: ≤ 1 ms\n");
+fn print_trace(rows: &[TraceRow], pause_ms: u64) {
+    println!("\ntrace: one GPT-2-small-shaped training step (d=768, 12 heads, vocab 50304, AdamW) recorded and looked up, not executed; medians; goal at 12 layers: ≤ 1 ms");
+    if pause_ms > 0 {
+        println!("each step recorded after the host slept {pause_ms} ms, as after waiting for the device's step");
+    }
+    println!();
     println!("| layers | nodes | inputs | outputs | record fwd | autodiff | optimizer | collect | walk | key | lookup | total | cache hit |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
@@ -546,7 +554,7 @@ fn print_trace(rows: &[TraceRow]) {
     }
 }
 
-fn trace_cmd(layers: &[usize], iters: usize, json: bool) -> BenchResult<()> {
+fn trace_cmd(layers: &[usize], iters: usize, pause_ms: u64, json: bool) -> BenchResult<()> {
     if std::env::var("LAZULI_DONATE").as_deref() != Ok("0") {
         // Run again with donation off (see trace.rs), passing the output through.
         let status =
@@ -558,14 +566,15 @@ fn trace_cmd(layers: &[usize], iters: usize, json: bool) -> BenchResult<()> {
         eprintln!("lazuli-bench: trace, {l} layers");
         // Only 12 layers (GPT-2 small) is compiled and run once, so its lookups hit; the others probe the cache
         // the same way and miss (a lookup costs the same either way).
-        let row = trace::measure(l, iters, l == 12)?;
+        let pause = std::time::Duration::from_millis(pause_ms);
+        let row = trace::measure(l, iters, l == 12, pause)?;
         if json {
             println!("{}", row.to_json());
         }
         rows.push(row);
     }
     if !json {
-        print_trace(&rows);
+        print_trace(&rows, pause_ms);
     }
     Ok(())
 }

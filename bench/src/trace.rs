@@ -81,9 +81,9 @@ fn batch() -> (Tensor, Tensor) {
     (Tensor::from_slice(&ids, &TOKENS), Tensor::from_slice(&tgt, &TOKENS))
 }
 
-/// Time `iters` traces of one training step at `layers` layers. With `prime`, one real step runs first
-/// (compiling the program), so the lookups are hits.
-pub fn measure(layers: usize, iters: usize, prime: bool) -> BenchResult<TraceRow> {
+/// Time `iters` traces of one training step at `layers` layers, each after the host slept `pause` (none: back to
+/// back). With `prime`, one real step runs first (compiling the program), so the lookups are hits.
+pub fn measure(layers: usize, iters: usize, prime: bool, pause: std::time::Duration) -> BenchResult<TraceRow> {
     if std::env::var("LAZULI_DONATE").as_deref() != Ok("0") {
         return Err("the trace workload needs LAZULI_DONATE=0 (see bench/src/trace.rs)".into());
     }
@@ -105,6 +105,9 @@ pub fn measure(layers: usize, iters: usize, prime: bool) -> BenchResult<TraceRow
     let mut cols: [Vec<f64>; 8] = Default::default();
     let mut last = None;
     for i in 0..iters + 2 {
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
         let t0 = Instant::now();
         let loss = model.loss(&ids, &targets);
         let t1 = Instant::now();
