@@ -154,44 +154,55 @@ pub(crate) fn launch_gradients(at: Loc) {
     }
 }
 
-/// What the gradients' program computes for the live pending tensors `live`: each one, except a tensor that only
-/// views another pending value (a slice, reshape or convert of it, at most four times its size), whose viewed
-/// value is computed instead; the view stays pending and is computed inside the next program's fusions. A
-/// kernel's column sums sliced into several parameters' gradients are then one output of the first program
-/// instead of a copy per row, and the update reads them as one program would.
+/// What the gradients' program computes for the live pending tensors `live`: each one, except where two or more
+/// of them only slice one pending value (through slices, reshapes and converts, the value at most four times each
+/// one's size): that value is computed instead, and they stay pending, to be computed inside the next program's
+/// fusions. A kernel's column sums sliced into several parameters' gradients are then one output of the first
+/// program instead of a copy per row, and the update reads them as one program would. A lone view is computed as
+/// itself: its value instead would save no output, and reading it before the step boundary (a loss logged after
+/// `step()`) would take a program of its own.
 fn viewed_values(live: Vec<Rc<Node>>) -> Vec<Rc<Node>> {
+    let sliced: Vec<Option<Rc<Node>>> = live.iter().map(sliced_value).collect();
+    let views_of = |v: &Rc<Node>| sliced.iter().flatten().filter(|w| Rc::ptr_eq(w, v)).count();
+    let mut shared: Vec<Rc<Node>> = Vec::new();
     let mut outputs = Vec::with_capacity(live.len());
-    let mut viewed: Vec<Rc<Node>> = Vec::new();
-    for node in live {
-        match viewed_value(&node) {
+    for (node, value) in live.into_iter().zip(&sliced) {
+        match value {
             // A value the user holds is live itself, and has its own turn.
-            Some(v) if v.user_handles() > 0 || viewed.iter().any(|w| Rc::ptr_eq(w, &v)) => {}
-            Some(v) => viewed.push(v),
-            None => outputs.push(node),
+            Some(v) if v.user_handles() == 0 && views_of(v) >= 2 => {
+                if !shared.iter().any(|w| Rc::ptr_eq(w, v)) {
+                    shared.push(v.clone());
+                }
+            }
+            _ => outputs.push(node),
         }
     }
-    outputs.extend(viewed);
+    outputs.extend(shared);
     outputs
 }
 
-/// The pending value `node` views through slices, reshapes and converts, if any (see [`viewed_values`]).
-fn viewed_value(node: &Rc<Node>) -> Option<Rc<Node>> {
+/// The pending value `node` slices, through slices, reshapes and converts with at least one slice among them
+/// (see [`viewed_values`]).
+fn sliced_value(node: &Rc<Node>) -> Option<Rc<Node>> {
     let most = node.ty.elements().saturating_mul(4);
-    let mut from = node.clone();
-    let mut viewed = None;
+    let (mut from, mut viewed, mut sliced) = (node.clone(), None, false);
     loop {
-        let next = match &from.lock().recipe {
-            Some(Recipe { op: Op::Slice(_) | Op::Reshape(_) | Op::Convert(_), operands }) if operands.len() == 1 => {
-                operands[0].clone()
+        let (next, slice) = match &from.lock().recipe {
+            Some(Recipe { op: op @ (Op::Slice(_) | Op::Reshape(_) | Op::Convert(_)), operands })
+                if operands.len() == 1 =>
+            {
+                (operands[0].clone(), matches!(op, Op::Slice(_)))
             }
-            _ => return viewed,
+            _ => break,
         };
         if !next.is_pending() || next.ty.elements() > most {
-            return viewed;
+            break;
         }
+        sliced |= slice;
         viewed = Some(next.clone());
         from = next;
     }
+    viewed.filter(|_| sliced)
 }
 
 impl fmt::Debug for Tensor {
