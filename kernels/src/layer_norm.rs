@@ -262,7 +262,7 @@ fn forward_program(call: &LayerNormCall, rows: usize, spec: &LayerNormSpec) -> R
 }
 
 /// The backward as a kernel of its own. Operands `x, w, b, y, dy, mean, rstd`; results `dx` and the column sums
-/// `[dw; db]` as one f32 `[2, width]` (see [`sum_row`]). Its device program is the Triton backward and the sum of
+/// `[dw; db]` as one f32 `[2, width]` (see [`column_sums`]). Its device program is the Triton backward and the sum of
 /// its programs' partial rows; its composite the composite forward's gradient.
 fn backward_kernel(
     call: &LayerNormCall,
@@ -300,10 +300,9 @@ fn gradient(call: &LayerNormCall, rows: usize, backward: &Arc<KernelDef>) -> Res
         let mean = b.sibling(1, call.stats(rows));
         let rstd = b.sibling(2, call.stats(rows));
         let args = [&x[0], &x[1], &x[2], &x[3], &x[4], &mean, &rstd];
-        let (dx, sums) = (kernel_result(b, backward, 0, &args), kernel_result(b, backward, 1, &args));
-        let (width, dtype) = (call.params.dims[0], call.params.dtype);
-        let (dw, db) = (sum_row(b, &sums, 2, width, 0, dtype), sum_row(b, &sums, 2, width, 1, dtype));
-        vec![Some(dx), Some(dw), Some(db)]
+        let dx = kernel_result(b, backward, 0, &args);
+        let dw_db = column_sums(b, backward, 1, &args, &[call.params.dtype; 2]);
+        [dx].into_iter().chain(dw_db).map(Some).collect()
     })
 }
 
@@ -321,14 +320,12 @@ fn joint_gradient(call: &LayerNormCall, rows: usize, joint: &Arc<KernelDef>) -> 
         let (y, sum) = (b.sibling(0, call.output()), b.sibling(3, call.x.clone()));
         let (dy, dsum) = (&x[n], &x[n + 3]);
         let args = [&sum, &x[p], &x[p + 1], &y, dy, &mean, &rstd, dsum];
-        let (dx, da, sums) =
-            (kernel_result(b, joint, 0, &args), kernel_result(b, joint, 1, &args), kernel_result(b, joint, 2, &args));
+        let (dx, da) = (kernel_result(b, joint, 0, &args), kernel_result(b, joint, 1, &args));
         // Operand order: x, a, [c,] w, b; the kernel's column sums: dw, db, [dc].
-        let (width, dtype, bias) = (call.params.dims[0], call.params.dtype, call.added.and_then(|a| a.bias));
-        let n = 2 + usize::from(bias.is_some());
-        let (dw, db) = (sum_row(b, &sums, n, width, 0, dtype), sum_row(b, &sums, n, width, 1, dtype));
-        let dc = bias.map(|c| sum_row(b, &sums, n, width, 2, c));
-        [Some(dx), Some(da)].into_iter().chain(dc.map(Some)).chain([Some(dw), Some(db)]).collect()
+        let dtypes: Vec<DType> = [call.params.dtype; 2].into_iter().chain(call.added.and_then(|a| a.bias)).collect();
+        let mut sums = column_sums(b, joint, 2, &args, &dtypes);
+        let dc = sums.split_off(2);
+        [dx, da].into_iter().chain(dc).chain(sums).map(Some).collect()
     })
 }
 
@@ -378,14 +375,20 @@ fn joint_backward_kernel(
     KernelDef::new("add_layer_norm_grad", operands, results, Some(device), composite, gradients, choice)
 }
 
-/// Row `i` of a backward kernel's `[n, width]` f32 column sums, as a `[width]` gradient in `dtype`. One tensor for
-/// all of a call's sums, sliced apart in the graph rather than inside the kernel: where the gradients are a
-/// program's outputs (the first program of a split step) the sums are one output, and the program that reads them
-/// slices them inside its own fusions, instead of each row being written out by a copy of its own.
-fn sum_row<B: Builder>(b: &mut B, sums: &B::V, n: usize, width: usize, i: usize, dtype: DType) -> B::V {
-    let row = b.op(Op::Slice(Slice::along(&[n, width], 0, i, i + 1, 1)), &[sums]);
-    let row = b.reshape(&row, &[width]);
-    b.convert(&row, dtype)
+/// Result `r` of `def` on `args`, a backward kernel's `[n, width]` f32 column sums, as `n` gradients of `[width]`,
+/// row `i` in `dtypes[i]`. One tensor for all of a call's sums, sliced apart in the graph rather than inside the
+/// kernel: where the gradients are a program's outputs (the first program of a split step) the sums are one
+/// output, and the program that reads them slices them inside its own fusions, instead of each row being written
+/// out by a copy of its own.
+fn column_sums<B: Builder>(b: &mut B, def: &Arc<KernelDef>, r: usize, args: &[&B::V], dtypes: &[DType]) -> Vec<B::V> {
+    let sums = kernel_result(b, def, r, args);
+    let dims = def.results[r].dims.clone();
+    let row = |b: &mut B, (i, &dtype): (usize, &DType)| {
+        let row = b.op(Op::Slice(Slice::along(&dims, 0, i, i + 1, 1)), &[&sums]);
+        let row = b.reshape(&row, &dims[1..]);
+        b.convert(&row, dtype)
+    };
+    dtypes.iter().enumerate().map(|r| row(b, r)).collect()
 }
 
 /// `[width]` vectors stacked as the rows of one f32 `[n, width]`, as the backward kernels return column sums.
