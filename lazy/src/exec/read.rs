@@ -147,7 +147,7 @@ pub(crate) fn launch_gradients(at: Loc) {
         return;
     }
     let t0 = std::time::Instant::now();
-    let outputs = viewed_values(live_pending());
+    let outputs = gradient_outputs(live_pending());
     Counters::add(&COUNTERS.boundary_ns, t0.elapsed().as_nanos() as u64);
     if let Err(e) = materialize(&outputs, Cause::Gradients, at) {
         crate::exec::defer_error(e);
@@ -161,7 +161,7 @@ pub(crate) fn launch_gradients(at: Loc) {
 /// program instead of a copy per row, and the update reads them as one program would. A lone view is computed as
 /// itself: its value instead would save no output, and reading it before the step boundary (a loss logged after
 /// `step()`) would take a program of its own.
-fn viewed_values(live: Vec<Rc<Node>>) -> Vec<Rc<Node>> {
+fn gradient_outputs(live: Vec<Rc<Node>>) -> Vec<Rc<Node>> {
     let sliced: Vec<Option<Rc<Node>>> = live.iter().map(sliced_value).collect();
     let views_of = |v: &Rc<Node>| sliced.iter().flatten().filter(|w| Rc::ptr_eq(w, v)).count();
     let mut shared: Vec<Rc<Node>> = Vec::new();
@@ -182,7 +182,7 @@ fn viewed_values(live: Vec<Rc<Node>>) -> Vec<Rc<Node>> {
 }
 
 /// The pending value `node` slices, through slices, reshapes and converts with at least one slice among them
-/// (see [`viewed_values`]).
+/// (see [`gradient_outputs`]).
 fn sliced_value(node: &Rc<Node>) -> Option<Rc<Node>> {
     let most = node.ty.elements().saturating_mul(4);
     let (mut from, mut viewed, mut sliced) = (node.clone(), None, false);
