@@ -48,13 +48,24 @@ fn run_lazuli(
     let layer = Linear::from_tensors(Tensor::from_ndarray(&p.w), Some(Tensor::from_ndarray(&p.b)));
     let mut opt = make(layer.named_params());
     let (x, t) = (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t));
+    train(&layer, opt.as_mut(), steps, || (x.clone(), t.clone()));
+    weights(&layer)
+}
+
+/// `steps` steps of the regression loss on the batches `batch` makes.
+fn train(layer: &Linear, opt: &mut dyn Optimizer, steps: usize, batch: impl Fn() -> (Tensor, Tensor)) {
     for _ in 0..steps {
+        let (x, t) = batch();
         let loss = (layer.forward(&x) - &t).pow(2.0).mean_all();
         loss.backward();
         opt.step();
         opt.zero_grad();
         lazuli::sync().unwrap();
     }
+}
+
+/// The layer's weight and bias, flattened.
+fn weights(layer: &Linear) -> Vec<f64> {
     let mut out = layer.weight.get().to_vec::<f64>().unwrap();
     out.extend(layer.bias.as_ref().unwrap().get().to_vec::<f64>().unwrap());
     out
@@ -394,16 +405,8 @@ fn arrays_made_once_the_runtime_exists_are_copied_to_the_device_when_made() {
     let (lr, steps) = (0.1, 4);
     let layer = Linear::from_tensors(Tensor::from_ndarray(&p.w), Some(Tensor::from_ndarray(&p.b)));
     let mut opt = Sgd::new(layer.named_params(), lr);
-    for _ in 0..steps {
-        let (x, t) = (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t));
-        let loss = (layer.forward(&x) - &t).pow(2.0).mean_all();
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync().unwrap();
-    }
-    let mut got = layer.weight.get().to_vec::<f64>().unwrap();
-    got.extend(layer.bias.as_ref().unwrap().get().to_vec::<f64>().unwrap());
+    train(&layer, &mut opt, steps, || (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t)));
+    let got = weights(&layer);
     let (mut w, mut b) = (p.w.clone(), p.b.clone());
     for _ in 0..steps {
         let (gw, gb) = grads(&p, &w, &b);
