@@ -90,12 +90,6 @@ pub const VARIABLES: &[Variable] = &[
         "auto, on, off",
         "auto (on for NVIDIA GPUs)",
     ),
-    v(
-        "LAZULI_UPLOAD_AT_CREATION",
-        "host arrays copied to the device when they are made, not when a program reads them",
-        "auto, on, off",
-        "auto (on for GPUs with one device)",
-    ),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
     v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, skip, log", "off"),
@@ -209,23 +203,6 @@ pub enum SplitUpdate {
     /// so there is nothing to overlap; for testing it).
     On,
     /// One program per step.
-    Off,
-}
-
-/// When an array made from host data (`Tensor::from_slice`, a batch) is copied to the device
-/// (`LAZULI_UPLOAD_AT_CREATION`). A program cannot start before its inputs' copies are done, and the plugin makes
-/// them on threads of its own: copied when the array is made, they run while the host records the step that reads
-/// it, instead of holding up that step's launch. Scalars are always copied by the program that reads them (one
-/// shared copy per value), and so is an array made before the runtime exists.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum UploadAtCreation {
-    /// On GPUs with one device (the default). On the CPU the copy is a memory copy on the launcher's thread, and
-    /// on a mesh each device takes its own piece of a batch when the program's layout is known.
-    #[default]
-    Auto,
-    /// Wherever a runtime exists (for testing it on the CPU).
-    On,
-    /// Copied by the first program that reads it.
     Off,
 }
 
@@ -396,30 +373,13 @@ pub(crate) fn check_finite() -> Result<CheckFinite> {
 }
 
 pub(crate) fn split_update() -> Result<SplitUpdate> {
-    Ok(match auto_on_off("LAZULI_SPLIT_UPDATE")? {
-        None => SplitUpdate::Auto,
-        Some(true) => SplitUpdate::On,
-        Some(false) => SplitUpdate::Off,
-    })
-}
-
-pub(crate) fn upload_at_creation() -> Result<UploadAtCreation> {
-    Ok(match auto_on_off("LAZULI_UPLOAD_AT_CREATION")? {
-        None => UploadAtCreation::Auto,
-        Some(true) => UploadAtCreation::On,
-        Some(false) => UploadAtCreation::Off,
-    })
-}
-
-/// A setting of `auto` (or unset: `None`), `on`/`1` or `off`/`0`.
-fn auto_on_off(name: &'static str) -> Result<Option<bool>> {
-    match var(name) {
-        None => Ok(None),
+    match var("LAZULI_SPLIT_UPDATE") {
+        None => Ok(SplitUpdate::Auto),
         Some(v) => match v.to_ascii_lowercase().as_str() {
-            "auto" => Ok(None),
-            "1" | "on" => Ok(Some(true)),
-            "0" | "off" => Ok(Some(false)),
-            _ => Err(bad(name, &v, "auto, on or off")),
+            "auto" => Ok(SplitUpdate::Auto),
+            "1" | "on" => Ok(SplitUpdate::On),
+            "0" | "off" => Ok(SplitUpdate::Off),
+            _ => Err(bad("LAZULI_SPLIT_UPDATE", &v, "auto, on or off")),
         },
     }
 }

@@ -124,29 +124,6 @@ fn the_update_is_split_from_the_gradients_on_gpus_and_never_under_the_finite_che
     }
 }
 
-/// `LAZULI_UPLOAD_AT_CREATION` takes auto, on or off.
-#[test]
-fn a_bad_upload_at_creation_setting_is_a_clear_error() {
-    let name = "a_bad_upload_at_creation_setting_is_a_clear_error";
-    a_bad_setting_is_a_clear_error(name, "LAZULI_UPLOAD_AT_CREATION", "early", "expected auto, on or off");
-}
-
-/// Host arrays are copied when made on GPUs with one device by default (a mesh lays them out itself), or where
-/// asked; the CPU copies them with the program that reads them.
-#[test]
-fn arrays_are_copied_when_made_on_gpus_with_one_device_or_where_asked() {
-    use lazuli::{Backend, UploadAtCreation};
-    let on = |backend, upload_at_creation, devices| {
-        Config { backend, upload_at_creation, ..Config::default() }.uploads_at_creation(devices)
-    };
-    assert!(on(Backend::Gpu, UploadAtCreation::Auto, 1));
-    assert!(on(Backend::Rocm, UploadAtCreation::Auto, 1));
-    assert!(!on(Backend::Gpu, UploadAtCreation::Auto, 2));
-    assert!(!on(Backend::Cpu, UploadAtCreation::Auto, 1));
-    assert!(on(Backend::Cpu, UploadAtCreation::On, 4));
-    assert!(!on(Backend::Gpu, UploadAtCreation::Off, 1));
-}
-
 /// `LAZULI_COMPILE_CACHE_LIMIT` takes a size (it used to fall back to 2G with a warning).
 #[test]
 fn a_bad_compile_cache_limit_is_a_clear_error() {

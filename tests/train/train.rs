@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use common::{array, values, Rng};
 use lazuli::nn::{Activation, HostRng, Linear, Mlp};
-use lazuli::{AdamW, Config, DType, Module, Optimizer, Sgd, SplitUpdate, Tensor, UploadAtCreation};
+use lazuli::{AdamW, Config, DType, Module, Optimizer, Sgd, SplitUpdate, Tensor};
 use ndarray::{Array1, Array2, Axis};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -48,24 +48,13 @@ fn run_lazuli(
     let layer = Linear::from_tensors(Tensor::from_ndarray(&p.w), Some(Tensor::from_ndarray(&p.b)));
     let mut opt = make(layer.named_params());
     let (x, t) = (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t));
-    train(&layer, opt.as_mut(), steps, || (x.clone(), t.clone()));
-    weights(&layer)
-}
-
-/// `steps` steps of the regression loss on the batches `batch` makes.
-fn train(layer: &Linear, opt: &mut dyn Optimizer, steps: usize, batch: impl Fn() -> (Tensor, Tensor)) {
     for _ in 0..steps {
-        let (x, t) = batch();
         let loss = (layer.forward(&x) - &t).pow(2.0).mean_all();
         loss.backward();
         opt.step();
         opt.zero_grad();
         lazuli::sync().unwrap();
     }
-}
-
-/// The layer's weight and bias, flattened.
-fn weights(layer: &Linear) -> Vec<f64> {
     let mut out = layer.weight.get().to_vec::<f64>().unwrap();
     out.extend(layer.bias.as_ref().unwrap().get().to_vec::<f64>().unwrap());
     out
@@ -354,10 +343,6 @@ fn updates_are_recorded_at_the_callers_step_line() {
 #[test]
 fn each_steps_batch_holds_its_own_values() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    check_each_steps_batch();
-}
-
-fn check_each_steps_batch() {
     let mut w = Tensor::from_slice(&[0.5f32; 6], &[2, 3]);
     let mut w_ref = [0.5f64; 6];
     for step in 0..6 {
@@ -376,45 +361,6 @@ fn check_each_steps_batch() {
         assert!(got.iter().zip(&w_ref).all(|(&g, &r)| (g as f64 - r).abs() < 1e-4), "step {step}: {got:?}");
         assert_eq!(kept.to_vec::<f32>().unwrap(), vec![step as f32; 6], "step {step}");
     }
-}
-
-/// `LAZULI_UPLOAD_AT_CREATION=on` (the default on GPUs with one device): once the runtime exists, an array made from
-/// host data is copied to the device when it is made (its bytes are counted then), a scalar is not, and an array
-/// made before the runtime is copied by the program that reads it. The batch reads back as made; a loop that makes
-/// its batch every step trains as the host's SGD; batches reusing dropped batches' buffers keep their values.
-#[test]
-fn arrays_made_once_the_runtime_exists_are_copied_to_the_device_when_made() {
-    let name = "arrays_made_once_the_runtime_exists_are_copied_to_the_device_when_made";
-    if common::child::alone(module_path!(), name) {
-        return; // the runtime's configuration and the counters are process-wide
-    }
-    let early = Tensor::from_slice(&[1.5f32, -2.0], &[2]);
-    lazuli::init(Config { upload_at_creation: UploadAtCreation::On, ..Config::from_env().unwrap() }).unwrap();
-    let copied = || lazuli::metrics().bytes_to_device;
-    let p = problem();
-    let before = copied();
-    let x = Tensor::from_ndarray(&p.x);
-    assert_eq!(copied() - before, 8 * p.x.len() as u64, "the batch is copied when it is made");
-    let before = copied();
-    let half = Tensor::scalar(0.5f32);
-    assert_eq!(copied(), before, "a scalar waits for the program that reads it");
-    assert_eq!(x.to_vec::<f64>().unwrap(), p.x.iter().copied().collect::<Vec<_>>());
-    assert_eq!((&early * &half).to_vec::<f32>().unwrap(), [0.75, -1.0]);
-    assert_eq!(copied() - before, 8 + 4, "the array made before the runtime and the scalar, by their program");
-
-    let (lr, steps) = (0.1, 4);
-    let layer = Linear::from_tensors(Tensor::from_ndarray(&p.w), Some(Tensor::from_ndarray(&p.b)));
-    let mut opt = Sgd::new(layer.named_params(), lr);
-    train(&layer, &mut opt, steps, || (Tensor::from_ndarray(&p.x), Tensor::from_ndarray(&p.t)));
-    let got = weights(&layer);
-    let (mut w, mut b) = (p.w.clone(), p.b.clone());
-    for _ in 0..steps {
-        let (gw, gb) = grads(&p, &w, &b);
-        w = &w - &gw * lr;
-        b = &b - &gb * lr;
-    }
-    assert_same("sgd, batches copied when made", &got, &w, &b);
-    check_each_steps_batch();
 }
 
 /// `clip_grad_norm` against the host: the returned norm is the L2 norm of all gradients together, each gradient is

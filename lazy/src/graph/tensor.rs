@@ -310,11 +310,8 @@ impl Tensor {
         Node::make(ty, loc, State { data: None, recipe: Some(Recipe { op, operands }) }, grad_path, 0)
     }
 
-    /// A leaf of host data (copied to the device now where the runtime says so: `exec::upload::at_creation`).
     pub(crate) fn host(ty: TensorType, bytes: Vec<u8>, loc: Loc) -> Tensor {
-        let t = Tensor::from_state(ty, loc, State { data: Some(Data::Host(Arc::new(bytes))), recipe: None }, false);
-        crate::exec::upload::at_creation(&t.node);
-        t
+        Tensor::from_state(ty, loc, State { data: Some(Data::Host(Arc::new(bytes))), recipe: None }, false)
     }
 
     /// A new leaf with `data`, to be laid out on a mesh as `placement`.

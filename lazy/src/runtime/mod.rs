@@ -12,7 +12,7 @@ use lazuli_pjrt::{
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
-pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher, SplitUpdate, UploadAtCreation};
+pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher, SplitUpdate};
 use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
@@ -80,9 +80,6 @@ pub struct Config {
     /// Whether an optimizer's `step()` launches the gradients before recording its update (`LAZULI_SPLIT_UPDATE`,
     /// see [`SplitUpdate`] and [`Config::splits_update`]).
     pub split_update: SplitUpdate,
-    /// When arrays made from host data are copied to the device (`LAZULI_UPLOAD_AT_CREATION`, see
-    /// [`UploadAtCreation`] and [`Config::uploads_at_creation`]).
-    pub upload_at_creation: UploadAtCreation,
     /// How long a wait for the device polls before it sleeps (`LAZULI_WAIT_SPIN`, microseconds); `None`: the
     /// backend's default, see [`Config::wait_spin`].
     pub wait_spin: Option<std::time::Duration>,
@@ -114,7 +111,6 @@ impl Default for Config {
             check_finite: CheckFinite::Off,
             locate_ahead: false,
             split_update: SplitUpdate::Auto,
-            upload_at_creation: UploadAtCreation::Auto,
             wait_spin: None,
             distributed: None,
         }
@@ -145,7 +141,6 @@ impl Config {
             check_finite: settings::check_finite()?,
             locate_ahead: settings::locate_ahead()?,
             split_update: settings::split_update()?,
-            upload_at_creation: settings::upload_at_creation()?,
             wait_spin: settings::wait_spin()?,
             distributed: settings::distributed()?,
         })
@@ -161,17 +156,6 @@ impl Config {
             Backend::Gpu | Backend::Rocm => std::time::Duration::from_millis(50),
             Backend::Cpu | Backend::Tpu | Backend::Xpu => lazuli_pjrt::DEFAULT_SPIN,
         })
-    }
-
-    /// Whether arrays made from host data once the runtime exists are copied to the device at once, on a runtime of
-    /// `devices` devices: as [`Config::upload_at_creation`] says (`Auto`: on GPUs with one device). Measured in
-    /// `docs/perf-log/2026-12-03-upload-at-creation.md`.
-    pub fn uploads_at_creation(&self, devices: usize) -> bool {
-        match self.upload_at_creation {
-            UploadAtCreation::Auto => matches!(self.backend, Backend::Gpu | Backend::Rocm) && devices == 1,
-            UploadAtCreation::On => true,
-            UploadAtCreation::Off => false,
-        }
     }
 
     /// Whether an optimizer's `step()` launches the gradients before recording its update: as
@@ -248,8 +232,6 @@ pub(crate) struct Runtime {
     unknown_options: Mutex<Vec<String>>,
     /// Options the provisioned plugin needs (the CUDA tools' directory), before the configured ones.
     plugin_options: Vec<(String, XlaOption)>,
-    /// [`Config::uploads_at_creation`] for this runtime's devices.
-    pub uploads_at_creation: bool,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -284,9 +266,7 @@ impl Runtime {
             Error::Config(format!("the plugin {} reports no devices", client.plugin().path().display()))
         })?;
         let target = kernel_target(&client, &device)?;
-        let uploads_at_creation = config.uploads_at_creation(client.devices().len());
         Ok(Runtime {
-            uploads_at_creation,
             client,
             device,
             target,
@@ -451,11 +431,6 @@ mod tests {
         assert_eq!(unknown_default(&gpu, plugin(), cuda_dir).as_deref(), Some("xla_gpu_cuda_data_dir"));
         assert_eq!(unknown_default(&gpu, std::iter::empty(), cuda_dir), None);
     }
-}
-
-/// The runtime if it exists (nothing is created).
-pub(crate) fn started() -> Option<&'static Runtime> {
-    RUNTIME.get()
 }
 
 /// The runtime, created from the environment on first use.

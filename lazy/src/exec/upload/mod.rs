@@ -46,22 +46,6 @@ pub(crate) fn arguments(rt: &Runtime, plan: &Plan, upload: Upload) -> Result<(Ve
     Ok((args, uploaded))
 }
 
-/// A new leaf's host data, copied to the device now where the runtime does so ([`Runtime::uploads_at_creation`]):
-/// the plugin's copy then runs while the host records the step that reads the leaf, instead of the step's launch
-/// waiting for it. Only arrays (scalars share cached copies) made once the runtime exists. A copy that fails leaves
-/// the data on the host, for the program that reads it to copy and report.
-pub(crate) fn at_creation(node: &Node) {
-    if node.ty.rank() == 0 {
-        return;
-    }
-    let Some(rt) = crate::runtime::started().filter(|rt| rt.uploads_at_creation) else { return };
-    let t0 = std::time::Instant::now();
-    let upload = Upload::Now { reuse: rt.config.backend == crate::runtime::Backend::Cpu };
-    if device_value(rt, node, upload).is_ok() {
-        Counters::add(&COUNTERS.upload_ns, t0.elapsed().as_nanos() as u64);
-    }
-}
-
 pub(crate) fn element_type(dt: lazuli_hlo::DType) -> ElementType {
     use lazuli_hlo::DType::*;
     match dt {
