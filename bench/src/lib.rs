@@ -18,6 +18,7 @@ pub mod compile;
 pub mod depth;
 pub mod gpt_bf16;
 pub mod gpu;
+pub mod head;
 pub mod host_probe;
 pub mod nan;
 pub mod nan_gpt;

@@ -240,6 +240,17 @@ enum Cmd {
         #[arg(long)]
         no_trip: bool,
     },
+    /// Where a waiting step's head goes (the last kernel's end to the next step's first kernel), from a profiled
+    /// waiting run: `LAZULI_PROFILE_TRACE=T LAZULI_BENCH_MARKS=M lazuli-bench gpu --profile …`, then `head --trace
+    /// T --marks M`.
+    Head {
+        /// The plugin's whole profile (`LAZULI_PROFILE_TRACE`).
+        #[arg(long)]
+        trace: PathBuf,
+        /// The bench's marks (`LAZULI_BENCH_MARKS`).
+        #[arg(long)]
+        marks: PathBuf,
+    },
     /// How the GPT step's compile time, first step and step time grow with depth, its blocks unrolled and
     /// scanned: GPT-2 small's width at each layer count, lazuli only, each in a new process without the
     /// persistent compile cache.
@@ -289,6 +300,7 @@ fn main() {
     let result = match cli.command {
         Cmd::Cpu { common, only } => cpu(&common, &only),
         Cmd::Trace { layers, iters, pause_ms, json } => trace_cmd(&layers, iters, pause_ms, json),
+        Cmd::Head { trace, marks } => lazuli_bench::head::report(&trace, &marks),
         Cmd::Compile { reps } => scratch().and_then(|dir| {
             let r = compile_cmd(&dir, reps);
             let _ = std::fs::remove_dir_all(&dir);

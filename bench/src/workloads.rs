@@ -186,6 +186,8 @@ pub struct LazuliRun {
     inputs: Vec<Batch>,
     targets: Vec<Vec<i32>>,
     next: usize,
+    /// When the latest step began, in ns since the epoch (for `LAZULI_BENCH_MARKS`, see `head.rs`).
+    started_ns: i128,
 }
 
 impl LazuliRun {
@@ -222,7 +224,7 @@ impl LazuliRun {
                 }
             }
         }
-        LazuliRun { workload: w, net, opt, inputs, targets, next: 0 }
+        LazuliRun { workload: w, net, opt, inputs, targets, next: 0, started_ns: 0 }
     }
 
     fn input_dims(&self) -> Vec<usize> {
@@ -269,6 +271,7 @@ impl LazuliRun {
     /// and the time spent recording before `sync()`: forward, backward, optimizer update.
     pub fn step(&mut self) -> BenchResult<(Tensor, [f64; 3])> {
         let t0 = Instant::now();
+        self.started_ns = crate::head::wall_ns();
         let i = self.next % self.inputs.len();
         self.next += 1;
         let dims = self.input_dims();
@@ -308,6 +311,8 @@ impl LazuliRun {
         let mut phases: [Vec<f64>; 5] = Default::default();
         // As a loop that logs its loss does: every step reads it to the host (`item()`), on every side.
         let read = std::env::var("LAZULI_BENCH_READ_LOSS").is_ok_and(|v| v == "1");
+        // Each step's wall-clock marks, to set beside the plugin's profile (`lazuli-bench head`).
+        let marks = std::env::var_os("LAZULI_BENCH_MARKS").map(std::path::PathBuf::from);
         let before = lazuli::metrics();
         let start = Instant::now();
         let probe = crate::host_probe::wanted();
@@ -325,6 +330,17 @@ impl LazuliRun {
                 lazuli::wait()?;
             }
             times.push(t0.elapsed().as_secs_f64());
+            if let Some(path) = &marks {
+                let ns = |s: f64| self.started_ns + (s * 1e9) as i128;
+                let waited = (!pipelined).then(crate::head::wall_ns);
+                let m = crate::head::Marks {
+                    start: self.started_ns,
+                    forward: ns(recorded[0]),
+                    backward: ns(recorded[0] + recorded[1]),
+                    waited,
+                };
+                crate::head::append(path, &m)?;
+            }
             record.push(recorded);
             let d = lazuli::metrics() - m0;
             for (v, ms) in phases.iter_mut().zip([d.execute_ms, d.boundary_ms, d.upload_ms, d.finish_ms, d.wait_ms]) {
