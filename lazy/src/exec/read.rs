@@ -14,7 +14,7 @@ use crate::diagnostics::{cause_name, Cause, EventKind};
 use crate::error::{Error, Result};
 use crate::exec::materialize;
 use crate::graph::element::{bytes_to_f64, from_bytes, Element};
-use crate::graph::tensor::{live_pending, Data, Node, Recipe, Tensor};
+use crate::graph::tensor::{live_pending, Data, Node, NodeMap, Recipe, Tensor};
 
 impl Data {
     /// The whole value as dense host bytes (gathering shards).
@@ -163,21 +163,23 @@ pub(crate) fn launch_gradients(at: Loc) {
 /// `step()`) would take a program of its own.
 fn gradient_outputs(live: Vec<Rc<Node>>) -> Vec<Rc<Node>> {
     let sliced: Vec<Option<Rc<Node>>> = live.iter().map(sliced_value).collect();
-    let views_of = |v: &Rc<Node>| sliced.iter().flatten().filter(|w| Rc::ptr_eq(w, v)).count();
-    let mut shared: Vec<Rc<Node>> = Vec::new();
+    // How many live tensors slice each value; a shared value, once taken, counts 0 so that it is taken once.
+    let mut views: NodeMap<usize> = NodeMap::default();
+    for v in sliced.iter().flatten() {
+        *views.entry(Rc::as_ptr(v)).or_default() += 1;
+    }
     let mut outputs = Vec::with_capacity(live.len());
-    for (node, value) in live.into_iter().zip(&sliced) {
+    for (node, value) in live.into_iter().zip(sliced) {
         match value {
             // A value the user holds is live itself, and has its own turn.
-            Some(v) if v.user_handles() == 0 && views_of(v) >= 2 => {
-                if !shared.iter().any(|w| Rc::ptr_eq(w, v)) {
-                    shared.push(v.clone());
+            Some(v) if v.user_handles() == 0 && views[&Rc::as_ptr(&v)] != 1 => {
+                if std::mem::take(views.get_mut(&Rc::as_ptr(&v)).expect("counted")) >= 2 {
+                    outputs.push(v);
                 }
             }
             _ => outputs.push(node),
         }
     }
-    outputs.extend(shared);
     outputs
 }
 
