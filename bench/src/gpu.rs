@@ -336,6 +336,9 @@ impl GpuRun {
             "- mode: {}",
             if self.pipelined {
                 "pipelined (each repetition's steps back to back, one wait at the end)"
+            } else if std::env::var("LAZULI_BENCH_READ_LOSS").is_ok_and(|v| v == "1") {
+                "every step reads its loss to the host (`item()`, `float(loss)`), as a loop that logs it does \
+                 (`LAZULI_BENCH_READ_LOSS=1`)"
             } else {
                 "waiting for every step's results"
             }
