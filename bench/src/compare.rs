@@ -121,7 +121,9 @@ pub fn cpu_row(w: &Workload, python: &Path, script: &Path, dir: &Path, opts: &Op
     let weights = dir.join(format!("{}.safetensors", w.name));
     let mut lz = LazuliRun::new(w);
     lz.write_weights(&weights)?;
-    let mut jax = Worker::start_with(python, script, "jax", worker::jax_cpu_xla_flags()?.as_deref())?;
+    let flags = worker::jax_cpu_xla_flags()?;
+    let env: Vec<(&str, &str)> = flags.as_deref().map(|f| ("XLA_FLAGS", f)).into_iter().collect();
+    let mut jax = Worker::start_with(python, script, "jax", &env)?;
     let info = jax.setup(w, &weights)?;
     let mut lazuli = Side { name: "lazuli".into(), ..Side::default() };
     let mut other = Side { name: "JAX jit".into(), first_s: info.compile_s, info, ..Side::default() };

@@ -56,6 +56,54 @@ fn fused_attention_kernels(on_gpu: bool) -> &'static str {
     }
 }
 
+/// How a timed loop meets its steps (`lazuli-bench gpu --loops`); every side runs the same loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Loop {
+    /// Each step waits for everything it launched (`lazuli::wait()`, `block_until_ready()`,
+    /// `torch.cuda.synchronize()`).
+    Waiting,
+    /// Each step reads its loss to the host (`item()`, `float(loss)`), as a loop that logs it does.
+    ReadLoss,
+    /// A repetition's steps back to back, one wait at the end.
+    Pipelined,
+}
+
+impl Loop {
+    /// The loop a run without `--loops` times: `--pipelined`, else `LAZULI_BENCH_READ_LOSS=1`, else waiting.
+    pub fn from_flags(pipelined: bool) -> Loop {
+        match (pipelined, std::env::var("LAZULI_BENCH_READ_LOSS").is_ok_and(|v| v == "1")) {
+            (true, _) => Loop::Pipelined,
+            (false, true) => Loop::ReadLoss,
+            (false, false) => Loop::Waiting,
+        }
+    }
+
+    /// The column heading of the loops' summary.
+    fn heading(self) -> &'static str {
+        match self {
+            Loop::Waiting => "waiting",
+            Loop::ReadLoss => "reading the loss",
+            Loop::Pipelined => "pipelined",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Loop::Waiting => "waiting for every step's results",
+            Loop::ReadLoss => {
+                "every step reads its loss to the host (`item()`, `float(loss)`), as a loop that logs it does \
+                 (`LAZULI_BENCH_READ_LOSS=1`)"
+            }
+            Loop::Pipelined => "pipelined (each repetition's steps back to back, one wait at the end)",
+        }
+    }
+
+    /// `LAZULI_BENCH_READ_LOSS` for every side's process (lazuli's harness and the Python worker read it).
+    fn read_loss_env(self) -> (&'static str, &'static str) {
+        ("LAZULI_BENCH_READ_LOSS", if self == Loop::ReadLoss { "1" } else { "0" })
+    }
+}
+
 /// What a GPU run measures and with what.
 pub struct GpuJob {
     /// The model; each side sets its own attention variant.
@@ -68,7 +116,10 @@ pub struct GpuJob {
     pub frameworks: Vec<String>,
     /// Attention variants per framework, in order.
     pub attentions: Vec<Attention>,
+    /// The timed repetitions; `opts.pipelined` follows `lp`.
     pub opts: Options,
+    /// How every side's loop meets its steps.
+    pub lp: Loop,
     /// lazuli's `LAZULI_DEVICE` (`cpu` for a dry run).
     pub device: String,
     /// The dry-run model (`--tiny`), passed on to the lazuli processes.
@@ -90,7 +141,7 @@ pub struct GpuSide {
 pub struct GpuRun {
     pub workload: Workload,
     pub steps_per_rep: usize,
-    pub pipelined: bool,
+    pub lp: Loop,
     pub sides: Vec<GpuSide>,
 }
 
@@ -114,7 +165,7 @@ impl GpuJob {
                 sides.push(GpuSide { framework: fw.clone(), attention, side });
             }
         }
-        Ok(GpuRun { workload: self.workload.clone(), steps_per_rep: steps, pipelined: self.opts.pipelined, sides })
+        Ok(GpuRun { workload: self.workload.clone(), steps_per_rep: steps, lp: self.lp, sides })
     }
 
     /// lazuli's side: this binary again (`lazuli-side`), with `LAZULI_DEVICE` set; one JSON line back.
@@ -145,6 +196,7 @@ impl GpuJob {
             .args(self.checkpoint.then_some("--checkpoint"))
             .args(self.scan.then_some("--scan"))
             .env("LAZULI_DEVICE", &self.device)
+            .env(self.lp.read_loss_env().0, self.lp.read_loss_env().1)
             .stderr(Stdio::inherit())
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -165,7 +217,9 @@ impl GpuJob {
         let mut side = Side { name, ..Side::default() };
         let mut w = self.workload.clone();
         w.attention = attention;
-        if let Err(e) = python_side(&mut side, fw, &w, &self.python, &self.script, &self.weights, &self.opts, steps) {
+        let started = Worker::start_with(&self.python, &self.script, fw, &[self.lp.read_loss_env()]);
+        let run = started.and_then(|worker| python_side(&mut side, worker, fw, &w, &self.weights, &self.opts, steps));
+        if let Err(e) = run {
             side.error = Some(e.to_string().lines().next().unwrap_or("").to_string());
         }
         report(&side);
@@ -252,18 +306,15 @@ fn lazuli_side_from_json(name: String, v: &Value) -> Side {
 }
 
 /// One Python framework's part of a GPU run, in `side`.
-#[allow(clippy::too_many_arguments)]
 fn python_side(
     side: &mut Side,
+    mut worker: Worker,
     fw: &str,
     w: &Workload,
-    python: &Path,
-    script: &Path,
     weights: &Path,
     opts: &Options,
     steps: usize,
 ) -> BenchResult<()> {
-    let mut worker = Worker::start(python, script, fw)?;
     let t0 = Instant::now();
     side.info = worker.setup(w, weights)?;
     // torch.compile compiles on the first call: count it in the first step, as lazuli's.
@@ -332,17 +383,7 @@ impl GpuRun {
         println!("## lazuli-bench gpu, {}", today());
         println!("- command: `{command}`");
         println!("- host: {}; allocator: {}", machine(), crate::ALLOCATOR);
-        println!(
-            "- mode: {}",
-            if self.pipelined {
-                "pipelined (each repetition's steps back to back, one wait at the end)"
-            } else if std::env::var("LAZULI_BENCH_READ_LOSS").is_ok_and(|v| v == "1") {
-                "every step reads its loss to the host (`item()`, `float(loss)`), as a loop that logs it does \
-                 (`LAZULI_BENCH_READ_LOSS=1`)"
-            } else {
-                "waiting for every step's results"
-            }
-        );
+        println!("- mode: {}", self.lp.describe());
         for s in self.sides.iter().filter(|s| s.side.error.is_none()) {
             let i = &s.side.info;
             if s.framework == "lazuli" {
@@ -430,6 +471,46 @@ impl GpuRun {
     }
 }
 
+/// The loops of one command side by side: each row's ms/step per loop (median of its repetitions, min–max), and
+/// each lazuli row's ratio to every other row, loop by loop.
+pub fn print_loops(runs: &[GpuRun]) {
+    print!("{}", loops_table(runs));
+}
+
+fn loops_table(runs: &[GpuRun]) -> String {
+    use std::fmt::Write;
+    let Some(first) = runs.first() else { return String::new() };
+    let mut out = String::from("\n## The loops side by side\n\n");
+    let headings: Vec<String> = runs.iter().map(|r| format!("{} ms/step", r.lp.heading())).collect();
+    let _ = writeln!(out, "| framework | {} | peak memory ({}) |", headings.join(" | "), first.lp.heading());
+    let _ = writeln!(out, "|---|{}---|", "---|".repeat(runs.len()));
+    for s in &first.sides {
+        let cells: Vec<String> = runs.iter().map(|r| step(r, &s.side.name).map_or("–".into(), |t| t.show())).collect();
+        let peak = s.side.peak_bytes.map_or("–".to_string(), |b| format!("{:.2} GiB", b / (1u64 << 30) as f64));
+        let _ = writeln!(out, "| {} | {} | {peak} |", s.side.name, cells.join(" | "));
+    }
+    out.push('\n');
+    for l in first.sides.iter().filter(|s| s.framework == "lazuli") {
+        for o in first.sides.iter().filter(|s| s.framework != "lazuli") {
+            let ratios: Vec<String> = runs
+                .iter()
+                .filter_map(|r| {
+                    let (a, b) = (step(r, &l.side.name)?, step(r, &o.side.name)?);
+                    Some(format!("{} {:.2}", r.lp.heading(), a.median() / b.median()))
+                })
+                .collect();
+            let _ = writeln!(out, "{} / {}: {}", l.side.name, o.side.name, ratios.join(", "));
+        }
+    }
+    out
+}
+
+/// The step times of `run`'s row `name`, if it ran and timed steps.
+fn step<'a>(run: &'a GpuRun, name: &str) -> Option<&'a crate::stats::Spread> {
+    let ran = |s: &&GpuSide| s.side.name == name && s.side.error.is_none() && !s.side.steps.values.is_empty();
+    run.sides.iter().find(ran).map(|s| &s.side.steps)
+}
+
 /// A row whose repetitions spread more than this (max − min over the median) makes the goal's verdict uncertain.
 const NOISY_SPREAD: f64 = 0.10;
 
@@ -462,6 +543,47 @@ mod tests {
 
     fn side(name: &str, ms: &[f64]) -> Side {
         Side { name: name.into(), steps: Spread { values: ms.iter().map(|m| m / 1e3).collect() }, ..Side::default() }
+    }
+
+    fn run(lp: Loop, lazuli_ms: &[f64], torch_ms: &[f64]) -> GpuRun {
+        let row = |framework: &str, ms: &[f64]| GpuSide {
+            framework: framework.into(),
+            attention: Attention::Fused,
+            side: side(&side_name(framework, Attention::Fused), ms),
+        };
+        GpuRun {
+            workload: Workload::gpt2_small_gpu(),
+            steps_per_rep: 10,
+            lp,
+            sides: vec![row("lazuli", lazuli_ms), row("torch", torch_ms)],
+        }
+    }
+
+    /// Report of perf log #52's call 2, loop by loop.
+    #[test]
+    fn the_loops_table_has_a_column_and_a_ratio_per_loop() {
+        let runs = [
+            run(Loop::Waiting, &[16.8, 16.8, 16.8], &[20.9, 20.9, 22.0]),
+            run(Loop::ReadLoss, &[16.1, 16.3, 16.3], &[20.8, 21.1, 22.2]),
+            run(Loop::Pipelined, &[15.6, 15.8, 16.1], &[]),
+        ];
+        let table = loops_table(&runs);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines.contains(
+            &"| framework | waiting ms/step | reading the loss ms/step | pipelined ms/step | peak memory (waiting) |"
+        ));
+        assert!(lines.contains(&"|---|---|---|---|---|"), "{table}");
+        assert!(
+            lines.contains(&"| lazuli (fused attention) | 16.8 ms (16.8 ms–16.8 ms) | 16.3 ms (16.1 ms–16.3 ms) | 15.8 ms (15.6 ms–16.1 ms) | – |"),
+            "{table}"
+        );
+        // A loop whose row has no steps (here torch's pipelined one) shows a dash and has no ratio.
+        assert!(lines.iter().any(|l| l.starts_with("| torch.compile (SDPA) |") && l.contains("| – | – |")), "{table}");
+        assert!(
+            lines.contains(&"lazuli (fused attention) / torch.compile (SDPA): waiting 0.80, reading the loss 0.77"),
+            "{table}"
+        );
+        assert_eq!(loops_table(&[]), "");
     }
 
     /// Call 4 of the packed-attention log: torch.compile's pipelined repetitions spread 15%.

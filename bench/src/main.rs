@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 
 use clap::{Parser, Subcommand};
 use lazuli_bench::compare::{self, Options, Row};
-use lazuli_bench::gpu::{self, GpuJob};
+use lazuli_bench::gpu::{self, GpuJob, Loop};
 use lazuli_bench::nan_gpt::GptNanConfig;
 use lazuli_bench::stats::{duration, machine, rustc_version, today};
 use lazuli_bench::trace::{self, TraceRow};
@@ -110,6 +110,11 @@ enum Cmd {
         /// and JAX's runs them with `lax.scan`: first step and step time against the unrolled rows'.
         #[arg(long)]
         scan: bool,
+        /// The loops to time, one after the other, each with every side (waiting, read-loss, pipelined), and a
+        /// table of all of them at the end; without it, the one `--pipelined` (or `LAZULI_BENCH_READ_LOSS=1`)
+        /// names.
+        #[arg(long, value_delimiter = ',')]
+        loops: Vec<Loop>,
     },
     /// Attention alone at GPT-2 small's shapes (bf16, causal), forward and forward+backward: lazuli's cuDNN,
     /// Triton and composite implementations beside JAX's cuDNN call and PyTorch's SDPA.
@@ -311,9 +316,13 @@ fn main() {
             lazuli_bench::compile::side(&Workload::gpt_tiny(), started).map(|v| println!("{v}"))
         }
         Cmd::Attention { iters, reps, python } => attention_cmd(iters, reps, python.as_deref()),
-        Cmd::Gpu { common, mut frameworks, attention, tiny, device, checkpoint, scan } => {
+        Cmd::Gpu { common, mut frameworks, attention, tiny, device, checkpoint, scan, mut loops } => {
             frameworks.retain(|f| !f.is_empty());
-            gpu(&common, frameworks, attention, tiny, device, checkpoint, scan)
+            if loops.is_empty() {
+                loops.push(Loop::from_flags(common.pipelined));
+            }
+            let variants = GpuVariants { tiny, checkpoint, scan };
+            gpu(&common, frameworks, attention, &device, variants, &loops)
         }
         Cmd::Depth { layers, tiny, device, steps } => lazuli_bench::depth::run(&layers, tiny, &device, steps),
         Cmd::Memory { batches, device, steps } => lazuli_bench::depth::memory(&batches, &device, steps),
@@ -591,34 +600,54 @@ fn trace_cmd(layers: &[usize], iters: usize, pause_ms: u64, json: bool) -> Bench
     Ok(())
 }
 
+/// The GPU rows' model variants (`--tiny`, `--checkpoint`, `--scan`).
+struct GpuVariants {
+    tiny: bool,
+    checkpoint: bool,
+    scan: bool,
+}
+
+/// Each loop in turn with every side, its report printed as it ends; then, for more than one, the loops' table.
 fn gpu(
     common: &Common,
     frameworks: Vec<String>,
     attentions: Vec<Attention>,
-    tiny: bool,
-    device: String,
-    checkpoint: bool,
-    scan: bool,
+    device: &str,
+    v: GpuVariants,
+    loops: &[Loop],
 ) -> BenchResult<()> {
     let python = pyenv::ensure(common.python.as_deref())?;
     let dir = scratch()?;
-    let workload = gpu_workload(tiny, checkpoint, scan);
-    let job = GpuJob {
-        script: worker::write_script(&dir)?,
-        weights: dir.join(format!("{}.safetensors", workload.name)),
-        workload,
-        python,
-        frameworks,
-        attentions,
-        opts: Options { steps: common.steps.or(Some(10)), ..options(common) },
-        device,
-        tiny,
-        checkpoint,
-        scan,
-    };
-    let run = job.run();
+    let workload = gpu_workload(v.tiny, v.checkpoint, v.scan);
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let mut runs = Vec::new();
+    for &lp in loops {
+        let job = GpuJob {
+            script: worker::write_script(&dir)?,
+            weights: dir.join(format!("{}.safetensors", workload.name)),
+            workload: workload.clone(),
+            python: python.clone(),
+            frameworks: frameworks.clone(),
+            attentions: attentions.clone(),
+            opts: Options { steps: common.steps.or(Some(10)), pipelined: lp == Loop::Pipelined, ..options(common) },
+            lp,
+            device: device.to_string(),
+            tiny: v.tiny,
+            checkpoint: v.checkpoint,
+            scan: v.scan,
+        };
+        let run = job.run();
+        if run.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let run = run?;
+        run.print(&command);
+        runs.push(run);
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    run?.print(&std::env::args().collect::<Vec<_>>().join(" "));
+    if runs.len() > 1 {
+        gpu::print_loops(&runs);
+    }
     Ok(())
 }
 

@@ -88,16 +88,13 @@ pub struct Worker {
 impl Worker {
     /// Start `python script framework` ("jax" or "torch").
     pub fn start(python: &Path, script: &Path, framework: &str) -> BenchResult<Worker> {
-        Worker::start_with(python, script, framework, None)
+        Worker::start_with(python, script, framework, &[])
     }
 
-    /// [`Worker::start`] with the worker's `XLA_FLAGS` set.
-    pub fn start_with(python: &Path, script: &Path, framework: &str, xla_flags: Option<&str>) -> BenchResult<Worker> {
-        let mut command = Command::new(python);
-        if let Some(flags) = xla_flags {
-            command.env("XLA_FLAGS", flags);
-        }
-        let mut child = command
+    /// [`Worker::start`] with these variables set in the worker's environment (`XLA_FLAGS`, say).
+    pub fn start_with(python: &Path, script: &Path, framework: &str, env: &[(&str, &str)]) -> BenchResult<Worker> {
+        let mut child = Command::new(python)
+            .envs(env.iter().copied())
             .arg("-u")
             .arg(script)
             .arg(framework)
