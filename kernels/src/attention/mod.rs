@@ -237,7 +237,7 @@ fn make(spec: &AttentionSpec, target: &Target, want: Implementation) -> Result<A
     let results = vec![spec.output(&d), AttentionSpec::stats(&d)];
     let composite = Program::record(&operands, |b, x| {
         let x = spec.unpacked(b, x);
-        let (o, stats) = composite::attention(b, spec, &d, &x);
+        let (o, stats) = composite::attention(b, spec, &d, composite::product_dtype(spec.q.dtype, target), &x);
         vec![Some(o), Some(stats)]
     })?;
     let (device, gradient) = match device {
