@@ -8,10 +8,10 @@ use lazuli_hlo::{Builder, CompareDir, DType, DotGeneral, Iota, Op, Softmax, Tens
 use super::{AttentionSpec, Dims, Layout};
 use crate::Target;
 
-/// The dtype attention's two products multiply in on `target`, for operands of dtype `dt`. XLA's CPU backend
-/// multiplies batched bf16 operands several times slower than f32 ones, and widening bf16 or f16 to f32 is exact,
-/// so on the CPU they multiply in f32 (`docs/perf-log/2026-12-03-cpu-bf16-attention.md`). GPUs multiply in the
-/// operands' dtype on tensor cores.
+/// The dtype attention's two products multiply in on `target`, for operands of dtype `dt`. On XLA's CPU backend
+/// the gradient's bf16 products (autodiff's, in other dimension orders) run several times slower than f32 ones,
+/// and widening bf16 or f16 to f32 is exact, so on the CPU the products multiply in f32
+/// (`docs/perf-log/2026-12-03-cpu-bf16-attention.md`). GPUs multiply in the operands' dtype on tensor cores.
 pub(super) fn product_dtype(dt: DType, target: &Target) -> DType {
     match target {
         Target::Cpu => DType::computing([dt]),
