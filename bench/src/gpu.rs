@@ -196,7 +196,7 @@ impl GpuJob {
             .args(self.checkpoint.then_some("--checkpoint"))
             .args(self.scan.then_some("--scan"))
             .env("LAZULI_DEVICE", &self.device)
-            .env(self.lp.read_loss_env().0, self.lp.read_loss_env().1)
+            .envs([self.lp.read_loss_env()])
             .stderr(Stdio::inherit())
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout);

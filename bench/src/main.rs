@@ -620,31 +620,32 @@ fn gpu(
     let dir = scratch()?;
     let workload = gpu_workload(v.tiny, v.checkpoint, v.scan);
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let mut runs = Vec::new();
-    for &lp in loops {
-        let job = GpuJob {
-            script: worker::write_script(&dir)?,
-            weights: dir.join(format!("{}.safetensors", workload.name)),
-            workload: workload.clone(),
-            python: python.clone(),
-            frameworks: frameworks.clone(),
-            attentions: attentions.clone(),
-            opts: Options { steps: common.steps.or(Some(10)), pipelined: lp == Loop::Pipelined, ..options(common) },
-            lp,
-            device: device.to_string(),
-            tiny: v.tiny,
-            checkpoint: v.checkpoint,
-            scan: v.scan,
-        };
-        let run = job.run();
-        if run.is_err() {
-            let _ = std::fs::remove_dir_all(&dir);
+    let runs = (|| -> BenchResult<Vec<gpu::GpuRun>> {
+        let script = worker::write_script(&dir)?;
+        let mut runs = Vec::new();
+        for &lp in loops {
+            let job = GpuJob {
+                script: script.clone(),
+                weights: dir.join(format!("{}.safetensors", workload.name)),
+                workload: workload.clone(),
+                python: python.clone(),
+                frameworks: frameworks.clone(),
+                attentions: attentions.clone(),
+                opts: Options { steps: common.steps.or(Some(10)), pipelined: lp == Loop::Pipelined, ..options(common) },
+                lp,
+                device: device.to_string(),
+                tiny: v.tiny,
+                checkpoint: v.checkpoint,
+                scan: v.scan,
+            };
+            let run = job.run()?;
+            run.print(&command);
+            runs.push(run);
         }
-        let run = run?;
-        run.print(&command);
-        runs.push(run);
-    }
+        Ok(runs)
+    })();
     let _ = std::fs::remove_dir_all(&dir);
+    let runs = runs?;
     if runs.len() > 1 {
         gpu::print_loops(&runs);
     }
