@@ -133,10 +133,12 @@ fn a_locator_compiled_ahead_locates_without_a_compile_at_the_trip() {
     lazuli::init(config).unwrap();
     let w = Param::new(Tensor::from_slice(&[1.0f32, 2.0], &[2]));
     let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.01);
+    // The loss falls as w grows, so however many steps the compile ahead takes, w stays away from 0 (a loss that
+    // drove w down reached log(0) after about 80 steps on a loaded machine).
     let line = line!() + 3;
     let mut step = |scale: f32| {
         let batch = Tensor::from_slice(&[scale, scale], &[2]);
-        let loss = (&w.get() * &batch).log().sum_all();
+        let loss = -(&w.get() * &batch).log().sum_all();
         loss.backward();
         opt.step();
         opt.zero_grad();
