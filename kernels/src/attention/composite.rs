@@ -65,7 +65,7 @@ fn scores<B: Builder>(b: &mut B, spec: &AttentionSpec, q: &B::V, k: &B::V, produ
     b.convert(&s, wide)
 }
 
-/// `p v` as `[B, H, Tq, Dv]` in the operands' dtype, `p` in the operands' dtype, multiplied in `products`.
+/// `p v` as `[B, H, Tq, Dv]` in v's dtype (`p` already back in the operands' dtype), multiplied in `products`.
 fn weighted_values<B: Builder>(b: &mut B, spec: &AttentionSpec, p: &B::V, v: &B::V, products: DType) -> B::V {
     let (h, t) = spec.layout.heads_seq();
     let dot = DotGeneral { precision: spec.precision, ..DotGeneral::new(&[0, 1], &[0, h], &[3], &[t]) };
