@@ -294,6 +294,33 @@ pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
     out
 }
 
+/// Which nodes of `g` hold values already counted: the parameters `counted` (by index), and what layout ops
+/// (`Op::only_moves_values`) and widening float converts make from such values alone, since neither can make a
+/// non-finite value from finite ones. An update's count leaves these out when an earlier program counted its
+/// gradients (a weight's bf16 copy's gradient, widened for its f32 update, is covered by the copy's count).
+pub fn covered(g: &Graph, counted: &[usize]) -> Vec<bool> {
+    let mut covered = vec![false; g.nodes.len()];
+    for &i in counted {
+        covered[g.params[i]] = true;
+    }
+    for (id, node) in g.nodes.iter().enumerate() {
+        if covered[id] || node.operands.is_empty() {
+            continue;
+        }
+        let floats: Vec<NodeId> = node.operands.iter().copied().filter(|&o| g.nodes[o].ty.dtype.is_float()).collect();
+        let widens = |o: NodeId| {
+            let from = g.nodes[o].ty.dtype;
+            node.ty.dtype.is_float() && from.byte_size() <= node.ty.dtype.byte_size()
+        };
+        let keeps_finite = match &node.op {
+            Op::Convert(_) => floats.len() == 1 && widens(floats[0]),
+            op => op.only_moves_values(),
+        };
+        covered[id] = keeps_finite && !floats.is_empty() && floats.iter().all(|&o| covered[o]);
+    }
+    covered
+}
+
 /// The floating-point nodes of `g` among `ids`.
 pub fn floating(g: &Graph, ids: impl IntoIterator<Item = NodeId>) -> Vec<NodeId> {
     ids.into_iter().filter(|&i| g.nodes[i].ty.dtype.is_float()).collect()
@@ -307,6 +334,32 @@ mod tests {
     /// Each tensor counted alone.
     fn alone(rows: Option<usize>) -> Counting {
         Counting { tensors: 1, elements: 0, rows }
+    }
+
+    /// Counted parameters cover what layout ops and widening converts make from them alone, and nothing else.
+    #[test]
+    fn covered_values_are_counted_parameters_moved_or_widened() {
+        use crate::ops::elementwise::{Binary, Convert};
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let a = g.parameter(TensorType::new(DType::BF16, [2, 3]), loc);
+        let b = g.parameter(TensorType::new(DType::F32, [2, 3]), loc);
+        let pred = g.parameter(TensorType::new(DType::Bool, [2, 3]), loc);
+        let f32_of = |ty: &TensorType| TensorType::new(DType::F32, ty.dims.to_vec());
+        let convert = |from, to| Op::Convert(Convert { from, to });
+        let wide = g.push(convert(DType::BF16, DType::F32), vec![a], loc).unwrap();
+        let flat = g.push(Op::Reshape(Reshape { dims: vec![6] }), vec![wide], loc).unwrap();
+        let narrow = g.push(convert(DType::F32, DType::BF16), vec![b], loc).unwrap();
+        let sum = g.push(Op::Binary(Binary { kind: BinaryKind::Add }), vec![wide, wide], loc).unwrap();
+        let mixed = g.push(Op::Select(Select), vec![pred, wide, b], loc).unwrap();
+        let both = g.push(Op::Select(Select), vec![pred, wide, wide], loc).unwrap();
+        assert_eq!(g.nodes[wide].ty, f32_of(&g.nodes[a].ty));
+        let covered = covered(&g, &[0]);
+        let got: Vec<bool> = [a, b, wide, flat, narrow, sum, mixed, both].iter().map(|&n| covered[n]).collect();
+        assert_eq!(got, [true, false, true, true, false, false, false, true]);
+        // With the f32 parameter counted too, its narrowing convert may overflow: still not covered.
+        let covered = super::covered(&g, &[0, 1]);
+        assert_eq!((covered[narrow], covered[mixed], covered[sum]), (false, true, false));
     }
 
     /// The reference interpreter counts NaN and both infinities, per node, in order.

@@ -16,7 +16,7 @@ fn init(mode: CheckFinite) {
 }
 
 /// The error's op and line.
-fn located(e: &Error) -> (&'static str, Loc, &str) {
+pub(super) fn located(e: &Error) -> (&'static str, Loc, &str) {
     match e {
         Error::NonFinite { op: Some(op), op_at: Some(at), report, .. } => (op, *at, report),
         other => panic!("expected a located NonFinite error, got {other}"),
@@ -355,17 +355,17 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
 
 /// An MLP trained with AdamW on two points, its loss `log(mse · scale)`: `scale`, a host scalar, 0 at a bad step
 /// makes the planted `log` -inf and every gradient NaN.
-struct PlantedLog {
-    model: Mlp,
-    opt: AdamW,
-    x: Tensor,
+pub(super) struct PlantedLog {
+    pub model: Mlp,
+    pub opt: AdamW,
+    pub x: Tensor,
     target: Tensor,
     /// The planted `log`'s line.
-    line: u32,
+    pub line: u32,
 }
 
 impl PlantedLog {
-    fn new(seed: u64) -> PlantedLog {
+    pub(super) fn new(seed: u64) -> PlantedLog {
         let model = Mlp::new(&mut HostRng::new(seed), &[3, 8, 1], Activation::Tanh, DType::F32);
         let opt = AdamW::new(model.named_params(), 1e-2);
         let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
@@ -374,7 +374,7 @@ impl PlantedLog {
     }
 
     /// Records a training step and ends it with `sync()`; its loss.
-    fn step(&mut self, scale: f32) -> lazuli::Result<Tensor> {
+    pub(super) fn step(&mut self, scale: f32) -> lazuli::Result<Tensor> {
         let mse = (&self.model.forward(&self.x) - &self.target).pow(2.0).mean_all();
         self.line = line!() + 1;
         let loss = (mse * Tensor::scalar(scale)).log();
@@ -385,14 +385,14 @@ impl PlantedLog {
         Ok(loss)
     }
 
-    fn state_bits(&self) -> Vec<(String, Vec<u32>)> {
+    pub(super) fn state_bits(&self) -> Vec<(String, Vec<u32>)> {
         state_bits(&self.model, &self.opt)
     }
 }
 
 /// Runs `step` until the locating programs whose compile started ahead are compiled, then three more times: the
 /// next finite check read runs each once.
-fn step_until_compiled_ahead(mut step: impl FnMut()) {
+pub(super) fn step_until_compiled_ahead(mut step: impl FnMut()) {
     let compiling = || {
         let m = lazuli::metrics();
         m.locate_ahead == 0 || m.locate_compiles < m.locate_ahead

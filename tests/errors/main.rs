@@ -15,6 +15,7 @@ mod control_flow;
 mod diagnostics;
 mod errors;
 mod finite;
+mod finite_split;
 mod fuzz;
 mod try_ops;
 mod xla_errors;

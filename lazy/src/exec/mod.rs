@@ -45,8 +45,10 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     }
     let started = Instant::now();
     // A `log` check, before anything new is launched (reads come here too); `skip`'s and `stop`'s older checks
-    // are read once this materialization's program is queued.
-    let previous = finite::before_launch()?;
+    // are read once this materialization's program is queued, but for the gradients' program of a split step:
+    // its step's update is launched next and reads them, so that a trip stops the run after the update of a
+    // later step has kept the state, never between a step's two programs.
+    let previous = if cause == Cause::Gradients { 0 } else { finite::before_launch()? };
     index_check::read_computed()?;
     if !targets.iter().any(|t| t.is_pending()) {
         return finite::after_launch(previous);
@@ -140,7 +142,7 @@ fn finish(
     uploaded: u64,
 ) -> Result<()> {
     if plan.checked {
-        keep_check(&mut plan, &mut outputs, at)?;
+        keep_check(&mut plan, &mut outputs, cause, at)?;
     }
     for &i in &plan.donated {
         // The buffer now belongs to an output; nothing may read this node again.
@@ -183,10 +185,15 @@ fn at_exit() {
 /// never given to a tensor. Where trips are located, the step's IR (built before the targets drop their recipes,
 /// once per program structure) and inputs are kept too: a donated input's value is its guarded output's, which on a
 /// trip is the input's own; the pairs of donated inputs and outputs let earlier steps' kept inputs follow theirs.
-fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
+/// The gradients' program of a split step updates no state itself, but its trip keeps the state: the update after
+/// it reads the flag it hands on.
+fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, cause: Cause, at: Loc) -> Result<()> {
     let internal = |m: &str| crate::error::Error::Internal(m.into());
     let counts = outputs.pop().ok_or_else(|| internal("a checked program without its check"))?;
     let mode = runtime()?.config.check_finite;
+    let of_step = !plan.guards.is_empty() || cause == Cause::Gradients;
+    let floating: Vec<bool> = plan.walk.targets.iter().map(|t| t.ty.dtype.is_float()).collect();
+    finite::note_counted(mode, outputs, &plan.guards, &floating);
     let mut donated = Vec::with_capacity(plan.walk.aliases.len());
     let replay = if finite::replays(mode) {
         let mut inputs = Vec::with_capacity(plan.walk.leaves.len());
@@ -203,14 +210,14 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, at: Loc) -> Result<()> {
                 None => inputs.push(data),
             }
         }
-        // Ahead only for programs that update state: training steps, not a model's initialization.
-        let ahead_compile = runtime()?.config.locate_ahead && !plan.guards.is_empty();
+        // Ahead only for a training step's programs, not a model's initialization.
+        let ahead_compile = runtime()?.config.locate_ahead && of_step;
         let (graph, ahead) = finite::graph_of(plan.key, ahead_compile, || plan.walk.graph().clone());
         Some(finite::Replay { graph, ahead, inputs, input_locs })
     } else {
         None
     };
-    finite::keep(counts, replay, &donated, at, mode, !plan.guards.is_empty());
+    finite::keep(counts, replay, &donated, at, mode, of_step);
     Ok(())
 }
 

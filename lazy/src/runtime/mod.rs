@@ -159,15 +159,17 @@ impl Config {
     }
 
     /// Whether an optimizer's `step()` launches the gradients before recording its update: as
-    /// [`Config::split_update`] says (`Auto`: on NVIDIA GPUs), never under the finite check, whose guard keeps a
-    /// step in one program. Measured in `docs/perf-log/2026-12-03-split-update.md`.
+    /// [`Config::split_update`] says (`Auto`: on NVIDIA GPUs). Under the finite check only with `stop`, whose
+    /// sticky flag carries the gradients' program's trip into the update's guard; `skip` guards a step by its own
+    /// count and `log` reads each check before the next launch, so both keep a step in one program. Measured in
+    /// `docs/perf-log/2026-12-03-split-update.md` and `docs/perf-log/2026-12-03-split-step-under-stop.md`.
     pub fn splits_update(&self) -> bool {
         let wanted = match self.split_update {
             SplitUpdate::Auto => self.backend == Backend::Gpu,
             SplitUpdate::On => true,
             SplitUpdate::Off => false,
         };
-        wanted && self.check_finite == CheckFinite::Off
+        wanted && matches!(self.check_finite, CheckFinite::Off | CheckFinite::Stop)
     }
 
     /// The XLA debug options a backend compiles with unless [`Config::xla_options`] says otherwise.

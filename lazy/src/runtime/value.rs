@@ -1,6 +1,7 @@
 //! `DeviceValue`: the value of a node on a device, a buffer that may still be in the making (by the CPU
 //! launcher) and that reads wait for.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use lazuli_hlo::Loc;
@@ -17,6 +18,8 @@ pub(crate) struct DeviceValue {
     /// The number of the program that computes it on the thread that launched it (`next_program`); 0 for an
     /// upload.
     pub(super) program: u64,
+    /// Under `stop`: the finite check's epoch in which its program counted it (`exec/finite/`), 0 if none did.
+    counted: AtomicU64,
 }
 
 /// Why a value was never computed: the program that was to compute it failed.
@@ -48,12 +51,12 @@ impl DeviceValue {
     pub fn ready(buffer: Buffer, program: u64) -> Arc<DeviceValue> {
         let cell = OnceLock::new();
         let _ = cell.set(Ok(buffer));
-        Arc::new(DeviceValue { cell, by_launcher: false, program })
+        Arc::new(DeviceValue { cell, by_launcher: false, program, counted: AtomicU64::new(0) })
     }
 
     /// A value the launcher fills: an upload (`program` 0) or an output of program number `program`.
     pub fn pending(program: u64) -> Arc<DeviceValue> {
-        Arc::new(DeviceValue { cell: OnceLock::new(), by_launcher: true, program })
+        Arc::new(DeviceValue { cell: OnceLock::new(), by_launcher: true, program, counted: AtomicU64::new(0) })
     }
 
     /// The buffer, once the launcher has made it.
@@ -66,6 +69,21 @@ impl DeviceValue {
             Some(Err(f)) => Err(f.error()),
             None => Err(Error::Internal("a device value was read before the launcher made it".into())),
         }
+    }
+
+    /// The number of the program that computes it on its thread (0 for an upload).
+    pub fn program(&self) -> u64 {
+        self.program
+    }
+
+    /// Note that its program's finite check counted it, in check epoch `epoch` (non-zero).
+    pub fn set_counted(&self, epoch: u64) {
+        self.counted.store(epoch, Ordering::Relaxed);
+    }
+
+    /// The check epoch in which its program counted it; 0 if none did.
+    pub fn counted(&self) -> u64 {
+        self.counted.load(Ordering::Relaxed)
     }
 
     /// The program (or upload) that was to make it failed.

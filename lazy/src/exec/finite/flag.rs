@@ -9,7 +9,7 @@
 //! it on, and programs of any structure (a training step, an evaluation) share it. It is a scalar: never donated,
 //! a new four-byte buffer per program.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use lazuli_hlo::{BinaryKind, DType, Loc};
@@ -21,6 +21,16 @@ thread_local! {
     /// The flag as the last checked program on this thread handed it on; `None` before the first and after a
     /// trip was reported.
     static FLAG: RefCell<Option<Tensor>> = const { RefCell::new(None) };
+    /// Which flag chain is current: a new one after each reported trip. A value counted by a program of the
+    /// current chain is covered by the flag: a later program need not count it again ([`epoch`]).
+    static EPOCH: Cell<u64> = const { Cell::new(1) };
+}
+
+/// The current flag chain. A program checked under `stop` notes it on the values it counted; a later program of
+/// the same chain reads the flag those counts went into, and so leaves such values out of its own count. After a
+/// trip the flag starts clear, and values counted before it are counted again where they enter an update.
+pub(crate) fn epoch() -> u64 {
+    EPOCH.get()
 }
 
 /// The flag a materialization reads and its next value, a target of its program.
@@ -56,7 +66,8 @@ pub(crate) fn is_flag(node: &Node) -> bool {
     FLAG.with_borrow(|f| f.as_ref().is_some_and(|t| std::ptr::eq(&*t.node, node)))
 }
 
-/// A trip was reported: the next program starts from a clear flag.
+/// A trip was reported: the next program starts from a clear flag, in a new chain.
 pub(crate) fn reset() {
     FLAG.with_borrow_mut(|f| *f = None);
+    EPOCH.set(EPOCH.get() + 1);
 }

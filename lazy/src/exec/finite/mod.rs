@@ -8,15 +8,19 @@
 //! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old state is
 //! still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched (or
 //! at `wait()`), when the in-flight bound has waited for that step anyway, or by a read that has waited for a result
-//! of its thread's latest program ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
+//! of that program or a later one of its thread ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
 //! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step k is
 //! read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program structure,
 //! [`graph_of`]) and the inputs that are not donated state (the batch, scalars); the donated ones are
 //! followed from output to output as later programs take them ([`keep`]), so that on a trip [`locate`] runs step
 //! k again on exactly its inputs: the first op that made a non-finite value from finite operands, and each
 //! output's count. The trip is an `Error::NonFinite`; the checks of the programs launched after it are dropped
-//! with it and the flag is cleared. Under `LAZULI_LOCATE_AHEAD` the locating program of a structure that runs again
-//! and updates state is compiled ahead on a thread and run once at a finite check ([`locate::warm`]).
+//! with it and the flag is cleared. Under `LAZULI_LOCATE_AHEAD` the locating program of a training step's structure
+//! that runs again is compiled ahead on a thread and run once at a finite check ([`locate::warm`]).
+//!
+//! A split step (`read::launch_gradients`) is two checked programs under `stop`: the gradients' counts the loss and
+//! the gradients and hands its trip on in the flag; the update's leaves those values out of its count
+//! ([`counted_leaves`]) and guards the state by the flag. A trip is located in the gradients' program.
 //!
 //! `log` keeps the first program: every output counted per group, nothing guarded or donated, the step's IR and
 //! inputs kept, its check read at the next materialization before anything is launched.
@@ -119,12 +123,41 @@ pub(crate) fn replays(mode: CheckFinite) -> bool {
 }
 
 /// The executable-cache key of a checked program: another program than the unchecked one of the same structure,
-/// than one checked under another mode, and than one with other guards.
-pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)]) -> u64 {
+/// than one checked under another mode, than one with other guards, and than one that counts other parameters.
+pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)], counted: &[usize]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (key, "nonfinite", mode as u8, guards).hash(&mut h);
+    (key, "nonfinite", mode as u8, guards, counted).hash(&mut h);
     h.finish()
+}
+
+/// Under `stop`: the parameters (by leaf) whose values a program of the current flag chain has counted already.
+/// That program's trip went into the flag this one reads, and the flag decides this one's guard, so this one's
+/// count leaves them out: the update of a split step does not read the gradients again. A value of an upload, of
+/// a mesh program or of another flag chain is counted again.
+pub(crate) fn counted_leaves(mode: CheckFinite, leaves: &[std::rc::Rc<crate::graph::tensor::Node>]) -> Vec<usize> {
+    if mode != CheckFinite::Stop {
+        return Vec::new();
+    }
+    let epoch = flag::epoch();
+    let counted =
+        |leaf: &crate::graph::tensor::Node| matches!(&leaf.lock().data, Some(Data::Device(v)) if v.counted() == epoch);
+    leaves.iter().enumerate().filter(|(_, leaf)| counted(leaf)).map(|(i, _)| i).collect()
+}
+
+/// Under `stop`, after a checked program's launch: its outputs that its count read (every floating-point output
+/// but the guarded state, see [`with_check`]) are counted in the current flag chain ([`counted_leaves`]).
+pub(crate) fn note_counted(mode: CheckFinite, outputs: &[Data], guards: &[(usize, usize)], floating: &[bool]) {
+    if mode != CheckFinite::Stop {
+        return;
+    }
+    let epoch = flag::epoch();
+    for (j, out) in outputs.iter().enumerate() {
+        let guarded = guards.iter().any(|&(_, g)| g == j);
+        if let (Data::Device(v), false, true) = (out, guarded, floating[j]) {
+            v.set_counted(epoch);
+        }
+    }
 }
 
 /// `graph` with the check's output appended (after the step's own outputs) and the `guards` applied, for
@@ -135,11 +168,13 @@ pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)]) -> u64
 /// the loss, the gradients), so that the select fuses into the update, and the one count is theirs: as dynamic
 /// loss scaling, they read no state. A non-finite state that an update makes from finite inputs makes the next
 /// step's loss non-finite: `stop` then names the step's non-finite input, and under `skip` [`SKIPS_IN_A_ROW`]
-/// skipped steps in a row end the run with an error that says so. Under `log` nothing is guarded and the counts
-/// are the outputs'.
+/// skipped steps in a row end the run with an error that says so. Under `stop` the parameters `counted` (by
+/// [`counted_leaves`]), and what layout ops and widening converts make of them (`hlo::finite::covered`), are left
+/// out of the count: the flag carries their trip. Under `log` nothing is guarded and the counts are the outputs'.
 pub(crate) fn with_check(
     graph: &Graph,
     guards: &[(usize, usize)],
+    counted: &[usize],
     flag: Option<usize>,
     mode: CheckFinite,
     backend: Backend,
@@ -150,7 +185,11 @@ pub(crate) fn with_check(
     let loc = g.outputs.first().map_or(Loc::caller(), |&o| g.nodes[o].loc);
     let counting = self::counting(backend);
     let counts = if self::guards(mode) {
-        let entering = f::update_inputs(&g, guards);
+        let mut entering = f::update_inputs(&g, guards);
+        if !counted.is_empty() {
+            let covered = f::covered(&g, counted);
+            entering.retain(|&x| !covered[x]);
+        }
         let entering = f::count_nonfinite_grouped(&mut g, &entering, &counting, loc).map_err(Error::Internal)?;
         let total = f::total_of(&mut g, entering, loc).map_err(Error::Internal)?;
         let mut tripped = f::tripped(&mut g, total, loc).map_err(Error::Internal)?;
@@ -276,25 +315,39 @@ pub(crate) fn before_launch() -> Result<usize> {
     Ok(0)
 }
 
-/// After a read of `read`, which waited for it: under `skip` and `stop`, if it is a result of this thread's latest
-/// program (a loop that reads its loss each step), wait for the launched programs (done by then, but for the
-/// launcher's own note of it) and read every check now. A trip is then the read's own error, located on an idle
-/// device before anything runs after the bad step, instead of two launches later. A read of an older program's
-/// result (a loop that logs the previous step's loss) leaves the checks to the launches, so as not to wait.
+/// After a read of `read`, which waited for it: under `skip` and `stop`, read the checks of the programs up to the
+/// one that made it, which are done (a thread's programs finish in order): a loop that reads its loss every step
+/// has the bad step's trip as its read's error, located on a device that has run nothing after the bad step but
+/// what keeps its state (the update of a split step, which reads the flag). A read of the latest program's result
+/// first waits for the launched programs (done by then, but for the launcher's own note of it). A read of an older
+/// program's result (a loop that logs the previous step's loss) reads only older checks, so as not to wait.
 pub(crate) fn after_read(read: &Data) -> Result<()> {
     if !HAS_PENDING.load(Relaxed) || !guards(runtime()?.config.check_finite) {
         return Ok(());
     }
-    let of_latest = match read {
-        Data::Device(v) => launcher::of_latest_program(v),
-        // A mesh program's shards carry no program number: its checks keep to the launches.
-        Data::Sharded { .. } | Data::Host(_) => false,
+    // A mesh program's shards carry no program number: its checks keep to the launches.
+    let Some(through) = program_of(read) else { return Ok(()) };
+    let done = {
+        let queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+        queue.iter().take_while(|p| program_of(&p.counts).is_some_and(|n| n <= through)).count()
     };
-    if !of_latest {
+    if done == 0 {
         return Ok(());
     }
-    crate::exec::in_flight::throttle(0)?;
-    read_all(take(usize::MAX))
+    if let Data::Device(v) = read {
+        if launcher::of_latest_program(v) {
+            crate::exec::in_flight::throttle(0)?;
+        }
+    }
+    read_all(take(done))
+}
+
+/// The number of the program on this thread that made `d`; `None` for an upload or a mesh program's shards.
+fn program_of(d: &Data) -> Option<u64> {
+    match d {
+        Data::Device(v) => Some(v.program()).filter(|&n| n != 0),
+        Data::Sharded { .. } | Data::Host(_) => None,
+    }
 }
 
 /// Read the oldest `n` checks, as [`before_launch`] counted them.

@@ -40,6 +40,9 @@ pub(crate) struct Plan {
     pub guards: Vec<(usize, usize)>,
     /// Under `Stop`: the output that is the sticky trip flag's next value (`exec/finite/flag.rs`).
     pub flag: Option<usize>,
+    /// Under `Stop`: parameters that an earlier program of the flag's chain counted, left out of this one's count
+    /// (`finite::counted_leaves`).
+    pub counted: Vec<usize>,
 }
 
 /// A sharded program's mesh, with each parameter's and each output's layout.
@@ -98,9 +101,10 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Op
         _ => Donation::None,
     };
     let donated = plan_donation(&mut walk, donation);
-    let key = if checked { crate::exec::finite::key(walk.key(), check, &guards) } else { walk.key() };
+    let counted = crate::exec::finite::counted_leaves(check, &walk.leaves);
+    let key = if checked { crate::exec::finite::key(walk.key(), check, &guards, &counted) } else { walk.key() };
     let flag = flag.filter(|_| checked).and_then(|f| walk.targets.iter().position(|t| Rc::ptr_eq(t, f)));
-    Ok(Plan { walk, mesh, donated, key, cached: None, checked, guards, flag })
+    Ok(Plan { walk, mesh, donated, key, cached: None, checked, guards, flag, counted })
 }
 
 /// Which buffers a program may donate.

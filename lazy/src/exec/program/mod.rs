@@ -38,8 +38,15 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
     let graph = plan.walk.graph();
     let text = if checked {
         let mode = rt.config.check_finite;
-        let checked =
-            super::finite::with_check(graph, &plan.guards, plan.flag, mode, rt.config.backend, counts_sharding)?;
+        let checked = super::finite::with_check(
+            graph,
+            &plan.guards,
+            &plan.counted,
+            plan.flag,
+            mode,
+            rt.config.backend,
+            counts_sharding,
+        )?;
         emit(&checked, &EmitOptions::default())
     } else {
         emit(graph, &EmitOptions::default())
