@@ -345,7 +345,7 @@ mod tests {
         let a = g.parameter(TensorType::new(DType::BF16, [2, 3]), loc);
         let b = g.parameter(TensorType::new(DType::F32, [2, 3]), loc);
         let pred = g.parameter(TensorType::new(DType::Bool, [2, 3]), loc);
-        let f32_of = |ty: &TensorType| TensorType::new(DType::F32, ty.dims.to_vec());
+        let f32_of = |ty: &TensorType| TensorType::new(DType::F32, &ty.dims);
         let convert = |from, to| Op::Convert(Convert { from, to });
         let wide = g.push(convert(DType::BF16, DType::F32), vec![a], loc).unwrap();
         let flat = g.push(Op::Reshape(Reshape { dims: vec![6] }), vec![wide], loc).unwrap();
