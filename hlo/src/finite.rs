@@ -239,8 +239,30 @@ pub fn sticky(g: &mut Graph, flag: NodeId, tripped: NodeId, loc: Loc) -> Result<
 
 /// Guard `g`'s state: while `tripped` (`bool[]`, from [`tripped`] or [`sticky`]) is false, each output `j` of
 /// `pairs` keeps its value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ
-/// is an error.
+/// is an error. An output that is not itself paired but converts a paired output's new value (a weight's bf16 copy
+/// where the old copy is no input of this program, as in a split step's update) converts the guarded value
+/// instead, so that it stays the copy of the state that is kept.
 pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
+    let paired: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
+    let guarded_new: Vec<NodeId> = paired.iter().map(|&j| g.outputs[j]).collect();
+    guard_pairs(g, tripped, pairs, loc)?;
+    for j in (0..g.outputs.len()).filter(|j| !paired.contains(j)) {
+        let node = &g.nodes[g.outputs[j]];
+        let (op, ty) = (node.op.clone(), node.ty.clone());
+        let Some(k) = (match (&op, node.operands.as_slice()) {
+            (Op::Convert(_), [x]) => guarded_new.iter().position(|n| n == x),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let kept = g.outputs[paired[k]];
+        g.outputs[j] = g.push(op, vec![kept], loc)?;
+        debug_assert_eq!(g.nodes[g.outputs[j]].ty, ty);
+    }
+    Ok(())
+}
+
+fn guard_pairs(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
     for &(i, j) in pairs {
         let (old, new) = (g.params[i], g.outputs[j]);
         if g.nodes[old].ty != g.nodes[new].ty {

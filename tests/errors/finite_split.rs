@@ -4,7 +4,7 @@
 //! located in the gradients' program, the state stays as it was before the bad step, and the check is read by the
 //! update of the step after it (or by a read of the bad step's loss), one step sooner than with one program a step.
 
-use lazuli::{AdamW, CheckFinite, Config, Optimizer, Param, SplitUpdate, Tensor};
+use lazuli::{AdamW, CheckFinite, Config, DType, Optimizer, Param, SplitUpdate, Tensor};
 
 use super::finite::{located, step_until_compiled_ahead, PlantedLog};
 use crate::common::child;
@@ -146,4 +146,42 @@ fn a_locator_compiled_ahead_locates_a_split_step_without_a_compile() {
     assert!(report.contains("operand 0: f32[2]: min 0e0, max 0e0, 0 NaN, 0 inf"), "{report}");
     let trip = lazuli::metrics() - before;
     assert_eq!((trip.locate_compiles, trip.locate_ahead), (0, 0), "the trip ran the program compiled ahead");
+}
+
+/// A weight read through a bf16 copy: the split step's update makes the new copy from the new weight, and the old
+/// copy is no input of that program, so the copy has no old value of its own to keep. On a trip it is made from
+/// the kept weight instead: after the error both hold their values from before the bad step.
+#[test]
+fn a_weights_bf16_copy_is_kept_with_the_weight_when_split() {
+    if child::alone(module_path!(), "a_weights_bf16_copy_is_kept_with_the_weight_when_split") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(false);
+    let w = Param::new(Tensor::from_slice(&[0.5f32, -1.0, 2.0], &[3]));
+    let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.1);
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]);
+    // `scale` 0 makes the loss log(0) = -inf and the gradient NaN.
+    let mut step = |scale: f32| {
+        let y = (&w.get_as(DType::BF16).to_dtype(DType::F32) * &x).sum_all();
+        let loss = (y.pow(2.0) * Tensor::scalar(scale)).log();
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync()
+    };
+    for _ in 0..3 {
+        step(1.0).unwrap();
+    }
+    lazuli::wait().unwrap();
+    let read = |w: &Param| {
+        let copy = w.get_as(DType::BF16).to_dtype(DType::F32).to_vec::<f32>().unwrap();
+        (w.get().to_vec::<f32>().unwrap(), copy)
+    };
+    let before = read(&w);
+    assert!(before.0.iter().chain(&before.1).all(|v| v.is_finite()), "{before:?}");
+    step(0.0).unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, _, report) = located(&e);
+    assert_eq!(op, "log", "{report}");
+    assert_eq!(read(&w), before, "{report}");
 }
