@@ -11,7 +11,7 @@ use lazuli::{
 use crate::common::child;
 
 /// The runtime of this child process, with the check in `mode`.
-fn init(mode: CheckFinite) {
+pub(super) fn init(mode: CheckFinite) {
     lazuli::init(Config { check_finite: mode, ..Config::from_env().unwrap() }).unwrap();
 }
 
@@ -90,75 +90,6 @@ fn a_gradient_op_is_located_at_the_forward_line() {
     lazuli::wait().unwrap();
     assert_eq!(g.to_vec::<f32>().unwrap(), vec![f32::INFINITY, 0.25]);
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
-}
-
-#[test]
-fn an_optimizer_update_is_named_at_the_next_step() {
-    if child::alone(module_path!(), "an_optimizer_update_is_named_at_the_next_step") {
-        return; // the runtime's configuration is process-wide
-    }
-    init(CheckFinite::Stop);
-    let w = Param::new(Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]));
-    // With eps = 0, a parameter whose gradient is 0 gets 0 / 0 in AdamW's update.
-    let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.1).eps(0.0);
-    let line = line!() + 4;
-    let mut step = || {
-        let loss = (&w.get() * 0.0).sum_all();
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync()
-    };
-    // The first step's update makes the NaNs from finite values, which stop does not count (what enters the update
-    // is finite); the second step's loss is NaN: that step trips, and its input is named with the update's line.
-    step().unwrap();
-    step().unwrap();
-    let e = lazuli::wait().unwrap_err();
-    let (op, at, report) = located(&e);
-    assert_eq!((op, at.file, at.line), ("parameter", file!(), line), "{report}");
-    assert!(report.contains("an input of the step, f32[3]") && report.contains("3 of 3 non-finite"), "{report}");
-    // The second step kept the state the first one made.
-    assert!(w.get().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
-}
-
-/// `LAZULI_LOCATE_AHEAD`: the locating program of a training step is compiled on a thread once the step runs
-/// again, and run once on a finite step; a trip then runs it without compiling and names the op as a trip that
-/// compiles does.
-#[test]
-fn a_locator_compiled_ahead_locates_without_a_compile_at_the_trip() {
-    if child::alone(module_path!(), "a_locator_compiled_ahead_locates_without_a_compile_at_the_trip") {
-        return; // the runtime's configuration is process-wide
-    }
-    let config = Config { check_finite: CheckFinite::Stop, locate_ahead: true, ..Config::from_env().unwrap() };
-    lazuli::init(config).unwrap();
-    let w = Param::new(Tensor::from_slice(&[1.0f32, 2.0], &[2]));
-    let mut opt = AdamW::new(vec![("w".into(), w.clone())], 0.01);
-    // The loss falls as w grows, so however many steps the compile ahead takes, w stays away from 0 (a loss that
-    // drove w down reached log(0) after about 80 steps on a loaded machine).
-    let line = line!() + 3;
-    let mut step = |scale: f32| {
-        let batch = Tensor::from_slice(&[scale, scale], &[2]);
-        let loss = -(&w.get() * &batch).log().sum_all();
-        loss.backward();
-        opt.step();
-        opt.zero_grad();
-        lazuli::sync()
-    };
-    step_until_compiled_ahead(|| step(1.0).unwrap());
-    let before = lazuli::metrics();
-    assert!(before.locate_warm_runs >= 1, "{before:?}");
-    // The bad step's check is read once two later steps are launched.
-    step(0.0).unwrap();
-    step(1.0).unwrap();
-    let e = step(1.0).unwrap_err();
-    let (op, at, report) = located(&e);
-    assert_eq!((op, at.file, at.line), ("log", file!(), line), "{report}");
-    assert!(report.contains("2 of 2 non-finite"), "{report}");
-    // The log's operand, w · 0.
-    assert!(report.contains("operand 0: f32[2]: min 0e0, max 0e0, 0 NaN, 0 inf"), "{report}");
-    let trip = lazuli::metrics() - before;
-    assert_eq!((trip.locate_compiles, trip.locate_ahead), (0, 0), "the trip ran the program compiled ahead");
-    assert!(trip.locate_run_ms > 0.0, "{trip:?}");
 }
 
 #[test]
@@ -249,7 +180,7 @@ fn a_malformed_setting_names_the_variable() {
 }
 
 /// Host copies of every parameter and optimizer state tensor, as bits.
-fn state_bits(model: &Mlp, opt: &AdamW) -> Vec<(String, Vec<u32>)> {
+pub(super) fn state_bits(model: &Mlp, opt: &AdamW) -> Vec<(String, Vec<u32>)> {
     let params = model.named_params().into_iter().map(|(n, p)| (n, p.get()));
     params
         .chain(opt.state())
@@ -353,43 +284,6 @@ fn skip_keeps_parameters_and_optimizer_state_bit_identical() {
     assert!(last.explanation.join("\n").contains("updates no state: nothing to skip"), "{last:?}");
 }
 
-/// An MLP trained with AdamW on two points, its loss `log(mse · scale)`: `scale`, a host scalar, 0 at a bad step
-/// makes the planted `log` -inf and every gradient NaN.
-pub(super) struct PlantedLog {
-    pub model: Mlp,
-    pub opt: AdamW,
-    pub x: Tensor,
-    target: Tensor,
-    /// The planted `log`'s line.
-    pub line: u32,
-}
-
-impl PlantedLog {
-    pub(super) fn new(seed: u64) -> PlantedLog {
-        let model = Mlp::new(&mut HostRng::new(seed), &[3, 8, 1], Activation::Tanh, DType::F32);
-        let opt = AdamW::new(model.named_params(), 1e-2);
-        let x = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0, 0.0, -0.5], &[2, 3]);
-        let target = Tensor::from_slice(&[1.0f32, -1.0], &[2, 1]);
-        PlantedLog { model, opt, x, target, line: 0 }
-    }
-
-    /// Records a training step and ends it with `sync()`; its loss.
-    pub(super) fn step(&mut self, scale: f32) -> lazuli::Result<Tensor> {
-        let mse = (&self.model.forward(&self.x) - &self.target).pow(2.0).mean_all();
-        self.line = line!() + 1;
-        let loss = (mse * Tensor::scalar(scale)).log();
-        loss.backward();
-        self.opt.step();
-        self.opt.zero_grad();
-        lazuli::sync()?;
-        Ok(loss)
-    }
-
-    pub(super) fn state_bits(&self) -> Vec<(String, Vec<u32>)> {
-        state_bits(&self.model, &self.opt)
-    }
-}
-
 /// Runs `step` until the locating programs whose compile started ahead are compiled, then three more times: the
 /// next finite check read runs each once.
 pub(super) fn step_until_compiled_ahead(mut step: impl FnMut()) {
@@ -405,83 +299,6 @@ pub(super) fn step_until_compiled_ahead(mut step: impl FnMut()) {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     (0..3).for_each(|_| step());
-}
-
-/// A loop that reads its loss every step waits for each step anyway: under `stop` the bad step's own read reads
-/// its check and is the trip's error, located before anything runs after it, with the state from before the step;
-/// the next step trains again.
-#[test]
-fn a_read_of_the_bad_steps_loss_is_the_trip() {
-    if child::alone(module_path!(), "a_read_of_the_bad_steps_loss_is_the_trip") {
-        return; // the runtime's configuration is process-wide
-    }
-    init(CheckFinite::Stop);
-    let mut run = PlantedLog::new(5);
-    let read_loss = |loss: Tensor| loss.item::<f32>();
-    for _ in 0..3 {
-        assert!(run.step(1.0).and_then(read_loss).unwrap().is_finite());
-    }
-    let before = run.state_bits();
-    let executions = lazuli::metrics().executions;
-    let bad = run.step(0.0).and_then(read_loss);
-    let (op, at, report) = located(bad.as_ref().unwrap_err());
-    assert_eq!((op, at.file, at.line), ("log", file!(), run.line), "{report}");
-    assert!(report.contains("step 3: "), "{report}");
-    assert!(report.contains("hold their values from before the step\n"), "{report}");
-    // Only the bad step ran (the locating run is not counted among executions).
-    assert_eq!(lazuli::metrics().executions, executions + 1);
-    assert_eq!(run.state_bits(), before, "{report}");
-    assert!(run.step(1.0).and_then(read_loss).unwrap().is_finite());
-    assert_ne!(run.state_bits(), before);
-}
-
-/// `stop` keeps the state as `skip` does, with donation on: a planted `log(0)` is located at its line with its
-/// step, and the parameters and AdamW's moments after the error are bit for bit those before the bad step,
-/// although two more programs (an evaluation and a training step) were launched after it; the run can go on from
-/// there, as if the frozen steps had never run.
-#[test]
-fn stop_keeps_the_state_from_before_the_bad_step() {
-    if child::alone(module_path!(), "stop_keeps_the_state_from_before_the_bad_step") {
-        return; // the runtime's configuration and the counters are process-wide
-    }
-    init(CheckFinite::Stop);
-    let mut run = PlantedLog::new(3);
-    for _ in 0..3 {
-        run.step(1.0).unwrap();
-    }
-    let before = run.state_bits();
-    let donated = lazuli::metrics().bytes_donated;
-    // Step 3 is bad. An evaluation (another program, which updates no state) and a training step are launched
-    // after it; the training step's `sync()` reads step 3's check. Both read the flag and hand it on.
-    let bad = run.step(0.0);
-    let evaluated = run.model.forward(&run.x).sum_all();
-    let eval = lazuli::sync();
-    let next = run.step(1.0);
-    assert!(bad.is_ok() && eval.is_ok(), "{bad:?} {eval:?}");
-    assert!(evaluated.item::<f32>().unwrap().is_finite());
-    let (op, at, report) = located(next.as_ref().unwrap_err());
-    assert_eq!((op, at.file, at.line), ("log", file!(), run.line), "{report}");
-    assert!(report.contains("step 3: "), "{report}");
-    assert!(report.contains("as the 2 program(s) launched after it left them"), "{report}");
-    // Read back from the device: the bad step and the two after it left every parameter and moment as it was.
-    assert_eq!(run.state_bits(), before, "{report}");
-    // The state was still donated: the guarded programs hand the old buffers back.
-    assert!(lazuli::metrics().bytes_donated > donated);
-    // The flag is cleared with the error: the next step trains again from the kept state.
-    run.step(1.0).unwrap();
-    lazuli::wait().unwrap();
-    let after = run.state_bits();
-    assert_ne!(after, before);
-    assert!(after.iter().all(|(_, bits)| bits.iter().all(|&b| f32::from_bits(b).is_finite())));
-    // ... bit for bit as a run that never took the frozen steps: AdamW's bias correction counts the 4 steps
-    // applied, not the 6 taken.
-    assert_eq!((run.opt.steps(), run.opt.steps_applied().unwrap()), (6, 4));
-    let mut clean = PlantedLog::new(3);
-    for _ in 0..4 {
-        clean.step(1.0).unwrap();
-    }
-    lazuli::wait().unwrap();
-    assert_eq!(after, clean.state_bits(), "the frozen steps counted in the bias correction");
 }
 
 #[test]

@@ -15,7 +15,7 @@ mod control_flow;
 mod diagnostics;
 mod errors;
 mod finite;
-mod finite_split;
+mod finite_steps;
 mod fuzz;
 mod try_ops;
 mod xla_errors;
