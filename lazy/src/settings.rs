@@ -88,7 +88,7 @@ pub const VARIABLES: &[Variable] = &[
         "LAZULI_SPLIT_UPDATE",
         "an optimizer's step() launching the gradients before recording its update",
         "auto, on, off",
-        "auto (on for NVIDIA GPUs)",
+        "auto (on for NVIDIA GPUs without the finite check)",
     ),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),

@@ -18,9 +18,9 @@
 //! with it and the flag is cleared. Under `LAZULI_LOCATE_AHEAD` the locating program of a training step's structure
 //! that runs again is compiled ahead on a thread and run once at a finite check ([`locate::warm`]).
 //!
-//! A split step (`read::launch_gradients`) is two checked programs under `stop`: the gradients' counts the loss and
-//! the gradients and hands its trip on in the flag; the update's leaves those values out of its count
-//! ([`counted_leaves`]) and guards the state by the flag. A trip is located in the gradients' program.
+//! A split step (`read::launch_gradients`, under `stop` only where asked) is two checked programs: the gradients'
+//! counts the loss and the gradients and hands its trip on in the flag; the update's leaves those values out of its
+//! count ([`counted_leaves`]) and guards the state by the flag. A trip is located in the gradients' program.
 //!
 //! `log` keeps the first program: every output counted per group, nothing guarded or donated, the step's IR and
 //! inputs kept, its check read at the next materialization before anything is launched.
