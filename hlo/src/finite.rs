@@ -34,12 +34,17 @@ pub struct Counting {
     /// zeros) as this many rows and sums them into one row, then that row; `None`, and smaller counts: one
     /// reduction over all of them.
     pub rows: Option<usize>,
+    /// A program that needs one total (a guarded check) counts it with [`count_total_by_rows`] in rows of this
+    /// width; `None`: the groups' counts summed.
+    pub total_by_rows: Option<usize>,
 }
 
 impl Counting {
     /// XLA's GPU compiler: up to [`GROUP_TENSORS`] tensors, flattened and concatenated, counted by one reduction,
     /// whose concatenation it fuses into the kernel that counts (a launch per tensor cost more than the reading).
-    pub const FOR_GPU: Counting = Counting { tensors: GROUP_TENSORS, elements: 1 << 30, rows: None };
+    /// A total is counted by rows ([`count_total_by_rows`]).
+    pub const FOR_GPU: Counting =
+        Counting { tensors: GROUP_TENSORS, elements: 1 << 30, rows: None, total_by_rows: Some(TOTAL_ROW_WIDTH) };
     /// XLA's CPU compiler: only small tensors share a count, and a large tensor's count first sums its 32 rows
     /// into one. Its loop over a concatenation picks each element's source tensor in turn and is not vectorized,
     /// and it rewrites a reduction over more than 32 elements into a tree whose first level it does not fuse with
@@ -47,8 +52,13 @@ impl Counting {
     /// (the leading axis) reads each row contiguously and vectorizes; summing within rows of 32 (the last axis)
     /// loaded element by element and took about 1.5 times as long (`docs/perf-log/2026-12-03-locator-ahead.md`).
     /// Small counts stay one reduction: fewer kernels.
-    pub const FOR_CPU: Counting = Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32) };
+    pub const FOR_CPU: Counting =
+        Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32), total_by_rows: None };
 }
+
+/// The rows of [`Counting::FOR_GPU`]'s total: long enough for wide loads, and every tensor of GPT-2's a whole
+/// number of them.
+pub const TOTAL_ROW_WIDTH: usize = 2048;
 
 /// At most this many tensors share one count of [`Counting::FOR_GPU`]: few enough operands for XLA to fuse their
 /// concatenation into the counting reduction.
@@ -114,8 +124,44 @@ pub fn count_nonfinite_grouped(
     }
 }
 
-/// `i32[1]`: how many elements of node `x` are NaN or infinite.
-fn count_one(g: &mut Graph, x: NodeId, rows: Option<usize>, loc: Loc) -> Result<NodeId, String> {
+/// `i32[1]`: how many elements of the floating-point nodes `of` are NaN or infinite in all, shaped for XLA's GPU
+/// compiler: each tensor's flags flattened into rows of at most `width` (the last padded with zeros) and counted
+/// by rows, the row counts of every tensor joined and summed. The row counts of tensors of one shape feed the same
+/// join, so XLA fuses them into one kernel (its horizontal fusion of reductions) that reads each tensor with wide
+/// loads. A reduction over a join of the tensors themselves decides each element's tensor in turn, and read a
+/// quarter as fast (`docs/perf-log/2026-12-04-check-by-rows.md`).
+pub fn count_total_by_rows(g: &mut Graph, of: &[NodeId], width: usize, loc: Loc) -> Result<NodeId, String> {
+    let mut row_counts = Vec::with_capacity(of.len());
+    for &x in of {
+        let n = g.nodes[x].ty.elements();
+        if n == 0 {
+            continue;
+        }
+        let flags = nonfinite_flags(g, x, loc)?;
+        let width = width.clamp(1, n);
+        let rows = n.div_ceil(width);
+        let mut flat = g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![flags], loc)?;
+        if rows * width > n {
+            let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
+            let pad = Pad { low: vec![0], high: vec![rows * width - n], interior: vec![0] };
+            flat = g.push(Op::Pad(pad), vec![flat, zero], loc)?;
+        }
+        let table = g.push(Op::Reshape(Reshape { dims: vec![rows, width] }), vec![flat], loc)?;
+        let by_row = Reduce { kind: ReduceKind::Sum, axes: vec![1], keep: false };
+        row_counts.push(g.push(Op::Reduce(by_row), vec![table], loc)?);
+    }
+    let joined = match row_counts.len() {
+        0 => return total_of(g, None, loc),
+        1 => row_counts[0],
+        _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), row_counts, loc)?,
+    };
+    // XLA's simplifier would turn a sum over the join back into a sum per tensor.
+    let joined = g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![joined], loc)?;
+    total_of(g, Some(joined), loc)
+}
+
+/// `i32` flags of node `x`'s shape: 1 where an element is NaN or infinite, else 0.
+fn nonfinite_flags(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String> {
     let ty = g.nodes[x].ty.clone();
     if !ty.dtype.is_float() {
         return Err(format!("counting non-finite values of {ty}, which is not floating-point"));
@@ -126,9 +172,14 @@ fn count_one(g: &mut Graph, x: NodeId, rows: Option<usize>, loc: Loc) -> Result<
     let finite = g.push(Op::Compare(Compare { dir: CompareDir::Lt }), vec![abs, inf], loc)?;
     let zero = g.push(splat(0.0, DType::I32), vec![], loc)?;
     let one = g.push(splat(1.0, DType::I32), vec![], loc)?;
-    let flags = g.push(Op::Select(Select), vec![finite, zero, one], loc)?;
+    g.push(Op::Select(Select), vec![finite, zero, one], loc)
+}
+
+/// `i32[1]`: how many elements of node `x` are NaN or infinite.
+fn count_one(g: &mut Graph, x: NodeId, rows: Option<usize>, loc: Loc) -> Result<NodeId, String> {
+    let flags = nonfinite_flags(g, x, loc)?;
     match rows {
-        Some(rows) if rows > 0 && ty.elements() > rows => {
+        Some(rows) if rows > 0 && g.nodes[x].ty.elements() > rows => {
             let row = count_rows(g, flags, rows, loc)?;
             reduce_to_one(g, row, ReduceKind::Sum, loc)
         }
@@ -239,22 +290,31 @@ pub fn sticky(g: &mut Graph, flag: NodeId, tripped: NodeId, loc: Loc) -> Result<
 
 /// Guard `g`'s state: while `tripped` (`bool[]`, from [`tripped`] or [`sticky`]) is false, each output `j` of
 /// `pairs` keeps its value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ
-/// is an error. An output that is not itself paired but converts a paired output's new value (a weight's bf16 copy
-/// where the old copy is no input of this program, as in a split step's update) converts the guarded value
-/// instead, so that it stays the copy of the state that is kept.
+/// is an error. An output that converts a guarded output's new value (a weight's bf16 copy) converts the guarded
+/// value instead, so that it stays the copy of the state that is kept: paired with its old value, that old value
+/// is then not read at all (a pass over every copy saved), and unpaired (the old copy no input of this program, as
+/// in a split step's update) it is kept all the same.
 pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
     let paired: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
     let guarded_new: Vec<NodeId> = paired.iter().map(|&j| g.outputs[j]).collect();
-    guard_pairs(g, tripped, pairs, loc)?;
-    for j in (0..g.outputs.len()).filter(|j| !paired.contains(j)) {
+    let source = |g: &Graph, j: usize| match (&g.nodes[g.outputs[j]].op, g.nodes[g.outputs[j]].operands.as_slice()) {
+        (Op::Convert(_), [x]) => guarded_new.iter().position(|n| n == x),
+        _ => None,
+    };
+    // A convert of a value that is itself such a convert is guarded as it stands.
+    let converts: Vec<(usize, usize)> = (0..g.outputs.len())
+        .filter_map(|j| source(g, j).map(|k| (j, k)))
+        .filter(|&(_, k)| source(g, paired[k]).is_none())
+        .collect();
+    let direct: Vec<(usize, usize)> =
+        pairs.iter().copied().filter(|&(_, j)| !converts.iter().any(|&(c, _)| c == j)).collect();
+    for &(i, j) in pairs.iter().filter(|p| !direct.contains(p)) {
+        same_types(g, i, j)?;
+    }
+    guard_pairs(g, tripped, &direct, loc)?;
+    for (j, k) in converts {
         let node = &g.nodes[g.outputs[j]];
         let (op, ty) = (node.op.clone(), node.ty.clone());
-        let Some(k) = (match (&op, node.operands.as_slice()) {
-            (Op::Convert(_), [x]) => guarded_new.iter().position(|n| n == x),
-            _ => None,
-        }) else {
-            continue;
-        };
         let kept = g.outputs[paired[k]];
         g.outputs[j] = g.push(op, vec![kept], loc)?;
         debug_assert_eq!(g.nodes[g.outputs[j]].ty, ty);
@@ -262,12 +322,19 @@ pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc)
     Ok(())
 }
 
+/// Parameter `i` and output `j` have one type (a guarded pair), or the error that says they do not.
+fn same_types(g: &Graph, i: usize, j: usize) -> Result<(), String> {
+    let (old, new) = (&g.nodes[g.params[i]].ty, &g.nodes[g.outputs[j]].ty);
+    match old == new {
+        true => Ok(()),
+        false => Err(format!("guarding output {j} ({new}) with parameter {i} ({old})")),
+    }
+}
+
 fn guard_pairs(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
     for &(i, j) in pairs {
+        same_types(g, i, j)?;
         let (old, new) = (g.params[i], g.outputs[j]);
-        if g.nodes[old].ty != g.nodes[new].ty {
-            return Err(format!("guarding output {j} ({}) with parameter {i} ({})", g.nodes[new].ty, g.nodes[old].ty));
-        }
         let dims = g.nodes[new].ty.dims.to_vec();
         let keep_old = match dims.is_empty() {
             true => tripped,
@@ -355,7 +422,7 @@ mod tests {
 
     /// Each tensor counted alone.
     fn alone(rows: Option<usize>) -> Counting {
-        Counting { tensors: 1, elements: 0, rows }
+        Counting { tensors: 1, elements: 0, rows, total_by_rows: None }
     }
 
     /// Counted parameters cover what layout ops and widening converts make from them alone, and nothing else.
@@ -555,6 +622,40 @@ mod tests {
         };
         assert_eq!(run([1.0, 2.0]), vec![vec![3.0, 2.0], vec![3.0, 2.0]]);
         assert_eq!(run([1.0, 0.0]), vec![vec![3.0, 4.0], vec![3.0, f64::INFINITY]]);
+    }
+
+    /// A weight's low-precision copy, paired with its old value, is written as the convert of the guarded weight:
+    /// the weight's new value's copy while nothing trips, the kept weight's on a trip, and the old copy is read by
+    /// nothing (here it differs from the old weight's convert, so the result says which was taken).
+    #[test]
+    fn a_paired_copy_converts_the_kept_weight() {
+        use crate::ops::elementwise::{Binary, Convert};
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let w = g.parameter(TensorType::new(DType::F32, [2]), loc);
+        let copy = g.parameter(TensorType::new(DType::F16, [2]), loc);
+        let x = g.parameter(TensorType::new(DType::F32, [2]), loc);
+        let new_w = g.push(Op::Binary(Binary { kind: BinaryKind::Div }), vec![w, x], loc).unwrap();
+        let to_f16 = Op::Convert(Convert { from: DType::F32, to: DType::F16 });
+        let new_copy = g.push(to_f16, vec![new_w], loc).unwrap();
+        g.outputs = vec![new_w, new_copy];
+        let counts = count_nonfinite_grouped(&mut g, &[x], &alone(None), loc).unwrap().unwrap();
+        let trip = tripped(&mut g, counts, loc).unwrap();
+        guard(&mut g, trip, &[(0, 0), (1, 1)], loc).unwrap();
+        assert!(g.nodes.iter().all(|n| !n.operands.contains(&copy)), "the old copy is read");
+        let run = |x: f64| {
+            let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 0.375]).unwrap();
+            let copy = ArrayD::from_elem(IxDyn(&[2]), 7.0);
+            let out = g.evaluate(&[w, copy, ArrayD::from_elem(IxDyn(&[2]), x)]).unwrap();
+            out.iter().map(|o| o.iter().copied().collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(1.0), vec![vec![3.0, 0.375]; 2]);
+        assert_eq!(run(f64::NAN), vec![vec![3.0, 0.375]; 2]);
+        assert_eq!(run(2.0), vec![vec![1.5, 0.1875]; 2]);
+        // A pair of different types is still refused.
+        let mut bad = g.clone();
+        bad.outputs = vec![new_w, new_w];
+        assert!(guard(&mut bad, trip, &[(1, 0)], loc).unwrap_err().contains("guarding output 0"));
     }
 
     /// A sticky flag: a program given a set flag keeps its state and hands the flag on set, even when its own

@@ -426,63 +426,89 @@ fn skip_on_a_mesh_keeps_the_state_and_the_step_count() {
 /// group, with f16 beside f32 and more tensors than one group holds; counted whole and in rows.
 #[test]
 fn grouped_counts_on_the_plugin_match_the_reference() {
-    use lazuli_hlo::finite::{count_groups, count_nonfinite_grouped, Counting, GROUP_TENSORS};
-    use lazuli_hlo::{emit, EmitOptions, Graph, Loc, TensorType};
-    use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
-    use ndarray::{ArrayD, IxDyn};
+    use lazuli_hlo::finite::{count_groups, count_nonfinite_grouped, Counting};
 
-    let plugin = Plugin::load(provision::cpu_plugin_path().unwrap()).unwrap();
-    let client = Client::new(&plugin, &ClientOptions::new().cpu_device_count(1)).unwrap();
     // As on a GPU and on the CPU (here all small: grouped, no rows); and small enough limits that most tensors
     // are counted alone, as 4 or 3 rows summed into one (padded to whole rows), beside groups small enough to share.
-    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4) };
-    let threes = Counting { tensors: 3, elements: 10, rows: Some(3) };
+    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4), total_by_rows: None };
+    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total_by_rows: None };
     for counting in [Counting::FOR_GPU, Counting::FOR_CPU, alone_in_rows, threes] {
-        let loc = Loc::caller();
-        let mut g = Graph::new();
-        let shapes: Vec<Vec<usize>> = (0..GROUP_TENSORS + 9).map(|i| vec![1 + i % 3, 2 + i % 5]).collect();
-        let mut xs: Vec<_> = shapes.iter().map(|s| g.parameter(TensorType::new(DType::F32, s.clone()), loc)).collect();
-        xs.push(g.parameter(TensorType::new(DType::F16, [3]), loc));
+        let (mut g, xs, values, planted) = planted_counts_graph();
+        let loc = g.nodes[xs[0]].loc;
         let counts = count_nonfinite_grouped(&mut g, &xs, &counting, loc).unwrap().unwrap();
         g.outputs = vec![counts];
-        // Tensor i holds i % 4 non-finite elements (as many as fit), of every kind.
-        let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
-        let mut values: Vec<ArrayD<f64>> = shapes
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let n: usize = s.iter().product();
-                let v = (0..n).map(|k| if k < i % 4 { specials[(i + k) % 3] } else { k as f64 * 0.5 - 1.0 });
-                ArrayD::from_shape_vec(IxDyn(s), v.collect()).unwrap()
-            })
-            .collect();
-        values.push(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, f64::NAN, 2.0]).unwrap());
         let want: Vec<i32> = g.evaluate(&values).unwrap()[0].iter().map(|&c| c as i32).collect();
         let types: Vec<_> = xs.iter().map(|&x| &g.nodes[x].ty).collect();
         let groups = count_groups(&types, &counting).len();
         assert!(groups >= 3, "at least two f32 groups and one f16 group: {counting:?}");
         assert_eq!(want.len(), groups, "one count per group: {want:?}");
-        let planted: usize = shapes.iter().enumerate().map(|(i, s)| (i % 4).min(s.iter().product())).sum::<usize>() + 1;
         assert_eq!(want.iter().sum::<i32>() as usize, planted, "the counts hold every planted value: {want:?}");
-
-        let exe = client.compile(&emit(&g, &EmitOptions::default()), &CompileOptions::default()).unwrap();
-        let device = &client.devices()[0];
-        let mut args = Vec::new();
-        for (v, &x) in values.iter().zip(&xs) {
-            let dims: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-            let (bytes, ty) = match g.nodes[x].ty.dtype {
-                DType::F16 => {
-                    (v.iter().flat_map(|&e| half::f16::from_f64(e).to_le_bytes()).collect(), ElementType::F16)
-                }
-                _ => (v.iter().flat_map(|&e| (e as f32).to_le_bytes()).collect::<Vec<u8>>(), ElementType::F32),
-            };
-            args.push(client.buffer_from_host(&bytes, ty, &dims, device).unwrap());
-        }
-        let out = exe.execute(&args.iter().collect::<Vec<_>>()).unwrap();
-        let got: Vec<i32> =
-            out[0].to_host().unwrap().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
-        assert_eq!(got, want, "{counting:?}");
+        assert_eq!(counts_on_the_cpu_plugin(&g, &xs, &values), want, "{counting:?}");
     }
+}
+
+/// A guarded check's one total counted by rows (each tensor's rows counted, the row counts joined and summed) on
+/// the real CPU plugin: the planted count, the reference's, whether the rows are longer than every tensor, divide
+/// some and leave others a padded last row, or hold one element.
+#[test]
+fn a_total_by_rows_on_the_plugin_counts_every_planted_value() {
+    use lazuli_hlo::finite::{count_total_by_rows, TOTAL_ROW_WIDTH};
+    for width in [TOTAL_ROW_WIDTH, 4, 1] {
+        let (mut g, xs, values, planted) = planted_counts_graph();
+        let loc = g.nodes[xs[0]].loc;
+        let total = count_total_by_rows(&mut g, &xs, width, loc).unwrap();
+        g.outputs = vec![total];
+        let want: Vec<i32> = g.evaluate(&values).unwrap()[0].iter().map(|&c| c as i32).collect();
+        assert_eq!(want, vec![planted as i32], "the reference, rows of {width}");
+        assert_eq!(counts_on_the_cpu_plugin(&g, &xs, &values), want, "the plugin, rows of {width}");
+    }
+}
+
+/// A graph of `GROUP_TENSORS + 9` f32 parameters of assorted shapes and one f16, with values where tensor `i`
+/// holds `i % 4` non-finite elements (as many as fit), of every kind, and the f16 one; and how many were planted.
+fn planted_counts_graph() -> (lazuli_hlo::Graph, Vec<usize>, Vec<ndarray::ArrayD<f64>>, usize) {
+    use lazuli_hlo::finite::GROUP_TENSORS;
+    use lazuli_hlo::{Graph, Loc, TensorType};
+    use ndarray::{ArrayD, IxDyn};
+    let loc = Loc::caller();
+    let mut g = Graph::new();
+    let shapes: Vec<Vec<usize>> = (0..GROUP_TENSORS + 9).map(|i| vec![1 + i % 3, 2 + i % 5]).collect();
+    let mut xs: Vec<_> = shapes.iter().map(|s| g.parameter(TensorType::new(DType::F32, s.clone()), loc)).collect();
+    xs.push(g.parameter(TensorType::new(DType::F16, [3]), loc));
+    let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+    let mut values: Vec<ArrayD<f64>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let n: usize = s.iter().product();
+            let v = (0..n).map(|k| if k < i % 4 { specials[(i + k) % 3] } else { k as f64 * 0.5 - 1.0 });
+            ArrayD::from_shape_vec(IxDyn(s), v.collect()).unwrap()
+        })
+        .collect();
+    values.push(ArrayD::from_shape_vec(IxDyn(&[3]), vec![1.0, f64::NAN, 2.0]).unwrap());
+    let planted: usize = shapes.iter().enumerate().map(|(i, s)| (i % 4).min(s.iter().product())).sum::<usize>() + 1;
+    (g, xs, values, planted)
+}
+
+/// `g`'s one `i32` output, compiled and run on the real CPU plugin with `values` as its f32 and f16 parameters `xs`.
+fn counts_on_the_cpu_plugin(g: &lazuli_hlo::Graph, xs: &[usize], values: &[ndarray::ArrayD<f64>]) -> Vec<i32> {
+    use lazuli_hlo::{emit, EmitOptions};
+    use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
+    let plugin = Plugin::load(provision::cpu_plugin_path().unwrap()).unwrap();
+    let client = Client::new(&plugin, &ClientOptions::new().cpu_device_count(1)).unwrap();
+    let exe = client.compile(&emit(g, &EmitOptions::default()), &CompileOptions::default()).unwrap();
+    let device = &client.devices()[0];
+    let mut args = Vec::new();
+    for (v, &x) in values.iter().zip(xs) {
+        let dims: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
+        let (bytes, ty) = match g.nodes[x].ty.dtype {
+            DType::F16 => (v.iter().flat_map(|&e| half::f16::from_f64(e).to_le_bytes()).collect(), ElementType::F16),
+            _ => (v.iter().flat_map(|&e| (e as f32).to_le_bytes()).collect::<Vec<u8>>(), ElementType::F32),
+        };
+        args.push(client.buffer_from_host(&bytes, ty, &dims, device).unwrap());
+    }
+    let out = exe.execute(&args.iter().collect::<Vec<_>>()).unwrap();
+    out[0].to_host().unwrap().chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
 /// The locator's reductions of watched nodes (`FiniteStats`: the count of non-finite elements and the range; nodes

@@ -190,11 +190,16 @@ pub(crate) fn with_check(
             let covered = f::covered(&g, counted);
             entering.retain(|&x| !covered[x]);
         }
-        // One total: grouped by dtype, so that a step whose gradients alternate between f32 and bf16 (weights
-        // read through bf16 copies) is a few counts, not one per run of a dtype.
-        entering.sort_by_key(|&x| g.nodes[x].ty.dtype);
-        let entering = f::count_nonfinite_grouped(&mut g, &entering, &counting, loc).map_err(Error::Internal)?;
-        let total = f::total_of(&mut g, entering, loc).map_err(Error::Internal)?;
+        let total = match counting.total_by_rows {
+            Some(width) => f::count_total_by_rows(&mut g, &entering, width, loc).map_err(Error::Internal)?,
+            None => {
+                // Grouped by dtype, so that a step whose gradients alternate between f32 and bf16 (weights read
+                // through bf16 copies) is a few counts, not one per run of a dtype.
+                entering.sort_by_key(|&x| g.nodes[x].ty.dtype);
+                let counts = f::count_nonfinite_grouped(&mut g, &entering, &counting, loc).map_err(Error::Internal)?;
+                f::total_of(&mut g, counts, loc).map_err(Error::Internal)?
+            }
+        };
         let mut tripped = f::tripped(&mut g, total, loc).map_err(Error::Internal)?;
         if let Some(j) = flag {
             let handed_on = g.outputs[j];
