@@ -295,31 +295,36 @@ pub fn sticky(g: &mut Graph, flag: NodeId, tripped: NodeId, loc: Loc) -> Result<
 /// is then not read at all (a pass over every copy saved), and unpaired (the old copy no input of this program, as
 /// in a split step's update) it is kept all the same.
 pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
-    let paired: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
-    let guarded_new: Vec<NodeId> = paired.iter().map(|&j| g.outputs[j]).collect();
-    let source = |g: &Graph, j: usize| match (&g.nodes[g.outputs[j]].op, g.nodes[g.outputs[j]].operands.as_slice()) {
-        (Op::Convert(_), [x]) => guarded_new.iter().position(|n| n == x),
-        _ => None,
-    };
-    // A convert of a value that is itself such a convert is guarded as it stands.
-    let converts: Vec<(usize, usize)> = (0..g.outputs.len())
-        .filter_map(|j| source(g, j).map(|k| (j, k)))
-        .filter(|&(_, k)| source(g, paired[k]).is_none())
-        .collect();
+    let copies = copies_of_state(g, pairs);
     let direct: Vec<(usize, usize)> =
-        pairs.iter().copied().filter(|&(_, j)| !converts.iter().any(|&(c, _)| c == j)).collect();
+        pairs.iter().copied().filter(|&(_, j)| !copies.iter().any(|&(c, _)| c == j)).collect();
     for &(i, j) in pairs.iter().filter(|p| !direct.contains(p)) {
         same_types(g, i, j)?;
     }
+    let guarded_at: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
     guard_pairs(g, tripped, &direct, loc)?;
-    for (j, k) in converts {
+    for (j, k) in copies {
         let node = &g.nodes[g.outputs[j]];
         let (op, ty) = (node.op.clone(), node.ty.clone());
-        let kept = g.outputs[paired[k]];
+        let kept = g.outputs[guarded_at[k]];
         g.outputs[j] = g.push(op, vec![kept], loc)?;
         debug_assert_eq!(g.nodes[g.outputs[j]].ty, ty);
     }
     Ok(())
+}
+
+/// The outputs that convert the new value of a guarded output of `pairs` (a weight's low-precision copy), paired
+/// or not, as `(output, index in pairs of the value converted)`; a convert of such a copy is not one.
+fn copies_of_state(g: &Graph, pairs: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let guarded_new: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
+    let source = |j: usize| match (&g.nodes[g.outputs[j]].op, g.nodes[g.outputs[j]].operands.as_slice()) {
+        (Op::Convert(_), [x]) => guarded_new.iter().position(|n| n == x),
+        _ => None,
+    };
+    (0..g.outputs.len())
+        .filter_map(|j| source(j).map(|k| (j, k)))
+        .filter(|&(_, k)| source(pairs[k].1).is_none())
+        .collect()
 }
 
 /// Parameter `i` and output `j` have one type (a guarded pair), or the error that says they do not.
@@ -363,16 +368,20 @@ pub fn total_of(g: &mut Graph, counts: Option<NodeId>, loc: Loc) -> Result<NodeI
 
 /// What decides a cheap guard of `pairs` (`(parameter, output)`): the floating-point values entering the
 /// update, that is the operands of the guarded outputs other than the old state and other guarded outputs (an
-/// optimizer's gradients and hyperparameters), and the floating-point outputs that are not guarded (the loss). The
-/// guard's select then depends on nothing the update computes, so XLA can fuse it into the update's kernels; a
-/// non-finite value that the update itself makes from these is not caught by it.
+/// optimizer's gradients and hyperparameters), and the floating-point outputs that are neither guarded nor a copy
+/// of guarded state (the loss). The guard's select then depends on nothing the update computes, so XLA can fuse it
+/// into the update's kernels; a non-finite value that the update itself makes from these is not caught by it (a
+/// copy that overflows its narrower type, for one: the next step's loss says so). Counting an unpaired copy would
+/// compute the update a second time inside the count's kernel.
 pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
     let guarded: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
+    let copies: Vec<usize> = copies_of_state(g, pairs).into_iter().map(|(j, _)| j).collect();
     let old: Vec<NodeId> = pairs.iter().map(|&(i, _)| g.params[i]).collect();
     let mut seen = vec![false; g.nodes.len()];
     let mut out = Vec::new();
     let operands = guarded.iter().flat_map(|&o| g.nodes[o].operands.iter().copied());
-    let unguarded = g.outputs.iter().copied().filter(|o| !guarded.contains(o));
+    let unguarded = (0..g.outputs.len()).filter(|j| !copies.contains(j)).map(|j| g.outputs[j]);
+    let unguarded = unguarded.filter(|o| !guarded.contains(o));
     for x in operands.chain(unguarded) {
         let skip = seen[x] || guarded.contains(&x) || old.contains(&x);
         if !skip && g.nodes[x].ty.dtype.is_float() {
@@ -656,6 +665,25 @@ mod tests {
         let mut bad = g.clone();
         bad.outputs = vec![new_w, new_w];
         assert!(guard(&mut bad, trip, &[(1, 0)], loc).unwrap_err().contains("guarding output 0"));
+    }
+
+    /// What enters an update: its gradient and the loss, not an unpaired copy of the guarded weight (the update
+    /// computed again inside the count) nor the old state; a copy of that copy is counted like any output.
+    #[test]
+    fn update_inputs_leave_out_copies_of_guarded_state() {
+        use crate::ops::elementwise::{Binary, Convert};
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let w = g.parameter(TensorType::new(DType::F32, [2]), loc);
+        let grad = g.parameter(TensorType::new(DType::F32, [2]), loc);
+        let loss = g.parameter(TensorType::new(DType::F32, []), loc);
+        let new_w = g.push(Op::Binary(Binary { kind: BinaryKind::Sub }), vec![w, grad], loc).unwrap();
+        let copy = g.push(Op::Convert(Convert { from: DType::F32, to: DType::BF16 }), vec![new_w], loc).unwrap();
+        let copy2 = g.push(Op::Convert(Convert { from: DType::BF16, to: DType::F16 }), vec![copy], loc).unwrap();
+        g.outputs = vec![new_w, copy, loss];
+        assert_eq!(update_inputs(&g, &[(0, 0)]), vec![grad, loss]);
+        g.outputs.push(copy2);
+        assert_eq!(update_inputs(&g, &[(0, 0)]), vec![grad, loss, copy2]);
     }
 
     /// A sticky flag: a program given a set flag keeps its state and hands the flag on set, even when its own

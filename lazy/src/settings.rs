@@ -88,7 +88,7 @@ pub const VARIABLES: &[Variable] = &[
         "LAZULI_SPLIT_UPDATE",
         "an optimizer's step() launching the gradients before recording its update",
         "auto, on, off",
-        "auto (on for NVIDIA GPUs without the finite check)",
+        "auto (on for NVIDIA GPUs, unchecked or under stop)",
     ),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
@@ -192,8 +192,8 @@ impl Default for CpuLauncher {
 /// the gradients) as a program of their own, its update then being the step boundary's program
 /// (`LAZULI_SPLIT_UPDATE`). On a device that runs programs asynchronously, the host then records the update,
 /// plans it and the plugin prepares its launch (its many parameter, moment and weight-copy buffers) while the
-/// device runs the forward and backward, instead of before the device starts. Not used under
-/// `LAZULI_CHECK_FINITE`, whose guard keeps a step in one program.
+/// device runs the forward and backward, instead of before the device starts. Under `LAZULI_CHECK_FINITE=stop`
+/// the update's guard reads the gradients' trip from the sticky flag; `skip` and `log` keep a step in one program.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SplitUpdate {
     /// On NVIDIA GPUs, where it shortens a step the host waits for (the default).

@@ -108,10 +108,10 @@ fn a_bad_split_update_setting_is_a_clear_error() {
     a_bad_setting_is_a_clear_error(name, "LAZULI_SPLIT_UPDATE", "twice", "expected auto, on or off");
 }
 
-/// The step is split on NVIDIA GPUs by default, or where asked; under the finite check only where asked and only
-/// with `stop`, whose sticky flag carries the gradients' trip into the update.
+/// The step is split on NVIDIA GPUs by default, or where asked; under the finite check only with `stop`, whose
+/// sticky flag carries the gradients' trip into the update.
 #[test]
-fn the_update_is_split_from_the_gradients_on_gpus_and_under_the_check_only_with_stop_where_asked() {
+fn the_update_is_split_from_the_gradients_on_gpus_and_under_the_check_only_with_stop() {
     use lazuli::{Backend, CheckFinite, SplitUpdate};
     let on = |backend, split_update, check_finite| {
         Config { backend, split_update, check_finite, ..Config::default() }.splits_update()
@@ -120,11 +120,13 @@ fn the_update_is_split_from_the_gradients_on_gpus_and_under_the_check_only_with_
     assert!(!on(Backend::Cpu, SplitUpdate::Auto, CheckFinite::Off));
     assert!(on(Backend::Cpu, SplitUpdate::On, CheckFinite::Off));
     assert!(!on(Backend::Gpu, SplitUpdate::Off, CheckFinite::Off));
-    assert!(!on(Backend::Gpu, SplitUpdate::Auto, CheckFinite::Stop));
+    assert!(on(Backend::Gpu, SplitUpdate::Auto, CheckFinite::Stop));
+    assert!(!on(Backend::Cpu, SplitUpdate::Auto, CheckFinite::Stop));
     assert!(on(Backend::Cpu, SplitUpdate::On, CheckFinite::Stop));
     assert!(!on(Backend::Gpu, SplitUpdate::Off, CheckFinite::Stop));
     for check in [CheckFinite::Skip, CheckFinite::Log] {
         assert!(!on(Backend::Gpu, SplitUpdate::On, check));
+        assert!(!on(Backend::Gpu, SplitUpdate::Auto, check));
     }
 }
 

@@ -1,5 +1,5 @@
-//! Training loops under `stop`, with one program a step and with the split step (`LAZULI_SPLIT_UPDATE=on`; under
-//! the check a step is split only where asked). Split, the gradients' program counts the loss and the gradients
+//! Training loops under `stop`, with one program a step and with the split step (`LAZULI_SPLIT_UPDATE=on`, forced
+//! here: the CPU does not split by default). Split, the gradients' program counts the loss and the gradients
 //! and hands its trip on in the sticky flag; the update's program guards the state by that flag without counting
 //! the gradients again. Either way a trip is located at its line and the state stays as it was before the bad
 //! step; split, the check is read by the update of the step after it (or by a read of the bad step's loss), one

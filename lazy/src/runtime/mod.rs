@@ -159,15 +159,17 @@ impl Config {
     }
 
     /// Whether an optimizer's `step()` launches the gradients before recording its update: as
-    /// [`Config::split_update`] says. `Auto`: on NVIDIA GPUs without the finite check. `On` also under `stop`,
-    /// whose sticky flag carries the gradients' program's trip into the update's guard, but there the gradients'
-    /// program counts the gradients in kernels of their own, where one program counts them in the update's fusions:
-    /// on GPT-2 small on an H200 `stop` cost +7% split against +3% in one program, so `Auto` keeps one program.
-    /// `skip` guards a step by its own count and `log` reads each check before the next launch: never split.
-    /// Measured in `docs/perf-log/2026-12-03-split-update.md` and `docs/perf-log/2026-12-03-split-step-under-stop.md`.
+    /// [`Config::split_update`] says. `Auto`: on NVIDIA GPUs, unchecked or under `stop`, whose sticky flag
+    /// carries the gradients' program's trip into the update's guard. On GPT-2 small on an H200 `stop` then costs
+    /// what it costs in one program where the host waits for nothing, and less where it reads the loss every step
+    /// (+0.6% against +8.6%), since the read returns once the gradients are done. `skip` guards a step by its own
+    /// count and `log` reads each check before the next launch: never split. Measured in
+    /// `docs/perf-log/2026-12-03-split-update.md` and `docs/perf-log/2026-12-04-check-by-rows.md`.
     pub fn splits_update(&self) -> bool {
         match self.split_update {
-            SplitUpdate::Auto => self.backend == Backend::Gpu && self.check_finite == CheckFinite::Off,
+            SplitUpdate::Auto => {
+                self.backend == Backend::Gpu && matches!(self.check_finite, CheckFinite::Off | CheckFinite::Stop)
+            }
             SplitUpdate::On => matches!(self.check_finite, CheckFinite::Off | CheckFinite::Stop),
             SplitUpdate::Off => false,
         }
