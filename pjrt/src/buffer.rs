@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::client::{byte_len, ClientInner, Device};
 use crate::element_type::ElementType;
 use crate::error::{Error, Result};
-use crate::ffi::{BufferHandle, DeviceHandle};
+use crate::ffi::{BufferHandle, DeviceHandle, HostCopyInFlight};
 
 /// A device array. Element type and dimensions are fixed; dropping it frees the device memory.
 pub struct Buffer {
@@ -91,14 +91,17 @@ impl Buffer {
             }
         }
         let bytes = self.client.api().buffer_to_host(self.handle, self.dims.len())?;
-        if bytes.len() != expected {
-            return Err(Error::Pjrt {
-                call: "PJRT_Buffer_ToHostBuffer",
-                code: None,
-                message: format!("got {} bytes for {:?} {:?}, expected {expected}", bytes.len(), self.ty, self.dims),
-            });
-        }
-        Ok(bytes)
+        check_len(bytes, expected, self.ty, &self.dims)
+    }
+
+    /// Starts copying the array to the host, as [`Buffer::to_host`] copies it, and returns without waiting: the
+    /// copy runs once whatever writes the buffer has run, so a copy started right after a launch is done soon
+    /// after the program, and finishing it then costs no round trip to the plugin. (A buffer in host memory is
+    /// read faster where it lies, by [`Buffer::to_host`], once it is ready.)
+    pub fn start_to_host(&self) -> Result<HostCopy> {
+        let expected = byte_len(self.ty, &self.dims)?;
+        let copy = self.client.api().buffer_to_host_start(self.handle, self.dims.len())?;
+        Ok(HostCopy { copy, expected, what: (self.ty, self.dims.clone()), _client: self.client.clone() })
     }
 
     /// The device holding the buffer.
@@ -133,4 +136,45 @@ impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Buffer({:?} {:?})", self.ty, self.dims)
     }
+}
+
+/// A copy of a buffer to the host under way ([`Buffer::start_to_host`]). Dropping it unfinished waits for the
+/// copy, which writes memory it holds.
+pub struct HostCopy {
+    copy: HostCopyInFlight,
+    expected: usize,
+    what: (ElementType, Vec<i64>),
+    /// The client, alive while the copy is.
+    _client: Arc<ClientInner>,
+}
+
+impl HostCopy {
+    /// Whether the copy has finished (without waiting).
+    pub fn is_done(&self) -> bool {
+        self.copy.is_done()
+    }
+
+    /// Waits for the copy and returns the bytes: dense, row-major, as [`Buffer::to_host`] returns them.
+    pub fn finish(self) -> Result<Vec<u8>> {
+        let (ty, dims) = self.what;
+        check_len(self.copy.finish()?, self.expected, ty, &dims)
+    }
+}
+
+impl std::fmt::Debug for HostCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostCopy({:?} {:?})", self.what.0, self.what.1)
+    }
+}
+
+/// `bytes` when it is the `expected` size of a `ty` array of `dims`, else the plugin's mistake as an error.
+fn check_len(bytes: Vec<u8>, expected: usize, ty: ElementType, dims: &[i64]) -> Result<Vec<u8>> {
+    if bytes.len() != expected {
+        return Err(Error::Pjrt {
+            call: "PJRT_Buffer_ToHostBuffer",
+            code: None,
+            message: format!("got {} bytes for {ty:?} {dims:?}, expected {expected}", bytes.len()),
+        });
+    }
+    Ok(bytes)
 }

@@ -493,6 +493,12 @@ impl Api {
     /// Copies the buffer to the host as dense row-major bytes (an explicit major-to-minor host layout,
     /// so a device with a tiled layout still yields plain row-major data).
     pub(crate) fn buffer_to_host(self, buffer: BufferHandle, rank: usize) -> Result<Vec<u8>> {
+        self.buffer_to_host_start(buffer, rank)?.finish()
+    }
+
+    /// Starts [`Api::buffer_to_host`]'s copy and returns without waiting for it: the plugin schedules it behind
+    /// whatever still writes the buffer, so a copy started right after a launch is done soon after the program.
+    pub(crate) fn buffer_to_host_start(self, buffer: BufferHandle, rank: usize) -> Result<HostCopyInFlight> {
         let minor_to_major: Vec<i64> = (0..rank as i64).rev().collect();
         let mut layout = c::PJRT_Buffer_MemoryLayout::new();
         layout.type_ = c::MEMORY_LAYOUT_TILED;
@@ -507,13 +513,48 @@ impl Api {
         args.src = buffer.raw();
         args.host_layout = &mut layout;
         call!(self, PJRT_Buffer_ToHostBuffer, &mut args)?; // dst = null: asks for the size
-        let mut out = vec![0u8; args.dst_size];
-        args.dst = out.as_mut_ptr().cast::<c_void>();
-        args.dst_size = out.len();
+        let mut copy =
+            HostCopyInFlight { api: self, event: None, dst: vec![0u8; args.dst_size], _minor_to_major: minor_to_major };
+        args.dst = copy.dst.as_mut_ptr().cast::<c_void>();
+        args.dst_size = copy.dst.len();
         args.event = ptr::null_mut();
         call!(self, PJRT_Buffer_ToHostBuffer, &mut args)?;
-        self.await_event(args.event, "PJRT_Buffer_ToHostBuffer")?;
-        Ok(out)
+        copy.event = NonNull::new(args.event).map(EventHandle);
+        Ok(copy)
+    }
+}
+
+/// A copy of a buffer to the host under way ([`Api::buffer_to_host_start`]). The plugin writes `dst` until the
+/// copy's event fires, so the bytes stay here, neither moved (a `Vec`'s heap block does not move with it) nor
+/// freed before then: dropping an unfinished copy waits for its event first.
+pub(crate) struct HostCopyInFlight {
+    api: Api,
+    event: Option<EventHandle>,
+    dst: Vec<u8>,
+    /// The host layout's dimension order, which the call's layout pointed at.
+    _minor_to_major: Vec<i64>,
+}
+
+impl HostCopyInFlight {
+    /// Whether the copy has finished (without waiting).
+    pub(crate) fn is_done(&self) -> bool {
+        self.event.as_ref().is_none_or(|e| self.api.event_is_ready(e))
+    }
+
+    /// Waits for the copy (polling first, as every wait does) and returns the bytes.
+    pub(crate) fn finish(mut self) -> Result<Vec<u8>> {
+        if let Some(event) = self.event.take() {
+            self.api.event_await(event, "PJRT_Buffer_ToHostBuffer")?;
+        }
+        Ok(std::mem::take(&mut self.dst))
+    }
+}
+
+impl Drop for HostCopyInFlight {
+    fn drop(&mut self) {
+        if let Some(event) = self.event.take() {
+            Api::ignore(self.api.event_await(event, "PJRT_Buffer_ToHostBuffer"));
+        }
     }
 }
 
@@ -544,9 +585,7 @@ impl Api {
     /// Where a buffer's `len` bytes lie in this process's memory, once it is defined; `None` if it is not in
     /// host memory or holds another size (padding, tiling).
     pub(crate) fn buffer_host_address(self, buffer: BufferHandle, len: usize) -> Result<Option<usize>> {
-        let mut on_cpu = c::PJRT_Buffer_IsOnCpu_Args::new();
-        on_cpu.buffer = buffer.raw();
-        if call!(self, PJRT_Buffer_IsOnCpu, &mut on_cpu).is_err() || !on_cpu.is_on_cpu {
+        if !self.buffer_is_on_cpu(buffer) {
             return Ok(None);
         }
         if self.buffer_on_device_size(buffer).ok() != Some(len) {
@@ -560,6 +599,13 @@ impl Api {
         at.buffer = buffer.raw();
         call!(self, PJRT_Buffer_UnsafePointer, &mut at)?;
         Ok((at.buffer_pointer != 0).then_some(at.buffer_pointer))
+    }
+
+    /// Whether the buffer lies in host memory (a CPU device's); `false` where the plugin cannot say.
+    pub(crate) fn buffer_is_on_cpu(self, buffer: BufferHandle) -> bool {
+        let mut on_cpu = c::PJRT_Buffer_IsOnCpu_Args::new();
+        on_cpu.buffer = buffer.raw();
+        call!(self, PJRT_Buffer_IsOnCpu, &mut on_cpu).is_ok() && on_cpu.is_on_cpu
     }
 
     /// Overwrite a buffer in host memory, at `address` from [`Api::buffer_host_address`], with `data` (as many

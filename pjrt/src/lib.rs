@@ -38,7 +38,7 @@ pub mod provision;
 mod trace;
 mod wait;
 
-pub use buffer::Buffer;
+pub use buffer::{Buffer, HostCopy};
 pub use client::{Client, Device, MemoryStats};
 pub use client_options::ClientOptions;
 pub use compile_options::{CompileOptions, XlaOption};

@@ -201,6 +201,34 @@ fn one_executable_runs_from_many_threads(plugin: &Plugin) {
     });
 }
 
+/// Copies to the host started right after a launch, before the outputs are read, give the program's values,
+/// finished in any order; an unfinished one dropped waits for its copy; a 2-D array comes back row-major as
+/// `to_host` gives it.
+fn copies_started_at_the_launch_give_the_outputs(plugin: &Plugin) {
+    let c = client(plugin, 1);
+    let d = &c.devices()[0];
+    let exe = c.compile(SUM_PRODUCT_FLOOR, &CompileOptions::default()).unwrap();
+    let a = f32_buffer(&c, &[1.0, 2.5, -3.0], &[3], d);
+    let b = f32_buffer(&c, &[4.0, 2.0, 2.5], &[3], d);
+    for round in 0..3 {
+        let out = exe.execute(&[&a, &b]).unwrap();
+        let copies: Vec<_> = out.iter().map(|o| o.start_to_host().unwrap()).collect();
+        let mut copies = copies.into_iter();
+        let (sum, product, floor) = (copies.next().unwrap(), copies.next().unwrap(), copies.next().unwrap());
+        if round == 1 {
+            drop(sum);
+        } else {
+            assert_eq!(common::to_f32(&sum.finish().unwrap()), vec![5.0, 4.5, -0.5], "round {round}");
+        }
+        assert_eq!(to_i32(&floor.finish().unwrap()), vec![4, 5, -7], "round {round}");
+        assert_eq!(common::to_f32(&product.finish().unwrap()), vec![4.0, 5.0, -7.5], "round {round}");
+    }
+    let exe = c.compile(ADD, &CompileOptions::default()).unwrap();
+    let out = exe.execute(&[&f32_buffer(&c, &A, &[2, 3], d), &f32_buffer(&c, &B, &[2, 3], d)]).unwrap();
+    let copy = out[0].start_to_host().unwrap();
+    assert_eq!(common::to_f32(&copy.finish().unwrap()), A_PLUS_B);
+}
+
 per_plugin!(
     add_runs_and_gives_exact_values,
     a_program_pinned_to_device_2_runs_there,
@@ -212,4 +240,5 @@ per_plugin!(
     wrong_argument_count_is_an_error,
     buffers_of_another_client_are_refused,
     one_executable_runs_from_many_threads,
+    copies_started_at_the_launch_give_the_outputs,
 );

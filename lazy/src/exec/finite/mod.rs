@@ -1,7 +1,7 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
 //! output: counts of non-finite elements, one small `i32` vector (`hlo::finite::count_groups`, shaped per backend by
-//! [`counting`]: on a GPU one reduction per group of up to 32 tensors, since a launch per tensor cost more than the
-//! reading; on the CPU large tensors alone, their rows summed first).
+//! [`counting`]: on a GPU a guarded check's one total by rows of each tensor, `log`'s counts one reduction per group
+//! of up to 32 tensors; on the CPU large tensors alone, their rows summed first).
 //!
 //! `skip` and `stop` count only what enters the update (`hlo::finite::update_inputs`: the loss, the gradients, the
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
@@ -18,7 +18,10 @@
 //! with it and the flag is cleared. Under `LAZULI_LOCATE_AHEAD` the locating program of a training step's structure
 //! that runs again is compiled ahead on a thread and run once at a finite check ([`locate::warm`]).
 //!
-//! A split step (`read::launch_gradients`, under `stop` only where asked) is two checked programs: the gradients'
+//! On a GPU the counts' copy to the host starts when the program is launched ([`start_read`]), so reading a check
+//! costs no round trip through the plugin once the step has run.
+//!
+//! A split step (`read::launch_gradients`, under `stop` on GPUs by default) is two checked programs: the gradients'
 //! counts the loss and the gradients and hands its trip on in the flag; the update's leaves those values out of its
 //! count ([`counted_leaves`]) and guards the state by the flag. A trip is located in the gradients' program.
 //!
@@ -45,6 +48,9 @@ use crate::runtime::{launcher, runtime, Backend, CheckFinite};
 
 /// A step whose check has not been read yet.
 pub(crate) struct Pending {
+    /// The counts' copy to the host, started at the launch where the device is not the host ([`start_read`]).
+    /// Declared before `counts`, so that an unread copy is waited for before the counts' buffer is let go.
+    read: Option<lazuli_pjrt::HostCopy>,
     /// The counts: one of what entered the update (`skip`, `stop`), or one per group of the floating-point
     /// outputs (`log`, [`groups`]).
     counts: Data,
@@ -271,7 +277,8 @@ pub(crate) fn keep(
     mode: CheckFinite,
     guarded: bool,
 ) {
-    let pending = Pending { counts, replay, at, step: diagnostics::current_step(), mode, guarded };
+    let read = start_read(&counts);
+    let pending = Pending { read, counts, replay, at, step: diagnostics::current_step(), mode, guarded };
     let mut queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
     if !donated.is_empty() {
         // Both sides are alive here (held by `donated` and the kept inputs): equal addresses are one value.
@@ -380,8 +387,8 @@ fn read_all(pending: Vec<Pending>) -> Result<()> {
 /// Read a check (`after` more were taken with it): an [`Error::NonFinite`] on a trip under `stop`; under `log` and
 /// `skip` the first trip's report goes to stderr, and `skip` counts the step in `Metrics::skipped_steps`. Each trip
 /// is also an event (`EventKind::NonFinite`).
-fn read(pending: Pending, after: usize) -> Result<()> {
-    let mut counts = counts(&pending)?;
+fn read(mut pending: Pending, after: usize) -> Result<()> {
+    let mut counts = counts(&mut pending)?;
     // Under skip and stop the one count is of the values that entered the update.
     let entered = if guards(pending.mode) { counts.pop().unwrap_or(0) } else { 0 };
     if entered == 0 && counts.iter().all(|&c| c == 0) {
@@ -443,12 +450,28 @@ fn read(pending: Pending, after: usize) -> Result<()> {
     }
 }
 
+/// On a GPU, the copy of a just launched program's counts to the host, started now: the plugin runs it right
+/// after the program, so the check is on the host by the time it is read. A read started only then (at `wait()`,
+/// where the host has waited for the step already) costs another round trip through the plugin's completion
+/// notice. On the CPU a count is read where it lies, once the launcher has run the program.
+fn start_read(counts: &Data) -> Option<lazuli_pjrt::HostCopy> {
+    if runtime().ok()?.config.backend == Backend::Cpu {
+        return None;
+    }
+    let Data::Device(v) = counts else { return None };
+    v.buffer().ok()?.start_to_host().ok()
+}
+
 /// The counts of the pending check, read from the device (its step has finished or is about to).
-fn counts(p: &Pending) -> Result<Vec<u64>> {
+fn counts(p: &mut Pending) -> Result<Vec<u64>> {
     let n = if guards(p.mode) { 1 } else { groups(p).len().max(1) };
     let ty = TensorType::new(lazuli_hlo::DType::I32, [n]);
     let reading = std::time::Instant::now();
-    let bytes = p.counts.to_host(&ty)?;
+    let bytes = match p.read.take() {
+        // A copy that failed (the program did) is read again the ordinary way, whose error names the step.
+        Some(copy) => copy.finish().map(Arc::new).or_else(|_| p.counts.to_host(&ty))?,
+        None => p.counts.to_host(&ty)?,
+    };
     Counters::add(&COUNTERS.finite_read_ns, reading.elapsed().as_nanos() as u64);
     Ok(bytes_to_f64(lazuli_hlo::DType::I32, &bytes).into_iter().map(|c| c as u64).collect())
 }
