@@ -56,7 +56,7 @@ impl Counting {
         Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32), total_by_rows: None };
 }
 
-/// The rows of [`Counting::FOR_GPU`]'s total: long enough for wide loads, and every tensor of GPT-2's a whole
+/// The rows of [`Counting::FOR_GPU`]'s total: long enough for wide loads, and each of GPT-2's matrices a whole
 /// number of them.
 pub const TOTAL_ROW_WIDTH: usize = 2048;
 
@@ -126,10 +126,9 @@ pub fn count_nonfinite_grouped(
 
 /// `i32[1]`: how many elements of the floating-point nodes `of` are NaN or infinite in all, shaped for XLA's GPU
 /// compiler: each tensor's flags flattened into rows of at most `width` (the last padded with zeros) and counted
-/// by rows, the row counts of every tensor joined and summed. The row counts of tensors of one shape feed the same
-/// join, so XLA fuses them into one kernel (its horizontal fusion of reductions) that reads each tensor with wide
-/// loads. A reduction over a join of the tensors themselves decides each element's tensor in turn, and read a
-/// quarter as fast (`docs/perf-log/2026-12-04-check-by-rows.md`).
+/// by rows, the row counts of every tensor joined and summed. Each tensor's row counts are a kernel that reads it
+/// with wide loads; a reduction over a join of the tensors themselves decides each element's tensor in turn, and
+/// read at a quarter of the memory's speed (`docs/perf-log/2026-12-04-check-by-rows.md`).
 pub fn count_total_by_rows(g: &mut Graph, of: &[NodeId], width: usize, loc: Loc) -> Result<NodeId, String> {
     let mut row_counts = Vec::with_capacity(of.len());
     for &x in of {
@@ -139,14 +138,7 @@ pub fn count_total_by_rows(g: &mut Graph, of: &[NodeId], width: usize, loc: Loc)
         }
         let flags = nonfinite_flags(g, x, loc)?;
         let width = width.clamp(1, n);
-        let rows = n.div_ceil(width);
-        let mut flat = g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![flags], loc)?;
-        if rows * width > n {
-            let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
-            let pad = Pad { low: vec![0], high: vec![rows * width - n], interior: vec![0] };
-            flat = g.push(Op::Pad(pad), vec![flat, zero], loc)?;
-        }
-        let table = g.push(Op::Reshape(Reshape { dims: vec![rows, width] }), vec![flat], loc)?;
+        let table = flags_table(g, flags, n.div_ceil(width), width, loc)?;
         let by_row = Reduce { kind: ReduceKind::Sum, axes: vec![1], keep: false };
         row_counts.push(g.push(Op::Reduce(by_row), vec![table], loc)?);
     }
@@ -190,18 +182,24 @@ fn count_one(g: &mut Graph, x: NodeId, rows: Option<usize>, loc: Loc) -> Result<
 /// `i32[width]`: the `s32` `flags` flattened, padded with zeros to `rows` whole rows and the rows summed into
 /// one, behind an optimization barrier.
 fn count_rows(g: &mut Graph, flags: NodeId, rows: usize, loc: Loc) -> Result<NodeId, String> {
+    let width = g.nodes[flags].ty.elements().div_ceil(rows);
+    let table = flags_table(g, flags, rows, width, loc)?;
+    let row = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false }), vec![table], loc)?;
+    // XLA's simplifier would merge this reduction with the one summing its row back into one over every element.
+    g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![row], loc)
+}
+
+/// `i32[rows, width]`: the `s32` `flags` flattened and padded with zeros to `rows · width` elements (at least as
+/// many as it holds).
+fn flags_table(g: &mut Graph, flags: NodeId, rows: usize, width: usize, loc: Loc) -> Result<NodeId, String> {
     let n = g.nodes[flags].ty.elements();
-    let width = n.div_ceil(rows);
     let mut flat = g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![flags], loc)?;
     if rows * width > n {
         let zero = g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, []))), vec![], loc)?;
         let pad = Pad { low: vec![0], high: vec![rows * width - n], interior: vec![0] };
         flat = g.push(Op::Pad(pad), vec![flat, zero], loc)?;
     }
-    let table = g.push(Op::Reshape(Reshape { dims: vec![rows, width] }), vec![flat], loc)?;
-    let row = g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false }), vec![table], loc)?;
-    // XLA's simplifier would merge this reduction with the one summing its row back into one over every element.
-    g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![row], loc)
+    g.push(Op::Reshape(Reshape { dims: vec![rows, width] }), vec![flat], loc)
 }
 
 /// `[1]`: node `x` reduced over all its axes by `kind`.
