@@ -99,9 +99,8 @@ impl Buffer {
     /// after the program, and finishing it then costs no round trip to the plugin. (A buffer in host memory is
     /// read faster where it lies, by [`Buffer::to_host`], once it is ready.)
     pub fn start_to_host(&self) -> Result<HostCopy> {
-        let expected = byte_len(self.ty, &self.dims)?;
         let copy = self.client.api().buffer_to_host_start(self.handle, self.dims.len())?;
-        Ok(HostCopy { copy, expected, what: (self.ty, self.dims.clone()), _client: self.client.clone() })
+        Ok(HostCopy { copy, ty: self.ty, dims: self.dims.clone(), _client: self.client.clone() })
     }
 
     /// The device holding the buffer.
@@ -142,28 +141,23 @@ impl std::fmt::Debug for Buffer {
 /// copy, which writes memory it holds.
 pub struct HostCopy {
     copy: HostCopyInFlight,
-    expected: usize,
-    what: (ElementType, Vec<i64>),
+    ty: ElementType,
+    dims: Vec<i64>,
     /// The client, alive while the copy is.
     _client: Arc<ClientInner>,
 }
 
 impl HostCopy {
-    /// Whether the copy has finished (without waiting).
-    pub fn is_done(&self) -> bool {
-        self.copy.is_done()
-    }
-
     /// Waits for the copy and returns the bytes: dense, row-major, as [`Buffer::to_host`] returns them.
     pub fn finish(self) -> Result<Vec<u8>> {
-        let (ty, dims) = self.what;
-        check_len(self.copy.finish()?, self.expected, ty, &dims)
+        let expected = byte_len(self.ty, &self.dims)?;
+        check_len(self.copy.finish()?, expected, self.ty, &self.dims)
     }
 }
 
 impl std::fmt::Debug for HostCopy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostCopy({:?} {:?})", self.what.0, self.what.1)
+        write!(f, "HostCopy({:?} {:?})", self.ty, self.dims)
     }
 }
 

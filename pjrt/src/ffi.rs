@@ -536,11 +536,6 @@ pub(crate) struct HostCopyInFlight {
 }
 
 impl HostCopyInFlight {
-    /// Whether the copy has finished (without waiting).
-    pub(crate) fn is_done(&self) -> bool {
-        self.event.as_ref().is_none_or(|e| self.api.event_is_ready(e))
-    }
-
     /// Waits for the copy (polling first, as every wait does) and returns the bytes.
     pub(crate) fn finish(mut self) -> Result<Vec<u8>> {
         if let Some(event) = self.event.take() {
@@ -585,7 +580,9 @@ impl Api {
     /// Where a buffer's `len` bytes lie in this process's memory, once it is defined; `None` if it is not in
     /// host memory or holds another size (padding, tiling).
     pub(crate) fn buffer_host_address(self, buffer: BufferHandle, len: usize) -> Result<Option<usize>> {
-        if !self.buffer_is_on_cpu(buffer) {
+        let mut on_cpu = c::PJRT_Buffer_IsOnCpu_Args::new();
+        on_cpu.buffer = buffer.raw();
+        if call!(self, PJRT_Buffer_IsOnCpu, &mut on_cpu).is_err() || !on_cpu.is_on_cpu {
             return Ok(None);
         }
         if self.buffer_on_device_size(buffer).ok() != Some(len) {
@@ -599,13 +596,6 @@ impl Api {
         at.buffer = buffer.raw();
         call!(self, PJRT_Buffer_UnsafePointer, &mut at)?;
         Ok((at.buffer_pointer != 0).then_some(at.buffer_pointer))
-    }
-
-    /// Whether the buffer lies in host memory (a CPU device's); `false` where the plugin cannot say.
-    pub(crate) fn buffer_is_on_cpu(self, buffer: BufferHandle) -> bool {
-        let mut on_cpu = c::PJRT_Buffer_IsOnCpu_Args::new();
-        on_cpu.buffer = buffer.raw();
-        call!(self, PJRT_Buffer_IsOnCpu, &mut on_cpu).is_ok() && on_cpu.is_on_cpu
     }
 
     /// Overwrite a buffer in host memory, at `address` from [`Api::buffer_host_address`], with `data` (as many
