@@ -90,6 +90,12 @@ pub const VARIABLES: &[Variable] = &[
         "auto, on, off",
         "auto (on for NVIDIA GPUs, unchecked or under stop)",
     ),
+    v(
+        "LAZULI_BACKWARD_REPLAY",
+        "backward() making its gradient ops from those of an earlier pass over a forward of the same shape",
+        "1, 0",
+        "1",
+    ),
     v("LAZULI_EVENTS", "a JSON-lines file of events", "a path", "unset"),
     v("LAZULI_STRICT", "strict mode", "1 (on), 0 (off), programs=N,warmup=S", "0"),
     v("LAZULI_CHECK_FINITE", "checking each step's outputs for NaN and infinities", "off, stop, skip, log", "off"),
@@ -370,6 +376,18 @@ pub(crate) fn check_finite() -> Result<CheckFinite> {
             _ => Err(bad("LAZULI_CHECK_FINITE", &v, "off, stop, skip or log")),
         },
     }
+}
+
+/// `LAZULI_BACKWARD_REPLAY`: on unless `0`.
+pub(crate) fn backward_replay_setting() -> Result<bool> {
+    switch("LAZULI_BACKWARD_REPLAY", true)
+}
+
+/// [`backward_replay_setting`], read once (every `backward()` asks, with or without a runtime). A bad value is
+/// `Config::from_env`'s error, and counts as on here.
+pub(crate) fn backward_replay() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| backward_replay_setting().unwrap_or(true))
 }
 
 pub(crate) fn split_update() -> Result<SplitUpdate> {

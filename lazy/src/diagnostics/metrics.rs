@@ -28,6 +28,7 @@ pub(crate) struct Counters {
     pub locate_ahead: AtomicU64,
     pub locate_warm_runs: AtomicU64,
     pub locate_warm_ns: AtomicU64,
+    pub backward_replays: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -55,6 +56,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     locate_ahead: AtomicU64::new(0),
     locate_warm_runs: AtomicU64::new(0),
     locate_warm_ns: AtomicU64::new(0),
+    backward_replays: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -120,6 +122,9 @@ pub struct Metrics {
     /// first run; and the time of those runs.
     pub locate_warm_runs: u64,
     pub locate_warm_ms: f64,
+    /// Backward passes whose gradient ops were made from a template kept from an earlier pass over a forward of
+    /// the same shape, without running the gradient rules (`LAZULI_BACKWARD_REPLAY`).
+    pub backward_replays: u64,
 }
 
 /// The counters now.
@@ -150,6 +155,7 @@ pub fn metrics() -> Metrics {
         locate_ahead: c.locate_ahead.load(Relaxed),
         locate_warm_runs: c.locate_warm_runs.load(Relaxed),
         locate_warm_ms: c.locate_warm_ns.load(Relaxed) as f64 / 1e6,
+        backward_replays: c.backward_replays.load(Relaxed),
     }
 }
 
@@ -181,6 +187,7 @@ impl std::ops::Sub for Metrics {
             locate_ahead: self.locate_ahead - b.locate_ahead,
             locate_warm_runs: self.locate_warm_runs - b.locate_warm_runs,
             locate_warm_ms: self.locate_warm_ms - b.locate_warm_ms,
+            backward_replays: self.backward_replays - b.backward_replays,
         }
     }
 }

@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use lazuli_hlo::{Builder, KernelOp, Loc, Op, TensorType};
 
+use crate::graph::backward_replay::{self, Log, Shape, UNORDERED};
 use crate::graph::record::{apply, fail};
 use crate::graph::tensor::{Node, NodeMap, Tensor};
 
@@ -31,13 +32,16 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Records gradient ops as lazy tensors at one source location.
-struct Recorder {
+/// Records gradient ops as lazy tensors at the source location of the forward node at position `at`, noting them
+/// in `log` to keep as a template where one is kept (`backward_replay`).
+struct Recorder<'l> {
     loc: Loc,
+    at: usize,
+    log: Option<&'l mut Log>,
 }
 
 /// Gradient nodes are handle-less (`Tensor::record_node`): only the leaves' gradients become tensors.
-impl Builder for Recorder {
+impl Builder for Recorder<'_> {
     type V = Rc<Node>;
     fn ty<'a>(&'a self, v: &'a Rc<Node>) -> &'a TensorType {
         &v.ty
@@ -48,13 +52,21 @@ impl Builder for Recorder {
     fn op(&mut self, op: Op, operands: &[&Rc<Node>]) -> Rc<Node> {
         // Gradient rules' constants (zeros for masks, ones, scales) are structure: share them.
         if let Op::Constant(c) = &op {
-            return crate::graph::constants::shared_constant(c.value(), c.ty.dtype, &c.ty.dims, self.loc);
+            let node = crate::graph::constants::shared_constant(c.value(), c.ty.dtype, &c.ty.dims, self.loc);
+            if let Some(log) = self.log.as_deref_mut() {
+                log.constant(c.value(), &c.ty, self.at, &node);
+            }
+            return node;
         }
         let tys: smallvec::SmallVec<[&TensorType; 4]> = operands.iter().map(|n| &n.ty).collect();
-        match op.infer(&tys) {
-            Ok(ty) => Tensor::record_node(op, operands.iter().map(|n| Rc::clone(n)).collect(), ty, self.loc),
-            Err(msg) => fail(self.loc, msg),
-        }
+        let ty = op.infer(&tys).unwrap_or_else(|msg| fail(self.loc, msg));
+        let Some(log) = self.log.as_deref_mut() else {
+            return Tensor::record_node(op, operands.iter().map(|n| Rc::clone(n)).collect(), ty, self.loc);
+        };
+        let kept = op.clone();
+        let node = Tensor::record_node(op, operands.iter().map(|n| Rc::clone(n)).collect(), ty, self.loc);
+        log.op(&kept, operands, self.at, &node);
+        node
     }
     fn refuse(&mut self, why: &str) -> ! {
         fail(self.loc, why)
@@ -65,9 +77,6 @@ thread_local! {
     /// Each backward pass stamps the nodes it visits with `(pass << 32) | position` (see `Node::grad_visit`).
     static PASSES: Cell<u64> = const { Cell::new(0) };
 }
-
-/// A visited node's stamp before it has a position in the order.
-const UNORDERED: u64 = 0xffff_ffff;
 
 /// Nodes on the gradient path below `root`, operands before users, each stamped with its position under the
 /// returned pass; gradient leaves end the walk. Stamps instead of a map of seen nodes: a training step's
@@ -119,78 +128,108 @@ fn topo_order(root: &Rc<Node>) -> (Vec<Rc<Node>>, u64, Vec<Rc<Node>>) {
 fn backprop(root: &Tensor, seed: Tensor) -> Vec<(Rc<Node>, Tensor)> {
     no_grad(|| {
         let (order, pass, joint) = topo_order(&root.node);
-        let joint = joint_places(&joint, order.len());
-        // The cotangent of each node, by its position in `order` (the root is last).
-        let mut cot: Vec<Option<Rc<Node>>> = vec![None; order.len()];
-        if let Some(last) = cot.last_mut() {
-            *last = Some(seed.node.clone());
+        let mut log = None;
+        if backward_replay::enabled() {
+            let shape = Shape::of(&order, pass);
+            if let Some(leaves) = backward_replay::replay(&shape, &order, &seed.node) {
+                return leaves;
+            }
+            log = Some((shape, Log::new(&order, pass, &seed.node)));
         }
-        let mut leaves = Vec::new();
-        for (position, node) in order.iter().enumerate().rev() {
-            // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
-            // computed, which frees the forward graph and lets the step donate its inputs.
-            node.backward_done.set(true);
-            let mut b = Recorder { loc: node.loc };
-            let place = joint[position].as_ref();
-            if let Some(Joint::Later) = place {
-                continue; // the call's first result takes this cotangent
-            }
-            let own = cot[position].take();
-            if node.requires_grad() {
-                leaves.extend(own.map(|g| (node.clone(), Tensor::from_node(g))));
-                continue;
-            }
-            // The rule runs under the node's lock (it records new nodes and never locks this one), so neither
-            // the op nor its operands are copied.
-            let mut state = node.lock();
-            let Some(recipe) = state.recipe.as_mut() else { continue };
-            if let (None, Some(g)) = (place, &own) {
-                record_scaled_alternative(&mut recipe.op, g);
-            }
-            let grads = match (&recipe.op, place) {
-                (Op::Kernel(k), Some(Joint::First(results))) => {
-                    let mut take = |p: usize| if p == position { own.clone() } else { cot[p].take() };
-                    let cotangents: Vec<_> = results.iter().filter_map(|&(r, p)| Some((r, take(p)?))).collect();
-                    match k.joint_vjp(&mut b, &recipe.operands, cotangents) {
-                        Some(grads) => grads,
-                        None => continue,
-                    }
-                }
-                _ => {
-                    let Some(g) = own else { continue };
-                    recipe.op.vjp(&mut b, &recipe.operands, node, &g)
-                }
-            };
-            for (operand, dx) in recipe.operands.iter().zip(grads) {
-                let Some(dx) = dx else { continue };
-                if !(operand.grad_path || operand.requires_grad()) {
-                    continue;
-                }
-                // Every operand on the gradient path was ordered by this pass, before its user.
-                let stamp = operand.grad_visit.get();
-                if stamp & !UNORDERED != pass || stamp & UNORDERED == UNORDERED {
-                    continue;
-                }
-                let slot = &mut cot[(stamp & UNORDERED) as usize];
-                *slot = Some(match slot.take() {
-                    Some(prev) => b.add(&prev, &dx),
-                    None => dx,
-                });
-            }
+        let leaves = run_rules(&order, pass, &joint, seed, log.as_mut().map(|(_, l)| l));
+        if let Some((shape, log)) = log {
+            log.keep(shape, &order, &leaves);
         }
         leaves
     })
 }
 
+/// The gradient rules of every node of `order` (a backward walk under stamp `pass`, the root last), from the
+/// root's cotangent `seed` back to the gradient leaves; their cotangents, noted in `log` where given.
+fn run_rules(
+    order: &[Rc<Node>],
+    pass: u64,
+    joint: &[Rc<Node>],
+    seed: Tensor,
+    mut log: Option<&mut Log>,
+) -> Vec<(Rc<Node>, Tensor)> {
+    let joint = joint_places(joint, order.len());
+    // The cotangent of each node, by its position in `order` (the root is last).
+    let mut cot: Vec<Option<Rc<Node>>> = vec![None; order.len()];
+    if let Some(last) = cot.last_mut() {
+        *last = Some(seed.node.clone());
+    }
+    let mut leaves = Vec::new();
+    for (position, node) in order.iter().enumerate().rev() {
+        // Like PyTorch without retain_graph: a node gradients went through no longer keeps its recipe once
+        // computed, which frees the forward graph and lets the step donate its inputs.
+        node.backward_done.set(true);
+        let mut b = Recorder { loc: node.loc, at: position, log: log.as_deref_mut() };
+        let place = joint[position].as_ref();
+        if let Some(Joint::Later) = place {
+            continue; // the call's first result takes this cotangent
+        }
+        let own = cot[position].take();
+        if node.requires_grad() {
+            leaves.extend(own.map(|g| (node.clone(), Tensor::from_node(g))));
+            continue;
+        }
+        // The rule runs under the node's lock (it records new nodes and never locks this one), so neither
+        // the op nor its operands are copied.
+        let mut state = node.lock();
+        let Some(recipe) = state.recipe.as_mut() else { continue };
+        if let (None, Some(g)) = (place, &own) {
+            if record_scaled_alternative(&mut recipe.op, g) {
+                if let Some(log) = b.log.as_deref_mut() {
+                    log.alternative(position, &recipe.op);
+                }
+            }
+        }
+        let grads = match (&recipe.op, place) {
+            (Op::Kernel(k), Some(Joint::First(results))) => {
+                let mut take = |p: usize| if p == position { own.clone() } else { cot[p].take() };
+                let cotangents: Vec<_> = results.iter().filter_map(|&(r, p)| Some((r, take(p)?))).collect();
+                match k.joint_vjp(&mut b, &recipe.operands, cotangents) {
+                    Some(grads) => grads,
+                    None => continue,
+                }
+            }
+            _ => {
+                let Some(g) = own else { continue };
+                recipe.op.vjp(&mut b, &recipe.operands, node, &g)
+            }
+        };
+        for (operand, dx) in recipe.operands.iter().zip(grads) {
+            let Some(dx) = dx else { continue };
+            if !(operand.grad_path || operand.requires_grad()) {
+                continue;
+            }
+            // Every operand on the gradient path was ordered by this pass, before its user.
+            let stamp = operand.grad_visit.get();
+            if stamp & !UNORDERED != pass || stamp & UNORDERED == UNORDERED {
+                continue;
+            }
+            let slot = &mut cot[(stamp & UNORDERED) as usize];
+            *slot = Some(match slot.take() {
+                Some(prev) => b.add(&prev, &dx),
+                None => dx,
+            });
+        }
+    }
+    leaves
+}
+
 /// A kernel result whose gradient was computed ahead for a unit cotangent (`KernelDef::scaled_alternative`) is
 /// recorded as its alternative's when its cotangent `g` is anything but a constant one, before its rule runs.
-fn record_scaled_alternative(op: &mut Op, g: &Rc<Node>) {
-    let Op::Kernel(k) = op else { return };
-    let Some(alternative) = &k.def.scaled_alternative else { return };
+/// Whether it was.
+fn record_scaled_alternative(op: &mut Op, g: &Rc<Node>) -> bool {
+    let Op::Kernel(k) = op else { return false };
+    let Some(alternative) = &k.def.scaled_alternative else { return false };
     let one = g.lock().recipe.as_ref().is_some_and(|r| matches!(&r.op, Op::Constant(c) if c.value() == 1.0));
     if !one {
         *op = Op::Kernel(KernelOp::new(alternative.clone(), k.result));
     }
+    !one
 }
 
 /// Where a result of a kernel call with a joint gradient rule (`Gradient::Joint`) stands in a backward walk.
@@ -346,9 +385,9 @@ mod tests {
     fn a_joint_rule_sees_every_results_cotangent_once() {
         let def = lazuli_hlo::ops::kernel::joint_rule_probe(3);
         let (xv, av, w1, w2) = ([1.0, -2.0, 0.5], [0.25, 1.0, -1.5], [0.5, -1.0, 2.0], [1.5, 0.25, -0.5]);
-        for (use_s, use_y, s_first) in
-            [(true, true, true), (true, true, false), (true, false, true), (false, true, true)]
-        {
+        // Each case twice: the second pass over a forward of one shape replays the first's gradient ops.
+        let cases = [(true, true, true), (true, true, false), (true, false, true), (false, true, true)];
+        for (use_s, use_y, s_first) in cases.into_iter().chain(cases) {
             let x = Tensor::from_slice(&xv, &[3]).requires_grad();
             let a = Tensor::from_slice(&av, &[3]).requires_grad();
             let result = |r: usize| try_apply(Op::Kernel(KernelOp::new(def.clone(), r)), &[&x, &a], Loc::caller());
@@ -377,6 +416,8 @@ mod tests {
                 }
             }
         }
+        // Every second pass, and the first of `s` recorded second: its backward walk is the first case's.
+        assert_eq!(crate::graph::backward_replay::replays_on_this_thread(), cases.len() as u64 + 1);
     }
 
     /// A kernel whose rule assumes a unit cotangent keeps it under `backward()`'s seed and gives way to its scaled
@@ -405,7 +446,8 @@ mod tests {
             }
         };
         let ahead = kernel("ahead", 2.0, Some(kernel("alternative", 5.0, None)));
-        for (scale, want) in [(1.0, 2.0), (3.0, 15.0)] {
+        // Each scale twice: the second pass replays the first's gradient ops, the alternative included.
+        for (scale, want) in [(1.0, 2.0), (3.0, 15.0), (3.0, 15.0), (1.0, 2.0)] {
             let x = Tensor::from_slice(&[1.0f64, 2.0, 3.0], &[3]).requires_grad();
             let y = try_apply(Op::Kernel(KernelOp::new(ahead.clone(), 0)), &[&x], Loc::caller()).expect("y");
             let loss = if scale == 1.0 { y.clone() } else { &y * scale };
@@ -413,5 +455,6 @@ mod tests {
             assert_eq!(grads[0].to_vec::<f64>().expect("gradient"), vec![want; 3], "loss scaled by {scale}");
             assert_eq!(y.to_vec::<f64>().expect("y"), vec![12.0], "loss scaled by {scale}");
         }
+        assert_eq!(crate::graph::backward_replay::replays_on_this_thread(), 2);
     }
 }

@@ -3,6 +3,7 @@
 //! precision products are recorded with (`precision`), and the Rust types at the host boundary (`element`).
 
 pub mod autodiff;
+pub(crate) mod backward_replay;
 pub(crate) mod constants;
 pub mod element;
 pub mod precision;

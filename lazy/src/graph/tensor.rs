@@ -115,6 +115,19 @@ impl Node {
         }
         let op_hash = state.recipe.as_ref().map_or(0, |r| structure_hash(&r.op));
         let ty_hash = structure_hash(&ty);
+        Node::made(ty, loc, state, grad_path, handles, op_hash, ty_hash)
+    }
+
+    /// A node whose type was checked and whose hashes were taken when a node like it was first made.
+    fn made(
+        ty: TensorType,
+        loc: Loc,
+        state: State,
+        grad_path: bool,
+        handles: usize,
+        op_hash: u64,
+        ty_hash: u64,
+    ) -> Rc<Node> {
         Rc::new(Node {
             op_hash,
             ty_hash,
@@ -308,6 +321,21 @@ impl Tensor {
             && crate::graph::autodiff::grad_enabled()
             && operands.iter().any(|o| o.grad_path || o.requires_grad());
         Node::make(ty, loc, State { data: None, recipe: Some(Recipe { op, operands }) }, grad_path, 0)
+    }
+
+    /// [`Tensor::record_node`] again for a node made before from the same op and operand types
+    /// (`backward_replay`), with the type and hashes it had, recorded with gradients off.
+    pub(crate) fn remake_node(
+        op: Op,
+        operands: Operands,
+        ty: TensorType,
+        loc: Loc,
+        op_hash: u64,
+        ty_hash: u64,
+    ) -> Rc<Node> {
+        debug_assert!(!crate::graph::autodiff::grad_enabled(), "gradient ops are recorded with gradients off");
+        let state = State { data: None, recipe: Some(Recipe { op, operands }) };
+        Node::made(ty, loc, state, false, 0, op_hash, ty_hash)
     }
 
     pub(crate) fn host(ty: TensorType, bytes: Vec<u8>, loc: Loc) -> Tensor {

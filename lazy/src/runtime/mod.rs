@@ -121,6 +121,8 @@ impl Config {
     /// The configuration the `LAZULI_*` variables describe (`crate::settings` reads and checks every one; its
     /// `VARIABLES` lists them with their values and defaults). A malformed value is an error naming it.
     pub fn from_env() -> Result<Config> {
+        // Read by `backward()` itself; checked here so that a bad value is an error.
+        settings::backward_replay_setting()?;
         Ok(Config {
             backend: settings::device()?,
             plugin_path: None,
