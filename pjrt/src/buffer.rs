@@ -148,6 +148,11 @@ pub struct HostCopy {
 }
 
 impl HostCopy {
+    /// Whether the copy has finished, without waiting: [`HostCopy::finish`] then returns at once.
+    pub fn is_done(&self) -> bool {
+        self.copy.is_done()
+    }
+
     /// Waits for the copy and returns the bytes: dense, row-major, as [`Buffer::to_host`] returns them.
     pub fn finish(self) -> Result<Vec<u8>> {
         let expected = byte_len(self.ty, &self.dims)?;

@@ -536,6 +536,11 @@ pub(crate) struct HostCopyInFlight {
 }
 
 impl HostCopyInFlight {
+    /// Whether the copy has finished (without waiting).
+    pub(crate) fn is_done(&self) -> bool {
+        self.event.as_ref().is_none_or(|e| self.api.event_is_ready(e))
+    }
+
     /// Waits for the copy (polling first, as every wait does) and returns the bytes.
     pub(crate) fn finish(mut self) -> Result<Vec<u8>> {
         if let Some(event) = self.event.take() {

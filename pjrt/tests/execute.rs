@@ -226,6 +226,12 @@ fn copies_started_at_the_launch_give_the_outputs(plugin: &Plugin) {
     let exe = c.compile(ADD, &CompileOptions::default()).unwrap();
     let out = exe.execute(&[&f32_buffer(&c, &A, &[2, 3], d), &f32_buffer(&c, &B, &[2, 3], d)]).unwrap();
     let copy = out[0].start_to_host().unwrap();
+    // A copy reports done, without being waited for, once the plugin has written it (polled for up to 10 s).
+    let start = std::time::Instant::now();
+    while !copy.is_done() {
+        assert!(start.elapsed().as_secs() < 10, "a copy of six floats never reported done");
+        std::thread::yield_now();
+    }
     assert_eq!(common::to_f32(&copy.finish().unwrap()), A_PLUS_B);
 }
 
