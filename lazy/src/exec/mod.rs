@@ -221,13 +221,16 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, cause: Cause, at: Loc) -
     Ok(())
 }
 
-/// Wait until every launched program has finished on its devices, then read the last step's finite check (with
-/// `LAZULI_CHECK_FINITE`) and its checked indices' reports. `sync()` only enqueues the step; reads (`item`,
-/// `to_vec`, checkpoints) wait for what they read. Use this to time steps or to surface a runtime error at a known
-/// point. An error names the line whose materialization launched the failing program.
+/// Wait until every launched program has finished on its devices, then read the finite checks (with
+/// `LAZULI_CHECK_FINITE`) whose counts are on the host, and the checked indices' reports. On a GPU a program's
+/// counts reach the host a little after the program: a check still on its way is read by the next launch or read
+/// (its step's state is guarded meanwhile), not waited for here. `sync()` only enqueues the step; reads (`item`,
+/// `to_vec`, checkpoints) wait for what they read, and for the checks of the programs up to it. Use this to time
+/// steps or to surface a runtime error at a known point. An error names the line whose materialization launched
+/// the failing program.
 pub fn wait() -> Result<()> {
     in_flight::wait()?;
-    finite::check_pending()?;
+    finite::read_landed()?;
     index_check::read_computed()
 }
 

@@ -7,7 +7,7 @@
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
 //! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old state is
 //! still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched (or
-//! at `wait()`), when the in-flight bound has waited for that step anyway, or by a read that has waited for a result
+//! at `wait()` once their counts are on the host), when the in-flight bound has waited for that step anyway, or by a read that has waited for a result
 //! of that program or a later one of its thread ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
 //! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step k is
 //! read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program structure,
@@ -19,7 +19,10 @@
 //! that runs again is compiled ahead on a thread and run once at a finite check ([`locate::warm`]).
 //!
 //! On a GPU the counts' copy to the host starts when the program is launched ([`start_read`]), so reading a check
-//! costs no round trip through the plugin once the step has run.
+//! costs no round trip through the plugin once the step has run. `wait()` reads only the checks whose copy has
+//! landed ([`read_landed`]): the last program's lands through one more notice of the plugin after the program
+//! itself, and is read by the next launch or read instead. A clean check's kept inputs are let go on the reaper's
+//! thread (`in_flight::reaper`), not on the host's path between two steps.
 //!
 //! A split step (`read::launch_gradients`, under `stop` on GPUs by default) is two checked programs: the gradients'
 //! counts the loss and the gradients and hands its trip on in the flag; the update's leaves those values out of its
@@ -370,9 +373,19 @@ pub(crate) fn after_launch(n: usize) -> Result<()> {
     read_all(take(n))
 }
 
-/// Read every pending check, whatever its mode (`wait()`).
-pub(crate) fn check_pending() -> Result<()> {
-    read_all(take(usize::MAX))
+/// Read every pending check whose counts are on the host, oldest first, whatever its mode (`wait()`, after the
+/// launched programs finished). On a GPU the counts' copy lands a little after its program, through one more
+/// completion notice of the plugin: a check whose copy is still on its way is left to the next launch or read,
+/// which finds it landed instead of making the host wait for it while the device idles.
+pub(crate) fn read_landed() -> Result<()> {
+    if !HAS_PENDING.load(Relaxed) {
+        return Ok(());
+    }
+    let landed = {
+        let queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+        queue.iter().take_while(|p| p.read.as_ref().is_none_or(lazuli_pjrt::HostCopy::is_done)).count()
+    };
+    read_all(take(landed))
 }
 
 /// Read checks in order; the first error ends the reading (under `stop`, the checks after a trip are dropped).
@@ -395,8 +408,13 @@ fn read(mut pending: Pending, after: usize) -> Result<()> {
         if pending.mode == CheckFinite::Skip && pending.guarded {
             SKIPPED_IN_A_ROW.store(0, Relaxed);
         }
-        if let Some(r) = &pending.replay {
-            locate::warm(runtime()?, &r.ahead, &r.inputs);
+        if let Some(r) = pending.replay.take() {
+            let rt = runtime()?;
+            locate::warm(rt, &r.ahead, &r.inputs);
+            // On a GPU the host reads this right after the device finished, before it records the next step.
+            if rt.config.backend != Backend::Cpu {
+                crate::exec::in_flight::reaper::release_later(r.inputs);
+            }
         }
         return Ok(());
     }

@@ -1,6 +1,8 @@
 //! In flight: programs launched but perhaps still running, bounded in number; waiting for them (reads wait for
 //! their own values, `wait()` for everything), and at process exit.
 
+pub(crate) mod reaper;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -81,6 +83,7 @@ pub(crate) fn wait_at_exit() {
     for launched in pending {
         let _ = launched.wait();
     }
+    reaper::drain(std::time::Duration::from_secs(5));
     launcher::shutdown();
 }
 
