@@ -158,13 +158,55 @@ pub fn heads(trace: &Trace, marks: &[Marks]) -> Vec<Head> {
     out
 }
 
+/// Every event of the trace (host spans, kernels, copies) that overlaps the window from `before_us` before a waited
+/// step's last kernel ends to its `wait()` returning, for the `step`-th waited step: where the plugin's notice
+/// goes. One line each, by start, in microseconds from the last kernel's end.
+pub fn window(trace: &Trace, marks: &[Marks], step: usize, before_us: i128) -> Vec<String> {
+    let tl = Timeline::of(trace);
+    let waited: Vec<(i128, i128)> = marks
+        .windows(2)
+        .filter_map(|p| Some((tl.last_end_before(p[1].start)?, p[0].waited?)))
+        .filter(|&(done, waited)| waited > done)
+        .collect();
+    let Some(&(done, waited)) = waited.get(step) else { return Vec::new() };
+    let at = |line_ns: i64, offset_ps: i64| (i128::from(line_ns) * 1000 + i128::from(offset_ps)) / 1000;
+    let mut events: Vec<(i128, i128, String)> = trace
+        .planes
+        .iter()
+        .flat_map(|plane| plane.lines.iter().map(move |line| (plane, line)))
+        .flat_map(|(plane, line)| {
+            line.events.iter().map(move |e| {
+                let start = at(line.timestamp_ns, e.offset_ps);
+                (
+                    start,
+                    start + i128::from(e.duration_ps) / 1000,
+                    format!("{} | {} | {}", plane.name, line.name, e.name),
+                )
+            })
+        })
+        .filter(|&(start, end, _)| end >= done - before_us * 1000 && start <= waited)
+        .collect();
+    events.sort();
+    let us = |t: i128| (t - done) as f64 / 1e3;
+    let mut out =
+        vec![format!("waited step {step}: `wait()` returned {:.0} µs after the last kernel ended", us(waited))];
+    out.extend(
+        events.iter().map(|(s, e, name)| format!("{:>9.1} µs +{:>8.1} µs  {name}", us(*s), (e - s) as f64 / 1e3)),
+    );
+    out
+}
+
 /// One piece of a head, read from it.
 type Piece = fn(&Head) -> Option<f64>;
 
 /// `lazuli-bench head --trace FILE --marks FILE`: each piece's median and range over the waited steps.
-pub fn report(trace: &Path, marks: &Path) -> BenchResult<()> {
+pub fn report(trace: &Path, marks: &Path, window_of: Option<usize>) -> BenchResult<()> {
     let trace = Trace::decode(&std::fs::read(trace)?)?;
     let marks = read_marks(&std::fs::read_to_string(marks)?)?;
+    if let Some(step) = window_of {
+        window(&trace, &marks, step, 50).iter().for_each(|l| println!("{l}"));
+        return Ok(());
+    }
     let heads = heads(&trace, &marks);
     if heads.is_empty() {
         return Err(
@@ -257,6 +299,12 @@ mod tests {
             gap: Some(900.0),
         };
         assert_eq!(heads, [want]);
+        // The notice's window: the kernel ending at its start, nothing after `wait()` returned.
+        let lines = window(&trace, &marks, 0, 50);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("100 µs after the last kernel"), "{lines:?}");
+        assert!(lines[1].contains("-1000.0 µs") && lines[1].ends_with("| update"), "{lines:?}");
+        assert!(window(&trace, &marks, 1, 50).is_empty(), "one waited step only");
         // The first step follows no waited step inside the trace; a pipelined one (no `waited`) has no head.
         let pipelined = [Marks { waited: None, ..marks[0] }, marks[1]];
         assert!(super::heads(&trace, &pipelined).is_empty());

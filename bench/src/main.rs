@@ -255,6 +255,10 @@ enum Cmd {
         /// The bench's marks (`LAZULI_BENCH_MARKS`).
         #[arg(long)]
         marks: PathBuf,
+        /// Instead: every event from just before the N-th waited step's last kernel ends to its `wait()`
+        /// returning (the plugin's notice, event by event).
+        #[arg(long)]
+        window: Option<usize>,
     },
     /// How the GPT step's compile time, first step and step time grow with depth, its blocks unrolled and
     /// scanned: GPT-2 small's width at each layer count, lazuli only, each in a new process without the
@@ -305,7 +309,7 @@ fn main() {
     let result = match cli.command {
         Cmd::Cpu { common, only } => cpu(&common, &only),
         Cmd::Trace { layers, iters, pause_ms, json } => trace_cmd(&layers, iters, pause_ms, json),
-        Cmd::Head { trace, marks } => lazuli_bench::head::report(&trace, &marks),
+        Cmd::Head { trace, marks, window } => lazuli_bench::head::report(&trace, &marks, window),
         Cmd::Compile { reps } => scratch().and_then(|dir| {
             let r = compile_cmd(&dir, reps);
             let _ = std::fs::remove_dir_all(&dir);
