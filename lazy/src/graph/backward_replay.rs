@@ -2,16 +2,18 @@
 //! on it: the same rules run, the same shapes are inferred, the same composites are expanded on a tape, the same
 //! constants are looked up. Only the nodes they read differ.
 //!
-//! So the first backward pass over a forward of some structure runs the rules and keeps what they recorded as a
+//! So the second backward pass over a forward of some shape runs the rules and keeps what they recorded as a
 //! template: each op with its type, its hashes, the forward node it differentiates (its source line) and where its
 //! operands come from (a node of the forward pass, an operand of one that is off the gradient path, the seed, an
-//! earlier op of the template). A later pass over a forward whose shape (`Shape`, compared whole, not by hash)
-//! is the same makes the same nodes from the template, without running a rule. The graph is the same either way,
-//! node for node, so the step's program is the same.
+//! earlier op of the template). The first pass only notes the shape: noting what the rules record costs about as
+//! much again as recording it, wasted on shapes that never come back. A later pass over a forward whose shape
+//! (`Shape`, compared whole, not by hash) is the same makes the same nodes from the template, without running a
+//! rule. The graph is the same either way, node for node, so the step's program is the same.
 //!
 //! `LAZULI_BACKWARD_REPLAY=0` turns this off.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
@@ -28,8 +30,13 @@ pub(crate) const UNORDERED: u64 = 0xffff_ffff;
 /// second model).
 const KEPT: usize = 4;
 
+/// How many shapes seen once a thread remembers.
+const SEEN: usize = 8;
+
 thread_local! {
     static TEMPLATES: RefCell<Vec<Rc<Template>>> = const { RefCell::new(Vec::new()) };
+    /// Hashes of shapes seen once and not yet kept.
+    static SEEN_ONCE: RefCell<VecDeque<u64>> = const { RefCell::new(VecDeque::new()) };
     /// This thread's override of the setting (tests compare the two ways in one process).
     static FORCED: Cell<Option<bool>> = const { Cell::new(None) };
     /// This thread's replayed passes (`Metrics::backward_replays` counts every thread's).
@@ -90,6 +97,7 @@ struct Template {
 /// path with its type). Two forwards of one shape get the same gradient ops from the rules, wired alike.
 pub(crate) struct Shape {
     words: Vec<u64>,
+    hash: u64,
     /// The distinct operands off the gradient path, in the order met.
     off: Vec<Rc<Node>>,
 }
@@ -121,21 +129,32 @@ impl Shape {
                 }
             }
         }
-        Shape { words, off }
+        let mut h = structure_hasher();
+        words.hash(&mut h);
+        Shape { hash: h.finish(), words, off }
     }
 
-    fn hash(&self) -> u64 {
-        let mut h = structure_hasher();
-        self.words.hash(&mut h);
-        h.finish()
+    /// Whether a pass over this shape came before (without a template kept): only then is a template worth
+    /// noting. The first sight is remembered.
+    pub(crate) fn seen_before(&self) -> bool {
+        SEEN_ONCE.with_borrow_mut(|seen| {
+            if let Some(i) = seen.iter().position(|&h| h == self.hash) {
+                seen.remove(i);
+                return true;
+            }
+            if seen.len() == SEEN {
+                seen.pop_front();
+            }
+            seen.push_back(self.hash);
+            false
+        })
     }
 }
 
 /// The gradient leaves' gradients made from a kept template of this shape, if there is one.
 pub(crate) fn replay(shape: &Shape, order: &[Rc<Node>], seed: &Rc<Node>) -> Option<Vec<(Rc<Node>, Tensor)>> {
-    let hash = shape.hash();
     let template = TEMPLATES.with_borrow_mut(|kept| {
-        let i = kept.iter().position(|t| t.hash == hash && t.shape == shape.words)?;
+        let i = kept.iter().position(|t| t.hash == shape.hash && t.shape == shape.words)?;
         let t = kept.remove(i);
         kept.insert(0, t.clone());
         Some(t)
@@ -263,13 +282,8 @@ impl Log {
         if self.unknown {
             return;
         }
-        let template = Template {
-            hash: shape.hash(),
-            shape: shape.words,
-            made: self.made,
-            alternatives: self.alternatives,
-            leaves,
-        };
+        let template =
+            Template { hash: shape.hash, shape: shape.words, made: self.made, alternatives: self.alternatives, leaves };
         TEMPLATES.with_borrow_mut(|kept| {
             kept.insert(0, Rc::new(template));
             kept.truncate(KEPT);
@@ -319,11 +333,14 @@ mod tests {
         let (rules, rules_key) = gradients(1, false);
         assert_eq!(templates(), 0, "replay off keeps no template");
         let (first, first_key) = gradients(1, true);
-        assert_eq!((templates(), replays()), (1, 0), "the first pass runs the rules and keeps a template");
+        assert_eq!((templates(), replays()), (0, 0), "the first pass runs the rules and notes the shape");
+        let (second, second_key) = gradients(1, true);
+        assert_eq!((templates(), replays()), (1, 0), "the second pass runs the rules and keeps a template");
         let (again, again_key) = gradients(1, true);
-        assert_eq!(replays(), 1, "the second pass replays it");
-        assert_eq!((first_key, again_key), (rules_key, rules_key), "one graph structure three ways");
+        assert_eq!(replays(), 1, "the third pass replays it");
+        assert_eq!([first_key, second_key, again_key], [rules_key; 3], "one graph structure four ways");
         assert_eq!(first, rules);
+        assert_eq!(second, rules);
         assert_eq!(again, rules);
         // New data, same shape: replayed, and the gradients are those of the new data.
         let (other, _) = gradients(2, false);
@@ -350,10 +367,11 @@ mod tests {
             assert_eq!(g(&w1), vec![1.0 * k, 2.0, 3.0], "shared {shared}, k {k}");
             assert_eq!(g(&w2), want2, "shared {shared}, k {k}");
         };
-        for (shared, k) in [(true, 1.0), (false, 1.0), (true, 2.0), (false, 3.0), (true, 4.0)] {
+        // The shared form is kept first: replayed for `x·w1 + y·w2`, it would read `y` for both.
+        for (shared, k) in [(true, 1.0), (true, 2.0), (false, 1.0), (false, 3.0), (true, 4.0), (false, 5.0)] {
             run(shared, k);
         }
-        assert_eq!(super::replays_on_this_thread(), 3, "the last three passes replay, each its own shape's template");
+        assert_eq!(super::replays_on_this_thread(), 2, "the last two passes replay, each its own shape's template");
         assert_eq!(templates(), 2);
         force(None);
     }
