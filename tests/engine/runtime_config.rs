@@ -101,6 +101,13 @@ fn a_bad_donate_setting_is_a_clear_error() {
     a_bad_setting_is_a_clear_error(name, "LAZULI_DONATE", "banana", "expected 1 (default) or 0");
 }
 
+/// `LAZULI_BACKWARD_REPLAY` takes 1 or 0 (`backward()` itself reads it as on; the runtime's start refuses it).
+#[test]
+fn a_bad_backward_replay_setting_is_a_clear_error() {
+    let name = "a_bad_backward_replay_setting_is_a_clear_error";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_BACKWARD_REPLAY", "sometimes", "expected 1 or 0");
+}
+
 /// `LAZULI_SPLIT_UPDATE` takes auto, on or off.
 #[test]
 fn a_bad_split_update_setting_is_a_clear_error() {
