@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use lazuli_pjrt::Trace;
+use lazuli_pjrt::{Event, Line, Trace};
 use serde_json::{json, Value};
 
 use crate::BenchResult;
@@ -87,25 +87,27 @@ struct Timeline {
     thunks: Vec<i128>,
 }
 
+/// Where an event of a trace line starts and ends, in nanoseconds since the epoch.
+fn span_ns(line: &Line, e: &Event) -> (i128, i128) {
+    let start_ps = i128::from(line.timestamp_ns) * 1000 + i128::from(e.offset_ps);
+    (start_ps / 1000, (start_ps + i128::from(e.duration_ps)) / 1000)
+}
+
 impl Timeline {
     fn of(trace: &Trace) -> Timeline {
-        let at = |line_ns: i64, offset_ps: i64| i128::from(line_ns) * 1000 + i128::from(offset_ps);
         let mut kernels: Vec<(i128, i128)> = trace
             .events_on("/device:")
             .filter(|(_, line, e)| {
                 line.name.starts_with("Stream") && !line.name.contains("Memcpy") && e.duration_ps > 0
             })
-            .map(|(_, line, e)| {
-                let start = at(line.timestamp_ns, e.offset_ps);
-                (start / 1000, (start + i128::from(e.duration_ps)) / 1000)
-            })
+            .map(|(_, line, e)| span_ns(line, e))
             .collect();
         kernels.sort_unstable();
         let starts = |what: &str| {
             let mut v: Vec<i128> = trace
                 .events_on("/host:")
                 .filter(|(_, _, e)| e.name.contains(what))
-                .map(|(_, line, e)| at(line.timestamp_ns, e.offset_ps) / 1000)
+                .map(|(_, line, e)| span_ns(line, e).0)
                 .collect();
             v.sort_unstable();
             v
@@ -169,19 +171,14 @@ pub fn window(trace: &Trace, marks: &[Marks], step: usize, before_us: i128) -> V
         .filter(|&(done, waited)| waited > done)
         .collect();
     let Some(&(done, waited)) = waited.get(step) else { return Vec::new() };
-    let at = |line_ns: i64, offset_ps: i64| (i128::from(line_ns) * 1000 + i128::from(offset_ps)) / 1000;
     let mut events: Vec<(i128, i128, String)> = trace
         .planes
         .iter()
         .flat_map(|plane| plane.lines.iter().map(move |line| (plane, line)))
         .flat_map(|(plane, line)| {
             line.events.iter().map(move |e| {
-                let start = at(line.timestamp_ns, e.offset_ps);
-                (
-                    start,
-                    start + i128::from(e.duration_ps) / 1000,
-                    format!("{} | {} | {}", plane.name, line.name, e.name),
-                )
+                let (start, end) = span_ns(line, e);
+                (start, end, format!("{} | {} | {}", plane.name, line.name, e.name))
             })
         })
         .filter(|&(start, end, _)| end >= done - before_us * 1000 && start <= waited)
@@ -244,7 +241,7 @@ pub fn report(trace: &Path, marks: &Path, window_of: Option<usize>) -> BenchResu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lazuli_pjrt::{Event, Line, Plane};
+    use lazuli_pjrt::Plane;
 
     /// A span or kernel starting `start_us` after the line's time, lasting `us`.
     fn event(name: &str, start_us: i64, us: i64) -> Event {
