@@ -207,11 +207,8 @@ fn run_rules(
                 continue;
             }
             // Every operand on the gradient path was ordered by this pass, before its user.
-            let stamp = operand.grad_visit.get();
-            if stamp & !UNORDERED != pass || stamp & UNORDERED == UNORDERED {
-                continue;
-            }
-            let slot = &mut cot[(stamp & UNORDERED) as usize];
+            let Some(at) = backward_replay::numbered(operand, pass) else { continue };
+            let slot = &mut cot[at as usize];
             *slot = Some(match slot.take() {
                 Some(prev) => b.add(&prev, &dx),
                 None => dx,

@@ -26,6 +26,13 @@ use crate::graph::tensor::{structure_hasher, Node, NodeMap, Operands, Tensor};
 /// The stamp a backward pass puts on a node it reached, before the node has a position (see `autodiff.rs`).
 pub(crate) const UNORDERED: u64 = 0xffff_ffff;
 
+/// The number the backward pass `pass` stamped on `node` (a position in its order, or past it an operand off the
+/// gradient path, `Shape::of`), if that pass numbered it.
+pub(crate) fn numbered(node: &Node, pass: u64) -> Option<u64> {
+    let stamp = node.grad_visit.get();
+    (stamp & !UNORDERED == pass && stamp & UNORDERED != UNORDERED).then_some(stamp & UNORDERED)
+}
+
 /// How many forward structures a thread keeps templates for (a training step, an evaluation with gradients, a
 /// second model).
 const KEPT: usize = 4;
@@ -118,9 +125,8 @@ impl Shape {
             let Some(recipe) = state.recipe.as_ref().filter(|_| descended) else { continue };
             words.push(recipe.operands.len() as u64);
             for o in &recipe.operands {
-                let stamp = o.grad_visit.get();
-                if stamp & !UNORDERED == pass && stamp & UNORDERED != UNORDERED {
-                    words.push(stamp & UNORDERED);
+                if let Some(id) = numbered(o, pass) {
+                    words.push(id);
                 } else {
                     let id = n + off.len() as u64;
                     o.grad_visit.set(pass | id);
@@ -222,9 +228,7 @@ impl Log {
         if let Some(&i) = self.index.get(&Rc::as_ptr(n)) {
             return Src::Made(i);
         }
-        let stamp = n.grad_visit.get();
-        if stamp & !UNORDERED == self.pass && stamp & UNORDERED != UNORDERED {
-            let id = stamp & UNORDERED;
+        if let Some(id) = numbered(n, self.pass) {
             return if id < self.order_len { Src::Order(id as u32) } else { Src::Off((id - self.order_len) as u32) };
         }
         if Rc::as_ptr(n) == self.seed {
@@ -242,7 +246,7 @@ impl Log {
 
     /// The rules looked up the shared constant `node` while differentiating the node at position `at`.
     pub(crate) fn constant(&mut self, value: f64, ty: &TensorType, at: usize, node: &Rc<Node>) {
-        // A constant the forward reads too is that operand already; a second lookup returns the same node.
+        // A second lookup of one constant returns the node already noted.
         if self.index.contains_key(&Rc::as_ptr(node)) {
             return;
         }
