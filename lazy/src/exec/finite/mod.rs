@@ -6,9 +6,10 @@
 //! `skip` and `stop` count only what enters the update (`hlo::finite::update_inputs`: the loss, the gradients, the
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
 //! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old state is
-//! still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched (or
-//! at `wait()` once their counts are on the host), when the in-flight bound has waited for that step anyway, or by a read that has waited for a result
-//! of that program or a later one of its thread ([`after_read`]: a loop that reads its loss). Under `stop` the guard is
+//! still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched
+//! (or at `wait()` once their counts are on the host), when the in-flight bound has waited for that step anyway, or
+//! by a read that has waited for a result of that program or a later one of its thread ([`after_read`]: a loop that
+//! reads its loss). Under `stop` the guard is
 //! the sticky flag of [`flag`]: every program launched after a trip keeps the state too, so when the check of step k is
 //! read, the state is still the one step k was given. Each `stop` check keeps step k's IR (one per program structure,
 //! [`graph_of`]) and the inputs that are not donated state (the batch, scalars); the donated ones are
