@@ -11,6 +11,10 @@
 //!   `dq = scale * Σ ds k`, the other a block of keys over queries for `dv = Σ pᵀ do` and `dk = scale * Σ dsᵀ q`,
 //!   with `ds = p (dp - delta)`, `dp = do vᵀ` and the caller's `delta = rowsum(do * o)`.
 //!
+//! Under a causal mask the blocks' work differs by up to their count (the last query block sees every key, the
+//! first key block every query): the grid then runs batch · heads along x and blocks along y, heaviest first, so
+//! that the programs that start last are the shortest and the launch does not end on a few long ones.
+//!
 //! Every loop over blocks is split by its bounds into blocks that no pair sees (skipped), blocks that every pair
 //! sees (no elementwise mask) and the rest (the diagonal, the window's edge, ragged tails: masked). Shapes,
 //! strides, block sizes and the scale are constants of the IR; the kernel arguments are pointers only.
@@ -21,6 +25,7 @@ mod common;
 mod forward;
 
 use super::TritonCall;
+use crate::triton::ttir::{Kernel, Value};
 
 /// Element type of q, k, v, o and the gradients (lse and delta are always f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -193,8 +198,7 @@ impl FlashTuning {
     /// dq's blocks (queries per program, keys per step).
     pub fn backward_dq(spec: &FlashSpec) -> FlashTuning {
         match (arith(spec), spec.block_d()) {
-            (Arith::Half, d) if d <= 64 => tuning(64, 64, 4, 3),
-            (Arith::Half, 128) => tuning(64, 32, 4, 3),
+            (Arith::Half, d) if d <= 128 => tuning(64, 32, 4, 3),
             (Arith::Half, _) => tuning(32, 32, 4, 2),
             (Arith::Tf32, d) if d <= 64 => tuning(64, 64, 4, 3),
             (Arith::Tf32, 128) => tuning(32, 32, 4, 2),
@@ -256,8 +260,9 @@ pub fn backward_dkdv(spec: &FlashSpec) -> TritonCall {
 }
 
 /// The backward of a packed spec in one launch: operands (qkv, do, lse, delta), result dqkv (`[B, T, 3, H, D]`).
-/// Programs of the grid's third axis at 0 write dq (slot 0) as [`backward_dq`]'s do, those at 1 dk and dv
-/// (slots 1 and 2) as [`backward_dkdv`]'s, with their blocks and the dk/dv kernel's warps and stages.
+/// The grid's third axis picks the job: dq (slot 0) as [`backward_dq`]'s programs compute it, or dk and dv
+/// (slots 1 and 2) as [`backward_dkdv`]'s, with their blocks and the dk/dv kernel's warps and stages. dq's
+/// programs are at 0 and dk and dv's at 1, or under a causal mask the other way round (the heavier job first).
 pub fn backward_packed(spec: &FlashSpec) -> TritonCall {
     backward::generate_packed(spec, &FlashTuning::backward_dq(spec), &FlashTuning::backward_dkdv(spec))
 }
@@ -341,26 +346,53 @@ fn blocks(n: usize, block: usize) -> u32 {
     u32::try_from(n.div_ceil(block)).unwrap_or(u32::MAX)
 }
 
-fn grid_y(spec: &FlashSpec) -> u32 {
+fn batch_heads(spec: &FlashSpec) -> u32 {
     u32::try_from(spec.batch * spec.heads).unwrap_or(u32::MAX)
 }
 
-/// The finished kernel `k` named `name`, launched on `grid_x` blocks of one axis by batch · heads, with `tuning`'s
-/// warps and stages.
-fn launch(
-    name: String,
-    k: crate::triton::ttir::Kernel,
-    grid_x: u32,
-    spec: &FlashSpec,
-    tuning: &FlashTuning,
-) -> TritonCall {
-    TritonCall {
-        name,
-        ir: k.finish(),
-        grid: [grid_x, grid_y(spec), 1],
-        num_warps: tuning.num_warps,
-        num_stages: tuning.num_stages,
+/// Which block of a kernel's loop does the most work under a causal mask: the last query block sees every key,
+/// the first key block every query.
+#[derive(Clone, Copy)]
+enum Heaviest {
+    First,
+    Last,
+}
+
+/// Whether a kernel of `spec` over `n` blocks launches its heaviest blocks first. Under a causal mask the blocks'
+/// work differs by up to their count: the grid then runs batch · heads along x and blocks along y, so that every
+/// head's heaviest block starts before any lighter one and the last programs to start are the shortest.
+fn heavy_first(spec: &FlashSpec, n: u32) -> bool {
+    spec.causal && (n as usize) <= MAX_GRID_Y
+}
+
+/// A program's (block, batch · head) ids, and the grid of `n` blocks a head for each of `jobs` jobs (the third
+/// axis).
+fn program_ids(k: &mut Kernel, spec: &FlashSpec, n: u32, jobs: u32) -> ((Value, Value), [u32; 3]) {
+    if heavy_first(spec, n) {
+        let bh = k.named("head_pid").program_id(0);
+        let p = k.named("block_pid").program_id(1);
+        ((p, bh), [batch_heads(spec), n, jobs])
+    } else {
+        let p = k.named("block_pid").program_id(0);
+        let bh = k.named("head_pid").program_id(1);
+        ((p, bh), [n, batch_heads(spec), jobs])
     }
+}
+
+/// Block `p` of `n` as the block index to work on: heaviest first when the grid runs so.
+fn block_index(k: &mut Kernel, spec: &FlashSpec, p: &Value, n: u32, heaviest: Heaviest) -> Value {
+    match heaviest {
+        Heaviest::Last if heavy_first(spec, n) => {
+            let last = common::c32(k, n as usize - 1);
+            k.named("reversed").sub(&last, p)
+        }
+        _ => p.clone(),
+    }
+}
+
+/// The finished kernel `k` named `name` on `grid`, with `tuning`'s warps and stages.
+fn launch_grid(name: String, k: Kernel, grid: [u32; 3], tuning: &FlashTuning) -> TritonCall {
+    TritonCall { name, ir: k.finish(), grid, num_warps: tuning.num_warps, num_stages: tuning.num_stages }
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@
 
 use super::common::{self, key_ranges, offsets, query_ranges, sweep, visible, Ctx, Head, LOG2_E};
 use super::forward::scores;
-use super::{blocks, grid_y, kernel_name, launch, FlashSpec, FlashTuning};
+use super::{
+    block_index, blocks, heavy_first, kernel_name, launch_grid, program_ids, FlashSpec, FlashTuning, Heaviest,
+};
 use crate::triton::ttir::{Cmp, Kernel, Scalar, Value};
 use crate::triton::TritonCall;
 
@@ -66,10 +68,11 @@ pub(super) fn generate_dq(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall 
     let mut k = Kernel::new(&name);
     let inputs = inputs(&mut k, &ctx);
     let dq_arg = k.ptr_arg("dq", ctx.elem);
-    let pid_m = k.named("pid_m").program_id(0);
-    let bh = k.named("bh").program_id(1);
+    let n = blocks(spec.seq_q, ctx.bm);
+    let ((p, bh), grid) = program_ids(&mut k, spec, n, 1);
+    let pid_m = block_index(&mut k, spec, &p, n, Heaviest::Last);
     dq_program(&mut k, &ctx, &inputs, &dq_arg, (&pid_m, &bh));
-    launch(name, k, blocks(spec.seq_q, ctx.bm), spec, tuning)
+    launch_grid(name, k, grid, tuning)
 }
 
 /// One dq program: query block `pid_m` of head `bh`, over the key blocks its queries see; dq is stored where q is
@@ -160,10 +163,11 @@ pub(super) fn generate_dkdv(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCal
     let inputs = inputs(&mut k, &ctx);
     let dk_arg = k.ptr_arg("dk", ctx.elem);
     let dv_arg = k.ptr_arg("dv", ctx.elem);
-    let pid_n = k.named("pid_n").program_id(0);
-    let bh = k.named("bh").program_id(1);
+    let n = blocks(spec.seq_kv, ctx.bn);
+    let ((p, bh), grid) = program_ids(&mut k, spec, n, 1);
+    let pid_n = block_index(&mut k, spec, &p, n, Heaviest::First);
     dkdv_program(&mut k, &ctx, &inputs, (&dk_arg, &dv_arg), (&pid_n, &bh));
-    launch(name, k, blocks(spec.seq_kv, ctx.bn), spec, tuning)
+    launch_grid(name, k, grid, tuning)
 }
 
 /// One dk, dv program: key block `pid_n` of head `bh`, over the query blocks that see its keys; dk and dv are
@@ -207,40 +211,41 @@ fn dkdv_program(
 
 // ---- packed: dq, dk and dv in one launch ----------------------------------------------------------------------
 
-/// The packed backward: the grid's third axis picks the job (0: dq with `dq_tuning`'s blocks, 1: dk and dv with
-/// `dkdv_tuning`'s), both writing into the one packed gradient; the launch takes dk and dv's warps and stages.
+/// The packed backward: the grid's third axis picks the job (dq with `dq_tuning`'s blocks, or dk and dv with
+/// `dkdv_tuning`'s; dk and dv's first under a causal mask), both writing into the one packed gradient; the launch
+/// takes dk and dv's warps and stages.
 pub(super) fn generate_packed(spec: &FlashSpec, dq_tuning: &FlashTuning, dkdv_tuning: &FlashTuning) -> TritonCall {
     let (dq_ctx, kv_ctx) = (Ctx::new(spec, dq_tuning), Ctx::new(spec, dkdv_tuning));
     let name = kernel_name("bwd", spec);
     let mut k = Kernel::new(&name);
     let inputs = inputs(&mut k, &kv_ctx);
     let dqkv = k.ptr_arg("dqkv", kv_ctx.elem);
-    let pid = k.named("pid").program_id(0);
-    let bh = k.named("bh").program_id(1);
-    let job = k.named("job").program_id(2);
     let (dq_blocks, kv_blocks) = (blocks(spec.seq_q, dq_ctx.bm), blocks(spec.seq_kv, kv_ctx.bn));
     let grid_x = dq_blocks.max(kv_blocks);
-    let zero = k.const_i32(0);
-    let is_dq = k.cmp(Cmp::Eq, &job, &zero);
+    let ((pid, bh), grid) = program_ids(&mut k, spec, grid_x, 2);
+    let job = k.named("job").program_id(2);
+    // Heaviest first: dk and dv's programs (four products a step against dq's three) before dq's.
+    let dq_job = k.const_i32(if heavy_first(spec, grid_x) { 1 } else { 0 });
+    let is_dq = k.cmp(Cmp::Eq, &job, &dq_job);
     k.if_else(
         &is_dq,
         &[],
         |k| {
-            within(k, &pid, (dq_blocks, grid_x), |k| dq_program(k, &dq_ctx, &inputs, &dqkv, (&pid, &bh)));
+            within(k, &pid, (dq_blocks, grid_x), |k| {
+                let pid_m = block_index(k, spec, &pid, dq_blocks, Heaviest::Last);
+                dq_program(k, &dq_ctx, &inputs, &dqkv, (&pid_m, &bh))
+            });
             vec![]
         },
         |k| {
-            within(k, &pid, (kv_blocks, grid_x), |k| dkdv_program(k, &kv_ctx, &inputs, (&dqkv, &dqkv), (&pid, &bh)));
+            within(k, &pid, (kv_blocks, grid_x), |k| {
+                let pid_n = block_index(k, spec, &pid, kv_blocks, Heaviest::First);
+                dkdv_program(k, &kv_ctx, &inputs, (&dqkv, &dqkv), (&pid_n, &bh))
+            });
             vec![]
         },
     );
-    TritonCall {
-        name,
-        ir: k.finish(),
-        grid: [grid_x, grid_y(spec), 2],
-        num_warps: dkdv_tuning.num_warps,
-        num_stages: dkdv_tuning.num_stages,
-    }
+    TritonCall { name, ir: k.finish(), grid, num_warps: dkdv_tuning.num_warps, num_stages: dkdv_tuning.num_stages }
 }
 
 /// `body` for programs `pid < blocks` of a grid `grid_x` wide (no test when they are all).

@@ -1,8 +1,8 @@
 //! The forward kernel: one program per (block of `bm` queries, batch * head), an online softmax over the key
-//! blocks the block's queries can see.
+//! blocks the block's queries can see; causal, the last query block first.
 
 use super::common::{self, key_ranges, offsets, sweep, visible, Ctx, Head, LN_2};
-use super::{blocks, kernel_name, launch, FlashSpec, FlashTuning};
+use super::{block_index, blocks, kernel_name, launch_grid, program_ids, FlashSpec, FlashTuning, Heaviest};
 use crate::triton::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
 use crate::triton::TritonCall;
 
@@ -24,8 +24,9 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let o_arg = k.ptr_arg("o", ctx.elem);
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
 
-    let pid_m = k.named("pid_m").program_id(0);
-    let bh = k.named("bh").program_id(1);
+    let n = blocks(spec.seq_q, ctx.bm);
+    let ((p, bh), grid) = program_ids(&mut k, spec, n, 1);
+    let pid_m = block_index(&mut k, spec, &p, n, Heaviest::Last);
     let bm = common::c32(&mut k, ctx.bm);
     let m0 = k.named("m0").mul(&pid_m, &bm);
     let rows = offsets(&mut k, &m0, ctx.bm, "rows");
@@ -52,7 +53,7 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let lse_head = common::row_values(&mut k, &ctx, &lse_arg, &bh);
     common::store_rows(&mut k, &ctx, &lse_head, &fwd.rows, &lse);
 
-    launch(name, k, blocks(spec.seq_q, ctx.bm), spec, tuning)
+    launch_grid(name, k, grid, tuning)
 }
 
 impl Fwd<'_> {

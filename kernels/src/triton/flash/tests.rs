@@ -106,10 +106,12 @@ fn grids_cover_the_sequence_in_blocks() {
     let spec = gpt2();
     let (fwd, dq, dkdv) =
         (FlashTuning::forward(&spec), FlashTuning::backward_dq(&spec), FlashTuning::backward_dkdv(&spec));
-    assert_eq!(forward(&spec).grid, [(1024 / fwd.block_m) as u32, 96, 1]);
-    assert_eq!(backward_dq(&spec).grid, [(1024 / dq.block_m) as u32, 96, 1]);
-    assert_eq!(backward_dkdv(&spec).grid, [(1024 / dkdv.block_n) as u32, 96, 1]);
+    // Causal: batch · heads along x, blocks along y (heaviest first).
+    assert_eq!(forward(&spec).grid, [96, (1024 / fwd.block_m) as u32, 1]);
+    assert_eq!(backward_dq(&spec).grid, [96, (1024 / dq.block_m) as u32, 1]);
+    assert_eq!(backward_dkdv(&spec).grid, [96, (1024 / dkdv.block_n) as u32, 1]);
 
+    // Without a mask every block does the same work: blocks along x.
     let ragged = FlashSpec::new(2, 3, 100, 130, 64, FlashDtype::F16, FlashLayout::Bthd);
     let t = FlashTuning::forward(&ragged);
     assert_eq!(forward(&ragged).grid, [100usize.div_ceil(t.block_m) as u32, 6, 1]);
@@ -264,12 +266,51 @@ fn unsupported_specs_say_why() {
     }
 }
 
+/// The instruction that defines the value named `name` in `ir` (`%name_<n> = …`), if any.
+fn definition<'a>(ir: &'a str, name: &str) -> Option<&'a str> {
+    let start = format!("%{name}_");
+    ir.lines().map(str::trim).find(|l| {
+        l.strip_prefix(&start).and_then(|rest| rest.split(' ').next()).is_some_and(|n| n.parse::<u32>().is_ok())
+    })
+}
+
+/// [`definition`], which must exist.
+fn program_id<'a>(ir: &'a str, name: &str) -> &'a str {
+    definition(ir, name).unwrap_or_else(|| panic!("no %{name} in:\n{ir}"))
+}
+
+#[test]
+fn causal_kernels_start_their_heaviest_blocks_first() {
+    let causal = gpt2();
+    // The forward's last query block sees every key: program y = 0 takes it (block 15 - y).
+    let f = forward(&causal).ir;
+    assert!(program_id(&f, "head_pid").contains("tt.get_program_id x"), "{f}");
+    assert!(program_id(&f, "block_pid").contains("tt.get_program_id y"), "{f}");
+    assert!(program_id(&f, "reversed").contains("arith.subi"), "{f}");
+    // dk and dv's first key block sees every query: it is block y itself; dq's blocks run reversed.
+    let kv = backward_dkdv(&causal).ir;
+    assert!(program_id(&kv, "block_pid").contains("tt.get_program_id y") && definition(&kv, "reversed").is_none());
+    assert!(definition(&backward_dq(&causal).ir, "reversed").is_some());
+    // The packed backward: dk and dv's programs (the heavier job) at 0 on the third axis, dq's at 1.
+    let spec = FlashSpec::new(8, 12, 1024, 1024, 64, FlashDtype::BF16, FlashLayout::Bthd).with_causal(true);
+    let packed = backward_packed(&spec.with_packed(true)).ir;
+    let job = program_id(&packed, "job");
+    assert!(job.contains("tt.get_program_id z"), "{packed}");
+    let test = packed.lines().find(|l| l.contains("arith.cmpi eq") && l.contains("%job_")).unwrap_or_default();
+    let dq_job = test.split(", ").nth(2).and_then(|v| v.split(' ').next()).unwrap_or("?");
+    let defined = packed.lines().map(str::trim).find(|l| l.starts_with(&format!("{dq_job} = "))).unwrap_or_default();
+    assert!(defined.contains("arith.constant 1 : i32"), "the dq job's test: {test}\n{packed}");
+    // Without a mask: blocks along x, in order.
+    let full = forward(&FlashSpec { causal: false, ..causal }).ir;
+    assert!(program_id(&full, "block_pid").contains("tt.get_program_id x") && definition(&full, "reversed").is_none());
+}
+
 #[test]
 fn tuned_variants_check_their_blocks() {
     let spec = gpt2();
     let t = FlashTuning { block_m: 64, block_n: 32, num_warps: 4, num_stages: 2 };
     let call = forward_tuned(&spec, &t).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(call.grid, [16, 96, 1]);
+    assert_eq!(call.grid, [96, 16, 1]);
     assert_ne!(call.ir, forward(&spec).ir);
     assert!(backward_dq_tuned(&spec, &FlashTuning { block_m: 48, ..t }).is_err());
     assert!(backward_dkdv_tuned(&spec, &FlashTuning { num_warps: 3, ..t }).is_err());
@@ -291,7 +332,7 @@ fn packed_kernels_read_slots_of_one_operand_and_the_backward_is_one_launch() {
     assert_eq!(signature(&f.ir).matches("!tt.ptr<").count(), 3, "qkv, o, lse: {}", signature(&f.ir));
     assert_eq!(signature(&b.ir).matches("!tt.ptr<").count(), 5, "qkv, do, lse, delta, dqkv: {}", signature(&b.ir));
     assert_eq!(f.grid, forward(&plain).grid);
-    assert_eq!(b.grid, [16, 96, 2], "dq's and dk/dv's programs side by side on the third axis");
+    assert_eq!(b.grid, [96, 16, 2], "dq's and dk/dv's programs side by side on the third axis");
     // Rows of the packed operand are 3 · 12 · 64 apart (768 for a tensor of its own), and k and v start 12 and 24
     // heads in; the output and its cotangent keep the plain layout.
     assert!(f.ir.contains("dense<2304> : tensor<64xi32>") && f.ir.contains("dense<768> : tensor<64xi32>"), "{}", f.ir);
