@@ -34,9 +34,18 @@ pub struct Counting {
     /// zeros) as this many rows and sums them into one row, then that row; `None`, and smaller counts: one
     /// reduction over all of them.
     pub rows: Option<usize>,
-    /// A program that needs one total (a guarded check) counts it with [`count_total_by_rows`] in rows of this
-    /// width; `None`: the groups' counts summed.
-    pub total_by_rows: Option<usize>,
+    /// How a program that needs one total (a guarded check) counts it.
+    pub total: Total,
+}
+
+/// How a guarded check's one total is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Total {
+    /// [`count_total_by_rows`] in rows of this width: each tensor's row counts, joined and summed.
+    ByRows(usize),
+    /// [`count_total_joined`]: each group's partial counts (a large tensor's rows summed into one, a small group's
+    /// flags), joined and summed once.
+    Joined,
 }
 
 impl Counting {
@@ -44,16 +53,17 @@ impl Counting {
     /// whose concatenation it fuses into the kernel that counts (a launch per tensor cost more than the reading).
     /// A total is counted by rows ([`count_total_by_rows`]).
     pub const FOR_GPU: Counting =
-        Counting { tensors: GROUP_TENSORS, elements: 1 << 30, rows: None, total_by_rows: Some(TOTAL_ROW_WIDTH) };
+        Counting { tensors: GROUP_TENSORS, elements: 1 << 30, rows: None, total: Total::ByRows(TOTAL_ROW_WIDTH) };
     /// XLA's CPU compiler: only small tensors share a count, and a large tensor's count first sums its 32 rows
     /// into one. Its loop over a concatenation picks each element's source tensor in turn and is not vectorized,
     /// and it rewrites a reduction over more than 32 elements into a tree whose first level it does not fuse with
     /// the test of each element, so that the test's flags were written out in full and read again. Summing rows
     /// (the leading axis) reads each row contiguously and vectorizes; summing within rows of 32 (the last axis)
     /// loaded element by element and took about 1.5 times as long (`docs/perf-log/2026-12-03-locator-ahead.md`).
-    /// Small counts stay one reduction: fewer kernels.
+    /// Small counts stay one reduction: fewer kernels. A total joins the groups' partial counts before it sums
+    /// them: XLA's CPU compiler makes each reduction to one count a tree of a few small kernels.
     pub const FOR_CPU: Counting =
-        Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32), total_by_rows: None };
+        Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32), total: Total::Joined };
 }
 
 /// The rows of [`Counting::FOR_GPU`]'s total: long enough for wide loads, and each of GPT-2's matrices a whole
@@ -148,6 +158,48 @@ pub fn count_total_by_rows(g: &mut Graph, of: &[NodeId], width: usize, loc: Loc)
         _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), row_counts, loc)?,
     };
     // XLA's simplifier would turn a sum over the join back into a sum per tensor.
+    let joined = g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![joined], loc)?;
+    total_of(g, Some(joined), loc)
+}
+
+/// `i32[1]`: how many elements of the floating-point nodes `of` are NaN or infinite in all, shaped for XLA's CPU
+/// compiler: each group of [`count_groups`] becomes a partial count (a tensor counted alone in `counting.rows` rows
+/// summed into one; a small group's flags, joined), and the partials are joined and summed once. Counted group by
+/// group ([`count_nonfinite_grouped`]), each group's sum is a tree of a few small kernels of XLA's CPU runtime:
+/// mlp-mnist's guarded step has 11 kernels more than without the check this way, 21 group by group
+/// (`docs/perf-log/2026-12-04-check-cost-on-a-quiet-cpu.md`).
+pub fn count_total_joined(g: &mut Graph, of: &[NodeId], counting: &Counting, loc: Loc) -> Result<NodeId, String> {
+    let types: Vec<&TensorType> = of.iter().map(|&x| &g.nodes[x].ty).collect();
+    let groups = count_groups(&types, counting);
+    let mut partials = Vec::with_capacity(groups.len());
+    for group in groups {
+        let mut flags = Vec::with_capacity(group.len());
+        for &x in &of[group] {
+            let n = g.nodes[x].ty.elements();
+            if n > 0 {
+                let f = nonfinite_flags(g, x, loc)?;
+                flags.push(g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![f], loc)?);
+            }
+        }
+        let flat = match flags.len() {
+            0 => continue,
+            1 => flags[0],
+            _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), flags, loc)?,
+        };
+        let partial = match counting.rows {
+            Some(rows) if rows > 0 && g.nodes[flat].ty.elements() > counting.elements.max(rows) => {
+                count_rows(g, flat, rows, loc)?
+            }
+            _ => flat,
+        };
+        partials.push(partial);
+    }
+    let joined = match partials.len() {
+        0 => return total_of(g, None, loc),
+        1 => partials[0],
+        _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), partials, loc)?,
+    };
+    // XLA's simplifier would turn a sum over the join back into a sum per partial.
     let joined = g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![joined], loc)?;
     total_of(g, Some(joined), loc)
 }
@@ -429,7 +481,7 @@ mod tests {
 
     /// Each tensor counted alone.
     fn alone(rows: Option<usize>) -> Counting {
-        Counting { tensors: 1, elements: 0, rows, total_by_rows: None }
+        Counting { tensors: 1, elements: 0, rows, total: Total::Joined }
     }
 
     /// Counted parameters cover what layout ops and widening converts make from them alone, and nothing else.

@@ -426,12 +426,12 @@ fn skip_on_a_mesh_keeps_the_state_and_the_step_count() {
 /// group, with f16 beside f32 and more tensors than one group holds; counted whole and in rows.
 #[test]
 fn grouped_counts_on_the_plugin_match_the_reference() {
-    use lazuli_hlo::finite::{count_groups, count_nonfinite_grouped, Counting};
+    use lazuli_hlo::finite::{count_groups, count_nonfinite_grouped, Counting, Total};
 
     // As on a GPU and on the CPU (here all small: grouped, no rows); and small enough limits that most tensors
     // are counted alone, as 4 or 3 rows summed into one (padded to whole rows), beside groups small enough to share.
-    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4), total_by_rows: None };
-    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total_by_rows: None };
+    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4), total: Total::Joined };
+    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total: Total::Joined };
     for counting in [Counting::FOR_GPU, Counting::FOR_CPU, alone_in_rows, threes] {
         let (mut g, xs, values, planted) = planted_counts_graph();
         let loc = g.nodes[xs[0]].loc;
@@ -461,6 +461,25 @@ fn a_total_by_rows_on_the_plugin_counts_every_planted_value() {
         let want: Vec<i32> = g.evaluate(&values).unwrap()[0].iter().map(|&c| c as i32).collect();
         assert_eq!(want, vec![planted as i32], "the reference, rows of {width}");
         assert_eq!(counts_on_the_cpu_plugin(&g, &xs, &values), want, "the plugin, rows of {width}");
+    }
+}
+
+/// A guarded check's one total as the CPU counts it (each group's partial counts joined and summed once) on the real
+/// CPU plugin: the planted count, the reference's, with every tensor alone in rows, groups of three, and the CPU's
+/// own limits (every tensor small: one group of f32 per 32 tensors, one of f16).
+#[test]
+fn a_joined_total_on_the_plugin_counts_every_planted_value() {
+    use lazuli_hlo::finite::{count_total_joined, Counting, Total};
+    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4), total: Total::Joined };
+    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total: Total::Joined };
+    for counting in [Counting::FOR_CPU, alone_in_rows, threes] {
+        let (mut g, xs, values, planted) = planted_counts_graph();
+        let loc = g.nodes[xs[0]].loc;
+        let total = count_total_joined(&mut g, &xs, &counting, loc).unwrap();
+        g.outputs = vec![total];
+        let want: Vec<i32> = g.evaluate(&values).unwrap()[0].iter().map(|&c| c as i32).collect();
+        assert_eq!(want, vec![planted as i32], "the reference, {counting:?}");
+        assert_eq!(counts_on_the_cpu_plugin(&g, &xs, &values), want, "the plugin, {counting:?}");
     }
 }
 
