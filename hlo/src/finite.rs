@@ -152,14 +152,7 @@ pub fn count_total_by_rows(g: &mut Graph, of: &[NodeId], width: usize, loc: Loc)
         let by_row = Reduce { kind: ReduceKind::Sum, axes: vec![1], keep: false };
         row_counts.push(g.push(Op::Reduce(by_row), vec![table], loc)?);
     }
-    let joined = match row_counts.len() {
-        0 => return total_of(g, None, loc),
-        1 => row_counts[0],
-        _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), row_counts, loc)?,
-    };
-    // XLA's simplifier would turn a sum over the join back into a sum per tensor.
-    let joined = g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![joined], loc)?;
-    total_of(g, Some(joined), loc)
+    total_of_joined(g, row_counts, loc)
 }
 
 /// `i32[1]`: how many elements of the floating-point nodes `of` are NaN or infinite in all, shaped for XLA's CPU
@@ -181,11 +174,7 @@ pub fn count_total_joined(g: &mut Graph, of: &[NodeId], counting: &Counting, loc
                 flags.push(g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![f], loc)?);
             }
         }
-        let flat = match flags.len() {
-            0 => continue,
-            1 => flags[0],
-            _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), flags, loc)?,
-        };
+        let Some(flat) = join(g, flags, loc)? else { continue };
         let partial = match counting.rows {
             Some(rows) if rows > 0 && g.nodes[flat].ty.elements() > counting.elements.max(rows) => {
                 count_rows(g, flat, rows, loc)?
@@ -194,14 +183,24 @@ pub fn count_total_joined(g: &mut Graph, of: &[NodeId], counting: &Counting, loc
         };
         partials.push(partial);
     }
-    let joined = match partials.len() {
-        0 => return total_of(g, None, loc),
-        1 => partials[0],
-        _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), partials, loc)?,
-    };
-    // XLA's simplifier would turn a sum over the join back into a sum per partial.
+    total_of_joined(g, partials, loc)
+}
+
+/// `i32[1]`: the sum of the `i32` vectors `parts`, joined first behind an optimization barrier (XLA's simplifier
+/// would turn a sum over the join back into a sum per part); 0 when there is none.
+fn total_of_joined(g: &mut Graph, parts: Vec<NodeId>, loc: Loc) -> Result<NodeId, String> {
+    let Some(joined) = join(g, parts, loc)? else { return total_of(g, None, loc) };
     let joined = g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![joined], loc)?;
     total_of(g, Some(joined), loc)
+}
+
+/// The rank-1 `parts` concatenated, the one part itself, or `None` for none.
+fn join(g: &mut Graph, parts: Vec<NodeId>, loc: Loc) -> Result<Option<NodeId>, String> {
+    match parts.len() {
+        0 => Ok(None),
+        1 => Ok(Some(parts[0])),
+        _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), parts, loc).map(Some),
+    }
 }
 
 /// `i32` flags of node `x`'s shape: 1 where an element is NaN or infinite, else 0.
