@@ -112,26 +112,10 @@ pub fn count_nonfinite_grouped(
     let groups = count_groups(&types, counting);
     let mut counts = Vec::with_capacity(groups.len());
     for group in groups {
-        let members = &of[group];
-        let counted = match members {
-            [one] => *one,
-            _ => {
-                let mut flat = Vec::with_capacity(members.len());
-                for &x in members {
-                    let n = g.nodes[x].ty.elements();
-                    flat.push(g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![x], loc)?);
-                }
-                g.push(Op::Concatenate(Concatenate { dim: 0 }), flat, loc)?
-            }
-        };
-        let rows = counting.rows.filter(|_| g.nodes[counted].ty.elements() > counting.elements);
-        counts.push(count_one(g, counted, rows, loc)?);
+        let partial = group_partial(g, &of[group], counting, loc)?;
+        counts.push(reduce_to_one(g, partial, ReduceKind::Sum, loc)?);
     }
-    match counts.len() {
-        0 => Ok(None),
-        1 => Ok(Some(counts[0])),
-        _ => g.push(Op::Concatenate(Concatenate { dim: 0 }), counts, loc).map(Some),
-    }
+    join(g, counts, loc)
 }
 
 /// `i32[1]`: how many elements of the floating-point nodes `of` are NaN or infinite in all, shaped for XLA's GPU
@@ -166,24 +150,32 @@ pub fn count_total_joined(g: &mut Graph, of: &[NodeId], counting: &Counting, loc
     let groups = count_groups(&types, counting);
     let mut partials = Vec::with_capacity(groups.len());
     for group in groups {
-        let mut flags = Vec::with_capacity(group.len());
-        for &x in &of[group] {
-            let n = g.nodes[x].ty.elements();
-            if n > 0 {
-                let f = nonfinite_flags(g, x, loc)?;
-                flags.push(g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![f], loc)?);
-            }
+        let partial = group_partial(g, &of[group], counting, loc)?;
+        if g.nodes[partial].ty.elements() > 0 {
+            partials.push(partial);
         }
-        let Some(flat) = join(g, flags, loc)? else { continue };
-        let partial = match counting.rows {
-            Some(rows) if rows > 0 && g.nodes[flat].ty.elements() > counting.elements.max(rows) => {
-                count_rows(g, flat, rows, loc)?
-            }
-            _ => flat,
-        };
-        partials.push(partial);
     }
     total_of_joined(g, partials, loc)
+}
+
+/// A group's partial count, an `i32` vector: the flags of its tensors flattened and joined (joined before they are
+/// tested, so that XLA's simplifier does not split a later sum over the join into one per tensor), then, when there
+/// are more than `counting.elements` of them (a tensor counted alone), summed from `counting.rows` rows into one
+/// behind an optimization barrier.
+fn group_partial(g: &mut Graph, members: &[NodeId], counting: &Counting, loc: Loc) -> Result<NodeId, String> {
+    let mut flat = Vec::with_capacity(members.len());
+    for &x in members {
+        let n = g.nodes[x].ty.elements();
+        flat.push(g.push(Op::Reshape(Reshape { dims: vec![n] }), vec![x], loc)?);
+    }
+    let joined = join(g, flat, loc)?.ok_or("a count of an empty group of tensors")?;
+    let flags = nonfinite_flags(g, joined, loc)?;
+    match counting.rows {
+        Some(rows) if rows > 0 && g.nodes[flags].ty.elements() > counting.elements.max(rows) => {
+            count_rows(g, flags, rows, loc)
+        }
+        _ => Ok(flags),
+    }
 }
 
 /// `i32[1]`: the sum of the `i32` vectors `parts`, joined first behind an optimization barrier (XLA's simplifier
@@ -216,18 +208,6 @@ fn nonfinite_flags(g: &mut Graph, x: NodeId, loc: Loc) -> Result<NodeId, String>
     let zero = g.push(splat(0.0, DType::I32), vec![], loc)?;
     let one = g.push(splat(1.0, DType::I32), vec![], loc)?;
     g.push(Op::Select(Select), vec![finite, zero, one], loc)
-}
-
-/// `i32[1]`: how many elements of node `x` are NaN or infinite.
-fn count_one(g: &mut Graph, x: NodeId, rows: Option<usize>, loc: Loc) -> Result<NodeId, String> {
-    let flags = nonfinite_flags(g, x, loc)?;
-    match rows {
-        Some(rows) if rows > 0 && g.nodes[x].ty.elements() > rows => {
-            let row = count_rows(g, flags, rows, loc)?;
-            reduce_to_one(g, row, ReduceKind::Sum, loc)
-        }
-        _ => reduce_to_one(g, flags, ReduceKind::Sum, loc),
-    }
 }
 
 /// `i32[width]`: the `s32` `flags` flattened, padded with zeros to `rows` whole rows and the rows summed into
