@@ -358,35 +358,42 @@ enum Heaviest {
     Last,
 }
 
-/// Whether a kernel of `spec` over `n` blocks launches its heaviest blocks first. Under a causal mask the blocks'
-/// work differs by up to their count: the grid then runs batch · heads along x and blocks along y, so that every
-/// head's heaviest block starts before any lighter one and the last programs to start are the shortest.
-fn heavy_first(spec: &FlashSpec, n: u32) -> bool {
-    spec.causal && (n as usize) <= MAX_GRID_Y
+/// A kernel's program ids on its grid. Under a causal mask the blocks' work differs by up to their count: the grid
+/// then runs batch · heads along x and blocks along y, so that every head's heaviest block starts before any lighter
+/// one and the last programs to start are the shortest (`heavy_first`). Otherwise blocks run along x.
+struct Programs {
+    /// The program's block along the grid (before [`Programs::block_index`] orders it).
+    block: Value,
+    /// Its batch · head.
+    head: Value,
+    heavy_first: bool,
+    grid: [u32; 3],
 }
 
-/// A program's (block, batch · head) ids, and the grid of `n` blocks a head for each of `jobs` jobs (the third
-/// axis).
-fn program_ids(k: &mut Kernel, spec: &FlashSpec, n: u32, jobs: u32) -> ((Value, Value), [u32; 3]) {
-    if heavy_first(spec, n) {
-        let bh = k.named("head_pid").program_id(0);
-        let p = k.named("block_pid").program_id(1);
-        ((p, bh), [batch_heads(spec), n, jobs])
-    } else {
-        let p = k.named("block_pid").program_id(0);
-        let bh = k.named("head_pid").program_id(1);
-        ((p, bh), [n, batch_heads(spec), jobs])
+impl Programs {
+    /// The programs of a kernel of `spec` over `n` blocks a head, for each of `jobs` jobs (the third axis).
+    fn new(k: &mut Kernel, spec: &FlashSpec, n: u32, jobs: u32) -> Programs {
+        let heavy_first = spec.causal && (n as usize) <= MAX_GRID_Y;
+        let (block, head, grid) = if heavy_first {
+            let head = k.named("head_pid").program_id(0);
+            (k.named("block_pid").program_id(1), head, [batch_heads(spec), n, jobs])
+        } else {
+            let block = k.named("block_pid").program_id(0);
+            (block, k.named("head_pid").program_id(1), [n, batch_heads(spec), jobs])
+        };
+        Programs { block, head, heavy_first, grid }
     }
-}
 
-/// Block `p` of `n` as the block index to work on: heaviest first when the grid runs so.
-fn block_index(k: &mut Kernel, spec: &FlashSpec, p: &Value, n: u32, heaviest: Heaviest) -> Value {
-    match heaviest {
-        Heaviest::Last if heavy_first(spec, n) => {
-            let last = common::c32(k, n as usize - 1);
-            k.named("reversed").sub(&last, p)
+    /// The index of the block this program works on, of a loop over `n` blocks (`n` at most the grid's): the
+    /// grid's own, or reversed when the heaviest is the last and the grid runs heaviest first.
+    fn block_index(&self, k: &mut Kernel, n: u32, heaviest: Heaviest) -> Value {
+        match heaviest {
+            Heaviest::Last if self.heavy_first => {
+                let last = common::c32(k, n as usize - 1);
+                k.named("reversed").sub(&last, &self.block)
+            }
+            _ => self.block.clone(),
         }
-        _ => p.clone(),
     }
 }
 

@@ -8,9 +8,7 @@
 
 use super::common::{self, key_ranges, offsets, query_ranges, sweep, visible, Ctx, Head, LOG2_E};
 use super::forward::scores;
-use super::{
-    block_index, blocks, heavy_first, kernel_name, launch_grid, program_ids, FlashSpec, FlashTuning, Heaviest,
-};
+use super::{blocks, kernel_name, launch_grid, FlashSpec, FlashTuning, Heaviest, Programs};
 use crate::triton::ttir::{Cmp, Kernel, Scalar, Value};
 use crate::triton::TritonCall;
 
@@ -69,10 +67,10 @@ pub(super) fn generate_dq(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall 
     let inputs = inputs(&mut k, &ctx);
     let dq_arg = k.ptr_arg("dq", ctx.elem);
     let n = blocks(spec.seq_q, ctx.bm);
-    let ((p, bh), grid) = program_ids(&mut k, spec, n, 1);
-    let pid_m = block_index(&mut k, spec, &p, n, Heaviest::Last);
-    dq_program(&mut k, &ctx, &inputs, &dq_arg, (&pid_m, &bh));
-    launch_grid(name, k, grid, tuning)
+    let programs = Programs::new(&mut k, spec, n, 1);
+    let pid_m = programs.block_index(&mut k, n, Heaviest::Last);
+    dq_program(&mut k, &ctx, &inputs, &dq_arg, (&pid_m, &programs.head));
+    launch_grid(name, k, programs.grid, tuning)
 }
 
 /// One dq program: query block `pid_m` of head `bh`, over the key blocks its queries see; dq is stored where q is
@@ -164,10 +162,10 @@ pub(super) fn generate_dkdv(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCal
     let dk_arg = k.ptr_arg("dk", ctx.elem);
     let dv_arg = k.ptr_arg("dv", ctx.elem);
     let n = blocks(spec.seq_kv, ctx.bn);
-    let ((p, bh), grid) = program_ids(&mut k, spec, n, 1);
-    let pid_n = block_index(&mut k, spec, &p, n, Heaviest::First);
-    dkdv_program(&mut k, &ctx, &inputs, (&dk_arg, &dv_arg), (&pid_n, &bh));
-    launch_grid(name, k, grid, tuning)
+    let programs = Programs::new(&mut k, spec, n, 1);
+    let pid_n = programs.block_index(&mut k, n, Heaviest::First);
+    dkdv_program(&mut k, &ctx, &inputs, (&dk_arg, &dv_arg), (&pid_n, &programs.head));
+    launch_grid(name, k, programs.grid, tuning)
 }
 
 /// One dk, dv program: key block `pid_n` of head `bh`, over the query blocks that see its keys; dk and dv are
@@ -222,29 +220,31 @@ pub(super) fn generate_packed(spec: &FlashSpec, dq_tuning: &FlashTuning, dkdv_tu
     let dqkv = k.ptr_arg("dqkv", kv_ctx.elem);
     let (dq_blocks, kv_blocks) = (blocks(spec.seq_q, dq_ctx.bm), blocks(spec.seq_kv, kv_ctx.bn));
     let grid_x = dq_blocks.max(kv_blocks);
-    let ((pid, bh), grid) = program_ids(&mut k, spec, grid_x, 2);
+    let programs = Programs::new(&mut k, spec, grid_x, 2);
+    let (pid, bh) = (&programs.block, &programs.head);
     let job = k.named("job").program_id(2);
     // Heaviest first: dk and dv's programs (four products a step against dq's three) before dq's.
-    let dq_job = k.const_i32(if heavy_first(spec, grid_x) { 1 } else { 0 });
+    let dq_job = k.const_i32(if programs.heavy_first { 1 } else { 0 });
     let is_dq = k.cmp(Cmp::Eq, &job, &dq_job);
     k.if_else(
         &is_dq,
         &[],
         |k| {
-            within(k, &pid, (dq_blocks, grid_x), |k| {
-                let pid_m = block_index(k, spec, &pid, dq_blocks, Heaviest::Last);
-                dq_program(k, &dq_ctx, &inputs, &dqkv, (&pid_m, &bh))
+            within(k, pid, (dq_blocks, grid_x), |k| {
+                let pid_m = programs.block_index(k, dq_blocks, Heaviest::Last);
+                dq_program(k, &dq_ctx, &inputs, &dqkv, (&pid_m, bh))
             });
             vec![]
         },
         |k| {
-            within(k, &pid, (kv_blocks, grid_x), |k| {
-                let pid_n = block_index(k, spec, &pid, kv_blocks, Heaviest::First);
-                dkdv_program(k, &kv_ctx, &inputs, (&dqkv, &dqkv), (&pid_n, &bh))
+            within(k, pid, (kv_blocks, grid_x), |k| {
+                let pid_n = programs.block_index(k, kv_blocks, Heaviest::First);
+                dkdv_program(k, &kv_ctx, &inputs, (&dqkv, &dqkv), (&pid_n, bh))
             });
             vec![]
         },
     );
+    let grid = programs.grid;
     TritonCall { name, ir: k.finish(), grid, num_warps: dkdv_tuning.num_warps, num_stages: dkdv_tuning.num_stages }
 }
 

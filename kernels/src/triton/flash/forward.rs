@@ -2,7 +2,7 @@
 //! blocks the block's queries can see; causal, the last query block first.
 
 use super::common::{self, key_ranges, offsets, sweep, visible, Ctx, Head, LN_2};
-use super::{block_index, blocks, kernel_name, launch_grid, program_ids, FlashSpec, FlashTuning, Heaviest};
+use super::{blocks, kernel_name, launch_grid, FlashSpec, FlashTuning, Heaviest, Programs};
 use crate::triton::ttir::{Cmp, Kernel, Reduction, Scalar, Value};
 use crate::triton::TritonCall;
 
@@ -25,8 +25,8 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let lse_arg = k.ptr_arg("lse", Scalar::F32);
 
     let n = blocks(spec.seq_q, ctx.bm);
-    let ((p, bh), grid) = program_ids(&mut k, spec, n, 1);
-    let pid_m = block_index(&mut k, spec, &p, n, Heaviest::Last);
+    let programs = Programs::new(&mut k, spec, n, 1);
+    let (pid_m, bh) = (programs.block_index(&mut k, n, Heaviest::Last), programs.head.clone());
     let bm = common::c32(&mut k, ctx.bm);
     let m0 = k.named("m0").mul(&pid_m, &bm);
     let rows = offsets(&mut k, &m0, ctx.bm, "rows");
@@ -53,7 +53,7 @@ pub(super) fn generate(spec: &FlashSpec, tuning: &FlashTuning) -> TritonCall {
     let lse_head = common::row_values(&mut k, &ctx, &lse_arg, &bh);
     common::store_rows(&mut k, &ctx, &lse_head, &fwd.rows, &lse);
 
-    launch_grid(name, k, grid, tuning)
+    launch_grid(name, k, programs.grid, tuning)
 }
 
 impl Fwd<'_> {
