@@ -275,7 +275,7 @@ fn definition<'a>(ir: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// [`definition`], which must exist.
-fn program_id<'a>(ir: &'a str, name: &str) -> &'a str {
+fn defined<'a>(ir: &'a str, name: &str) -> &'a str {
     definition(ir, name).unwrap_or_else(|| panic!("no %{name} in:\n{ir}"))
 }
 
@@ -284,17 +284,17 @@ fn causal_kernels_start_their_heaviest_blocks_first() {
     let causal = gpt2();
     // The forward's last query block sees every key: program y = 0 takes it (block 15 - y).
     let f = forward(&causal).ir;
-    assert!(program_id(&f, "head_pid").contains("tt.get_program_id x"), "{f}");
-    assert!(program_id(&f, "block_pid").contains("tt.get_program_id y"), "{f}");
-    assert!(program_id(&f, "reversed").contains("arith.subi"), "{f}");
+    assert!(defined(&f, "head_pid").contains("tt.get_program_id x"), "{f}");
+    assert!(defined(&f, "block_pid").contains("tt.get_program_id y"), "{f}");
+    assert!(defined(&f, "reversed").contains("arith.subi"), "{f}");
     // dk and dv's first key block sees every query: it is block y itself; dq's blocks run reversed.
     let kv = backward_dkdv(&causal).ir;
-    assert!(program_id(&kv, "block_pid").contains("tt.get_program_id y") && definition(&kv, "reversed").is_none());
+    assert!(defined(&kv, "block_pid").contains("tt.get_program_id y") && definition(&kv, "reversed").is_none());
     assert!(definition(&backward_dq(&causal).ir, "reversed").is_some());
     // The packed backward: dk and dv's programs (the heavier job) at 0 on the third axis, dq's at 1.
     let spec = FlashSpec::new(8, 12, 1024, 1024, 64, FlashDtype::BF16, FlashLayout::Bthd).with_causal(true);
     let packed = backward_packed(&spec.with_packed(true)).ir;
-    let job = program_id(&packed, "job");
+    let job = defined(&packed, "job");
     assert!(job.contains("tt.get_program_id z"), "{packed}");
     let test = packed.lines().find(|l| l.contains("arith.cmpi eq") && l.contains("%job_")).unwrap_or_default();
     let dq_job = test.split(", ").nth(2).and_then(|v| v.split(' ').next()).unwrap_or("?");
@@ -302,7 +302,7 @@ fn causal_kernels_start_their_heaviest_blocks_first() {
     assert!(defined.contains("arith.constant 1 : i32"), "the dq job's test: {test}\n{packed}");
     // Without a mask: blocks along x, in order.
     let full = forward(&FlashSpec { causal: false, ..causal }).ir;
-    assert!(program_id(&full, "block_pid").contains("tt.get_program_id x") && definition(&full, "reversed").is_none());
+    assert!(defined(&full, "block_pid").contains("tt.get_program_id x") && definition(&full, "reversed").is_none());
 }
 
 #[test]
