@@ -298,8 +298,8 @@ fn causal_kernels_start_their_heaviest_blocks_first() {
     assert!(job.contains("tt.get_program_id z"), "{packed}");
     let test = packed.lines().find(|l| l.contains("arith.cmpi eq") && l.contains("%job_")).unwrap_or_default();
     let dq_job = test.split(", ").nth(2).and_then(|v| v.split(' ').next()).unwrap_or("?");
-    let defined = packed.lines().map(str::trim).find(|l| l.starts_with(&format!("{dq_job} = "))).unwrap_or_default();
-    assert!(defined.contains("arith.constant 1 : i32"), "the dq job's test: {test}\n{packed}");
+    let constant = packed.lines().map(str::trim).find(|l| l.starts_with(&format!("{dq_job} = "))).unwrap_or_default();
+    assert!(constant.contains("arith.constant 1 : i32"), "the dq job's test: {test}\n{packed}");
     // Without a mask: blocks along x, in order.
     let full = forward(&FlashSpec { causal: false, ..causal }).ir;
     assert!(defined(&full, "block_pid").contains("tt.get_program_id x") && definition(&full, "reversed").is_none());
