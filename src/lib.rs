@@ -25,7 +25,8 @@
 //!   and for other frameworks; GPT-2's in [`nn::gpt2`]), [`data`] (token files, seeded batches, prefetching).
 //! - Several devices: [`sharding`] (meshes, partition specs, the planner); several processes: [`distributed`]
 //!   (joining a group, its key-value store and barriers, failure detection; `lazuli-run` starts one).
-//! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state.
+//! - Numerics: [`Precision`] of products, [`manual_seed`] and the generator's state, [`count_nonfinite()`] (NaN and
+//!   infinite elements of many tensors, one kernel on GPUs).
 //! - Kernels: [`scaled_dot_product_attention`] with its [`AttentionOptions`] and [`Implementation`]; a Triton
 //!   kernel of your own with [`TritonKernel`]; a fused elementwise expression with [`ir::FusedBuilder`].
 //! - Control flow: [`scan()`] (and [`Scan`] for its options), [`while_loop()`], [`cond()`], each with bodies as
@@ -73,6 +74,7 @@ pub mod distributed {
 // Tensors and their element types.
 pub use lazuli_lazy::{broadcast_shapes, where_, CrossEntropyOptions, DType, Element, Operand, Tensor};
 // Slicing several axes at once (`x.slice_axes(&s![.., 1..5;2])`), and einsum with a string spec.
+pub use lazuli_lazy::{count_nonfinite, try_count_nonfinite};
 pub use lazuli_lazy::{einsum, s, try_einsum, AxisSlice};
 // The step boundary and waiting for the device.
 pub use lazuli_lazy::{sync, wait};

@@ -11,6 +11,8 @@
 //! - [`custom`]: a user's own Triton kernel, with a composite or a gradient rule.
 //! - [`layer_norm`]: layer normalization with scale and shift (lazuli's Triton kernels, the composite).
 //! - [`bias_gelu`]: `gelu(x + b)`, a matmul's bias and activation (lazuli's Triton kernels, the composite).
+//! - [`finite_count`]: the non-finite elements of many tensors counted in one launch (lazuli's Triton kernel, the
+//!   composite).
 //! - [`triton`]: Triton custom calls (validation, escaping) and lazuli's Triton IR generators.
 #![forbid(unsafe_code)]
 
@@ -19,6 +21,7 @@ pub mod bias_gelu;
 mod choice;
 pub mod cross_entropy;
 pub mod custom;
+pub mod finite_count;
 pub mod layer_norm;
 pub mod triton;
 

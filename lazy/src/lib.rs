@@ -45,6 +45,7 @@ pub use ops::checkpoint::checkpoint;
 pub use ops::control::{cond, scan, try_cond, try_scan, try_while_loop, while_loop, Scan};
 pub use ops::custom_kernel::TritonKernel;
 pub use ops::einsum::{einsum, try_einsum};
+pub use ops::finite_count::{count_nonfinite, try_count_nonfinite};
 pub use ops::indexing::AxisSlice;
 pub use ops::nn_functional::CrossEntropyOptions;
 pub use ops::random::{manual_seed, rng_state, set_rng_state};

@@ -63,6 +63,12 @@ pub const VARIABLES: &[Variable] = &[
         "auto",
     ),
     v(
+        "LAZULI_FINITE_COUNT",
+        "how a guarded finite check counts (one Triton kernel on NVIDIA GPUs, or XLA's reductions)",
+        "auto, triton, composite",
+        "auto",
+    ),
+    v(
         "LAZULI_CROSS_ENTROPY_GRAD",
         "where lazuli's cross-entropy kernel writes the loss's gradient, and the forward's tiling",
         "forward, forward:ROWS,COLS,WARPS,STAGES, backward",

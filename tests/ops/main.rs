@@ -14,6 +14,7 @@ mod attention;
 mod control;
 mod cpu_library_fusions;
 mod custom_kernel;
+mod finite_count;
 mod fused;
 mod gpu_kernels;
 mod grad;

@@ -8,6 +8,7 @@
 
 pub mod bias_gelu;
 pub mod cross_entropy;
+pub mod finite_count;
 pub mod flash;
 pub mod layer_norm;
 mod tile;

@@ -9,6 +9,7 @@ pub mod control;
 mod conv;
 pub mod custom_kernel;
 pub mod einsum;
+pub mod finite_count;
 pub(crate) mod fused_layers;
 pub mod indexing;
 pub(crate) mod nn_functional;

@@ -51,6 +51,10 @@ pub struct Config {
     pub bias_gelu: Implementation,
     /// Which cross-entropy implementation `Tensor::cross_entropy` records (`LAZULI_CROSS_ENTROPY`), likewise.
     pub cross_entropy: Implementation,
+    /// How a guarded finite check counts its non-finite values (`LAZULI_FINITE_COUNT`): on an NVIDIA GPU, lazuli's
+    /// Triton kernel over every counted tensor in one launch (`auto`, the default, where it applies; `triton`
+    /// forces it), or XLA's reductions (`composite`, the only way elsewhere).
+    pub finite_count: Implementation,
     /// Where that kernel writes the loss's gradient (`LAZULI_CROSS_ENTROPY_GRAD`): in a forward that walks each row
     /// twice with this tiling, when the logits will be differentiated (default), or `None`: in a backward kernel
     /// of its own. The forward's gradient is at a unit cotangent: for a loss scaled before `backward()` the
@@ -102,6 +106,7 @@ impl Default for Config {
             layer_norm: Implementation::Auto,
             bias_gelu: Implementation::Auto,
             cross_entropy: Implementation::Auto,
+            finite_count: Implementation::Auto,
             cross_entropy_grad: Some(lazuli_kernels::cross_entropy::GradTiling::DEFAULT),
             plugins: Sources::default(),
             donate: true,
@@ -134,6 +139,7 @@ impl Config {
             layer_norm: settings::triton_kernel("LAZULI_LAYER_NORM")?,
             bias_gelu: settings::triton_kernel("LAZULI_BIAS_GELU")?,
             cross_entropy: settings::triton_kernel("LAZULI_CROSS_ENTROPY")?,
+            finite_count: settings::triton_kernel("LAZULI_FINITE_COUNT")?,
             cross_entropy_grad: settings::cross_entropy_grad()?,
             plugins: settings::plugin_sources()?,
             donate: settings::donate()?,

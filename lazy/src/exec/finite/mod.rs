@@ -1,6 +1,7 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
 //! output: counts of non-finite elements, one small `i32` vector (`hlo::finite::count_groups`, shaped per backend by
-//! [`counting`]: on a GPU a guarded check's one total by rows of each tensor, `log`'s counts one reduction per group
+//! [`counting`]: on a GPU a guarded check's one total by lazuli's counting kernel over every tensor in one launch
+//! ([`count_by_kernel`]; by rows of each tensor where it does not apply), `log`'s counts one reduction per group
 //! of up to 32 tensors; on the CPU large tensors alone, their rows summed first, and a guarded check's partial counts
 //! joined before its one sum).
 //!
@@ -42,7 +43,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use lazuli_hlo::{Graph, Loc, TensorType};
+use lazuli_hlo::{Graph, KernelOp, Loc, NodeId, Op, TensorType};
+use lazuli_kernels::{Implementation, Target};
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::diagnostics::{self, EventKind};
@@ -188,7 +190,7 @@ pub(crate) fn with_check(
     counted: &[usize],
     flag: Option<usize>,
     mode: CheckFinite,
-    backend: Backend,
+    (backend, target, finite_count): (Backend, &Target, Implementation),
     counts_sharding: Option<String>,
 ) -> Result<Graph> {
     use lazuli_hlo::finite as f;
@@ -202,7 +204,10 @@ pub(crate) fn with_check(
             entering.retain(|&x| !covered[x]);
         }
         let total = match counting.total {
-            f::Total::ByRows(width) => f::count_total_by_rows(&mut g, &entering, width, loc),
+            f::Total::ByRows(width) => match count_by_kernel(&mut g, &entering, (target, finite_count), loc)? {
+                Some(total) => Ok(total),
+                None => f::count_total_by_rows(&mut g, &entering, width, loc),
+            },
             f::Total::Joined => {
                 // Grouped by dtype, so that a step whose gradients alternate between f32 and bf16 (weights read
                 // through bf16 copies) is a few groups, not one per run of a dtype.
@@ -233,6 +238,37 @@ pub(crate) fn with_check(
         g.output_shardings.push(counts_sharding);
     }
     Ok(g)
+}
+
+/// `i32[1]`: the non-finite elements of `of` counted by lazuli's kernel (`lazuli_kernels::finite_count`), one
+/// launch over every tensor where XLA's program counts each in a reduction kernel of its own; `None` where the
+/// kernel does not apply (not an NVIDIA GPU, f64 values, nothing to count, `LAZULI_FINITE_COUNT=composite`) or
+/// on a mesh, whose partitioner would gather every tensor onto each device for a custom call. A forced `triton`
+/// that cannot apply is an error.
+fn count_by_kernel(
+    g: &mut Graph,
+    of: &[NodeId],
+    (target, want): (&Target, Implementation),
+    loc: Loc,
+) -> Result<Option<NodeId>> {
+    if want == Implementation::Composite || of.is_empty() {
+        return Ok(None);
+    }
+    if g.partitions > 0 {
+        return match want {
+            Implementation::Triton => Err(Error::Config(
+                "LAZULI_FINITE_COUNT=triton: a sharded program's check counts with XLA's reductions".into(),
+            )),
+            _ => Ok(None),
+        };
+    }
+    let types: Vec<TensorType> = of.iter().map(|&x| g.nodes[x].ty.clone()).collect();
+    let def = match lazuli_kernels::finite_count::count_nonfinite(&types, target, want) {
+        Ok(def) if def.device.is_some() => def,
+        Ok(_) => return Ok(None),
+        Err(why) => return Err(Error::Config(format!("LAZULI_FINITE_COUNT: {why}"))),
+    };
+    g.push(Op::Kernel(KernelOp::new(def, 0)), of.to_vec(), loc).map(Some).map_err(Error::Internal)
 }
 
 /// How the check's counts are grouped and reduced on `backend`

@@ -44,7 +44,7 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
             &plan.counted,
             plan.flag,
             mode,
-            rt.config.backend,
+            (rt.config.backend, &rt.target, rt.config.finite_count),
             counts_sharding,
         )?;
         emit(&checked, &EmitOptions::default())
