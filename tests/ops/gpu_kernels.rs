@@ -149,6 +149,14 @@ fn fused_attention_takes_more_keys_than_queries() {
     check_cases(&[c]);
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn fused_attention_takes_more_heads_than_a_grid_column() {
+    // 70,000 batch · heads: a causal flash kernel runs them along the grid's x (y takes 65,535).
+    let (b, h, tq, tk, d, dtype) = (700, 100, 40, 40, 64, DType::BF16);
+    check_cases(&[Case { b, h, tq, tk, d, dtype, causal: true, window: None, layout: AttentionLayout::Bthd }]);
+}
+
 /// Every implementation that should apply to each case, against the composite.
 fn check_cases(cases: &[Case]) {
     require_gpu();

@@ -224,7 +224,7 @@ impl FlashTuning {
 
     /// Why these blocks cannot be generated (None if they can).
     pub fn unsupported(&self) -> Option<String> {
-        let block = |b: usize| b.is_power_of_two() && (16..=256).contains(&b);
+        let block = |b: usize| b.is_power_of_two() && (SMALLEST_BLOCK..=256).contains(&b);
         if !block(self.block_m) || !block(self.block_n) {
             return Some(format!("blocks {}x{}: each must be a power of two in 16..=256", self.block_m, self.block_n));
         }
@@ -292,8 +292,12 @@ fn check(spec: &FlashSpec, tuning: &FlashTuning) -> Result<(), String> {
     }
 }
 
-/// Largest grid y (batch * heads) CUDA launches.
+/// Largest grid y (and z) CUDA launches.
 const MAX_GRID_Y: usize = 65_535;
+/// Largest grid x CUDA launches.
+const MAX_GRID_X: usize = i32::MAX as usize;
+/// The smallest block of queries or keys a tuning takes.
+const SMALLEST_BLOCK: usize = 16;
 
 /// Why a spec cannot be generated (None if it can): e.g. head_dim > 256, zero sizes, window without causal.
 pub fn unsupported(spec: &FlashSpec) -> Option<String> {
@@ -315,8 +319,12 @@ pub fn unsupported(spec: &FlashSpec) -> Option<String> {
     if !spec.scale().is_finite() {
         return Some(format!("scale {} is not finite", spec.scale()));
     }
-    if batch.saturating_mul(heads) > MAX_GRID_Y {
-        return Some(format!("batch * heads = {batch} * {heads} is over the grid's {MAX_GRID_Y}"));
+    // Causal kernels run batch · heads along the grid's x (`Programs`) when their blocks fit along y, as blocks of
+    // any tuning do up to 16 · 65,535 positions; other kernels run batch · heads along y.
+    let blocks_fit_y = [seq_q, seq_kv].iter().all(|s| s.div_ceil(SMALLEST_BLOCK) <= MAX_GRID_Y);
+    let (most, axis) = if spec.causal && blocks_fit_y { (MAX_GRID_X, "x") } else { (MAX_GRID_Y, "y") };
+    if batch.saturating_mul(heads) > most {
+        return Some(format!("batch * heads = {batch} * {heads} is over the grid's {most} along {axis}"));
     }
     // Offsets inside one batch element are i32 (the batch offset is i64), with room for a ragged last block.
     let per_batch = |seq: usize| seq.checked_mul(heads * spec.slots()).and_then(|n| n.checked_mul(head_dim));

@@ -259,11 +259,28 @@ fn unsupported_specs_say_why() {
         (ok.clone().with_scale(f64::NAN), "scale"),
         (FlashSpec { batch: 70_000, ..ok.clone() }, "grid"),
         (FlashSpec { seq_kv: 1 << 24, heads: 64, ..ok.clone() }, "i32"),
+        (FlashSpec { seq_q: 16 << 20, seq_kv: 16 << 20, batch: 70_000, ..ok.clone() }.with_causal(true), "grid"),
     ];
     for (spec, word) in cases {
         let why = unsupported(&spec).unwrap_or_default();
         assert!(why.contains(word), "{spec:?}: {why:?}");
     }
+}
+
+#[test]
+fn causal_kernels_take_more_heads_than_a_grid_column() {
+    // Causal kernels run batch · heads along the grid's x, which takes far more than y's 65,535.
+    let spec = FlashSpec::new(700, 100, 40, 40, 64, FlashDtype::F16, FlashLayout::Bthd).with_causal(true);
+    assert_eq!(unsupported(&spec), None);
+    let calls =
+        [forward(&spec), backward_dq(&spec), backward_dkdv(&spec), backward_packed(&spec.clone().with_packed(true))];
+    for call in calls {
+        assert_eq!(call.grid[0], 70_000, "{}", call.name);
+        let pointers = call.ir.matches("tt.divisibility").count();
+        call.validate(pointers, 0).unwrap_or_else(|why| panic!("{}: {why}", call.name));
+    }
+    // Without the mask they run it along y, and refuse it.
+    assert!(unsupported(&spec.with_causal(false)).is_some_and(|why| why.contains("65535 along y")));
 }
 
 /// The instruction that defines the value named `name` in `ir` (`%name_<n> = …`), if any.
