@@ -38,29 +38,54 @@ fn make(operands: &[TensorType], target: &Target, want: Implementation) -> Resul
     let composite = Program::record(&operands, |b, x| vec![Some(composite(b, x))])?;
     let elements: usize = operands.iter().map(TensorType::elements).sum();
     let what = format!("{} tensors, {elements} elements", operands.len());
-    let (spec, choice) = triton_or_composite(KERNEL, what, (target, want), || triton_spec(&operands))?;
-    let device = spec.map(|spec| device_program(&operands, &spec)).transpose()?;
+    let (launches, choice) = triton_or_composite(KERNEL, what, (target, want), || triton_launches(&operands))?;
+    let device = launches.map(|launches| device_program(&operands, &launches)).transpose()?;
     KernelDef::new(KERNEL, operands, vec![count_type()], device, composite, vec![Gradient::None], choice)
 }
 
-fn triton_spec(operands: &[TensorType]) -> Result<CountSpec, String> {
+/// At most this many tensors a launch: a kernel's arguments are its tensors' pointers, and CUDA takes 32 KB of
+/// them (4 KB before CUDA 12.1).
+pub const LAUNCH_TENSORS: usize = 480;
+
+/// One launch of the kernel: the operands it counts (a range of them) and its signature.
+type Launch = (std::ops::Range<usize>, CountSpec);
+
+/// The launches counting `operands`: runs of up to [`LAUNCH_TENSORS`] tensors, those with elements to count.
+fn triton_launches(operands: &[TensorType]) -> Result<Vec<Launch>, String> {
     let tensors = operands.iter().map(|t| Ok((triton_scalar(t.dtype, KERNEL)?, t.elements())));
-    let spec = CountSpec { tensors: tensors.collect::<Result<_, String>>()? };
-    match spec.unsupported() {
-        Some(why) => Err(why),
-        None => Ok(spec),
+    let tensors: Vec<_> = tensors.collect::<Result<_, String>>()?;
+    let whole = CountSpec { tensors: tensors.clone() };
+    if let Some(why) = whole.unsupported() {
+        return Err(why);
     }
+    let mut launches = Vec::new();
+    for start in (0..tensors.len()).step_by(LAUNCH_TENSORS) {
+        let range = start..(start + LAUNCH_TENSORS).min(tensors.len());
+        let spec = CountSpec { tensors: tensors[range.clone()].to_vec() };
+        if spec.unsupported().is_none() {
+            launches.push((range, spec));
+        }
+    }
+    Ok(launches)
 }
 
-/// The Triton kernel's programs' counts, summed.
-fn device_program(operands: &[TensorType], spec: &CountSpec) -> Result<Program, String> {
-    let triton = ttfc::count(spec, CountTiling::DEFAULT);
-    triton.validate(operands.len(), 1)?;
-    let programs = TensorType::new(DType::I32, [triton.grid[0] as usize]);
+/// Each launch's programs' counts, summed, and the launches' sums added.
+fn device_program(operands: &[TensorType], launches: &[Launch]) -> Result<Program, String> {
+    let calls = launches.iter().map(|(range, spec)| {
+        let triton = ttfc::count(spec, CountTiling::DEFAULT);
+        triton.validate(range.len(), 1)?;
+        Ok((range.clone(), triton))
+    });
+    let calls: Vec<_> = calls.collect::<Result<_, String>>()?;
     Program::record(operands, |b, x| {
-        let args: Vec<_> = x.iter().collect();
-        let counts = b.call(triton.custom_call(vec![programs]), &args).remove(0);
-        let total = b.sum(&counts, &[0]);
+        let mut total = b.constant(0.0, TensorType::scalar(DType::I32));
+        for (range, triton) in &calls {
+            let programs = TensorType::new(DType::I32, [triton.grid[0] as usize]);
+            let args: Vec<_> = x[range.clone()].iter().collect();
+            let counts = b.call(triton.custom_call(vec![programs]), &args).remove(0);
+            let sum = b.sum(&counts, &[0]);
+            total = b.add(&total, &sum);
+        }
         vec![Some(b.reshape(&total, &[1]))]
     })
 }
@@ -107,6 +132,22 @@ mod tests {
         assert_eq!(def.results, vec![count_type()]);
         let device = format!("{:?}", def.device.as_ref().expect("a device program"));
         assert_eq!(device.matches("__gpu$xla.gpu.triton").count(), 1, "{device}");
+    }
+
+    #[test]
+    fn many_tensors_are_counted_in_launches_of_a_few_hundred() {
+        let hopper = Target::Cuda { compute_capability: Some((9, 0)) };
+        let mut types = vec![TensorType::new(DType::F32, [0]); LAUNCH_TENSORS];
+        types.extend(vec![TensorType::new(DType::BF16, [3]); LAUNCH_TENSORS + 1]);
+        let def = count_nonfinite(&types, &hopper, Implementation::Auto).unwrap();
+        let device = format!("{:?}", def.device.as_ref().expect("a device program"));
+        // The first run has nothing to count and no launch; the rest takes two.
+        assert_eq!(device.matches("__gpu$xla.gpu.triton").count(), 2, "{device}");
+        let launches = triton_launches(&types).unwrap();
+        let ranges: Vec<_> = launches.iter().map(|(r, _)| r.clone()).collect();
+        let n = LAUNCH_TENSORS;
+        assert_eq!(ranges, vec![n..2 * n, 2 * n..2 * n + 1]);
+        assert!(launches.iter().all(|(r, spec)| spec.tensors.len() == r.len()));
     }
 
     #[test]

@@ -84,4 +84,9 @@ fn gpu_kernels_count_nonfinite_counts_every_planted_value() {
     }
     shapes.extend([(&[3, 5][..], BF16), (&[1000, 333][..], F16), (&[50_304, 768][..], BF16), (&[65_537][..], F32)]);
     check(&shapes);
+    // More tensors than one launch takes (`lazuli_kernels::finite_count::LAUNCH_TENSORS`): several launches.
+    let (small, odd) = ([3000usize], [5usize]);
+    let many: Vec<(&[usize], DType)> =
+        (0..1100).map(|i| if i % 7 == 0 { (&odd[..], F16) } else { (&small[..], F32) }).collect();
+    check(&many);
 }
