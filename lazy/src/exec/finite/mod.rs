@@ -1,9 +1,9 @@
 //! The finite check (`LAZULI_CHECK_FINITE`, `Config::check_finite`). When on, a step's program computes one more
 //! output: counts of non-finite elements, one small `i32` vector (`hlo::finite::count_groups`, shaped per backend by
-//! [`counting`]: on a GPU a guarded check's one total by lazuli's counting kernel over every tensor in one launch
-//! ([`count_by_kernel`]; by rows of each tensor where it does not apply), `log`'s counts one reduction per group
+//! [`counting`]: on a GPU a guarded check's one total by rows of each tensor, `log`'s counts one reduction per group
 //! of up to 32 tensors; on the CPU large tensors alone, their rows summed first, and a guarded check's partial counts
-//! joined before its one sum).
+//! joined before its one sum). Where lazuli's counting kernel applies (one NVIDIA GPU), a guarded check's total is
+//! instead that kernel's, one launch over every tensor ([`count_by_kernel`]).
 //!
 //! `skip` and `stop` count only what enters the update (`hlo::finite::update_inputs`: the loss, the gradients, the
 //! outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
@@ -203,19 +203,19 @@ pub(crate) fn with_check(
             let covered = f::covered(&g, counted);
             entering.retain(|&x| !covered[x]);
         }
-        let total = match counting.total {
-            f::Total::ByRows(width) => match count_by_kernel(&mut g, &entering, (target, finite_count), loc)? {
-                Some(total) => Ok(total),
-                None => f::count_total_by_rows(&mut g, &entering, width, loc),
-            },
-            f::Total::Joined => {
-                // Grouped by dtype, so that a step whose gradients alternate between f32 and bf16 (weights read
-                // through bf16 copies) is a few groups, not one per run of a dtype.
-                entering.sort_by_key(|&x| g.nodes[x].ty.dtype);
-                f::count_total_joined(&mut g, &entering, &counting, loc)
+        let total = match count_by_kernel(&mut g, &entering, (target, finite_count), loc)? {
+            Some(total) => total,
+            None => match counting.total {
+                f::Total::ByRows(width) => f::count_total_by_rows(&mut g, &entering, width, loc),
+                f::Total::Joined => {
+                    // Grouped by dtype, so that a step whose gradients alternate between f32 and bf16 (weights
+                    // read through bf16 copies) is a few groups, not one per run of a dtype.
+                    entering.sort_by_key(|&x| g.nodes[x].ty.dtype);
+                    f::count_total_joined(&mut g, &entering, &counting, loc)
+                }
             }
-        }
-        .map_err(Error::Internal)?;
+            .map_err(Error::Internal)?,
+        };
         let mut tripped = f::tripped(&mut g, total, loc).map_err(Error::Internal)?;
         if let Some(j) = flag {
             let handed_on = g.outputs[j];
