@@ -100,12 +100,9 @@ impl CountSpec {
     }
 
     fn name(&self, tiling: CountTiling) -> String {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for (s, n) in &self.tensors {
-            for b in s.mlir().bytes().chain(n.to_le_bytes()) {
-                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
+        use std::hash::BuildHasher;
+        // The signature is too long for a name: a hash of it with a fixed seed, the same in every process.
+        let h = foldhash::fast::FixedState::with_seed(0).hash_one(&self.tensors);
         let CountTiling { block, rounds, warps } = tiling;
         format!("lazuli_count_nonfinite_{}_{h:016x}_{block}x{rounds}_w{warps}", self.tensors.len())
     }
