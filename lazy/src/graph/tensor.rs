@@ -115,7 +115,9 @@ impl Node {
         }
         let op_hash = state.recipe.as_ref().map_or(0, |r| structure_hash(&r.op));
         let ty_hash = structure_hash(&ty);
-        Node::made(ty, loc, state, grad_path, handles, op_hash, ty_hash)
+        let node = Node::made(ty, loc, state, grad_path, handles, op_hash, ty_hash);
+        crate::graph::trace::made(&node);
+        node
     }
 
     /// A node whose type was checked and whose hashes were taken when a node like it was first made.

@@ -5,11 +5,47 @@
 //! Tensors from outside the closure are handled by [`Captures`]: a custom kernel refuses them (its inputs are
 //! its signature), a loop body lifts them into extra operands of the loop, computed once before it.
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use lazuli_hlo::{Builder, Constant, Loc, Op, Parameter, Program, Recorder, TensorType, Value};
 
 use crate::graph::tensor::{Data, Node, NodeMap, Tensor};
+
+thread_local! {
+    /// Whether a closure is being traced on this thread: [`made`] notes nodes only then.
+    static TRACING: Cell<bool> = const { Cell::new(false) };
+    /// The nodes made by each closure being traced, innermost last.
+    static MADE: RefCell<Vec<NodeMap<()>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A node was made: while a closure is traced, it is one of that closure's own (see [`lifted`]).
+pub(crate) fn made(node: &Rc<Node>) {
+    if TRACING.get() {
+        MADE.with_borrow_mut(|m| {
+            if let Some(top) = m.last_mut() {
+                top.insert(Rc::as_ptr(node), ());
+            }
+        });
+    }
+}
+
+/// Run `f` noting the nodes it makes; returns its result and those nodes.
+fn noting_made<R>(f: impl FnOnce() -> R) -> (R, NodeMap<()>) {
+    struct Pop(bool);
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            MADE.with_borrow_mut(|m| m.pop());
+            TRACING.set(self.0);
+        }
+    }
+    MADE.with_borrow_mut(|m| m.push(NodeMap::default()));
+    let pop = Pop(TRACING.replace(true));
+    let r = f();
+    let made = MADE.with_borrow_mut(|m| std::mem::take(m.last_mut().expect("pushed above")));
+    drop(pop);
+    (r, made)
+}
 
 /// What tracing does with a tensor the closure uses but did not compute from its inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,11 +78,11 @@ pub(crate) fn trace(
             Tensor::structural(node)
         })
         .collect();
-    let outputs = crate::graph::autodiff::no_grad(|| f(&placeholders));
+    let (outputs, made) = noting_made(|| crate::graph::autodiff::no_grad(|| f(&placeholders)));
     let returned: Vec<Rc<Node>> = outputs.iter().flatten().map(|t| t.node.clone()).collect();
     let captured = match captures {
         Captures::Refuse => Vec::new(),
-        Captures::Lift => lifted(&placeholders, &returned),
+        Captures::Lift => lifted(&placeholders, &returned, &made),
     };
     let mut inputs = types.to_vec();
     inputs.extend(captured.iter().map(|n| n.ty.clone()));
@@ -77,10 +113,14 @@ pub(crate) fn trace(
     }
 }
 
-/// The tensors a closure used without computing them from its inputs: every node that does not depend on a
-/// placeholder and is returned, or read by one that does. In a deterministic order (operands before users,
-/// first use first), so the same closure makes the same program.
-fn lifted(placeholders: &[Tensor], returned: &[Rc<Node>]) -> Vec<Rc<Node>> {
+/// The tensors a closure used without computing them from its inputs: every node that is neither the closure's
+/// own op (one it recorded, in `made`) nor depends on a placeholder, and is returned or read by one that is. In a
+/// deterministic order (operands before users, first use first), so the same closure makes the same program.
+///
+/// An op the closure recorded on outer tensors alone (a weight's transpose, say) belongs to the program, not to
+/// the outer graph: the closure ran with gradients off, so as an outer node it would cut the outer tensors'
+/// gradient; in the program the loop's rule differentiates it (and XLA hoists it out of the loop).
+fn lifted(placeholders: &[Tensor], returned: &[Rc<Node>], made: &NodeMap<()>) -> Vec<Rc<Node>> {
     // Per node: whether it depends on a placeholder. An explicit stack: a captured tensor's pending history may
     // be long.
     let mut inside: NodeMap<bool> = placeholders.iter().map(|p| (Rc::as_ptr(&p.node), true)).collect();
@@ -102,7 +142,8 @@ fn lifted(placeholders: &[Tensor], returned: &[Rc<Node>]) -> Vec<Rc<Node>> {
             stack.extend(operands.into_iter().rev().map(|o| (o, false)));
             continue;
         }
-        let depends = operands.iter().any(|o| inside[&Rc::as_ptr(o)]);
+        let own_op = made.contains_key(&Rc::as_ptr(&node)) && node.lock().recipe.is_some();
+        let depends = own_op || operands.iter().any(|o| inside[&Rc::as_ptr(o)]);
         if depends {
             for o in operands.iter().filter(|o| !inside[&Rc::as_ptr(o)]) {
                 take(o, &mut captured);
