@@ -27,7 +27,7 @@ pub use infer_error::InferError;
 pub use op::{Op, OpRules};
 pub use ops::activation::{Gelu, GeluGrad, Relu, ReluGrad, Softmax, SoftmaxGrad, GELU_A, GELU_K};
 pub use ops::checkpoint::{BlockDef, Checkpoint};
-pub use ops::control::{Control, ControlDef, ControlOp, ScanGrad};
+pub use ops::control::{Control, ControlDef, ControlOp, ScanForm, ScanGrad};
 pub use ops::conv::Convolution;
 pub use ops::dot::{DotGeneral, Precision};
 pub use ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind};

@@ -5,7 +5,7 @@
 
 use lazuli_hlo::{
     emit, Binary, BinaryKind, Builder, Control, ControlDef, ControlOp, DType, DotGeneral, EmitOptions, Graph, Loc, Op,
-    OpRules, Program, ScanGrad, Step, TensorType, Unary, UnaryKind,
+    OpRules, Program, ScanForm, ScanGrad, Step, TensorType, Unary, UnaryKind,
 };
 use ndarray::{array, ArrayD};
 
@@ -28,14 +28,13 @@ fn body() -> Program {
 }
 
 /// A graph computing the scan's two results from three parameters.
-fn scan_graph(reverse: bool) -> Graph {
+fn scan_graph(form: ScanForm) -> Graph {
     let mut g = Graph::new();
     let c = g.parameter(f64t(&[2]), AT);
     let xs = g.parameter(f64t(&[3, 2]), AT);
     let w = g.parameter(f64t(&[2]), AT);
-    let def =
-        ControlDef::scan(body(), vec![f64t(&[2]), f64t(&[3, 2]), f64t(&[2])], 1, 1, 3, reverse, ScanGrad::default())
-            .unwrap();
+    let def = ControlDef::scan(body(), vec![f64t(&[2]), f64t(&[3, 2]), f64t(&[2])], 1, 1, 3, form, ScanGrad::default())
+        .unwrap();
     let carry = g.push(Op::Control(ControlOp::new(def.clone(), 0)), vec![c, xs, w], AT).unwrap();
     let ys = g.push(Op::Control(ControlOp::new(def, 1)), vec![c, xs, w], AT).unwrap();
     g.outputs = vec![carry, ys];
@@ -65,7 +64,7 @@ fn inputs() -> [ArrayD<f64>; 3] {
 
 #[test]
 fn a_scan_lowers_to_one_while_with_a_counter_slices_and_updates() {
-    let text = emit(&scan_graph(false), &EmitOptions::default());
+    let text = emit(&scan_graph(ScanForm::looped(false)), &EmitOptions::default());
     assert_eq!(text.matches("\"stablehlo.while\"").count(), 1, "two result nodes, one loop:\n{text}");
     // State: counter, carry, xs, captured w, ys being filled.
     assert!(
@@ -87,7 +86,7 @@ fn a_scan_lowers_to_one_while_with_a_counter_slices_and_updates() {
     assert!(!text.contains("stablehlo.subtract"), "a forward scan counts up:\n{text}");
     // Every line of the loop carries the location, the return too.
     assert!(text.contains("\"stablehlo.return\"(%t"), "{text}");
-    let reversed = emit(&scan_graph(true), &EmitOptions::default());
+    let reversed = emit(&scan_graph(ScanForm::looped(true)), &EmitOptions::default());
     assert!(
         reversed.contains("value = dense<2> : tensor<i64>") && reversed.contains("stablehlo.subtract"),
         "{reversed}"
@@ -95,10 +94,28 @@ fn a_scan_lowers_to_one_while_with_a_counter_slices_and_updates() {
 }
 
 #[test]
+fn an_unrolled_scan_is_written_out_step_by_step() {
+    for reverse in [false, true] {
+        let text = emit(&scan_graph(ScanForm { reverse, unroll: true }), &EmitOptions::default());
+        assert!(!text.contains("stablehlo.while") && !text.contains("dynamic_slice"), "{text}");
+        // One static slice per step, in the order the steps run.
+        let starts: Vec<&str> = text
+            .match_indices("start_indices = array<i64: ")
+            .map(|(i, m)| &text[i + m.len()..i + m.len() + 1])
+            .collect();
+        let want = if reverse { ["2", "1", "0"] } else { ["0", "1", "2"] };
+        assert_eq!(starts, want, "{text}");
+        // The ys stacked by one concatenate of the three steps, in the xs' order whichever way the scan ran.
+        assert_eq!(text.matches("\"stablehlo.concatenate\"").count(), 1, "{text}");
+        assert!(text.contains("(tensor<1x2xf64>, tensor<1x2xf64>, tensor<1x2xf64>) -> tensor<3x2xf64>"), "{text}");
+    }
+}
+
+#[test]
 fn the_reference_interpreter_runs_the_loop() {
     for reverse in [false, true] {
         let [c, xs, w] = inputs();
-        let out = scan_graph(reverse).evaluate(&[c.clone(), xs.clone(), w.clone()]).unwrap();
+        let out = scan_graph(ScanForm::looped(reverse)).evaluate(&[c.clone(), xs.clone(), w.clone()]).unwrap();
         let (want_c, want_ys) = scan_by_hand(&c, &xs, &w, reverse);
         for (got, want) in [(&out[0], &want_c), (&out[1], &want_ys)] {
             assert!(got.iter().zip(want.iter()).all(|(a, b)| (a - b).abs() < 1e-15), "{got} vs {want}");
@@ -154,7 +171,9 @@ fn the_scan_gradient_rule_matches_finite_differences() {
     let tys = [f64t(&[2]), f64t(&[3, 2]), f64t(&[2])];
     for reverse in [false, true] {
         for (save, remat) in [(false, false), (true, false), (false, true), (true, true)] {
-            let def = ControlDef::scan(body(), tys.to_vec(), 1, 1, 3, reverse, ScanGrad { save, remat }).unwrap();
+            let def =
+                ControlDef::scan(body(), tys.to_vec(), 1, 1, 3, ScanForm::looped(reverse), ScanGrad { save, remat })
+                    .unwrap();
             for result in 0..2 {
                 check_vjp(&Op::Control(ControlOp::new(def.clone(), result)), &inputs(), &tys);
             }
@@ -207,7 +226,8 @@ fn a_body_that_changes_its_carry_is_refused_by_the_shape_rule() {
         vec![Some(y)]
     })
     .unwrap();
-    let err = ControlDef::scan(grow, vec![f64t(&[2]), f64t(&[4])], 1, 1, 4, false, ScanGrad::default()).unwrap_err();
+    let err = ControlDef::scan(grow, vec![f64t(&[2]), f64t(&[4])], 1, 1, 4, ScanForm::default(), ScanGrad::default())
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "scan: the body turns carry 0 from f64[2] into f64[1,2]; a loop's carry keeps its shape and dtype"
@@ -230,7 +250,9 @@ fn tanh_body() -> Program {
 /// the forward scan and its gradient rule, recorded as one program.
 fn tanh_gradient_graph(remat: bool) -> (Graph, Program) {
     let tys = [f64t(&[2]), f64t(&[3, 2]), f64t(&[2, 2]), f64t(&[2])];
-    let def = ControlDef::scan(tanh_body(), tys[..3].to_vec(), 1, 1, 3, false, ScanGrad { save: true, remat }).unwrap();
+    let def =
+        ControlDef::scan(tanh_body(), tys[..3].to_vec(), 1, 1, 3, ScanForm::default(), ScanGrad { save: true, remat })
+            .unwrap();
     let op = ControlOp::new(def, 0);
     let grads = Program::record(&tys, |r, a| {
         let h = r.op(Op::Control(op.clone()), &[&a[0], &a[1], &a[2]]);

@@ -187,12 +187,72 @@ fn saved_residuals_recomputed_steps_and_the_unrolled_loop_give_one_gradient() {
     };
     let refs = [&h0, &xs, &w];
     let want = lazuli::grad(&unrolled_loss, &refs);
-    for remat in [false, true] {
-        let l = scan_loss(Scan::new().remat(remat));
-        common::assert_close(&format!("loss (remat {remat})"), DType::F64, &vec_of(&l), &vec_of(&unrolled_loss));
+    for (remat, unroll) in [(false, false), (true, false), (false, true), (true, true)] {
+        let l = scan_loss(Scan::new().remat(remat).unroll(unroll));
+        let how = format!("remat {remat}, unroll {unroll}");
+        common::assert_close(&format!("loss ({how})"), DType::F64, &vec_of(&l), &vec_of(&unrolled_loss));
         for (i, (g, w)) in lazuli::grad(&l, &refs).iter().zip(&want).enumerate() {
-            common::assert_close(&format!("d/d input {i} (remat {remat})"), DType::F64, &vec_of(g), &vec_of(w));
+            common::assert_close(&format!("d/d input {i} ({how})"), DType::F64, &vec_of(g), &vec_of(w));
         }
+    }
+}
+
+/// A scan written out in the program (`Scan::unroll`) computes what the loop does, both ways round, and its
+/// gradient (written out too) matches finite differences, saved or recomputed; an unrolled scan around a looped
+/// one differentiates through both.
+#[test]
+fn an_unrolled_scan_computes_and_differentiates_as_the_loop() {
+    let mut rng = Rng::new(6);
+    let (h0, xs, w, v) = (rand(&mut rng, &[3]), rand(&mut rng, &[5, 3]), rand(&mut rng, &[3, 3]), rand(&mut rng, &[3]));
+    for reverse in [false, true] {
+        let (h, ys) = scanned_with(Scan::new().unroll(true), &h0, &xs, &w, &v, reverse);
+        let (uh, uys) = unrolled(&h0, &xs, &w, &v, reverse);
+        agree(&format!("final carry (reverse {reverse})"), &h, &uh);
+        agree(&format!("ys (reverse {reverse})"), &ys, &uys);
+    }
+    let inputs: Vec<_> = [&[3][..], &[4, 3], &[3, 3], &[3]]
+        .iter()
+        .map(|d| common::array(common::values(&mut rng, DType::F64, d.iter().product(), -1.0, 1.0), d))
+        .collect();
+    for remat in [false, true] {
+        let scan = Scan::new().unroll(true).remat(remat);
+        check_grad(&format!("unrolled scan (remat {remat})"), &inputs, |x| {
+            let (h, ys) = scanned_with(scan, &x[0], &x[1], &x[2], &x[3], false);
+            Tensor::concat(&[&h, &ys], 0)
+        });
+        check_grad(&format!("unrolled reverse scan (remat {remat})"), &inputs, |x| {
+            scanned_with(scan, &x[0], &x[1], &x[2], &x[3], true).1
+        });
+        check_grad(&format!("unrolled around a loop (remat {remat})"), &inputs[..3], |x| {
+            let (total, rows) = scan.run(
+                |c, row| {
+                    let (_, cum) = Scan::new().remat(remat).run(
+                        |s, e| (vec![&s[0] * &(&e[0] + &c[0].sum_all()).sin()], vec![s[0].clone()]),
+                        &[Tensor::ones(&[], DType::F64)],
+                        &[&row[0] * &x[2].sum(&[0])],
+                    );
+                    (vec![(&c[0] + &cum[0]).tanh()], vec![cum[0].clone()])
+                },
+                &[x[0].clone()],
+                &[x[1].clone()],
+            );
+            Tensor::concat(&[&total[0], &rows[0].reshape(&[12])], 0)
+        });
+    }
+}
+
+#[test]
+fn a_scan_of_no_steps_returns_its_carry_and_empty_ys_written_out_or_looped() {
+    let c = Tensor::from_slice(&[1.5f64, -2.0], &[2]);
+    for unroll in [false, true] {
+        let (carry, ys) = Scan::new().length(0).unroll(unroll).run(
+            |c, _| (vec![&c[0] * 2.0], vec![c[0].clone()]),
+            std::slice::from_ref(&c),
+            &[],
+        );
+        assert_eq!(vec_of(&carry[0]), [1.5, -2.0], "unroll {unroll}");
+        assert_eq!(ys[0].dims(), &[0, 2], "unroll {unroll}");
+        assert!(vec_of(&ys[0]).is_empty(), "unroll {unroll}");
     }
 }
 
@@ -354,4 +414,38 @@ fn a_scan_inside_a_scan_differentiates_in_both_modes() {
             Tensor::concat(&[&total[0], &rows[0].reshape(&[6])], 0)
         });
     }
+}
+
+/// A body that computes on a captured tensor alone (a sum, a slice, a scaled copy of a weight) before using it:
+/// those ops belong to the body, so the captured tensor gets its gradient through them, in a scan (looped or
+/// written out) and in a `cond`'s branch.
+#[test]
+fn ops_on_a_captured_tensor_inside_a_body_pass_its_gradient() {
+    let mut rng = Rng::new(9);
+    let inputs: Vec<_> = [&[3][..], &[4, 3], &[3, 3]]
+        .iter()
+        .map(|d| common::array(common::values(&mut rng, DType::F64, d.iter().product(), -1.0, 1.0), d))
+        .collect();
+    let weight = |w: &Tensor, variant: usize| match variant {
+        0 => w.sum(&[0]),
+        1 => w.slice(0, 1, 2).reshape(&[3]),
+        _ => (w * 2.0).sum(&[0]).tanh(),
+    };
+    for unroll in [false, true] {
+        for variant in 0..3 {
+            check_grad(&format!("scan, captured op {variant} (unroll {unroll})"), &inputs, |x| {
+                let (total, _) = Scan::new().unroll(unroll).run(
+                    |c, row| (vec![(&c[0] + &(&row[0] * &weight(&x[2], variant))).tanh()], vec![]),
+                    &[x[0].clone()],
+                    &[x[1].clone()],
+                );
+                total[0].clone()
+            });
+        }
+    }
+    check_grad("cond, captured op", &inputs, |x| {
+        let positive = x[0].sum_all().gt(-10.0);
+        cond(&positive, |o| vec![&o[0] * &weight(&x[2], 2)], |o| vec![o[0].clone()], std::slice::from_ref(&x[0]))
+            .remove(0)
+    });
 }

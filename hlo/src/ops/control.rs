@@ -9,7 +9,9 @@
 //! - lowering: `stablehlo.while` (a scan adds a counter, takes step `t` of each `xs` with `dynamic_slice` and
 //!   writes step `t` of each `ys` with `dynamic_update_slice`); `stablehlo.case` for `cond`. Everything a loop
 //!   reads is part of its state, so its regions capture nothing from outside; a `case` branch reads the outer
-//!   values directly, as branches have no arguments;
+//!   values directly, as branches have no arguments. An unrolled scan ([`ScanForm::unroll`]) is written out
+//!   instead: the body once per step on static slices, each stacked result one `concatenate`, so that XLA sees
+//!   the steps' values directly (a backward scan's slice of a forward's stacked residual is the residual);
 //! - reference: the loop run in Rust over the body's [`Program::evaluate`];
 //! - gradient (`control_grad.rs`): a scan's is a scan the other way round whose body runs the forward body's
 //!   rules backwards on the values each forward step saved (its residuals: extra results when it is recorded on a
@@ -35,6 +37,7 @@ use crate::ops::elementwise::{Binary, BinaryKind, Compare, CompareDir, Convert};
 use crate::ops::layout::Reshape;
 use crate::ops::leaf::Constant;
 use crate::ops::result_of::{ResultOf, SharedDef};
+use crate::ops::slicing::{Concatenate, Slice};
 use crate::program::{Program, ValueId};
 use crate::shard::{DimShards, ShardIn};
 
@@ -52,6 +55,8 @@ pub enum Control {
         xs: usize,
         length: usize,
         reverse: bool,
+        /// Written out step by step instead of a loop ([`ScanForm::unroll`]).
+        unroll: bool,
         remat: bool,
         save: Option<Vec<ValueId>>,
     },
@@ -72,6 +77,24 @@ pub struct ScanGrad {
     /// Save only the carry each step started from and recompute the rest of the step in the backward pass: less
     /// memory (one carry per step instead of every intermediate a rule reads) for one more forward pass.
     pub remat: bool,
+}
+
+/// How a scan runs its steps: which way, and whether as a loop or written out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScanForm {
+    /// From the last step to the first.
+    pub reverse: bool,
+    /// Lowered as the body once per step instead of a `stablehlo.while`: the program grows with the length (and
+    /// so does its compile), and in exchange XLA fuses across steps and keeps no loop state. Its gradient is
+    /// written out too.
+    pub unroll: bool,
+}
+
+impl ScanForm {
+    /// A loop, from the first step or (`reverse`) the last.
+    pub fn looped(reverse: bool) -> ScanForm {
+        ScanForm { reverse, unroll: false }
+    }
 }
 
 /// A control-flow op built for one signature; shared by the nodes of its results, hashed once.
@@ -153,7 +176,7 @@ impl ControlDef {
         carry: usize,
         xs: usize,
         length: usize,
-        reverse: bool,
+        form: ScanForm,
         grad: ScanGrad,
     ) -> Result<Arc<ControlDef>, InferError> {
         if carry + xs > operands.len() {
@@ -179,7 +202,8 @@ impl ControlDef {
         results.extend(outs[carry..].iter().map(|t| stacked(length, t)));
         let save = grad.save.then(|| residuals(&body, &operands, carry, xs, grad.remat));
         results.extend(save.iter().flatten().map(|&v| stacked(length, &body.types[v])));
-        let control = Control::Scan { body, carry, xs, length, reverse, remat: grad.remat, save };
+        let ScanForm { reverse, unroll } = form;
+        let control = Control::Scan { body, carry, xs, length, reverse, unroll, remat: grad.remat, save };
         Ok(Self::make(control, operands, results))
     }
 
@@ -368,6 +392,34 @@ fn update_at(cx: &mut LowerCx<'_>, acc: &str, ty: &TensorType, y: &str, t: &str,
     cx.op("stablehlo.dynamic_update_slice", &names, &tys, "", None, ty)
 }
 
+/// Step `t` of `x` (of type `ty`): a static `slice` along the leading axis, then the axis dropped.
+fn slice_static(cx: &mut LowerCx<'_>, x: &str, ty: &TensorType, t: usize) -> String {
+    let mut dims = ty.dims.to_vec();
+    dims[0] = 1;
+    let one = TensorType::new(ty.dtype, &dims);
+    let slice = Op::Slice(Slice::along(&ty.dims, 0, t, t + 1, 1));
+    let s = cx.lower_op(&slice, vec![(x.to_string(), ty)], &one);
+    let step = step_of(ty);
+    cx.lower_op(&Op::Reshape(Reshape { dims: step.dims.to_vec() }), vec![(s, &one)], &step)
+}
+
+/// The steps' values `ys` stacked along a new leading axis into `ty`: each given the axis, then one
+/// `concatenate` (zeros where there are no steps).
+fn stack(cx: &mut LowerCx<'_>, ys: Vec<String>, ty: &TensorType) -> String {
+    if ys.is_empty() {
+        return constant(cx, 0.0, ty);
+    }
+    let step = step_of(ty);
+    let mut dims = ty.dims.to_vec();
+    dims[0] = 1;
+    let one = TensorType::new(ty.dtype, &dims);
+    let parts: Vec<String> = ys
+        .into_iter()
+        .map(|y| cx.lower_op(&Op::Reshape(Reshape { dims: dims.clone() }), vec![(y, &step)], &one))
+        .collect();
+    cx.lower_op(&Op::Concatenate(Concatenate { dim: 0 }), parts.into_iter().map(|p| (p, &one)).collect(), ty)
+}
+
 /// The named values of a block with their types.
 fn typed(names: &[String], tys: &[TensorType]) -> Vec<(String, TensorType)> {
     names.iter().cloned().zip(tys.iter().cloned()).collect()
@@ -378,8 +430,14 @@ impl ControlDef {
     fn lower_all(&self, cx: &mut LowerCx<'_>) -> Vec<String> {
         let args: Vec<String> = (0..cx.num_args()).map(|i| cx.arg(i).to_string()).collect();
         match &self.control {
-            Control::Scan { body, carry, xs, length, reverse, save, .. } => {
-                self.lower_scan(cx, &args, body, (*carry, *xs, *length), *reverse, save.as_deref().unwrap_or(&[]))
+            Control::Scan { body, carry, xs, length, reverse, unroll, save, .. } => {
+                let (shape, save) = ((*carry, *xs, *length), save.as_deref().unwrap_or(&[]));
+                // A loop of no steps would write a step into its empty stacked results: none is written out.
+                if *unroll || *length == 0 {
+                    self.lower_scan_unrolled(cx, &args, body, shape, *reverse, save)
+                } else {
+                    self.lower_scan(cx, &args, body, shape, *reverse, save)
+                }
             }
             Control::While { cond, body, carry, cond_captured } => {
                 self.lower_while(cx, &args, cond, body, *carry, *cond_captured)
@@ -454,6 +512,42 @@ impl ControlDef {
             cx.op_multi("stablehlo.while", &init, &state_refs, "", Some(&format!("{cond}, {step}")), &state_refs);
         let mut results = outs[1..1 + carry].to_vec();
         results.extend_from_slice(&outs[1 + ops.len()..]);
+        results
+    }
+
+    /// The scan written out: the body once per step, in the scan's order, on static slices of the xs; each
+    /// stacked result one `concatenate` of the steps' values in the xs' order.
+    fn lower_scan_unrolled(
+        &self,
+        cx: &mut LowerCx<'_>,
+        args: &[String],
+        body: &Program,
+        (carry, xs, length): (usize, usize, usize),
+        reverse: bool,
+        save: &[ValueId],
+    ) -> Vec<String> {
+        let ops = &self.operands;
+        let filled = &self.results[carry..];
+        let mut state = args[..carry].to_vec();
+        let mut steps: Vec<Vec<String>> = vec![vec![String::new(); length]; filled.len()];
+        for s in 0..length {
+            let t = if reverse { length - 1 - s } else { s };
+            let mut inputs = state.clone();
+            for (k, ty) in ops[carry..carry + xs].iter().enumerate() {
+                inputs.push(slice_static(cx, &args[carry + k], ty, t));
+            }
+            inputs.extend_from_slice(&args[carry + xs..]);
+            let values = body.lower_values(cx, inputs);
+            let mut outs = body.outputs.iter().map(|o| values[o.expect("a loop body returns every value")].clone());
+            state = outs.by_ref().take(carry).collect();
+            for (k, y) in outs.chain(save.iter().map(|&v| values[v].clone())).enumerate() {
+                steps[k][t] = y;
+            }
+        }
+        let mut results = state;
+        for (ty, ys) in filled.iter().zip(steps) {
+            results.push(stack(cx, ys, ty));
+        }
         results
     }
 

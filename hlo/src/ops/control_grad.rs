@@ -17,7 +17,7 @@ use crate::builder::Builder;
 use crate::dtype::TensorType;
 use crate::op::Op;
 use crate::ops::composite::{vjp_outputs, vjp_outputs_with};
-use crate::ops::control::{step_of, Control, ControlDef, ControlOp, ScanGrad};
+use crate::ops::control::{step_of, Control, ControlDef, ControlOp, ScanForm, ScanGrad};
 use crate::program::{Program, Recorder, Step, Value, ValueId};
 
 /// A scan's body and operands, as its gradient reads them.
@@ -212,7 +212,9 @@ pub(crate) fn scan_vjp<B: Builder>(
     x: &[B::V],
     g: &B::V,
 ) -> Vec<Option<B::V>> {
-    let Control::Scan { body, carry, xs, length, reverse, remat, save } = &def.control else { unreachable!("a scan") };
+    let Control::Scan { body, carry, xs, length, reverse, unroll, remat, save } = &def.control else {
+        unreachable!("a scan")
+    };
     let (carry, xs, ops) = (*carry, *xs, &def.operands);
     let parts = ScanParts { body, ops, carry, xs, remat: *remat };
     // A scan recorded off a gradient path runs again, saving.
@@ -220,7 +222,8 @@ pub(crate) fn scan_vjp<B: Builder>(
         Some(_) => def.clone(),
         None => {
             let grad = ScanGrad { save: true, remat: *remat };
-            ControlDef::scan(body.clone(), ops.clone(), carry, xs, *length, *reverse, grad).expect("the same scan")
+            let form = ScanForm { reverse: *reverse, unroll: *unroll };
+            ControlDef::scan(body.clone(), ops.clone(), carry, xs, *length, form, grad).expect("the same scan")
         }
     };
     let Control::Scan { save: Some(saved), .. } = &saving.control else { unreachable!("a saving scan") };
@@ -252,7 +255,8 @@ pub(crate) fn scan_vjp<B: Builder>(
 
     let (n_acc, n_xs) = (fc.len() + fk.len(), xs + read.len() + ys.len());
     let grad = ScanGrad { save: false, remat: *remat };
-    let back = ControlDef::scan(back_body, tys, n_acc, n_xs, *length, !reverse, grad)
+    let form = ScanForm { reverse: !reverse, unroll: *unroll };
+    let back = ControlDef::scan(back_body, tys, n_acc, n_xs, *length, form, grad)
         .expect("a scan's gradient is a well-typed scan");
     let back_refs: Vec<&B::V> = operands.iter().collect();
     let mut grads = vec![None; ops.len()];

@@ -7,7 +7,7 @@
 //! into extra operands of the loop: computed once before it, passed to every step unchanged, and given
 //! gradients like any operand.
 
-use lazuli_hlo::{ControlDef, ControlOp, Loc, Op, ScanGrad, TensorType};
+use lazuli_hlo::{ControlDef, ControlOp, Loc, Op, ScanForm, ScanGrad, TensorType};
 
 use crate::error::{Error, Result};
 use crate::graph::autodiff::grad_enabled;
@@ -36,6 +36,7 @@ pub struct Scan {
     reverse: bool,
     length: Option<usize>,
     remat: bool,
+    unroll: bool,
 }
 
 impl Scan {
@@ -63,6 +64,16 @@ impl Scan {
     /// activation, for about one more forward pass of compute (gradient checkpointing per step).
     pub fn remat(mut self, on: bool) -> Scan {
         self.remat = on;
+        self
+    }
+
+    /// Write the steps out in the compiled program instead of looping: the body once per step, each step's
+    /// values visible to XLA across steps (fusions that join one step's end to the next one's start, no loop
+    /// state to copy), as an unrolled Python loop under `jax.jit`. The graph still holds the body once, so
+    /// recording and walking stay as fast as the loop's; the compile grows with the number of steps. Its
+    /// gradient is written out too. Meant for a few dozen steps (layers), not a long sequence.
+    pub fn unroll(mut self, on: bool) -> Scan {
+        self.unroll = on;
         self
     }
 
@@ -122,7 +133,8 @@ impl Scan {
         }
         let operands: Vec<&Tensor> = carry.iter().chain(xs).chain(&traced.captured).collect();
         let grad = ScanGrad { save: on_gradient_path(&operands), remat: self.remat };
-        let def = ControlDef::scan(traced.program, tys(&operands), nc, nx, length, self.reverse, grad)
+        let form = ScanForm { reverse: self.reverse, unroll: self.unroll };
+        let def = ControlDef::scan(traced.program, tys(&operands), nc, nx, length, form, grad)
             .map_err(|why| named_op_error("scan", why, &type_refs(&operands), loc))?;
         let mut results = record(&def, &operands, loc)?;
         let ys = results.split_off(nc);
