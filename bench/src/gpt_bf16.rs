@@ -11,6 +11,7 @@
 
 use std::cell::Cell;
 
+use lazuli::nn::scanned::ScannedBlocks;
 use lazuli::nn::{Block, CausalSelfAttention, Gpt, LayerNorm, Linear, Param};
 use lazuli::{DType, Tensor};
 
@@ -19,7 +20,8 @@ use crate::BenchResult;
 
 thread_local! {
     /// Whether matmuls read the optimizer's bf16 copies of the weights (`Param::get_as`): on for unrolled blocks
-    /// unless `LAZULI_BENCH_WEIGHT_COPIES=0`; off inside a scanned body, whose weights are slices of stacked ones.
+    /// unless `LAZULI_BENCH_WEIGHT_COPIES=0`; off inside a scanned body, whose stacked weights enter the scan as
+    /// their copies (`ScannedBlocks::weights`) under the same setting.
     static COPIES: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -183,6 +185,36 @@ fn blocks_with_fused_adds(g: &Gpt, x: Tensor, attn: Attention, plant: Option<Pla
     h
 }
 
+/// [`blocks_with_fused_adds`] as one scanned body: the carry is the residual stream and its normalization for the
+/// next block, and each step also reads the layer norm after it (the next block's `ln1`, `ln_f` after the last)
+/// from the `ln1` parameters shifted by one block.
+fn scanned_with_fused_adds(g: &Gpt, s: &ScannedBlocks, x: Tensor, attn: Attention) -> Tensor {
+    let Some(first) = s.stacked.first().map(|(_, p)| p.get().narrow(0, 0, 1).reshape(&[-1])) else {
+        return layer_norm(&g.ln_f, &x);
+    };
+    let first_bias = s.stacked[1].1.get().narrow(0, 0, 1).reshape(&[-1]);
+    let ln1 = LayerNorm { weight: Param::new(first), bias: Param::new(first_bias), eps: g.ln_f.eps };
+    let h = layer_norm(&ln1, &x);
+    let n = s.len();
+    let shifted = |k: usize, last: &Param| {
+        let rest = s.stacked[k].1.get().narrow(0, 1, n - 1);
+        let last = last.get().reshape(&[1, -1]);
+        Tensor::concat(&[&rest, &last], 0)
+    };
+    let mut xs = s.weights(copies_wanted().then_some(DType::BF16));
+    xs.push(shifted(0, &g.ln_f.weight));
+    xs.push(shifted(1, &g.ln_f.bias));
+    let body = |c: &[Tensor], w: &[Tensor]| {
+        let (blk_w, next) = w.split_at(w.len() - 2);
+        let (residual, (product, bias)) = block_branches(&s.block(blk_w), &c[0], &c[1], attn, None);
+        let next =
+            LayerNorm { weight: Param::new(next[0].clone()), bias: Param::new(next[1].clone()), eps: g.ln_f.eps };
+        let (x, h) = next.forward_added_as(&residual, &product, bias.as_ref(), DType::BF16);
+        (vec![x, h], vec![])
+    };
+    s.scan().run(body, &[x, h], &xs).0.remove(1)
+}
+
 /// Mean next-token cross-entropy of `ids: [B, T]` against `targets: [B, T]` (no dropout).
 pub fn loss(g: &Gpt, ids: &Tensor, targets: &Tensor, attn: Attention) -> BenchResult<Tensor> {
     loss_planted(g, ids, targets, attn, None)
@@ -203,8 +235,9 @@ pub fn loss_planted(
     let h = match &g.scanned {
         // One block's ops in the graph, run once per layer on that layer's slice of the stacked weights.
         Some(_) if plant.is_some() => return Err("a planted op needs unrolled blocks".into()),
+        Some(s) if !g.config.checkpoint_blocks && fused_adds() => scanned_with_fused_adds(g, s, x, attn),
         Some(s) => {
-            let weights: Vec<Tensor> = s.stacked.iter().map(|(_, p)| p.get()).collect();
+            let weights = s.weights(copies_wanted().then_some(DType::BF16));
             let body = |h: &[Tensor], w: &[Tensor]| (vec![block(&s.block(w), &h[0], attn, None)], vec![]);
             x = s.scan().run(body, std::slice::from_ref(&x), &weights).0.remove(0);
             layer_norm(&g.ln_f, &x)

@@ -97,6 +97,12 @@ pub const VARIABLES: &[Variable] = &[
         "auto (on for NVIDIA GPUs, unchecked or under stop)",
     ),
     v(
+        "LAZULI_SCANNED_BLOCKS",
+        "how scanned blocks (GptConfig::scan_blocks) run: a loop, or written out in the program",
+        "auto, loop, unrolled",
+        "auto (unrolled on GPUs, a loop elsewhere)",
+    ),
+    v(
         "LAZULI_BACKWARD_REPLAY",
         "backward() making its gradient ops from those of an earlier pass over a forward of the same shape",
         "1, 0",
@@ -216,6 +222,22 @@ pub enum SplitUpdate {
     On,
     /// One program per step.
     Off,
+}
+
+/// How [`ScannedBlocks`](crate::nn::scanned::ScannedBlocks) lowers its scan (`LAZULI_SCANNED_BLOCKS`), where the model does
+/// not say ([`ScannedBlocks::unroll`](crate::nn::scanned::ScannedBlocks)). Either way the graph holds one block, so
+/// recording and walking do not grow with depth; what differs is the compiled program.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BlockScan {
+    /// Written out on GPUs, where XLA's compile grows little with depth and a loop's state (its stacked
+    /// activations and gradients, copied and zeroed every step) costs a large part of the step; a loop elsewhere,
+    /// where the compile grows with depth (the default).
+    #[default]
+    Auto,
+    /// A `stablehlo.while` over the blocks: the compiled program holds one block.
+    Loop,
+    /// The blocks written out one after the other ([`Scan::unroll`](crate::Scan::unroll)).
+    Unrolled,
 }
 
 /// What a step whose values hold NaN or infinities does (`LAZULI_CHECK_FINITE`). When on, every program computes
@@ -394,6 +416,18 @@ pub(crate) fn backward_replay_setting() -> Result<bool> {
 pub(crate) fn backward_replay() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| backward_replay_setting().unwrap_or(true))
+}
+
+pub(crate) fn block_scan() -> Result<BlockScan> {
+    match var("LAZULI_SCANNED_BLOCKS") {
+        None => Ok(BlockScan::Auto),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "auto" => Ok(BlockScan::Auto),
+            "loop" => Ok(BlockScan::Loop),
+            "unrolled" => Ok(BlockScan::Unrolled),
+            _ => Err(bad("LAZULI_SCANNED_BLOCKS", &v, "auto, loop or unrolled")),
+        },
+    }
 }
 
 pub(crate) fn split_update() -> Result<SplitUpdate> {

@@ -115,6 +115,20 @@ fn a_bad_split_update_setting_is_a_clear_error() {
     a_bad_setting_is_a_clear_error(name, "LAZULI_SPLIT_UPDATE", "twice", "expected auto, on or off");
 }
 
+/// `LAZULI_SCANNED_BLOCKS` takes auto, loop or unrolled; auto writes scanned blocks out on GPUs only.
+#[test]
+fn scanned_blocks_are_written_out_on_gpus_unless_told() {
+    let name = "scanned_blocks_are_written_out_on_gpus_unless_told";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_SCANNED_BLOCKS", "sometimes", "expected auto, loop or unrolled");
+    use lazuli::{Backend, BlockScan};
+    let unrolls = |backend, block_scan| Config { backend, block_scan, ..Config::default() }.unrolls_blocks();
+    assert!(unrolls(Backend::Gpu, BlockScan::Auto));
+    assert!(!unrolls(Backend::Cpu, BlockScan::Auto));
+    assert!(!unrolls(Backend::Tpu, BlockScan::Auto));
+    assert!(unrolls(Backend::Cpu, BlockScan::Unrolled));
+    assert!(!unrolls(Backend::Gpu, BlockScan::Loop));
+}
+
 /// The step is split on NVIDIA GPUs by default, or where asked; under the finite check only with `stop`, whose
 /// sticky flag carries the gradients' trip into the update.
 #[test]

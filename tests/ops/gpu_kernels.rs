@@ -269,6 +269,12 @@ fn an_unsupported_head_dim_falls_back_to_the_composite_and_says_why() {
 
 /// Losses of 20 AdamW steps of a small GPT of `dtype`, attention by `implementation`.
 fn train(dtype: DType, implementation: Implementation) -> Vec<f64> {
+    train_blocks(dtype, implementation, None)
+}
+
+/// [`train`] with the blocks unrolled (`scan: None`) or stacked and scanned, as a loop (`Some(false)`) or written
+/// out in the program (`Some(true)`).
+fn train_blocks(dtype: DType, implementation: Implementation, scan: Option<bool>) -> Vec<f64> {
     let cfg = GptConfig {
         vocab: 96,
         block_size: 128,
@@ -277,10 +283,13 @@ fn train(dtype: DType, implementation: Implementation) -> Vec<f64> {
         d_model: 128,
         dropout: 0.0,
         dtype,
-        scan_blocks: false,
+        scan_blocks: scan.is_some(),
         checkpoint_blocks: false,
     };
-    let model = Gpt::new(&mut HostRng::new(7), cfg);
+    let mut model = Gpt::new(&mut HostRng::new(7), cfg);
+    if let Some(s) = &mut model.scanned {
+        s.unroll = scan;
+    }
     let mut opt = AdamW::new(model.named_params(), 1e-3);
     let tokens: Vec<i32> = (0..4 * 129).map(|i| (i * 37 + i / 5) % 96).collect();
     let ids = Tensor::from_slice(&tokens, &[4, 129]);
@@ -316,6 +325,25 @@ fn the_gpt_trains_to_the_same_losses_with_and_without_fused_attention() {
         for (i, (a, b)) in fused.iter().zip(&composite).enumerate() {
             let what = format!("{dtype} {implementation}: step {i}");
             assert!((a - b).abs() <= tolerance * b.abs(), "{what}: fused {a} vs composite {b}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn the_scanned_gpt_trains_to_the_unrolled_losses_looped_or_written_out() {
+    require_gpu();
+    // Same weights, same kernels; the scan's products and sums run in another order. Tolerance per step as above.
+    for (dtype, tolerance) in [(DType::F32, 2e-3), (DType::BF16, 3e-2)] {
+        let unrolled = train_blocks(dtype, Implementation::Auto, None);
+        for unroll in [false, true] {
+            let scanned = train_blocks(dtype, Implementation::Auto, Some(unroll));
+            println!("{dtype}: unrolled {unrolled:?}\n{dtype}: scanned (unroll {unroll}) {scanned:?}");
+            assert!(scanned[19] < scanned[0] - 0.5, "{dtype}, unroll {unroll}: the model did not learn: {scanned:?}");
+            for (i, (a, b)) in scanned.iter().zip(&unrolled).enumerate() {
+                let what = format!("{dtype}, unroll {unroll}: step {i}");
+                assert!((a - b).abs() <= tolerance * b.abs(), "{what}: scanned {a} vs unrolled {b}");
+            }
         }
     }
 }

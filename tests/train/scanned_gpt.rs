@@ -56,9 +56,13 @@ fn scanned_blocks_compute_what_the_unrolled_ones_do() {
 
 #[test]
 fn gradients_are_the_unrolled_gradients_stacked() {
-    for remat in [false, true] {
-        let scanned = Gpt::new(&mut HostRng::new(6), config_remat(true, remat, 3));
+    // A loop (the CPU's default) and written out (`ScannedBlocks::unroll`, the GPUs' default), saved or recomputed.
+    for (remat, unroll) in [(false, None), (true, None), (false, Some(true)), (true, Some(true))] {
+        let mut scanned = Gpt::new(&mut HostRng::new(6), config_remat(true, remat, 3));
         assert_eq!(scanned.scanned.as_ref().map(|s| s.remat), Some(remat));
+        if let Some(s) = &mut scanned.scanned {
+            s.unroll = unroll;
+        }
         check_stacked_gradients(&gpt(false, 6), &scanned, remat);
     }
 }

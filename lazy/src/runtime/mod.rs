@@ -12,7 +12,7 @@ use lazuli_pjrt::{
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
-pub use crate::settings::{Backend, CheckFinite, CompileCache, CpuLauncher, SplitUpdate};
+pub use crate::settings::{Backend, BlockScan, CheckFinite, CompileCache, CpuLauncher, SplitUpdate};
 use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
@@ -84,6 +84,9 @@ pub struct Config {
     /// Whether an optimizer's `step()` launches the gradients before recording its update (`LAZULI_SPLIT_UPDATE`,
     /// see [`SplitUpdate`] and [`Config::splits_update`]).
     pub split_update: SplitUpdate,
+    /// How scanned blocks run where the model does not say (`LAZULI_SCANNED_BLOCKS`, see [`BlockScan`] and
+    /// [`Config::unrolls_blocks`]).
+    pub block_scan: BlockScan,
     /// How long a wait for the device polls before it sleeps (`LAZULI_WAIT_SPIN`, microseconds); `None`: the
     /// backend's default, see [`Config::wait_spin`].
     pub wait_spin: Option<std::time::Duration>,
@@ -116,6 +119,7 @@ impl Default for Config {
             check_finite: CheckFinite::Off,
             locate_ahead: false,
             split_update: SplitUpdate::Auto,
+            block_scan: BlockScan::Auto,
             wait_spin: None,
             distributed: None,
         }
@@ -149,6 +153,7 @@ impl Config {
             check_finite: settings::check_finite()?,
             locate_ahead: settings::locate_ahead()?,
             split_update: settings::split_update()?,
+            block_scan: settings::block_scan()?,
             wait_spin: settings::wait_spin()?,
             distributed: settings::distributed()?,
         })
@@ -180,6 +185,17 @@ impl Config {
             }
             SplitUpdate::On => matches!(self.check_finite, CheckFinite::Off | CheckFinite::Stop),
             SplitUpdate::Off => false,
+        }
+    }
+
+    /// Whether scanned blocks whose model does not say are written out in the program: as
+    /// [`Config::block_scan`] says; `Auto` on GPUs, where the compile grows little with depth and a loop's
+    /// state costs a large part of the step.
+    pub fn unrolls_blocks(&self) -> bool {
+        match self.block_scan {
+            BlockScan::Auto => self.backend == Backend::Gpu,
+            BlockScan::Unrolled => true,
+            BlockScan::Loop => false,
         }
     }
 

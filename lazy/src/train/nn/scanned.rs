@@ -28,6 +28,9 @@ pub struct ScannedBlocks {
     pub n_head: usize,
     /// Recompute each block in the backward pass instead of saving its activations.
     pub remat: bool,
+    /// Write the blocks out in the compiled program instead of looping over them ([`Scan::unroll`]); `None`: as
+    /// `LAZULI_SCANNED_BLOCKS` says (written out on GPUs, a loop elsewhere).
+    pub unroll: Option<bool>,
     /// The dtype of the blocks' products (`Linear::matmul_dtype`): their weights enter the scan as the copies the
     /// optimizer keeps ([`Param::get_as`]), converted once for all layers.
     pub matmul_dtype: Option<DType>,
@@ -49,7 +52,7 @@ impl ScannedBlocks {
                     .collect()
             })
             .unwrap_or_default();
-        ScannedBlocks { stacked, n_head: cfg.n_head, remat: cfg.checkpoint_blocks, matmul_dtype: None }
+        ScannedBlocks { stacked, n_head: cfg.n_head, remat: cfg.checkpoint_blocks, unroll: None, matmul_dtype: None }
     }
 
     /// How many blocks.
@@ -68,18 +71,25 @@ impl ScannedBlocks {
         block_of(w, self.n_head, self.matmul_dtype)
     }
 
+    /// The stacked parameters as the scan reads them, in [`Self::stacked`]'s order: with `matmul_dtype`, the
+    /// linear layers' weights as the copies the optimizer keeps in that dtype ([`Param::get_as`]), converted
+    /// once for all layers instead of in every step.
+    pub fn weights(&self, matmul_dtype: Option<DType>) -> Vec<Tensor> {
+        (self.stacked.iter().enumerate())
+            .map(|(i, (_, p))| match matmul_dtype {
+                Some(dt) if LINEAR_WEIGHTS.contains(&i) => p.get_as(dt),
+                _ => p.get(),
+            })
+            .collect()
+    }
+
     /// `x: [batch, seq, d_model]` through every block in order.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Tensor {
         if self.is_empty() {
             return x.clone();
         }
-        let weights: Vec<Tensor> = (self.stacked.iter().enumerate())
-            .map(|(i, (_, p))| match self.matmul_dtype {
-                Some(dt) if LINEAR_WEIGHTS.contains(&i) => p.get_as(dt),
-                _ => p.get(),
-            })
-            .collect();
+        let weights = self.weights(self.matmul_dtype);
         let (n_head, matmul_dtype) = (self.n_head, self.matmul_dtype);
         let (carry, _) = self.scan().run(
             |h, w| (vec![block_of(w, n_head, matmul_dtype).forward(&h[0])], vec![]),
@@ -89,9 +99,12 @@ impl ScannedBlocks {
         carry[0].clone()
     }
 
-    /// The scan the blocks run with: recomputing in the backward pass with [`Self::remat`].
+    /// The scan the blocks run with: recomputing in the backward pass with [`Self::remat`], written out with
+    /// [`Self::unroll`].
     pub fn scan(&self) -> Scan {
-        Scan::new().remat(self.remat)
+        let unroll =
+            self.unroll.unwrap_or_else(|| crate::runtime::runtime().is_ok_and(|rt| rt.config.unrolls_blocks()));
+        Scan::new().remat(self.remat).unroll(unroll)
     }
 }
 
