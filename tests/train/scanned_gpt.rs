@@ -133,3 +133,22 @@ fn training_and_checkpoints_agree_between_the_two_forms() {
     assert!(e.contains("blocks.2."), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A new scanned model's stacked parameters are values, not pending stacks: its first step runs the program every
+/// later step runs, so the second step compiles nothing (looped or written out).
+#[test]
+fn the_second_step_of_a_scanned_gpt_compiles_nothing() {
+    for unroll in [false, true] {
+        let mut m = gpt(true, 8);
+        assert!(m.named_params().iter().all(|(_, p)| !p.get().is_pending()), "unroll {unroll}: pending parameters");
+        if let Some(s) = &mut m.scanned {
+            s.unroll = Some(unroll);
+        }
+        let mut opt = AdamW::new(m.named_params(), 1e-2);
+        train(&m, &mut opt, 1);
+        let compiled = lazuli::metrics().compiles;
+        let losses = train(&m, &mut opt, 2);
+        assert_eq!(lazuli::metrics().compiles, compiled, "unroll {unroll}: later steps compiled again");
+        assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    }
+}

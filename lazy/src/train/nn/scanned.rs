@@ -6,12 +6,12 @@
 //! as the unrolled model's `blocks.0.ln1.weight`, `blocks.1.ln1.weight`, … (`checkpoint/mod.rs`), so the two
 //! forms load each other's files, optimizer state included.
 
-use lazuli_hlo::DType;
+use lazuli_hlo::{DType, Loc, TensorType};
 
 use super::gpt::{Block, CausalSelfAttention, GptConfig};
 use super::layers::{Dropout, LayerNorm, Linear};
 use super::{join, Module, Param};
-use crate::graph::tensor::Tensor;
+use crate::graph::tensor::{Data, Tensor};
 use crate::ops::control::Scan;
 
 /// The segment that stands for the layer index in a stacked parameter's name.
@@ -37,21 +37,27 @@ pub struct ScannedBlocks {
 }
 
 impl ScannedBlocks {
-    /// The blocks' parameters stacked in order (block 0 first).
+    /// The blocks' parameters stacked in order (block 0 first), as values: on the host where the blocks' are
+    /// (a new model's), else computed now in one program. Left pending, the stacks would be part of the first
+    /// step's program only, and the second step would compile again.
+    #[track_caller]
     pub fn from_blocks(blocks: &[Block], cfg: &GptConfig) -> ScannedBlocks {
+        let at = Loc::caller();
         let per_block: Vec<Vec<(String, Param)>> = blocks.iter().map(|b| b.named_params()).collect();
-        let stacked = per_block
+        let stacked: Vec<(String, Param)> = per_block
             .first()
             .map(|first| {
                 (0..first.len())
                     .map(|k| {
                         let values: Vec<Tensor> = per_block.iter().map(|ps| ps[k].1.get()).collect();
-                        let refs: Vec<&Tensor> = values.iter().collect();
-                        (first[k].0.clone(), Param::new(crate::graph::autodiff::no_grad(|| Tensor::stack(&refs, 0))))
+                        (first[k].0.clone(), Param::new(stack(&values, at)))
                     })
                     .collect()
             })
             .unwrap_or_default();
+        let pending: Vec<_> = stacked.iter().map(|(_, p)| p.get().node.clone()).filter(|n| n.is_pending()).collect();
+        // A failure here (the device out of memory, say) is the first step's again, where it is reported.
+        let _ = crate::exec::materialize(&pending, crate::diagnostics::Cause::Explicit, at);
         ScannedBlocks { stacked, n_head: cfg.n_head, remat: cfg.checkpoint_blocks, unroll: None, matmul_dtype: None }
     }
 
@@ -105,6 +111,30 @@ impl ScannedBlocks {
         let unroll =
             self.unroll.unwrap_or_else(|| crate::runtime::runtime().is_ok_and(|rt| rt.config.unrolls_blocks()));
         Scan::new().remat(self.remat).unroll(unroll)
+    }
+}
+
+/// `values` (of one type) stacked along a new leading axis: their bytes joined on the host where each is host data,
+/// else the lazy `stack`.
+fn stack(values: &[Tensor], at: Loc) -> Tensor {
+    let host: Option<Vec<std::sync::Arc<Vec<u8>>>> = values
+        .iter()
+        .map(|v| match &v.node.lock().data {
+            Some(Data::Host(bytes)) if v.tensor_type() == values[0].tensor_type() => Some(bytes.clone()),
+            _ => None,
+        })
+        .collect();
+    match host {
+        Some(parts) if !parts.is_empty() => {
+            let first = values[0].tensor_type();
+            let dims: Vec<usize> = std::iter::once(values.len()).chain(first.dims.iter().copied()).collect();
+            let bytes = parts.iter().flat_map(|b| b.iter().copied()).collect();
+            Tensor::host(TensorType::new(first.dtype, dims), bytes, at)
+        }
+        _ => {
+            let refs: Vec<&Tensor> = values.iter().collect();
+            crate::graph::autodiff::no_grad(|| Tensor::stack(&refs, 0))
+        }
     }
 }
 
