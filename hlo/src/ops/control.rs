@@ -420,6 +420,17 @@ fn stack(cx: &mut LowerCx<'_>, ys: Vec<String>, ty: &TensorType) -> String {
     cx.lower_op(&Op::Concatenate(Concatenate { dim: 0 }), parts.into_iter().map(|p| (p, &one)).collect(), ty)
 }
 
+/// What a scan's lowerings read of it (see [`Control::Scan`]).
+#[derive(Clone, Copy)]
+struct ScanLowering<'a> {
+    body: &'a Program,
+    carry: usize,
+    xs: usize,
+    length: usize,
+    reverse: bool,
+    save: &'a [ValueId],
+}
+
 /// The named values of a block with their types.
 fn typed(names: &[String], tys: &[TensorType]) -> Vec<(String, TensorType)> {
     names.iter().cloned().zip(tys.iter().cloned()).collect()
@@ -431,12 +442,13 @@ impl ControlDef {
         let args: Vec<String> = (0..cx.num_args()).map(|i| cx.arg(i).to_string()).collect();
         match &self.control {
             Control::Scan { body, carry, xs, length, reverse, unroll, save, .. } => {
-                let (shape, save) = ((*carry, *xs, *length), save.as_deref().unwrap_or(&[]));
+                let save = save.as_deref().unwrap_or(&[]);
+                let scan = ScanLowering { body, carry: *carry, xs: *xs, length: *length, reverse: *reverse, save };
                 // A loop of no steps would write a step into its empty stacked results: none is written out.
                 if *unroll || *length == 0 {
-                    self.lower_scan_unrolled(cx, &args, body, shape, *reverse, save)
+                    self.lower_scan_unrolled(cx, &args, scan)
                 } else {
-                    self.lower_scan(cx, &args, body, shape, *reverse, save)
+                    self.lower_scan(cx, &args, scan)
                 }
             }
             Control::While { cond, body, carry, cond_captured } => {
@@ -450,15 +462,8 @@ impl ControlDef {
 
     /// A `stablehlo.while` whose state is (counter, carry, xs, captured, the stacked outputs being filled: the
     /// ys, then the residuals `save`).
-    fn lower_scan(
-        &self,
-        cx: &mut LowerCx<'_>,
-        args: &[String],
-        body: &Program,
-        (carry, xs, length): (usize, usize, usize),
-        reverse: bool,
-        save: &[ValueId],
-    ) -> Vec<String> {
+    fn lower_scan(&self, cx: &mut LowerCx<'_>, args: &[String], scan: ScanLowering<'_>) -> Vec<String> {
+        let ScanLowering { body, carry, xs, length, reverse, save } = scan;
         let ops = &self.operands;
         let filled = &self.results[carry..];
         let n_ys = filled.len() - save.len();
@@ -517,15 +522,8 @@ impl ControlDef {
 
     /// The scan written out: the body once per step, in the scan's order, on static slices of the xs; each
     /// stacked result one `concatenate` of the steps' values in the xs' order.
-    fn lower_scan_unrolled(
-        &self,
-        cx: &mut LowerCx<'_>,
-        args: &[String],
-        body: &Program,
-        (carry, xs, length): (usize, usize, usize),
-        reverse: bool,
-        save: &[ValueId],
-    ) -> Vec<String> {
+    fn lower_scan_unrolled(&self, cx: &mut LowerCx<'_>, args: &[String], scan: ScanLowering<'_>) -> Vec<String> {
+        let ScanLowering { body, carry, xs, length, reverse, save } = scan;
         let ops = &self.operands;
         let filled = &self.results[carry..];
         let mut state = args[..carry].to_vec();
