@@ -248,11 +248,9 @@ fn tanh_body() -> Program {
 
 /// A graph of the cotangents of (h0, xs, w) for `sum(final h * g)`, the scan recorded with `remat` as given:
 /// the forward scan and its gradient rule, recorded as one program.
-fn tanh_gradient_graph(remat: bool) -> (Graph, Program) {
+fn tanh_gradient_graph(remat: bool, form: ScanForm) -> (Graph, Program) {
     let tys = [f64t(&[2]), f64t(&[3, 2]), f64t(&[2, 2]), f64t(&[2])];
-    let def =
-        ControlDef::scan(tanh_body(), tys[..3].to_vec(), 1, 1, 3, ScanForm::default(), ScanGrad { save: true, remat })
-            .unwrap();
+    let def = ControlDef::scan(tanh_body(), tys[..3].to_vec(), 1, 1, 3, form, ScanGrad { save: true, remat }).unwrap();
     let op = ControlOp::new(def, 0);
     let grads = Program::record(&tys, |r, a| {
         let h = r.op(Op::Control(op.clone()), &[&a[0], &a[1], &a[2]]);
@@ -304,7 +302,7 @@ fn the_scan_gradient_reads_saved_residuals_and_recomputes_nothing_unless_asked()
         (h.into_dyn() * &cot).sum()
     };
     for remat in [false, true] {
-        let (graph, program) = tanh_gradient_graph(remat);
+        let (graph, program) = tanh_gradient_graph(remat, ScanForm::default());
         // The forward scan's body computes tanh; the backward's reads the saved tanh, or recomputes it with remat.
         assert_eq!(scan_bodies_with_tanh(&program), [(false, true), (true, remat)], "remat {remat}");
         let text = emit(&graph, &EmitOptions::default());
@@ -323,6 +321,22 @@ fn the_scan_gradient_reads_saved_residuals_and_recomputes_nothing_unless_asked()
                 assert!((g - fd).abs() < 1e-7 * (1.0 + fd.abs()), "remat {remat}: d/d {i}[{k}]: {g} vs {fd}");
             }
         }
+    }
+}
+
+/// Written out, a recomputing gradient passes each step's inputs through an optimization barrier, so that XLA
+/// cannot merge the recomputed step with the forward step (the same ops on the same values) and keep every
+/// activation alive after all; a saving gradient needs none.
+#[test]
+fn a_written_out_recomputing_gradient_keeps_its_steps_behind_barriers() {
+    for remat in [false, true] {
+        let (graph, _) = tanh_gradient_graph(remat, ScanForm { reverse: false, unroll: true });
+        let text = emit(&graph, &EmitOptions::default());
+        assert!(!text.contains("stablehlo.while"), "{text}");
+        let barriers = text.matches("\"stablehlo.optimization_barrier\"").count();
+        assert_eq!(barriers, if remat { 3 } else { 0 }, "remat {remat}:\n{text}");
+        // Three forward steps, and with remat three recomputed ones.
+        assert_eq!(text.matches("\"stablehlo.tanh\"").count(), if remat { 6 } else { 3 }, "remat {remat}:\n{text}");
     }
 }
 

@@ -429,6 +429,10 @@ struct ScanLowering<'a> {
     length: usize,
     reverse: bool,
     save: &'a [ValueId],
+    /// Written out, pass each step's inputs through one `optimization_barrier`: a step of a recomputing gradient
+    /// would otherwise be merged with the forward step it recomputes (XLA's CSE sees the same ops on the same
+    /// values), keeping every activation alive as if nothing were recomputed.
+    barrier: bool,
 }
 
 /// The named values of a block with their types.
@@ -441,11 +445,14 @@ impl ControlDef {
     fn lower_all(&self, cx: &mut LowerCx<'_>) -> Vec<String> {
         let args: Vec<String> = (0..cx.num_args()).map(|i| cx.arg(i).to_string()).collect();
         match &self.control {
-            Control::Scan { body, carry, xs, length, reverse, unroll, save, .. } => {
+            Control::Scan { body, carry, xs, length, reverse, unroll, remat, save } => {
+                // A recomputing scan that saves nothing is a gradient's (or runs off any gradient path).
+                let barrier = *remat && save.is_none();
                 let save = save.as_deref().unwrap_or(&[]);
-                let scan = ScanLowering { body, carry: *carry, xs: *xs, length: *length, reverse: *reverse, save };
+                let (carry, xs, length, reverse) = (*carry, *xs, *length, *reverse);
+                let scan = ScanLowering { body, carry, xs, length, reverse, save, barrier };
                 // A loop of no steps would write a step into its empty stacked results: none is written out.
-                if *unroll || *length == 0 {
+                if *unroll || length == 0 {
                     self.lower_scan_unrolled(cx, &args, scan)
                 } else {
                     self.lower_scan(cx, &args, scan)
@@ -463,7 +470,7 @@ impl ControlDef {
     /// A `stablehlo.while` whose state is (counter, carry, xs, captured, the stacked outputs being filled: the
     /// ys, then the residuals `save`).
     fn lower_scan(&self, cx: &mut LowerCx<'_>, args: &[String], scan: ScanLowering<'_>) -> Vec<String> {
-        let ScanLowering { body, carry, xs, length, reverse, save } = scan;
+        let ScanLowering { body, carry, xs, length, reverse, save, .. } = scan;
         let ops = &self.operands;
         let filled = &self.results[carry..];
         let n_ys = filled.len() - save.len();
@@ -523,9 +530,13 @@ impl ControlDef {
     /// The scan written out: the body once per step, in the scan's order, on static slices of the xs; each
     /// stacked result one `concatenate` of the steps' values in the xs' order.
     fn lower_scan_unrolled(&self, cx: &mut LowerCx<'_>, args: &[String], scan: ScanLowering<'_>) -> Vec<String> {
-        let ScanLowering { body, carry, xs, length, reverse, save } = scan;
+        let ScanLowering { body, carry, xs, length, reverse, save, barrier } = scan;
         let ops = &self.operands;
         let filled = &self.results[carry..];
+        let mut step_tys = ops[..carry].to_vec();
+        step_tys.extend(ops[carry..carry + xs].iter().map(step_of));
+        step_tys.extend_from_slice(&ops[carry + xs..]);
+        let step_refs: Vec<&TensorType> = step_tys.iter().collect();
         let mut state = args[..carry].to_vec();
         let mut steps: Vec<Vec<String>> = vec![vec![String::new(); length]; filled.len()];
         for s in 0..length {
@@ -535,6 +546,9 @@ impl ControlDef {
                 inputs.push(slice_static(cx, &args[carry + k], ty, t));
             }
             inputs.extend_from_slice(&args[carry + xs..]);
+            if barrier {
+                inputs = cx.op_multi("stablehlo.optimization_barrier", &inputs, &step_refs, "", None, &step_refs);
+            }
             let values = body.lower_values(cx, inputs);
             let mut outs = body.outputs.iter().map(|o| values[o.expect("a loop body returns every value")].clone());
             state = outs.by_ref().take(carry).collect();
