@@ -155,3 +155,25 @@ fn the_second_step_of_a_scanned_gpt_compiles_nothing() {
         assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
     }
 }
+
+/// Blocks whose parameters are pending values (here: scaled after construction) stack into computed values too,
+/// equal to the blocks' parameters stacked.
+#[test]
+fn blocks_with_pending_parameters_stack_into_values() {
+    let unrolled = gpt(false, 9);
+    for (_, p) in unrolled.named_params() {
+        p.set(&p.get() * 0.5);
+    }
+    let scanned = lazuli::nn::scanned::ScannedBlocks::from_blocks(&unrolled.blocks, &config(true, 3));
+    let blocks: BTreeMap<String, Vec<f64>> = unrolled
+        .named_params()
+        .into_iter()
+        .map(|(n, p)| (n, p.get().to_dtype(DType::F64).to_vec::<f64>().unwrap()))
+        .collect();
+    for (name, p) in &scanned.stacked {
+        assert!(!p.get().is_pending(), "{name} is still pending");
+        let got = p.get().to_dtype(DType::F64).to_vec::<f64>().unwrap();
+        let want: Vec<f64> = (0..3).flat_map(|i| blocks[&format!("blocks.{i}.{name}")].clone()).collect();
+        assert_eq!(got, want, "{name}");
+    }
+}

@@ -38,8 +38,9 @@ pub struct ScannedBlocks {
 
 impl ScannedBlocks {
     /// The blocks' parameters stacked in order (block 0 first), as values: on the host where the blocks' are
-    /// (a new model's), else computed now in one program. Left pending, the stacks would be part of the first
-    /// step's program only, and the second step would compile again.
+    /// (a new model's), else computed now in one program, whose error (the device's memory exhausted, say) panics
+    /// naming the caller's line. Left pending, the stacks would be part of the first step's program only, and the
+    /// second step would compile again.
     #[track_caller]
     pub fn from_blocks(blocks: &[Block], cfg: &GptConfig) -> ScannedBlocks {
         let at = Loc::caller();
@@ -56,8 +57,11 @@ impl ScannedBlocks {
             })
             .unwrap_or_default();
         let pending: Vec<_> = stacked.iter().map(|(_, p)| p.get().node.clone()).filter(|n| n.is_pending()).collect();
-        // A failure here (the device out of memory, say) is the first step's again, where it is reported.
-        let _ = crate::exec::materialize(&pending, crate::diagnostics::Cause::Explicit, at);
+        if !pending.is_empty() {
+            if let Err(e) = crate::exec::materialize(&pending, crate::diagnostics::Cause::Explicit, at) {
+                crate::graph::record::raise(e);
+            }
+        }
         ScannedBlocks { stacked, n_head: cfg.n_head, remat: cfg.checkpoint_blocks, unroll: None, matmul_dtype: None }
     }
 
