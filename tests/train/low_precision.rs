@@ -371,6 +371,44 @@ fn strict_mode_takes_the_copies_creation_as_set_up() {
     lazuli::wait().unwrap();
 }
 
+/// The copies a first forward pass asks for, one weight at a time, are computed together in one program before
+/// the step's: two programs in the first step, not one per weight (three shapes: three compiles more before). Each
+/// copy equals the f32 weight rounded to bf16 on the host (to nearest, ties to even), and the next step runs the
+/// step's program alone.
+#[test]
+fn the_copies_a_first_step_asks_for_are_computed_in_one_program() {
+    if child::alone(module_path!(), "the_copies_a_first_step_asks_for_are_computed_in_one_program") {
+        return; // the counters are process-wide
+    }
+    let model = mlp(true);
+    let mut opt = AdamW::new(model.named_params(), 1e-2);
+    let (x, y) = batch(0);
+    let weights: Vec<Vec<f32>> = model.layers.iter().map(|l| l.weight.get().to_vec::<f32>().unwrap()).collect();
+    let step = |opt: &mut AdamW| {
+        let before = lazuli::metrics();
+        (model.forward(&x) - &y).pow(2.0).mean_all().backward();
+        opt.step();
+        opt.zero_grad();
+        lazuli::sync().unwrap();
+        lazuli::wait().unwrap();
+        let after = lazuli::metrics();
+        (after.compiles - before.compiles, after.executions - before.executions)
+    };
+    let rounded = |w: &[f32]| -> Vec<u32> {
+        let to_bf16 = |b: u32| (b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
+        w.iter().map(|v| to_bf16(v.to_bits())).collect()
+    };
+    assert_eq!(step(&mut opt), (2, 2), "the first step: the copies' program and the step's");
+    assert_eq!(step(&mut opt), (0, 1), "the second step: the step's program alone");
+    // The copies follow the values; the first step's copies were those of the initial weights.
+    assert_copies_follow(&model.named_params());
+    let fresh = mlp(true);
+    for (l, w) in fresh.layers.iter().zip(&weights) {
+        let copy = bits(&l.weight.get_as(LOW));
+        assert_eq!(copy, rounded(w), "a copy of the initial weights");
+    }
+}
+
 /// Parameters split over two devices: each copy is laid out as its parameter, from its creation on and after
 /// every update, and training equals converting at each use on the same mesh.
 #[test]

@@ -4,7 +4,8 @@
 //! the [`upload`] of its arguments, its [`launch`] (from this thread or on the CPU launcher), and the programs
 //! [`in_flight`] (bounded, waited for by reads, `wait()` and at exit). Beside them: [`read`] (what triggers a
 //! materialization: `item`, `to_vec`, printing, `sync`), `spmd` (layouts over a mesh), `reference` (the host
-//! interpreter instead of a device), [`bench_hooks`] (the host-side stages timed without running) and
+//! interpreter instead of a device), [`setup`] (values computed together before the next program),
+//! [`bench_hooks`] (the host-side stages timed without running) and
 //! [`profile()`] (the device's kernels while a closure runs, from the plugin's profiler).
 
 pub mod bench_hooks;
@@ -17,6 +18,7 @@ mod profile;
 pub(crate) mod program;
 pub mod read;
 pub(crate) mod reference;
+pub(crate) mod setup;
 pub(crate) mod spmd;
 pub(crate) mod upload;
 
@@ -43,6 +45,9 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     if let Some(e) = DEFERRED.take() {
         return Err(e);
     }
+    // Set-up waiting to be computed together (parameters' copies) goes first, in its own program, so that the
+    // program below reads it as inputs.
+    setup::compute_waiting()?;
     let started = Instant::now();
     // A `log` check, before anything new is launched (reads come here too); `skip`'s and `stop`'s older checks
     // are read once this materialization's program is queued, but for the gradients' program of a split step:

@@ -67,7 +67,7 @@ impl GptConfig {
 
 /// GPT-2's initialisation: weights N(0, 0.02²), residual projections N(0, (0.02/√(2·layers))²), biases 0.
 fn gpt_linear(rng: &mut HostRng, d_in: usize, d_out: usize, std: f64, dtype: DType) -> Linear {
-    let zeros = super::init::host_tensor(&[d_out], dtype, || 0.0);
+    let zeros = super::init::host_zeros(&[d_out], dtype);
     Linear::from_tensors(normal(rng, &[d_in, d_out], std, dtype), Some(zeros))
 }
 

@@ -53,6 +53,16 @@ pub fn host_tensor(dims: &[usize], dtype: DType, mut f: impl FnMut() -> f64) -> 
     Tensor::host(lazuli_hlo::TensorType::new(dtype, dims), bytes, crate::Loc::caller())
 }
 
+/// A host tensor of zeros. Zero is all-zero bytes in every dtype, so the bytes come zeroed from the allocator
+/// without a write per element: a large tensor's pages (an optimizer's moments) are not touched until they are
+/// read, which the upload does once.
+#[track_caller]
+pub fn host_zeros(dims: &[usize], dtype: DType) -> Tensor {
+    let n: usize = dims.iter().product();
+    let bytes = vec![0u8; n * dtype.byte_size()];
+    Tensor::host(lazuli_hlo::TensorType::new(dtype, dims), bytes, crate::Loc::caller())
+}
+
 /// Normal(0, std²) values.
 #[track_caller]
 pub fn normal(rng: &mut HostRng, dims: &[usize], std: f64, dtype: DType) -> Tensor {

@@ -186,7 +186,7 @@ impl LayerNorm {
     /// Normalization over a last dimension of size `dim`.
     pub fn new(dim: usize, eps: f64, dtype: DType) -> LayerNorm {
         let ones = super::init::host_tensor(&[dim], dtype, || 1.0);
-        let zeros = super::init::host_tensor(&[dim], dtype, || 0.0);
+        let zeros = super::init::host_zeros(&[dim], dtype);
         LayerNorm { weight: Param::new(ones), bias: Param::new(zeros), eps }
     }
 

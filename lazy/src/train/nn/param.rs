@@ -12,7 +12,6 @@ use std::rc::Rc;
 
 use lazuli_hlo::{BinaryKind, DType, Loc};
 
-use crate::diagnostics::{unchecked, Cause};
 use crate::graph::autodiff::no_grad;
 use crate::graph::record::fail;
 use crate::graph::tensor::Tensor;
@@ -49,12 +48,14 @@ impl Param {
     /// with f32 parameters and bf16 copies for the products, the weights' conversions cost a 2-byte write inside
     /// the update instead of a convert of each weight in each step.
     ///
-    /// The first call creates the copy and computes it right away when the value is computed already (a small
-    /// program, set-up that strict mode lets through), so that from the first step on it is a program input like
-    /// the value: the step's program has one structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a
+    /// The first call creates the copy, and when the value is computed already, the copy is computed before the
+    /// thread's next program, with every other copy asked for since in one program (set-up that strict mode lets
+    /// through; its event and errors name the line of the first; at once for a parameter on a mesh), so that from the first step on it is a program
+    /// input like the value: the step's program has one structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a
     /// skipped step as it keeps the value. (A copy first made from a pending value, after an update and before the
     /// step boundary, is computed by that step's program, and kept by skip from the next step on.) Panics at the
-    /// caller's line for a dtype that is not floating-point, or when computing the copy fails.
+    /// caller's line for a dtype that is not floating-point, or (on a mesh) when computing the copy fails; otherwise
+    /// an error computing the copy is the error of the materialization that computes it.
     #[track_caller]
     pub fn get_as(&self, dtype: DType) -> Tensor {
         let at = Loc::caller();
@@ -68,7 +69,7 @@ impl Param {
         }
         let copy = slot.copy_of_value(dtype, at);
         if !slot.value.is_pending() {
-            compute_now(&copy, at);
+            compute_before_next_program(&copy, slot.value.sharding().is_some(), at);
         }
         slot.copies.push(copy.clone());
         copy
@@ -191,10 +192,15 @@ impl Slot {
 
 /// Compute a new copy in a program of its own (a convert), so that the steps take it as an input. It is set-up,
 /// not part of a step: strict mode counts it neither as a graph break nor as a recompile.
-fn compute_now(copy: &Tensor, at: Loc) {
-    let computed = unchecked(|| crate::exec::materialize(std::slice::from_ref(&copy.node), Cause::Explicit, at));
-    if let Err(e) = computed {
-        fail(at, format!("Param::get_as: computing the parameter's {} copy failed: {e}", copy.dtype()));
+/// Compute a new copy of a computed value with the other copies asked for before the next program, or at once on a
+/// mesh: a copy's layout ([`Tensor::sharding`]) is known once it is computed, and a sharded parameter's copy is
+/// to have its parameter's from its creation on.
+fn compute_before_next_program(copy: &Tensor, sharded: bool, at: Loc) {
+    crate::exec::setup::defer(copy.node.clone(), at);
+    if sharded {
+        if let Err(e) = crate::exec::setup::compute_waiting() {
+            fail(at, format!("Param::get_as: computing the parameter's {} copy failed: {e}", copy.dtype()));
+        }
     }
 }
 

@@ -77,7 +77,7 @@ pub(crate) fn replace(slot: &mut Tensor, next: Tensor) {
 /// has the same structure as step 1).
 pub(crate) fn zeros_like_host(p: &Param) -> Tensor {
     let v = p.get();
-    crate::train::nn::init::host_tensor(v.dims(), v.dtype(), || 0.0)
+    crate::train::nn::init::host_zeros(v.dims(), v.dtype())
 }
 
 /// Look up a named state tensor and check its type against the parameter's.
