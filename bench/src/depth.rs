@@ -20,23 +20,52 @@ pub struct Point {
     pub bytes_limit: Option<f64>,
 }
 
-pub fn run(layers: &[usize], tiny: bool, device: &str, steps: usize) -> BenchResult<()> {
+/// The model's width and tokens: GPT-2 small's (d=768, T=1024, batch 8), the dry run's (`tiny`: d=128, T=64,
+/// batch 2), either with another batch or sequence length.
+#[derive(Clone, Copy)]
+pub struct Size {
+    pub tiny: bool,
+    pub batch: Option<usize>,
+    pub seq: Option<usize>,
+}
+
+impl Size {
+    fn args(self) -> Vec<String> {
+        let mut args: Vec<String> = self.tiny.then(|| "--tiny".to_string()).into_iter().collect();
+        for (flag, v) in [("--batch", self.batch), ("--seq", self.seq)] {
+            if let Some(v) = v {
+                args.extend([flag.to_string(), v.to_string()]);
+            }
+        }
+        args
+    }
+
+    fn describe(self) -> String {
+        let (d, t, b) = if self.tiny { (128, 64, 2) } else { (768, 1024, 8) };
+        let width = if self.tiny { "dry-run width" } else { "width" };
+        format!("{width} (d={d}, T={}, batch {})", self.seq.unwrap_or(t), self.batch.unwrap_or(b))
+    }
+}
+
+pub fn run(layers: &[usize], size: Size, device: &str, steps: usize) -> BenchResult<()> {
     let dir = std::env::temp_dir().join(format!("lazuli-depth-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();
     for &n in layers {
-        let unrolled = point(n, false, tiny, device, steps, &dir);
-        let scanned = point(n, true, tiny, device, steps, &dir);
+        let unrolled = point(n, false, size, device, steps, &dir);
+        let scanned = point(n, true, size, device, steps, &dir);
         rows.push((n, unrolled, scanned));
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!("## lazuli-bench depth, {}", today());
     println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
     println!("- host: {}; device: {device}; allocator: {}", machine(), crate::ALLOCATOR);
+    let form = std::env::var("LAZULI_SCANNED_BLOCKS").unwrap_or_else(|_| "auto".into());
+    println!("- scanned blocks: `LAZULI_SCANNED_BLOCKS={form}`");
     println!(
         "- model: GPT-2 small's {} at each depth, bf16 matmuls, fused attention, AdamW; `LAZULI_COMPILE_CACHE=off`; \
          step: median of {steps} after the first",
-        if tiny { "dry-run width (d=128, T=64, batch 2)" } else { "width (d=768, T=1024, batch 8)" }
+        size.describe()
     );
     println!("\n| layers | unrolled: compile | first step | step | scanned: compile | first step | step | scanned / unrolled step |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -74,7 +103,7 @@ pub fn run(layers: &[usize], tiny: bool, device: &str, steps: usize) -> BenchRes
 fn point(
     layers: usize,
     scan: bool,
-    tiny: bool,
+    size: Size,
     device: &str,
     steps: usize,
     dir: &std::path::Path,
@@ -82,7 +111,7 @@ fn point(
     eprintln!("lazuli-bench: {layers} layer(s), {}", if scan { "scanned" } else { "unrolled" });
     let mut args = vec!["--layers".to_string(), layers.to_string()];
     args.extend(scan.then(|| "--scan".to_string()));
-    args.extend(tiny.then(|| "--tiny".to_string()));
+    args.extend(size.args());
     lazuli_side(&args, device, steps, dir)
 }
 

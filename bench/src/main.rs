@@ -155,6 +155,9 @@ enum Cmd {
         /// Another batch than 8 sequences.
         #[arg(long)]
         batch: Option<usize>,
+        /// Another sequence length than 1,024 tokens.
+        #[arg(long)]
+        seq: Option<usize>,
         #[command(flatten)]
         common: Common,
     },
@@ -275,6 +278,12 @@ enum Cmd {
         /// Timed steps after the first.
         #[arg(long, default_value_t = 5)]
         steps: usize,
+        /// Another batch than the width's (for GPT-2 small's width on a CPU: e.g. `--batch 1 --seq 128`).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Another sequence length than the width's.
+        #[arg(long)]
+        seq: Option<usize>,
     },
 }
 
@@ -328,7 +337,10 @@ fn main() {
             let variants = GpuVariants { tiny, checkpoint, scan };
             gpu(&common, frameworks, attention, &device, variants, &loops)
         }
-        Cmd::Depth { layers, tiny, device, steps } => lazuli_bench::depth::run(&layers, tiny, &device, steps),
+        Cmd::Depth { layers, tiny, device, steps, batch, seq } => {
+            let size = lazuli_bench::depth::Size { tiny, batch, seq };
+            lazuli_bench::depth::run(&layers, size, &device, steps)
+        }
         Cmd::Memory { batches, device, steps } => lazuli_bench::depth::memory(&batches, &device, steps),
         Cmd::Nan { workload, batch, dim, layers, planted, steps, seq, vocab, tiny, device, python, rounds } => {
             match workload.as_str() {
@@ -370,11 +382,12 @@ fn main() {
                 .inspect_err(|e| println!("{}", serde_json::json!({"error": e.to_string()})))
                 .map(|v| println!("{v}"))
         }
-        Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, scan, layers, batch, common } => {
+        Cmd::LazuliSide { workload, attention, weights, tiny, checkpoint, scan, layers, batch, seq, common } => {
             let mut w = Workload { attention, ..gpu_workload(tiny, checkpoint, scan) };
             w.batch = batch.unwrap_or(w.batch);
-            if let (Some(n), lazuli_bench::workloads::Model::Gpt { config, .. }) = (layers, &mut w.model) {
-                config.n_layer = n;
+            if let lazuli_bench::workloads::Model::Gpt { config, seq: tokens } = &mut w.model {
+                config.n_layer = layers.unwrap_or(config.n_layer);
+                *tokens = seq.unwrap_or(*tokens);
             }
             if workload != w.name {
                 eprintln!("lazuli-bench: lazuli-side knows only {}", w.name);
