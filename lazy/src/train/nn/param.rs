@@ -48,14 +48,16 @@ impl Param {
     /// with f32 parameters and bf16 copies for the products, the weights' conversions cost a 2-byte write inside
     /// the update instead of a convert of each weight in each step.
     ///
-    /// The first call creates the copy, and when the value is computed already, the copy is computed before the
-    /// thread's next program, with every other copy asked for since in one program (set-up that strict mode lets
-    /// through; its event and errors name the line of the first; at once for a parameter on a mesh), so that from the first step on it is a program
-    /// input like the value: the step's program has one structure from step 1, and `LAZULI_CHECK_FINITE=skip` keeps it on a
-    /// skipped step as it keeps the value. (A copy first made from a pending value, after an update and before the
-    /// step boundary, is computed by that step's program, and kept by skip from the next step on.) Panics at the
-    /// caller's line for a dtype that is not floating-point, or (on a mesh) when computing the copy fails; otherwise
-    /// an error computing the copy is the error of the materialization that computes it.
+    /// The first call creates the copy. When the value is computed already, the copy is computed before the
+    /// thread's next program, together with every other copy asked for since, in one program (set-up that strict
+    /// mode lets through; its event and errors name the line of the first). A parameter on a mesh computes its
+    /// copy at once, so that the copy's layout can be read. Either way, from the first step on the copy is a
+    /// program input like the value: the step's program has one structure from step 1, and
+    /// `LAZULI_CHECK_FINITE=skip` keeps it on a skipped step as it keeps the value. (A copy first made from a
+    /// pending value, after an update and before the step boundary, is computed by that step's program, and kept
+    /// by skip from the next step on.) Panics at the caller's line for a dtype that is not floating-point, or (on
+    /// a mesh) when computing the copy fails; otherwise an error computing the copy is the error of the
+    /// materialization that computes it.
     #[track_caller]
     pub fn get_as(&self, dtype: DType) -> Tensor {
         let at = Loc::caller();
@@ -190,8 +192,6 @@ impl Slot {
     }
 }
 
-/// Compute a new copy in a program of its own (a convert), so that the steps take it as an input. It is set-up,
-/// not part of a step: strict mode counts it neither as a graph break nor as a recompile.
 /// Compute a new copy of a computed value with the other copies asked for before the next program, or at once on a
 /// mesh: a copy's layout ([`Tensor::sharding`]) is known once it is computed, and a sharded parameter's copy is
 /// to have its parameter's from its creation on.
