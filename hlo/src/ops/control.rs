@@ -361,30 +361,41 @@ fn index() -> TensorType {
     TensorType::scalar(DType::I64)
 }
 
+/// One step of stacked values of type `ty`: its leading axis of size 1.
+fn one_step(ty: &TensorType) -> TensorType {
+    stacked(1, &step_of(ty))
+}
+
+/// `s`, one step of stacked values of type `ty` (see [`one_step`]), without its leading axis.
+fn drop_step_axis(cx: &mut LowerCx<'_>, s: String, ty: &TensorType) -> String {
+    let step = step_of(ty);
+    cx.lower_op(&Op::Reshape(Reshape { dims: step.dims.to_vec() }), vec![(s, &one_step(ty))], &step)
+}
+
+/// `y`, a step of stacked values of type `ty`, given their leading axis (of size 1).
+fn add_step_axis(cx: &mut LowerCx<'_>, y: String, ty: &TensorType) -> String {
+    let one = one_step(ty);
+    cx.lower_op(&Op::Reshape(Reshape { dims: one.dims.to_vec() }), vec![(y, &step_of(ty))], &one)
+}
+
 /// Step `t` of `x` (of type `ty`): `dynamic_slice` along the leading axis, then the axis dropped.
 fn slice_at(cx: &mut LowerCx<'_>, x: &str, ty: &TensorType, t: &str, zero: &str) -> String {
     let idx = index();
-    let mut sizes = ty.dims.to_vec();
-    sizes[0] = 1;
-    let one = TensorType::new(ty.dtype, &sizes);
+    let one = one_step(ty);
     let mut names = vec![x.to_string(), t.to_string()];
     names.extend(vec![zero.to_string(); ty.rank() - 1]);
     let mut tys = vec![ty];
     tys.extend(vec![&idx; ty.rank()]);
-    let attrs = format!("slice_sizes = {}", i64_array(&sizes));
+    let attrs = format!("slice_sizes = {}", i64_array(&one.dims));
     let s = cx.op("stablehlo.dynamic_slice", &names, &tys, &attrs, None, &one);
-    let step = step_of(ty);
-    cx.lower_op(&Op::Reshape(Reshape { dims: step.dims.to_vec() }), vec![(s, &one)], &step)
+    drop_step_axis(cx, s, ty)
 }
 
 /// `acc` (of type `ty`) with step `t` replaced by `y`: `dynamic_update_slice` along the leading axis.
 fn update_at(cx: &mut LowerCx<'_>, acc: &str, ty: &TensorType, y: &str, t: &str, zero: &str) -> String {
     let idx = index();
-    let mut dims = ty.dims.to_vec();
-    dims[0] = 1;
-    let one = TensorType::new(ty.dtype, &dims);
-    let step = step_of(ty);
-    let y1 = cx.lower_op(&Op::Reshape(Reshape { dims }), vec![(y.to_string(), &step)], &one);
+    let one = one_step(ty);
+    let y1 = add_step_axis(cx, y.to_string(), ty);
     let mut names = vec![acc.to_string(), y1, t.to_string()];
     names.extend(vec![zero.to_string(); ty.rank() - 1]);
     let mut tys = vec![ty, &one];
@@ -394,13 +405,9 @@ fn update_at(cx: &mut LowerCx<'_>, acc: &str, ty: &TensorType, y: &str, t: &str,
 
 /// Step `t` of `x` (of type `ty`): a static `slice` along the leading axis, then the axis dropped.
 fn slice_static(cx: &mut LowerCx<'_>, x: &str, ty: &TensorType, t: usize) -> String {
-    let mut dims = ty.dims.to_vec();
-    dims[0] = 1;
-    let one = TensorType::new(ty.dtype, &dims);
     let slice = Op::Slice(Slice::along(&ty.dims, 0, t, t + 1, 1));
-    let s = cx.lower_op(&slice, vec![(x.to_string(), ty)], &one);
-    let step = step_of(ty);
-    cx.lower_op(&Op::Reshape(Reshape { dims: step.dims.to_vec() }), vec![(s, &one)], &step)
+    let s = cx.lower_op(&slice, vec![(x.to_string(), ty)], &one_step(ty));
+    drop_step_axis(cx, s, ty)
 }
 
 /// The steps' values `ys` stacked along a new leading axis into `ty`: each given the axis, then one
@@ -409,14 +416,8 @@ fn stack(cx: &mut LowerCx<'_>, ys: Vec<String>, ty: &TensorType) -> String {
     if ys.is_empty() {
         return constant(cx, 0.0, ty);
     }
-    let step = step_of(ty);
-    let mut dims = ty.dims.to_vec();
-    dims[0] = 1;
-    let one = TensorType::new(ty.dtype, &dims);
-    let parts: Vec<String> = ys
-        .into_iter()
-        .map(|y| cx.lower_op(&Op::Reshape(Reshape { dims: dims.clone() }), vec![(y, &step)], &one))
-        .collect();
+    let one = one_step(ty);
+    let parts: Vec<String> = ys.into_iter().map(|y| add_step_axis(cx, y, ty)).collect();
     cx.lower_op(&Op::Concatenate(Concatenate { dim: 0 }), parts.into_iter().map(|p| (p, &one)).collect(), ty)
 }
 
