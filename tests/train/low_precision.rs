@@ -373,8 +373,8 @@ fn strict_mode_takes_the_copies_creation_as_set_up() {
 
 /// The copies a first forward pass asks for, one weight at a time, are computed together in one program before
 /// the step's: two programs in the first step, not one per weight (three shapes: three compiles more before). Each
-/// copy equals the f32 weight rounded to bf16 on the host (to nearest, ties to even), and the next step runs the
-/// step's program alone.
+/// copy equals the f32 weight rounded to bf16 on the host (`half`), and the next step runs the step's program
+/// alone.
 #[test]
 fn the_copies_a_first_step_asks_for_are_computed_in_one_program() {
     if child::alone(module_path!(), "the_copies_a_first_step_asks_for_are_computed_in_one_program") {
@@ -394,10 +394,7 @@ fn the_copies_a_first_step_asks_for_are_computed_in_one_program() {
         let after = lazuli::metrics();
         (after.compiles - before.compiles, after.executions - before.executions)
     };
-    let rounded = |w: &[f32]| -> Vec<u32> {
-        let to_bf16 = |b: u32| (b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
-        w.iter().map(|v| to_bf16(v.to_bits())).collect()
-    };
+    let rounded = |w: &[f32]| -> Vec<u32> { w.iter().map(|&v| half::bf16::from_f32(v).to_f32().to_bits()).collect() };
     assert_eq!(step(&mut opt), (2, 2), "the first step: the copies' program and the step's");
     assert_eq!(step(&mut opt), (0, 1), "the second step: the step's program alone");
     // The copies follow the values; the first step's copies were those of the initial weights.
