@@ -2,6 +2,8 @@
 //! The plain recording ops treat bad operands (mismatched shapes, bad axes) as programmer errors: they panic at the
 //! user's line with the same message as the `Err` of their `try_*` form (see `graph/record.rs`).
 
+use std::fmt;
+
 use lazuli_hlo::{DType, Loc};
 
 /// lazuli's result type.
@@ -9,7 +11,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything a read, a step boundary, a checkpoint or the runtime's set-up can fail with. Each names the user's line
 /// it concerns (where the value was materialized, or the call that failed).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum Error {
     /// The runtime (plugin, client, transfer, execute) failed: the PJRT call, the plugin's status code and its
     /// own message.
@@ -188,6 +190,14 @@ pub enum Error {
     /// The runtime was configured twice, or its configuration is invalid.
     #[error("lazuli runtime: {0}")]
     Config(String),
+}
+
+/// The message, as `Display` writes it. A `main` (or a test) that returns `lazuli::Result` prints its error's
+/// `Debug`, and what it should show is the message with its lines, not the variant's fields with escaped newlines.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 impl Error {

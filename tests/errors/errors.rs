@@ -64,3 +64,34 @@ fn typed_reads_check_the_dtype_and_the_element_count() {
     assert_eq!(a.sum(&[0]).item::<f32>().unwrap(), 3.0);
     assert_eq!(Tensor::zeros(&[2], DType::I64).to_vec::<i64>().unwrap(), vec![0, 0]);
 }
+
+/// A test or `main` that returns `lazuli::Result` prints its error's `Debug`: that is the message as `Display`
+/// writes it, lines and all, not the variant's fields. The child returns the error of a `try_scan` whose body
+/// changes its carry's shape.
+#[test]
+fn a_returned_error_prints_its_message() {
+    const CHILD: &str = "LAZULI_TEST_RETURN_AN_ERROR";
+    let test = child::test_name(module_path!(), "a_returned_error_prints_its_message_child");
+    let out = child::run(&test, &[(CHILD, "1")]);
+    let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "the child returns an error: {printed}");
+    let (_, after) = printed.split_once("scan body line: ").expect("the child's line");
+    let line: String = after.chars().take_while(char::is_ascii_digit).collect();
+    let want = format!("\n  recorded at {}:{line}:", file!());
+    assert!(printed.contains("Error: ") && printed.contains("carry 0 from f32[2] into f32[4]"), "{printed}");
+    assert!(printed.contains(&want), "names the line with the message's own line break: {printed}");
+    assert!(!printed.contains("ShapeMismatch") && !printed.contains("\\n"), "{printed}");
+}
+
+#[test]
+fn a_returned_error_prints_its_message_child() -> lazuli::Result<()> {
+    if std::env::var("LAZULI_TEST_RETURN_AN_ERROR").is_err() {
+        return Ok(());
+    }
+    // The body gives back a step of the xs as the carry: f32[2] would become f32[4].
+    let x = Tensor::zeros(&[2], DType::F32);
+    let xs = Tensor::zeros(&[3, 4], DType::F32);
+    println!("scan body line: {}", line!() + 1);
+    lazuli::try_scan(|_, x| (vec![x[0].clone()], vec![]), &[x], &[xs])?;
+    Ok(())
+}
