@@ -430,8 +430,9 @@ fn grouped_counts_on_the_plugin_match_the_reference() {
 
     // As on a GPU and on the CPU (here all small: grouped, no rows); and small enough limits that most tensors
     // are counted alone, as 4 or 3 rows summed into one (padded to whole rows), beside groups small enough to share.
-    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4), total: Total::Joined };
-    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total: Total::Joined };
+    let alone_in_rows =
+        Counting { tensors: 32, elements: 4, rows: Some(4), total: Total::Joined, guard_rebuilds: false };
+    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total: Total::Joined, guard_rebuilds: false };
     for counting in [Counting::FOR_GPU, Counting::FOR_CPU, alone_in_rows, threes] {
         let (mut g, xs, values, planted) = planted_counts_graph();
         let loc = g.nodes[xs[0]].loc;
@@ -470,8 +471,9 @@ fn a_total_by_rows_on_the_plugin_counts_every_planted_value() {
 #[test]
 fn a_joined_total_on_the_plugin_counts_every_planted_value() {
     use lazuli_hlo::finite::{count_total_joined, Counting, Total};
-    let alone_in_rows = Counting { tensors: 32, elements: 4, rows: Some(4), total: Total::Joined };
-    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total: Total::Joined };
+    let alone_in_rows =
+        Counting { tensors: 32, elements: 4, rows: Some(4), total: Total::Joined, guard_rebuilds: false };
+    let threes = Counting { tensors: 3, elements: 10, rows: Some(3), total: Total::Joined, guard_rebuilds: false };
     for counting in [Counting::FOR_CPU, alone_in_rows, threes] {
         let (mut g, xs, values, planted) = planted_counts_graph();
         let loc = g.nodes[xs[0]].loc;

@@ -222,7 +222,7 @@ pub(crate) fn with_check(
             tripped = f::sticky(&mut g, handed_on, tripped, loc).map_err(Error::Internal)?;
             g.outputs[j] = tripped;
         }
-        f::guard(&mut g, tripped, guards, loc).map_err(Error::Internal)?;
+        f::guard(&mut g, tripped, guards, counting.guard_rebuilds, loc).map_err(Error::Internal)?;
         total
     } else {
         let outputs = f::floating(&g, g.outputs.clone());

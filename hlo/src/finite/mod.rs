@@ -12,12 +12,15 @@
 
 use std::ops::Range;
 
+mod guard;
+pub use guard::{guard, update_inputs};
+
 use crate::dtype::{DType, TensorType};
 use crate::graph::{Graph, Loc, NodeId};
 use crate::op::Op;
 use crate::ops::checkpoint::Checkpoint;
 use crate::ops::elementwise::{BinaryKind, Compare, CompareDir, Select, Unary, UnaryKind};
-use crate::ops::layout::{BroadcastInDim, Reshape};
+use crate::ops::layout::Reshape;
 use crate::ops::leaf::Constant;
 use crate::ops::reduce::{FiniteStats, Reduce, ReduceKind};
 use crate::ops::slicing::{Concatenate, Pad};
@@ -36,6 +39,11 @@ pub struct Counting {
     pub rows: Option<usize>,
     /// How a program that needs one total (a guarded check) counts it.
     pub total: Total,
+    /// Whether [`guard`] makes again from the guarded values what the update computes from new ones (a weight's
+    /// step reading its new moments). XLA's CPU backend copied every optimizer moment otherwise, about a gigabyte
+    /// a step for GPT-2 small (`docs/perf-log/2026-12-05-check-cost-on-the-cpu-again.md`); XLA's GPU backend
+    /// updates a tensor's moments and weight in one kernel.
+    pub guard_rebuilds: bool,
 }
 
 /// How a guarded check's one total is counted.
@@ -52,8 +60,13 @@ impl Counting {
     /// XLA's GPU compiler: up to [`GROUP_TENSORS`] tensors, flattened and concatenated, counted by one reduction,
     /// whose concatenation it fuses into the kernel that counts (a launch per tensor cost more than the reading).
     /// A total is counted by rows ([`count_total_by_rows`]).
-    pub const FOR_GPU: Counting =
-        Counting { tensors: GROUP_TENSORS, elements: 1 << 30, rows: None, total: Total::ByRows(TOTAL_ROW_WIDTH) };
+    pub const FOR_GPU: Counting = Counting {
+        tensors: GROUP_TENSORS,
+        elements: 1 << 30,
+        rows: None,
+        total: Total::ByRows(TOTAL_ROW_WIDTH),
+        guard_rebuilds: false,
+    };
     /// XLA's CPU compiler: only small tensors share a count, and a large tensor's count first sums its 32 rows
     /// into one. Its loop over a concatenation picks each element's source tensor in turn and is not vectorized,
     /// and it rewrites a reduction over more than 32 elements into a tree whose first level it does not fuse with
@@ -62,8 +75,13 @@ impl Counting {
     /// loaded element by element and took about 1.5 times as long (`docs/perf-log/2026-12-03-locator-ahead.md`).
     /// Small counts stay one reduction: fewer kernels. A total joins the groups' partial counts before it sums
     /// them: XLA's CPU compiler makes each reduction to one count a tree of a few small kernels.
-    pub const FOR_CPU: Counting =
-        Counting { tensors: GROUP_TENSORS, elements: 1 << 14, rows: Some(32), total: Total::Joined };
+    pub const FOR_CPU: Counting = Counting {
+        tensors: GROUP_TENSORS,
+        elements: 1 << 14,
+        rows: Some(32),
+        total: Total::Joined,
+        guard_rebuilds: true,
+    };
 }
 
 /// The rows of [`Counting::FOR_GPU`]'s total: long enough for wide loads, and each of GPT-2's matrices a whole
@@ -317,68 +335,6 @@ pub fn sticky(g: &mut Graph, flag: NodeId, tripped: NodeId, loc: Loc) -> Result<
     g.push(Op::Binary(crate::ops::elementwise::Binary { kind: BinaryKind::Or }), vec![flag, tripped], loc)
 }
 
-/// Guard `g`'s state: while `tripped` (`bool[]`, from [`tripped`] or [`sticky`]) is false, each output `j` of
-/// `pairs` keeps its value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ
-/// is an error. An output that converts a guarded output's new value (a weight's bf16 copy) converts the guarded
-/// value instead, so that it stays the copy of the state that is kept: paired with its old value, that old value
-/// is then not read at all (a pass over every copy saved), and unpaired (the old copy no input of this program, as
-/// in a split step's update) it is kept all the same.
-pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
-    let copies = copies_of_state(g, pairs);
-    let direct: Vec<(usize, usize)> =
-        pairs.iter().copied().filter(|&(_, j)| !copies.iter().any(|&(c, _)| c == j)).collect();
-    for &(i, j) in pairs.iter().filter(|p| !direct.contains(p)) {
-        same_types(g, i, j)?;
-    }
-    let guarded_at: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
-    guard_pairs(g, tripped, &direct, loc)?;
-    for (j, k) in copies {
-        let node = &g.nodes[g.outputs[j]];
-        let (op, ty) = (node.op.clone(), node.ty.clone());
-        let kept = g.outputs[guarded_at[k]];
-        g.outputs[j] = g.push(op, vec![kept], loc)?;
-        debug_assert_eq!(g.nodes[g.outputs[j]].ty, ty);
-    }
-    Ok(())
-}
-
-/// The outputs that convert the new value of a guarded output of `pairs` (a weight's low-precision copy), paired
-/// or not, as `(output, index in pairs of the value converted)`; a convert of such a copy is not one.
-fn copies_of_state(g: &Graph, pairs: &[(usize, usize)]) -> Vec<(usize, usize)> {
-    let guarded_new: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
-    let source = |j: usize| match (&g.nodes[g.outputs[j]].op, g.nodes[g.outputs[j]].operands.as_slice()) {
-        (Op::Convert(_), [x]) => guarded_new.iter().position(|n| n == x),
-        _ => None,
-    };
-    (0..g.outputs.len())
-        .filter_map(|j| source(j).map(|k| (j, k)))
-        .filter(|&(_, k)| source(pairs[k].1).is_none())
-        .collect()
-}
-
-/// Parameter `i` and output `j` have one type (a guarded pair), or the error that says they do not.
-fn same_types(g: &Graph, i: usize, j: usize) -> Result<(), String> {
-    let (old, new) = (&g.nodes[g.params[i]].ty, &g.nodes[g.outputs[j]].ty);
-    match old == new {
-        true => Ok(()),
-        false => Err(format!("guarding output {j} ({new}) with parameter {i} ({old})")),
-    }
-}
-
-fn guard_pairs(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], loc: Loc) -> Result<(), String> {
-    for &(i, j) in pairs {
-        same_types(g, i, j)?;
-        let (old, new) = (g.params[i], g.outputs[j]);
-        let dims = g.nodes[new].ty.dims.to_vec();
-        let keep_old = match dims.is_empty() {
-            true => tripped,
-            false => g.push(Op::BroadcastInDim(BroadcastInDim { dims, map: Vec::new() }), vec![tripped], loc)?,
-        };
-        g.outputs[j] = g.push(Op::Select(Select), vec![keep_old, old, new], loc)?;
-    }
-    Ok(())
-}
-
 /// `i32[]`: the sum of a vector of counts.
 fn total(g: &mut Graph, counts: NodeId, loc: Loc) -> Result<NodeId, String> {
     g.push(Op::Reduce(Reduce { kind: ReduceKind::Sum, axes: vec![0], keep: false }), vec![counts], loc)
@@ -393,32 +349,6 @@ pub fn total_of(g: &mut Graph, counts: Option<NodeId>, loc: Loc) -> Result<NodeI
         }
         None => g.push(Op::Constant(Constant::new(0.0, TensorType::new(DType::I32, [1]))), vec![], loc),
     }
-}
-
-/// What decides a cheap guard of `pairs` (`(parameter, output)`): the floating-point values entering the
-/// update, that is the operands of the guarded outputs other than the old state and other guarded outputs (an
-/// optimizer's gradients and hyperparameters), and the floating-point outputs that are neither guarded nor a copy
-/// of guarded state (the loss). The guard's select then depends on nothing the update computes, so XLA can fuse it
-/// into the update's kernels; a non-finite value that the update itself makes from these is not caught by it (a
-/// copy that overflows its narrower type, for one: the next step's loss says so). Counting an unpaired copy would
-/// compute the update a second time inside the count's kernel.
-pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
-    let guarded: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
-    let copies: Vec<usize> = copies_of_state(g, pairs).into_iter().map(|(j, _)| j).collect();
-    let old: Vec<NodeId> = pairs.iter().map(|&(i, _)| g.params[i]).collect();
-    let mut seen = vec![false; g.nodes.len()];
-    let mut out = Vec::new();
-    let operands = guarded.iter().flat_map(|&o| g.nodes[o].operands.iter().copied());
-    let unguarded = (0..g.outputs.len()).filter(|j| !copies.contains(j)).map(|j| g.outputs[j]);
-    let unguarded = unguarded.filter(|o| !guarded.contains(o));
-    for x in operands.chain(unguarded) {
-        let skip = seen[x] || guarded.contains(&x) || old.contains(&x);
-        if !skip && g.nodes[x].ty.dtype.is_float() {
-            out.push(x);
-        }
-        seen[x] = true;
-    }
-    out
 }
 
 /// Which nodes of `g` hold values already counted: the parameters `counted` (by index), and what layout ops
@@ -460,7 +390,7 @@ mod tests {
 
     /// Each tensor counted alone.
     fn alone(rows: Option<usize>) -> Counting {
-        Counting { tensors: 1, elements: 0, rows, total: Total::Joined }
+        Counting { tensors: 1, elements: 0, rows, total: Total::Joined, guard_rebuilds: false }
     }
 
     /// Counted parameters cover what layout ops and widening converts make from them alone, and nothing else.
@@ -652,7 +582,7 @@ mod tests {
         g.outputs = vec![new_w, new_w];
         let counts = count_nonfinite_grouped(&mut g, &[new_w], &alone(None), loc).unwrap().unwrap();
         let trip = tripped(&mut g, counts, loc).unwrap();
-        guard(&mut g, trip, &[(0, 0)], loc).unwrap();
+        guard(&mut g, trip, &[(0, 0)], false, loc).unwrap();
         let run = |x: [f64; 2]| {
             let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 4.0]).unwrap();
             let out = g.evaluate(&[w, ArrayD::from_shape_vec(IxDyn(&[2]), x.to_vec()).unwrap()]).unwrap();
@@ -679,7 +609,7 @@ mod tests {
         g.outputs = vec![new_w, new_copy];
         let counts = count_nonfinite_grouped(&mut g, &[x], &alone(None), loc).unwrap().unwrap();
         let trip = tripped(&mut g, counts, loc).unwrap();
-        guard(&mut g, trip, &[(0, 0), (1, 1)], loc).unwrap();
+        guard(&mut g, trip, &[(0, 0), (1, 1)], false, loc).unwrap();
         assert!(g.nodes.iter().all(|n| !n.operands.contains(&copy)), "the old copy is read");
         let run = |x: f64| {
             let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 0.375]).unwrap();
@@ -693,7 +623,7 @@ mod tests {
         // A pair of different types is still refused.
         let mut bad = g.clone();
         bad.outputs = vec![new_w, new_w];
-        assert!(guard(&mut bad, trip, &[(1, 0)], loc).unwrap_err().contains("guarding output 0"));
+        assert!(guard(&mut bad, trip, &[(1, 0)], false, loc).unwrap_err().contains("guarding output 0"));
     }
 
     /// What enters an update: its gradient and the loss, not an unpaired copy of the guarded weight (the update
@@ -731,7 +661,7 @@ mod tests {
         let flag_out = g.outputs[1];
         let next = sticky(&mut g, flag_out, trip, loc).unwrap();
         g.outputs[1] = next;
-        guard(&mut g, next, &[(0, 0)], loc).unwrap();
+        guard(&mut g, next, &[(0, 0)], false, loc).unwrap();
         let run = |x: f64, flag: f64| {
             let w = ArrayD::from_shape_vec(IxDyn(&[2]), vec![3.0, 4.0]).unwrap();
             let x = ArrayD::from_elem(IxDyn(&[2]), x);

@@ -1,0 +1,160 @@
+//! The guard that keeps a step's state from a non-finite step ([`guard`]), and what decides it
+//! ([`update_inputs`]).
+
+use std::collections::HashMap;
+
+use crate::graph::{Graph, Loc, NodeId};
+use crate::op::Op;
+use crate::ops::elementwise::Select;
+use crate::ops::layout::BroadcastInDim;
+
+/// Guard `g`'s state: while `tripped` (`bool[]`, from [`tripped`](super::tripped) or [`sticky`](super::sticky)) is false, each output `j` of
+/// `pairs` keeps its value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ
+/// is an error. An output that converts a guarded output's new value (a weight's bf16 copy) converts the guarded
+/// value instead, so that it stays the copy of the state that is kept: paired with its old value, that old value
+/// is then not read at all (a pass over every copy saved), and unpaired (the old copy no input of this program, as
+/// in a split step's update) it is kept all the same. With `rebuild`, what the update computes from guarded new
+/// values is made again from the guarded values (see [`Counting::guard_rebuilds`](super::Counting)).
+pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], rebuild: bool, loc: Loc) -> Result<(), String> {
+    let copies = copies_of_state(g, pairs);
+    let direct: Vec<(usize, usize)> =
+        pairs.iter().copied().filter(|&(_, j)| !copies.iter().any(|&(c, _)| c == j)).collect();
+    for &(i, j) in pairs.iter().filter(|p| !direct.contains(p)) {
+        same_types(g, i, j)?;
+    }
+    let guarded_at: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
+    guard_pairs(g, tripped, &direct, rebuild, loc)?;
+    for (j, k) in copies {
+        let node = &g.nodes[g.outputs[j]];
+        let (op, ty) = (node.op.clone(), node.ty.clone());
+        let kept = g.outputs[guarded_at[k]];
+        g.outputs[j] = g.push(op, vec![kept], loc)?;
+        debug_assert_eq!(g.nodes[g.outputs[j]].ty, ty);
+    }
+    Ok(())
+}
+
+/// The outputs that convert the new value of a guarded output of `pairs` (a weight's low-precision copy), paired
+/// or not, as `(output, index in pairs of the value converted)`; a convert of such a copy is not one.
+fn copies_of_state(g: &Graph, pairs: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let guarded_new: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
+    let source = |j: usize| match (&g.nodes[g.outputs[j]].op, g.nodes[g.outputs[j]].operands.as_slice()) {
+        (Op::Convert(_), [x]) => guarded_new.iter().position(|n| n == x),
+        _ => None,
+    };
+    (0..g.outputs.len())
+        .filter_map(|j| source(j).map(|k| (j, k)))
+        .filter(|&(_, k)| source(pairs[k].1).is_none())
+        .collect()
+}
+
+/// Parameter `i` and output `j` have one type (a guarded pair), or the error that says they do not.
+fn same_types(g: &Graph, i: usize, j: usize) -> Result<(), String> {
+    let (old, new) = (&g.nodes[g.params[i]].ty, &g.nodes[g.outputs[j]].ty);
+    match old == new {
+        true => Ok(()),
+        false => Err(format!("guarding output {j} ({new}) with parameter {i} ({old})")),
+    }
+}
+
+/// Each pair's output becomes `select(tripped, old, new)`, in the order the new values were made. With `rebuild`,
+/// what the update computes from a guarded new value (an optimizer's step reading its new moments) is made again
+/// from the guarded value. That changes no result (on a trip the step's own select keeps its old value), but each
+/// old value is then read by one kernel only: where a second kernel recomputed a new moment from its old value,
+/// XLA's CPU backend, which keeps the moment's update and the weight's step in kernels of their own, copied every
+/// moment to keep the old one for it. What decides `tripped` is not made again.
+fn guard_pairs(
+    g: &mut Graph,
+    tripped: NodeId,
+    pairs: &[(usize, usize)],
+    rebuild: bool,
+    loc: Loc,
+) -> Result<(), String> {
+    let mut guarded: HashMap<NodeId, Vec<usize>> = HashMap::new();
+    for &(i, j) in pairs {
+        same_types(g, i, j)?;
+        guarded.entry(g.outputs[j]).or_default().push(i);
+    }
+    let Some(&first) = guarded.keys().min() else { return Ok(()) };
+    let decides = reaches(g, &[tripped]);
+    let feeds = reaches(g, &guarded.keys().copied().collect::<Vec<_>>());
+    let mut kept: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut selects: HashMap<(usize, NodeId), NodeId> = HashMap::new();
+    for x in first..decides.len() {
+        if (decides[x] || !feeds[x]) && !guarded.contains_key(&x) {
+            continue;
+        }
+        let node = &g.nodes[x];
+        let mut value = x;
+        if rebuild && !decides[x] && node.operands.iter().any(|o| kept.contains_key(o)) {
+            let operands = node.operands.iter().map(|o| *kept.get(o).unwrap_or(o)).collect();
+            let (op, ty, at) = (node.op.clone(), node.ty.clone(), node.loc);
+            value = g.push_typed(op, operands, ty, at);
+        }
+        if let Some(olds) = guarded.get(&x).cloned() {
+            for &i in &olds {
+                selects.insert((i, x), keep_old(g, tripped, g.params[i], value, loc)?);
+            }
+            value = selects[&(olds[0], x)];
+        }
+        if value != x {
+            kept.insert(x, value);
+        }
+    }
+    for &(i, j) in pairs {
+        g.outputs[j] = selects[&(i, g.outputs[j])];
+    }
+    Ok(())
+}
+
+/// `select(tripped, old, new)`, `tripped` broadcast to the values' shape.
+fn keep_old(g: &mut Graph, tripped: NodeId, old: NodeId, new: NodeId, loc: Loc) -> Result<NodeId, String> {
+    let dims = g.nodes[new].ty.dims.to_vec();
+    let keep_old = match dims.is_empty() {
+        true => tripped,
+        false => g.push(Op::BroadcastInDim(BroadcastInDim { dims, map: Vec::new() }), vec![tripped], loc)?,
+    };
+    g.push(Op::Select(Select), vec![keep_old, old, new], loc)
+}
+
+/// Per node of `g`, whether it is one of `to` or one of their operands, at any depth.
+fn reaches(g: &Graph, to: &[NodeId]) -> Vec<bool> {
+    let mut marked = vec![false; g.nodes.len()];
+    for &x in to {
+        marked[x] = true;
+    }
+    for x in (0..g.nodes.len()).rev() {
+        if marked[x] {
+            for &o in &g.nodes[x].operands {
+                marked[o] = true;
+            }
+        }
+    }
+    marked
+}
+
+/// What decides a cheap guard of `pairs` (`(parameter, output)`): the floating-point values entering the
+/// update, that is the operands of the guarded outputs other than the old state and other guarded outputs (an
+/// optimizer's gradients and hyperparameters), and the floating-point outputs that are neither guarded nor a copy
+/// of guarded state (the loss). The guard's select then depends on nothing the update computes, so XLA can fuse it
+/// into the update's kernels; a non-finite value that the update itself makes from these is not caught by it (a
+/// copy that overflows its narrower type, for one: the next step's loss says so). Counting an unpaired copy would
+/// compute the update a second time inside the count's kernel.
+pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
+    let guarded: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
+    let copies: Vec<usize> = copies_of_state(g, pairs).into_iter().map(|(j, _)| j).collect();
+    let old: Vec<NodeId> = pairs.iter().map(|&(i, _)| g.params[i]).collect();
+    let mut seen = vec![false; g.nodes.len()];
+    let mut out = Vec::new();
+    let operands = guarded.iter().flat_map(|&o| g.nodes[o].operands.iter().copied());
+    let unguarded = (0..g.outputs.len()).filter(|j| !copies.contains(j)).map(|j| g.outputs[j]);
+    let unguarded = unguarded.filter(|o| !guarded.contains(o));
+    for x in operands.chain(unguarded) {
+        let skip = seen[x] || guarded.contains(&x) || old.contains(&x);
+        if !skip && g.nodes[x].ty.dtype.is_float() {
+            out.push(x);
+        }
+        seen[x] = true;
+    }
+    out
+}
