@@ -8,13 +8,14 @@ use crate::op::Op;
 use crate::ops::elementwise::Select;
 use crate::ops::layout::BroadcastInDim;
 
-/// Guard `g`'s state: while `tripped` (`bool[]`, from [`tripped`](super::tripped) or [`sticky`](super::sticky)) is false, each output `j` of
-/// `pairs` keeps its value; otherwise it becomes parameter `i`'s, the value it replaces. A pair whose types differ
-/// is an error. An output that converts a guarded output's new value (a weight's bf16 copy) converts the guarded
-/// value instead, so that it stays the copy of the state that is kept: paired with its old value, that old value
-/// is then not read at all (a pass over every copy saved), and unpaired (the old copy no input of this program, as
-/// in a split step's update) it is kept all the same. With `rebuild`, what the update computes from guarded new
-/// values is made again from the guarded values (see [`Counting::guard_rebuilds`](super::Counting)).
+/// Guard `g`'s state: while `tripped` (`bool[]`, from [`tripped`](super::tripped) or [`sticky`](super::sticky)) is
+/// false, each output `j` of `pairs` keeps its value; otherwise it becomes parameter `i`'s, the value it replaces. A
+/// pair whose types differ is an error. An output that converts a guarded output's new value (a weight's bf16 copy)
+/// converts the guarded value instead, so that it stays the copy of the state that is kept: paired with its old
+/// value, that old value is then not read at all (a pass over every copy saved), and unpaired (the old copy no input
+/// of this program, as in a split step's update) it is kept all the same. With `rebuild`, what the update computes
+/// from guarded new values is made again from the guarded values (see
+/// [`Counting::guard_rebuilds`](super::Counting)).
 pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], rebuild: bool, loc: Loc) -> Result<(), String> {
     let copies = copies_of_state(g, pairs);
     let direct: Vec<(usize, usize)> =
