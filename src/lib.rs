@@ -101,8 +101,8 @@ pub use lazuli_lazy::{manual_seed, rng_state, set_rng_state};
 pub use lazuli_lazy::metrics::{metrics, Metrics};
 pub use lazuli_lazy::profile;
 pub use lazuli_lazy::{
-    init, memory_stats, platform, program_memory, runtime_info, Backend, BlockScan, CheckFinite, CompiledMemoryStats,
-    Config, CpuLauncher, MemoryStats, RuntimeInfo, SplitUpdate, XlaOption,
+    init, memory_stats, platform, program_memory, runtime_info, Backend, BlockScan, CheckFinite, CompileCache,
+    CompiledMemoryStats, Config, CpuLauncher, MemoryStats, RuntimeInfo, SplitUpdate, XlaOption,
 };
 // Errors and the source locations they name.
 pub use lazuli_lazy::{Cause, Error, Loc, Result};

@@ -84,6 +84,12 @@ pub const VARIABLES: &[Variable] = &[
     v("LAZULI_COMPILE_CACHE", "the persistent compile cache", "a directory, off", "<cache dir>/executables"),
     v("LAZULI_COMPILE_CACHE_LIMIT", "its size limit", "bytes, or with K, M, G", "2G"),
     v(
+        "LAZULI_PROGRAM_CACHE_LIMIT",
+        "how many compiled programs a process keeps (the least recently used beyond it are evicted)",
+        "1 or more",
+        "64",
+    ),
+    v(
         "LAZULI_WAIT_SPIN",
         "how long a wait for the device polls before it sleeps",
         "microseconds",
@@ -475,6 +481,17 @@ pub(crate) fn compile_cache_limit() -> Result<u64> {
         None => Ok(2 << 30),
         Some(v) => parse_size(&v)
             .ok_or_else(|| bad("LAZULI_COMPILE_CACHE_LIMIT", &v, "a size in bytes, or with K, M or G (500M, 2G)")),
+    }
+}
+
+pub(crate) fn program_cache_limit() -> Result<usize> {
+    match var("LAZULI_PROGRAM_CACHE_LIMIT") {
+        None => Ok(crate::runtime::program_cache::DEFAULT_LIMIT),
+        Some(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| bad("LAZULI_PROGRAM_CACHE_LIMIT", &s, "1 or more")),
     }
 }
 

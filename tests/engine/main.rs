@@ -17,6 +17,7 @@ mod deep_graphs;
 mod exit_in_flight;
 mod launcher;
 mod planner;
+mod program_cache;
 mod runtime_config;
 mod sharding;
 mod threads;

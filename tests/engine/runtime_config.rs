@@ -101,6 +101,13 @@ fn a_bad_donate_setting_is_a_clear_error() {
     a_bad_setting_is_a_clear_error(name, "LAZULI_DONATE", "banana", "expected 1 (default) or 0");
 }
 
+/// `LAZULI_PROGRAM_CACHE_LIMIT` takes a count of 1 or more (a cache of no programs would compile every step).
+#[test]
+fn a_bad_program_cache_limit_is_a_clear_error() {
+    let name = "a_bad_program_cache_limit_is_a_clear_error";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_PROGRAM_CACHE_LIMIT", "0", "expected 1 or more");
+}
+
 /// `LAZULI_BACKWARD_REPLAY` takes 1 or 0 (`backward()` itself reads it as on; the runtime's start refuses it).
 #[test]
 fn a_bad_backward_replay_setting_is_a_clear_error() {

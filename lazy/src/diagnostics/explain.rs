@@ -24,6 +24,8 @@ pub enum DiffKind {
     Outputs,
     /// Nothing compiled before resembles it.
     NewGraph,
+    /// The same graph was compiled before and evicted by the program cache (`LAZULI_PROGRAM_CACHE_LIMIT`).
+    Evicted,
 }
 
 impl DiffKind {
@@ -36,6 +38,7 @@ impl DiffKind {
             DiffKind::Op => "different ops",
             DiffKind::Outputs => "other outputs",
             DiffKind::NewGraph => "new graph",
+            DiffKind::Evicted => "evicted",
         }
     }
 
@@ -58,6 +61,9 @@ impl DiffKind {
                 "a tensor is read or kept alive in some steps but not others: keep the same tensors alive every step"
             }
             DiffKind::NewGraph => "a new graph structure appeared after warm-up",
+            DiffKind::Evicted => {
+                "the program was compiled before and evicted: the process keeps its LAZULI_PROGRAM_CACHE_LIMIT most recently used programs; raise the limit, or run fewer distinct graphs"
+            }
         }
     }
 }

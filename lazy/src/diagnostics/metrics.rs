@@ -29,6 +29,7 @@ pub(crate) struct Counters {
     pub locate_warm_runs: AtomicU64,
     pub locate_warm_ns: AtomicU64,
     pub backward_replays: AtomicU64,
+    pub programs_evicted: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -57,6 +58,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     locate_warm_runs: AtomicU64::new(0),
     locate_warm_ns: AtomicU64::new(0),
     backward_replays: AtomicU64::new(0),
+    programs_evicted: AtomicU64::new(0),
 };
 
 impl Counters {
@@ -125,6 +127,8 @@ pub struct Metrics {
     /// Backward passes whose gradient ops were made from a template kept from an earlier pass over a forward of
     /// the same shape, without running the gradient rules (`LAZULI_BACKWARD_REPLAY`).
     pub backward_replays: u64,
+    /// Compiled programs the process let go of, the least recently used beyond `LAZULI_PROGRAM_CACHE_LIMIT`.
+    pub programs_evicted: u64,
 }
 
 /// The counters now.
@@ -156,6 +160,7 @@ pub fn metrics() -> Metrics {
         locate_warm_runs: c.locate_warm_runs.load(Relaxed),
         locate_warm_ms: c.locate_warm_ns.load(Relaxed) as f64 / 1e6,
         backward_replays: c.backward_replays.load(Relaxed),
+        programs_evicted: c.programs_evicted.load(Relaxed),
     }
 }
 
@@ -188,6 +193,7 @@ impl std::ops::Sub for Metrics {
             locate_warm_runs: self.locate_warm_runs - b.locate_warm_runs,
             locate_warm_ms: self.locate_warm_ms - b.locate_warm_ms,
             backward_replays: self.backward_replays - b.backward_replays,
+            programs_evicted: self.programs_evicted - b.programs_evicted,
         }
     }
 }
@@ -210,6 +216,9 @@ impl fmt::Display for Metrics {
         )?;
         if self.skipped_steps > 0 {
             write!(f, ", skipped steps: {}", self.skipped_steps)?;
+        }
+        if self.programs_evicted > 0 {
+            write!(f, ", programs evicted: {}", self.programs_evicted)?;
         }
         Ok(())
     }

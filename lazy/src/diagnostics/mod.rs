@@ -15,7 +15,7 @@ pub use profile::{DeviceProfile, KernelKind, KernelTime, Launch};
 pub use steps::{
     advice, cause_name, current_step, set_strict, strict_budget, strict_scope, unchecked, Budget, StrictScope,
 };
-pub(crate) use steps::{before_program, end_step, ProgramCheck};
+pub(crate) use steps::{before_program, end_step, Compiling, ProgramCheck};
 
 /// Why a materialization happened (diagnostics build on this).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

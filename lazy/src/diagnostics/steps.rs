@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use lazuli_hlo::{Graph, Loc};
 
-use super::explain::{explain_miss, Compiled, Difference};
+use super::explain::{explain_miss, Compiled, DiffKind, Difference};
 use super::Cause;
 use crate::error::{Error, Result};
 
@@ -187,15 +187,36 @@ fn explain_new(graph: &Graph, at: Loc) -> Vec<Difference> {
     differences
 }
 
+/// Why a program about to run is compiled (on a cache miss).
+pub(crate) enum Compiling<'g> {
+    /// A graph the program cache has not held: its IR, to compare with the graphs compiled before.
+    Graph(&'g Graph),
+    /// A graph compiled before and evicted by the program cache.
+    Evicted,
+}
+
 /// Account for a program about to run; in strict mode, refuse a graph break or a recompile.
-/// `graph` is the new program's IR on a cache miss (`None` on a hit).
-pub(crate) fn before_program(cause: Cause, at: Loc, cache_hit: bool, graph: Option<&Graph>) -> Result<ProgramCheck> {
+/// `compiling` says why the program is compiled on a cache miss (`None` on a hit).
+pub(crate) fn before_program(
+    cause: Cause,
+    at: Loc,
+    cache_hit: bool,
+    compiling: Option<Compiling<'_>>,
+) -> Result<ProgramCheck> {
     if let Err(e) = env_setting() {
         return Err(Error::Config(e.clone()));
     }
     let unchecked = UNCHECKED.with(|u| u.get());
     let step = current_step();
-    let differences = graph.map(|g| explain_new(g, at)).unwrap_or_default();
+    let differences = match compiling {
+        None => Vec::new(),
+        Some(Compiling::Graph(g)) => explain_new(g, at),
+        Some(Compiling::Evicted) => vec![Difference {
+            kind: DiffKind::Evicted,
+            site: super::compare::site(&at),
+            text: vec!["the same graph was compiled before; the program cache evicted it".into()],
+        }],
+    };
     let explanation: Vec<String> = differences.iter().flat_map(|d| d.text.iter().cloned()).collect();
     if unchecked {
         return Ok(ProgramCheck { program_in_step: 0, unchecked, recompile: false, explanation, differences });

@@ -77,7 +77,12 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
     let hit = plan.cached.is_some();
     // Strict mode may refuse here, before anything is uploaded, compiled or donated. Diagnostics compare a new
     // program's IR with earlier ones; a cache hit needs no IR at all.
-    let check = diagnostics::before_program(cause, at, hit, if hit { None } else { Some(plan.walk.graph()) })?;
+    let new_graph = match (hit, plan.evicted) {
+        (true, _) => None,
+        (false, true) => Some(diagnostics::Compiling::Evicted),
+        (false, false) => Some(diagnostics::Compiling::Graph(plan.walk.graph())),
+    };
+    let check = diagnostics::before_program(cause, at, hit, new_graph)?;
     if !hit && plan.mesh.is_none() {
         program::fits_in_memory(rt, &plan.walk)?;
     }

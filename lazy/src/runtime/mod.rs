@@ -1,14 +1,11 @@
 //! The process-wide runtime: one PJRT plugin and client, the device tensors live on, and the executable cache.
 //! Created on first materialization from the environment, or explicitly with [`init`].
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lazuli_kernels::{Implementation, Target};
-use lazuli_pjrt::{
-    provision, AttrValue, Client, ClientOptions, CompileOptions, Device, LoadedExecutable, Plugin, XlaOption,
-};
+use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, CompileOptions, Device, Plugin, XlaOption};
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
@@ -18,6 +15,7 @@ use lazuli_pjrt::provision::Sources;
 pub(crate) mod compile_cache;
 pub mod distributed;
 pub(crate) mod launcher;
+pub(crate) mod program_cache;
 pub(crate) mod value;
 
 /// How the runtime is set up.
@@ -72,6 +70,9 @@ pub struct Config {
     /// (`LAZULI_COMPILE_CACHE_LIMIT`, default 2 GiB).
     pub compile_cache: CompileCache,
     pub compile_cache_limit: u64,
+    /// How many compiled programs the process keeps (`LAZULI_PROGRAM_CACHE_LIMIT`, default 64): beyond it the
+    /// least recently used one is evicted, to be loaded or compiled again if needed (see `program_cache`).
+    pub program_cache_limit: usize,
     /// Count each step's non-finite output values in the step's own program, and skip the step, stop or log on a
     /// trip (`LAZULI_CHECK_FINITE`, default off; see `CheckFinite`).
     pub check_finite: CheckFinite,
@@ -116,6 +117,7 @@ impl Default for Config {
             dump_dir: None,
             compile_cache: CompileCache::Default,
             compile_cache_limit: 2 << 30,
+            program_cache_limit: program_cache::DEFAULT_LIMIT,
             check_finite: CheckFinite::Off,
             locate_ahead: false,
             split_update: SplitUpdate::Auto,
@@ -150,6 +152,7 @@ impl Config {
             dump_dir: settings::dump_dir()?,
             compile_cache: settings::compile_cache(),
             compile_cache_limit: settings::compile_cache_limit()?,
+            program_cache_limit: settings::program_cache_limit()?,
             check_finite: settings::check_finite()?,
             locate_ahead: settings::locate_ahead()?,
             split_update: settings::split_update()?,
@@ -255,8 +258,8 @@ pub(crate) struct Runtime {
     pub config: Config,
     /// What custom kernels may run on (the platform and, on NVIDIA GPUs, the compute capability).
     pub target: Target,
-    /// Compiled programs by graph structure hash.
-    pub cache: Mutex<HashMap<u64, Arc<LoadedExecutable>>>,
+    /// Compiled programs by graph structure hash, the most recently used ones.
+    pub cache: Mutex<program_cache::ProgramCache>,
     /// Backend defaults ([`Config::backend_xla_options`]) the plugin refused as unknown; compiles leave them out.
     unknown_options: Mutex<Vec<String>>,
     /// Options the provisioned plugin needs (the CUDA tools' directory), before the configured ones.
@@ -295,12 +298,13 @@ impl Runtime {
             Error::Config(format!("the plugin {} reports no devices", client.plugin().path().display()))
         })?;
         let target = kernel_target(&client, &device)?;
+        let program_cache_limit = config.program_cache_limit;
         Ok(Runtime {
             client,
             device,
             target,
             config,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(program_cache::ProgramCache::new(program_cache_limit)),
             unknown_options: Mutex::new(Vec::new()),
             plugin_options,
         })

@@ -32,6 +32,8 @@ pub(crate) struct Plan {
     pub donated: Vec<usize>,
     pub key: u64,
     pub cached: Option<Arc<LoadedExecutable>>,
+    /// Not cached, but compiled before and evicted by the program cache (`LAZULI_PROGRAM_CACHE_LIMIT`).
+    pub evicted: bool,
     /// The program also counts its floating-point outputs' non-finite values (`exec/finite/`), in one extra
     /// output after the targets'.
     pub checked: bool,
@@ -104,7 +106,7 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Op
     let counted = crate::exec::finite::counted_leaves(check, &walk.leaves);
     let key = if checked { crate::exec::finite::key(walk.key(), check, &guards, &counted) } else { walk.key() };
     let flag = flag.filter(|_| checked).and_then(|f| walk.targets.iter().position(|t| Rc::ptr_eq(t, f)));
-    Ok(Plan { walk, mesh, donated, key, cached: None, checked, guards, flag, counted })
+    Ok(Plan { walk, mesh, donated, key, cached: None, evicted: false, checked, guards, flag, counted })
 }
 
 /// Which buffers a program may donate.
@@ -138,7 +140,9 @@ fn successor_pairs(w: &Walk) -> Vec<(usize, usize)> {
 
 /// The executable cache's answer for the plan's key.
 pub(crate) fn lookup(rt: &Runtime, plan: &mut Plan) {
-    plan.cached = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&plan.key).cloned();
+    let mut cache = rt.cache.lock().unwrap_or_else(|e| e.into_inner());
+    plan.cached = cache.get(plan.key);
+    plan.evicted = plan.cached.is_none() && cache.was_evicted(plan.key);
 }
 
 /// The walk under `targets`, after computing first pieces of a graph larger than [`MAX_GRAPH_NODES`].

@@ -63,7 +63,8 @@ pub(crate) fn executable(rt: &Runtime, plan: &mut Plan, at: Loc) -> Result<Arc<L
     Counters::add(&COUNTERS.compile_ns, t0.elapsed().as_nanos() as u64);
     Counters::add(&COUNTERS.compiles, 1);
     let exe = Arc::new(exe);
-    rt.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, exe.clone());
+    let evicted = rt.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, exe.clone());
+    Counters::add(&COUNTERS.programs_evicted, evicted as u64);
     Ok(exe)
 }
 
