@@ -1,5 +1,7 @@
-//! Differential test over generated programs: chains of elementwise ops, broadcasts, reductions, transposes and
-//! products (with full or broadcast operands), plus their gradients, compiled by XLA on the real plugin and
+//! Differential test over generated programs: chains of elementwise ops, broadcasts, reductions, transposes,
+//! products (with full or broadcast operands), the composites a model records (softmax, log-softmax, GELU, layer
+//! norm), ops that move values (slices, reversals, padding, running sums, concatenations, gathers) and control
+//! flow (a checkpointed block, a scan), plus their gradients, compiled by XLA on the real plugin and
 //! compared with the IR's host reference interpreter (each op's own `reference` rule). Sizes reach the tens,
 //! where XLA's CPU compiler fuses the ops around products and hands work to libraries. A lowering that disagrees
 //! with its reference rule, or a compiler that gets a fused program wrong, shows here. So far it has found
@@ -65,7 +67,7 @@ impl Program {
         let x = self.pool[i].clone();
         self.used[i] = true;
         let dims = x.dims().to_vec();
-        let (y, what) = match self.pick(7) {
+        let (y, what) = match self.pick(10) {
             0 => {
                 let (y, f) = match self.pick(5) {
                     0 => (x.tanh(), "tanh"),
@@ -132,11 +134,84 @@ impl Program {
                     _ => (xw, format!("v{i} · {desc} / √{k}")),
                 }
             }
+            7 if !dims.is_empty() => self.composite(&x, i),
+            8 if !dims.is_empty() => self.movement(&x, i),
+            9 => self.control(&x, i),
             _ => (x.neg(), format!("-v{i}")),
         };
         self.log.push(format!("v{} = {what}: {:?}", self.pool.len(), y.dims()));
         self.pool.push(y);
         self.used.push(false);
+    }
+}
+
+impl Program {
+    /// One of the composites a model records (each one node with a hand-written gradient), over the last axis.
+    fn composite(&mut self, x: &Tensor, i: usize) -> (Tensor, String) {
+        match self.pick(5) {
+            0 => (x.softmax(-1), format!("softmax(v{i})")),
+            1 => (x.log_softmax(-1), format!("log_softmax(v{i})")),
+            2 => (x.gelu(), format!("gelu(v{i})")),
+            3 => (x.sigmoid(), format!("sigmoid(v{i})")),
+            // A large epsilon: a row that is constant in exact arithmetic (a product with a full operand) differs
+            // from its mean only by rounding, which a small epsilon's `1/√(var + eps)` magnifies past any
+            // tolerance. Over a last axis of one element the result is 0 and its gradient too.
+            _ => (x.layer_norm(&[-1], 0.1), format!("layer_norm(v{i})")),
+        }
+    }
+
+    /// An op that moves values: a slice, a reversal, zero padding, a running sum, a concatenation with another
+    /// operand, or a gather with repeated indices (whose gradient adds the repeats), along a random axis.
+    fn movement(&mut self, x: &Tensor, i: usize) -> (Tensor, String) {
+        let dims = x.dims().to_vec();
+        let axis = self.pick(dims.len());
+        let n = dims[axis];
+        let a = axis as isize;
+        match self.pick(6) {
+            0 => {
+                let start = self.pick(n);
+                let end = start + 1 + self.pick(n - start);
+                (x.slice(a, start, end), format!("slice(v{i}, {axis}, {start}..{end})"))
+            }
+            1 => (x.flip(&[a]), format!("flip(v{i}, {axis})")),
+            2 => {
+                let mut pads = vec![(0, 0); dims.len()];
+                pads[axis] = (self.pick(3), self.pick(3));
+                (x.pad(&pads, 0.0), format!("pad(v{i}, {pads:?})"))
+            }
+            3 => (x.cumsum(a), format!("cumsum(v{i}, {axis})")),
+            4 => {
+                let (other, desc) = self.operand(&dims);
+                (Tensor::concat(&[x, &other], a), format!("concat(v{i}, {desc}, {axis})"))
+            }
+            _ => {
+                let count = 1 + self.pick(n + 2);
+                let picked: Vec<i32> = (0..count).map(|_| self.pick(n) as i32).collect();
+                let indices = Tensor::from_slice(&picked, &[count]);
+                (x.index_select(a, &indices), format!("index_select(v{i}, {axis}, {picked:?})"))
+            }
+        }
+    }
+
+    /// A block whose gradient recomputes it (`checkpoint`), or a `scan` along the first axis whose carry is a
+    /// running state and whose step output reads it: their gradients run the block again and the loop backwards.
+    fn control(&mut self, x: &Tensor, i: usize) -> (Tensor, String) {
+        let dims = x.dims().to_vec();
+        if dims.len() >= 2 && self.pick(2) == 0 {
+            let init = Tensor::full(&dims[1..], 0.5, self.dtype);
+            let (_, ys) = lazuli::scan(
+                |c, xt| {
+                    let next = (&c[0] * 0.5 + &xt[0]).tanh();
+                    (vec![next.clone()], vec![&next * &xt[0]])
+                },
+                &[init],
+                std::slice::from_ref(x),
+            );
+            let y = ys.into_iter().next().expect("one step output");
+            return (y, format!("scan over v{i}: c = tanh(c/2 + x_t), y_t = c · x_t"));
+        }
+        let y = x.checkpoint(|x| (x.tanh() * x).sin() + x * 0.5);
+        (y, format!("checkpoint(sin(tanh(v{i}) · v{i}) + v{i}/2)"))
     }
 }
 
@@ -187,8 +262,8 @@ fn check(seed: u64, f64s: bool, steps: usize) {
 }
 
 proptest! {
-    // Each case compiles one program; 24 keep the suite quick on 2 cores.
-    #![proptest_config(common::proptest_config(24))]
+    // Each case compiles one program; 32 keep the suite quick on 2 cores.
+    #![proptest_config(common::proptest_config(32))]
 
     #[test]
     fn generated_programs_agree_with_the_reference(seed in any::<u64>(), f64s in any::<bool>(), steps in 4usize..12) {
