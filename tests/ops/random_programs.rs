@@ -200,7 +200,11 @@ impl Program {
         let dims = x.dims().to_vec();
         if dims.len() >= 2 && self.pick(2) == 0 {
             let init = Tensor::full(&dims[1..], 0.5, self.dtype);
-            let (_, ys) = lazuli::scan(
+            // Every form of the loop: backwards or not, its steps' values saved or recomputed for the gradient, a
+            // `stablehlo.while` or written out.
+            let (reverse, remat, unroll) = (self.pick(2) == 0, self.pick(2) == 0, self.pick(2) == 0);
+            let scan = lazuli::Scan::new().reverse(reverse).remat(remat).unroll(unroll);
+            let (_, ys) = scan.run(
                 |c, xt| {
                     let next = (&c[0] * 0.5 + &xt[0]).tanh();
                     (vec![next.clone()], vec![&next * &xt[0]])
@@ -209,7 +213,8 @@ impl Program {
                 std::slice::from_ref(x),
             );
             let y = ys.into_iter().next().expect("one step output");
-            return (y, format!("scan over v{i}: c = tanh(c/2 + x_t), y_t = c · x_t"));
+            let form = format!("reverse {reverse}, remat {remat}, unroll {unroll}");
+            return (y, format!("scan over v{i} ({form}): c = tanh(c/2 + x_t), y_t = c · x_t"));
         }
         let y = x.checkpoint(|x| (x.tanh() * x).sin() + x * 0.5);
         (y, format!("checkpoint(sin(tanh(v{i}) · v{i}) + v{i}/2)"))
