@@ -32,6 +32,10 @@ struct Case {
     /// A bf16 value was computed on the way: XLA may keep more precision than bf16 in between (as JAX allows by
     /// default), while the reference rounds after every op, so the comparison uses bf16's tolerance.
     bf16: bool,
+    /// An f32 value was computed on the way: an f64 result converted from it carries f32's rounding (a product's
+    /// or a softmax's last bit, which XLA's order of summation and fast exponentials set), so the comparison
+    /// uses f32's tolerance.
+    f32: bool,
 }
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::BF16];
@@ -54,6 +58,7 @@ impl Case {
     /// A leaf of `dims` with values that are sometimes NaN, ±inf or huge.
     fn leaf(&mut self, dims: &[usize], dtype: DType) -> Tensor {
         self.bf16 |= dtype == DType::BF16;
+        self.f32 |= dtype == DType::F32;
         let n: usize = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
         if n > 1 << 16 {
             // Host data of a huge shape is not allocated: an overflowing or vast shape goes through `zeros`.
@@ -143,6 +148,7 @@ impl Case {
             9 => {
                 let to = DTYPES[self.pick(DTYPES.len())];
                 self.bf16 |= to == DType::BF16;
+                self.f32 |= to == DType::F32;
                 self.log.push(format!("to_dtype {to}"));
                 x.to_dtype(to)
             }
@@ -198,6 +204,15 @@ impl Case {
     }
 }
 
+/// The dtype whose tolerance a result of `dtype` is compared with: the coarsest float computed on the way.
+fn tolerance_of(case: &Case, dtype: DType) -> DType {
+    match dtype {
+        _ if case.bf16 => DType::BF16,
+        DType::F64 if case.f32 => DType::F32,
+        _ => dtype,
+    }
+}
+
 /// Whether two results agree: equal, both NaN, or within the dtype's tolerance (XLA's fast transcendentals).
 fn agree(got: &[f64], want: &[f64], dtype: DType) -> bool {
     let tol = match dtype {
@@ -216,7 +231,7 @@ fn agree(got: &[f64], want: &[f64], dtype: DType) -> bool {
 /// The verdict on one seed: `None` when it kept lazuli's promise; `tally` counts computed, refused and failed
 /// cases.
 fn check(seed: u64, tally: &mut [usize; 3]) -> Option<String> {
-    let mut case = Case { rng: Rng::new(seed), log: Vec::new(), bf16: false };
+    let mut case = Case { rng: Rng::new(seed), log: Vec::new(), bf16: false, f32: false };
     let outcome = case.run();
     tally[match outcome {
         Outcome::Values { .. } => 0,
@@ -224,7 +239,7 @@ fn check(seed: u64, tally: &mut [usize; 3]) -> Option<String> {
         Outcome::Failed(_) => 2,
     }] += 1;
     let problem = match &outcome {
-        Outcome::Values { got, want, dtype } if !agree(got, want, if case.bf16 { DType::BF16 } else { *dtype }) => {
+        Outcome::Values { got, want, dtype } if !agree(got, want, tolerance_of(&case, *dtype)) => {
             format!("device {got:?} but reference {want:?} ({dtype})")
         }
         Outcome::Refused(msg) if !(msg.starts_with("lazuli") && msg.contains("tests/errors/fuzz.rs:")) => {
