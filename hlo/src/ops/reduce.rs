@@ -108,6 +108,11 @@ impl OpRules for Reduce {
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let (_, _, init) = self.kind.row(out.dtype);
+        if x[0].is_empty() {
+            // Nothing to fold: every result is the initial value. (An empty array may still have a vast count of
+            // empty lanes to walk, `[2^40, 0, 5]`.)
+            return ArrayD::from_elem(ndarray::IxDyn(&out.dims), init);
+        }
         let kind = self.kind;
         let mut a = x[0].clone();
         for &ax in self.axes.iter().rev() {
