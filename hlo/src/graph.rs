@@ -113,6 +113,23 @@ impl Graph {
         self.nodes.len() - 1
     }
 
+    /// Per node, whether it is one of `to` or an operand of one of them at any depth: what computing `to` needs.
+    /// Operands come before their users, so one backward sweep marks them all.
+    pub fn ancestors(&self, to: &[NodeId]) -> Vec<bool> {
+        let mut marked = vec![false; self.nodes.len()];
+        for &x in to {
+            marked[x] = true;
+        }
+        for x in (0..self.nodes.len()).rev() {
+            if marked[x] {
+                for &o in &self.nodes[x].operands {
+                    marked[o] = true;
+                }
+            }
+        }
+        marked
+    }
+
     /// Run the graph on the host with each op's reference rule, in f64, rounding every result to its dtype.
     /// This is the independent reference the tests compare XLA's results with.
     pub fn evaluate(&self, params: &[ArrayD<f64>]) -> Result<Vec<ArrayD<f64>>, String> {

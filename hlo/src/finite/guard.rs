@@ -23,12 +23,11 @@ pub fn guard(g: &mut Graph, tripped: NodeId, pairs: &[(usize, usize)], rebuild: 
     for &(i, j) in pairs.iter().filter(|p| !direct.contains(p)) {
         same_types(g, i, j)?;
     }
-    let guarded_at: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
     guard_pairs(g, tripped, &direct, rebuild, loc)?;
     for (j, k) in copies {
         let node = &g.nodes[g.outputs[j]];
         let (op, ty) = (node.op.clone(), node.ty.clone());
-        let kept = g.outputs[guarded_at[k]];
+        let kept = g.outputs[pairs[k].1];
         g.outputs[j] = g.push(op, vec![kept], loc)?;
         debug_assert_eq!(g.nodes[g.outputs[j]].ty, ty);
     }
@@ -77,8 +76,8 @@ fn guard_pairs(
         guarded.entry(g.outputs[j]).or_default().push(i);
     }
     let Some(&first) = guarded.keys().min() else { return Ok(()) };
-    let decides = reaches(g, &[tripped]);
-    let feeds = reaches(g, &guarded.keys().copied().collect::<Vec<_>>());
+    let decides = g.ancestors(&[tripped]);
+    let feeds = g.ancestors(&guarded.keys().copied().collect::<Vec<_>>());
     let mut kept: HashMap<NodeId, NodeId> = HashMap::new();
     let mut selects: HashMap<(usize, NodeId), NodeId> = HashMap::new();
     for x in first..decides.len() {
@@ -116,22 +115,6 @@ fn keep_old(g: &mut Graph, tripped: NodeId, old: NodeId, new: NodeId, loc: Loc) 
         false => g.push(Op::BroadcastInDim(BroadcastInDim { dims, map: Vec::new() }), vec![tripped], loc)?,
     };
     g.push(Op::Select(Select), vec![keep_old, old, new], loc)
-}
-
-/// Per node of `g`, whether it is one of `to` or one of their operands, at any depth.
-fn reaches(g: &Graph, to: &[NodeId]) -> Vec<bool> {
-    let mut marked = vec![false; g.nodes.len()];
-    for &x in to {
-        marked[x] = true;
-    }
-    for x in (0..g.nodes.len()).rev() {
-        if marked[x] {
-            for &o in &g.nodes[x].operands {
-                marked[o] = true;
-            }
-        }
-    }
-    marked
 }
 
 /// What decides a cheap guard of `pairs` (`(parameter, output)`): the floating-point values entering the

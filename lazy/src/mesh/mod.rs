@@ -130,14 +130,8 @@ impl StepGraph {
         targets.extend(grads.iter().map(|g| g.node.clone()));
         let traced = crate::graph::walk::trace(&targets);
         let g = &traced.graph;
-        // Operands come before their users, so one backward sweep marks everything the loss depends on.
-        let mut forward = vec![false; g.nodes.len()];
-        forward[g.outputs[0]] = true;
-        for id in (0..g.nodes.len()).rev() {
-            if forward[id] {
-                g.nodes[id].operands.iter().for_each(|&o| forward[o] = true);
-            }
-        }
+        // Everything the loss depends on.
+        let forward = g.ancestors(&[g.outputs[0]]);
         // A reshape or broadcast read by the backward is not kept itself (XLA makes it a view or fuses it into
         // its reader): its source is.
         let source = |mut o: usize| {
