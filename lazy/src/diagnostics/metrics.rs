@@ -127,7 +127,8 @@ pub struct Metrics {
     /// Backward passes whose gradient ops were made from a template kept from an earlier pass over a forward of
     /// the same shape, without running the gradient rules (`LAZULI_BACKWARD_REPLAY`).
     pub backward_replays: u64,
-    /// Compiled programs the process let go of, the least recently used beyond `LAZULI_PROGRAM_CACHE_LIMIT`.
+    /// Compiled programs evicted from the process's program cache: the least recently used beyond
+    /// `LAZULI_PROGRAM_CACHE_LIMIT`.
     pub programs_evicted: u64,
 }
 
