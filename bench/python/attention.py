@@ -1,8 +1,8 @@
 """Attention alone at one shape, forward and forward+backward, in JAX (cuDNN) and PyTorch (SDPA), for
 `lazuli-bench attention`. Prints one JSON line per implementation: {"name", "fwd_ms", "fwd_bwd_ms"}.
 
-    python attention.py B T H D ITERS
-Inputs are bf16 and causal; the backward is the gradient of sum(out * w) with respect to q, k and v. Timed as
+    python attention.py B T H D ITERS CAUSAL
+Inputs are bf16, causal when CAUSAL is 1 (no mask when 0); the backward is the gradient of sum(out * w) with respect to q, k and v. Timed as
 lazuli's side is: ITERS calls back to back, one wait for the last, divided by ITERS; the median of 5 such runs
 after a warm-up.
 """
@@ -30,7 +30,7 @@ def median_ms(run, ready, iters, reps=5):
     return times[len(times) // 2]
 
 
-def jax_rows(b, t, h, d, iters):
+def jax_rows(b, t, h, d, iters, causal):
     import jax
     import jax.numpy as jnp
 
@@ -41,7 +41,7 @@ def jax_rows(b, t, h, d, iters):
     impl = "cudnn" if on_gpu else "xla"
 
     def attend(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
 
     fwd = jax.jit(attend)
     grad = jax.jit(jax.grad(lambda q, k, v: (attend(q, k, v).astype(jnp.float32) * w).sum(), argnums=(0, 1, 2)))
@@ -51,7 +51,7 @@ def jax_rows(b, t, h, d, iters):
            "fwd_bwd_ms": median_ms(lambda: grad(q, k, v), ready, iters)}
 
 
-def torch_rows(b, t, h, d, iters):
+def torch_rows(b, t, h, d, iters, causal):
     import torch
     import torch.nn.functional as F
 
@@ -66,10 +66,10 @@ def torch_rows(b, t, h, d, iters):
 
     def fwd():
         with torch.no_grad():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     def fwd_bwd():
-        out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
         return torch.autograd.grad((out.float() * w).sum(), leaves)
 
     yield {"name": "PyTorch, F.scaled_dot_product_attention (its choice of kernel)",
@@ -77,10 +77,10 @@ def torch_rows(b, t, h, d, iters):
 
 
 def main():
-    b, t, h, d, iters = (int(x) for x in sys.argv[1:6])
+    b, t, h, d, iters, causal = (int(x) for x in sys.argv[1:7])
     for rows in (jax_rows, torch_rows):
         try:
-            for row in rows(b, t, h, d, iters):
+            for row in rows(b, t, h, d, iters, bool(causal)):
                 print(json.dumps(row), flush=True)
         except Exception as e:  # one framework failing still reports the other
             print(json.dumps({"name": rows.__name__, "error": f"{type(e).__name__}: {e}"}), flush=True)

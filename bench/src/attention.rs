@@ -1,6 +1,7 @@
-//! `lazuli-bench attention`: attention alone at GPT-2 small's shapes (B=8, T=1024, H=12, D=64, bf16, causal),
-//! forward and forward+backward, for each of lazuli's implementations beside JAX's cuDNN call and PyTorch's SDPA
-//! (`python/attention.py`, embedded), in one run.
+//! `lazuli-bench attention`: attention alone (bf16; by default GPT-2 small's shapes, B=8, T=1024, H=12, D=64,
+//! causal), forward and forward+backward, for each of lazuli's implementations beside JAX's cuDNN call and
+//! PyTorch's SDPA (`python/attention.py`, embedded), in one run; `--shapes` and `--masks` make it a table of cases
+//! (what `Implementation::Auto`'s choice is measured on).
 //!
 //! lazuli's times: `iters` steps back to back (each one program: the attention, or the attention and the
 //! gradients of `sum(out · w)` with respect to q, k and v), one wait at the end, divided by `iters`; the median of
@@ -25,8 +26,40 @@ pub struct Row {
     pub fwd_bwd_ms: f64,
 }
 
-/// lazuli's row for `implementation` on `[b, t, h, d]` (Bthd) bf16 operands.
-fn lazuli_row(implementation: Implementation, dims: [usize; 4], iters: usize, reps: usize) -> BenchResult<Row> {
+/// One measured case: `[b, t, h, d]` (Bthd) bf16 operands, causal or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Case {
+    pub dims: [usize; 4],
+    pub causal: bool,
+}
+
+impl Case {
+    /// GPT-2 small's attention: B=8, T=1024, H=12, D=64, causal.
+    pub const GPT2: Case = Case { dims: [8, 1024, 12, 64], causal: true };
+
+    /// `BxTxHxD`, as `--shapes` takes it.
+    pub fn parse_dims(s: &str) -> Result<[usize; 4], String> {
+        let parts: Vec<usize> = s
+            .split('x')
+            .map(|p| p.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("attention shape `{s}`: {e} (expected BxTxHxD, e.g. 8x1024x12x64)"))?;
+        match parts.as_slice() {
+            &[b, t, h, d] if b * t * h * d > 0 => Ok([b, t, h, d]),
+            _ => Err(format!("attention shape `{s}`: expected four positive sizes BxTxHxD, e.g. 8x1024x12x64")),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let [b, t, h, d] = self.dims;
+        let mask = if self.causal { "causal" } else { "no mask" };
+        format!("B={b}, T={t}, H={h}, D={d}, bf16, {mask}")
+    }
+}
+
+/// lazuli's row for `implementation` on the case's bf16 operands.
+fn lazuli_row(implementation: Implementation, case: Case, iters: usize, reps: usize) -> BenchResult<Row> {
+    let dims = case.dims;
     let n: usize = dims.iter().product();
     let data = |seed: u64| -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
@@ -47,7 +80,8 @@ fn lazuli_row(implementation: Implementation, dims: [usize; 4], iters: usize, re
     let (q, k, v) = (leaf(1)?, leaf(2)?, leaf(3)?);
     let w = Tensor::from_slice(&data(4), &dims);
     w.materialize()?;
-    let opts = AttentionOptions::causal().layout(AttentionLayout::Bthd).implementation(implementation);
+    let mask = if case.causal { AttentionOptions::causal() } else { AttentionOptions::default() };
+    let opts = mask.layout(AttentionLayout::Bthd).implementation(implementation);
     let forward = || scaled_dot_product_attention(&q, &k, &v, &opts);
     let with_grads = || {
         let out = scaled_dot_product_attention(&q, &k, &v, &opts).to_dtype(DType::F32);
@@ -77,13 +111,13 @@ fn lazuli_row(implementation: Implementation, dims: [usize; 4], iters: usize, re
 }
 
 /// JAX's and PyTorch's rows, from the embedded script run by `python`.
-fn python_rows(python: &Path, dir: &Path, dims: [usize; 4], iters: usize) -> BenchResult<Vec<Row>> {
+fn python_rows(python: &Path, dir: &Path, case: Case, iters: usize) -> BenchResult<Vec<Row>> {
     let script = dir.join("attention.py");
     std::fs::write(&script, SCRIPT)?;
-    let [b, t, h, d] = dims;
+    let [b, t, h, d] = case.dims;
     let out = Command::new(python)
         .arg(&script)
-        .args([b, t, h, d, iters].map(|x| x.to_string()))
+        .args([b, t, h, d, iters, case.causal as usize].map(|x| x.to_string()))
         .stderr(std::process::Stdio::inherit())
         .output()?;
     let mut rows = Vec::new();
@@ -103,9 +137,9 @@ fn python_rows(python: &Path, dir: &Path, dims: [usize; 4], iters: usize) -> Ben
     Ok(rows)
 }
 
-/// Every row: lazuli's implementations that apply on this device, then JAX's and PyTorch's.
-pub fn run(python: &Path, dir: &Path, iters: usize, reps: usize) -> BenchResult<Vec<Row>> {
-    let dims = [8, 1024, 12, 64];
+/// Every row of one case: lazuli's implementations that apply on this device (one that does not apply is left
+/// out, with the reason on stderr), then JAX's and PyTorch's.
+pub fn run(python: &Path, dir: &Path, case: Case, iters: usize, reps: usize) -> BenchResult<Vec<Row>> {
     let mut rows = Vec::new();
     let on_gpu = lazuli::platform()? == "cuda";
     let implementations: &[Implementation] = if on_gpu {
@@ -114,10 +148,27 @@ pub fn run(python: &Path, dir: &Path, iters: usize, reps: usize) -> BenchResult<
         &[Implementation::Composite]
     };
     for &implementation in implementations {
-        eprintln!("lazuli-bench: attention, lazuli ({implementation})");
-        rows.push(lazuli_row(implementation, dims, iters, reps)?);
+        eprintln!("lazuli-bench: attention, {}, lazuli ({implementation})", case.describe());
+        match lazuli_row(implementation, case, iters, reps) {
+            Ok(row) => rows.push(row),
+            Err(e) => eprintln!("lazuli-bench: attention, {}, lazuli ({implementation}): {e}", case.describe()),
+        }
     }
-    eprintln!("lazuli-bench: attention, JAX and PyTorch");
-    rows.extend(python_rows(python, dir, dims, iters)?);
+    eprintln!("lazuli-bench: attention, {}, JAX and PyTorch", case.describe());
+    rows.extend(python_rows(python, dir, case, iters)?);
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Case;
+
+    #[test]
+    fn a_shape_is_four_positive_sizes() {
+        assert_eq!(Case::parse_dims("8x1024x12x64"), Ok([8, 1024, 12, 64]));
+        for bad in ["8x1024x12", "8x1024x0x64", "8x1024x12xD", ""] {
+            let err = Case::parse_dims(bad).expect_err(bad);
+            assert!(err.contains(&format!("`{bad}`")) && err.contains("BxTxHxD"), "{err}");
+        }
+    }
 }

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use clap::{Parser, Subcommand};
+use lazuli_bench::attention::Case;
 use lazuli_bench::compare::{self, Options, Row};
 use lazuli_bench::gpu::{self, GpuJob, Loop};
 use lazuli_bench::nan_gpt::GptNanConfig;
@@ -116,14 +117,20 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         loops: Vec<Loop>,
     },
-    /// Attention alone at GPT-2 small's shapes (bf16, causal), forward and forward+backward: lazuli's cuDNN,
-    /// Triton and composite implementations beside JAX's cuDNN call and PyTorch's SDPA.
+    /// Attention alone (bf16; GPT-2 small's shapes, causal, by default), forward and forward+backward: lazuli's
+    /// cuDNN, Triton and composite implementations beside JAX's cuDNN call and PyTorch's SDPA.
     Attention {
         /// Calls per timed run.
         #[arg(long, default_value_t = 50)]
         iters: usize,
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// Shapes BxTxHxD (q, k and v alike), each a table.
+        #[arg(long, value_delimiter = ',', default_values_t = ["8x1024x12x64".to_string()])]
+        shapes: Vec<String>,
+        /// Masks, each a table per shape: causal, none.
+        #[arg(long, value_delimiter = ',', default_values_t = ["causal".to_string()])]
+        masks: Vec<String>,
         /// A Python with JAX (and PyTorch), instead of the harness's own environment.
         #[arg(long)]
         python: Option<PathBuf>,
@@ -328,7 +335,9 @@ fn main() {
             let started = std::time::Instant::now();
             lazuli_bench::compile::side(&Workload::gpt_tiny(), started).map(|v| println!("{v}"))
         }
-        Cmd::Attention { iters, reps, python } => attention_cmd(iters, reps, python.as_deref()),
+        Cmd::Attention { iters, reps, shapes, masks, python } => {
+            attention_cases(&shapes, &masks).and_then(|c| attention_cmd(&c, iters, reps, python.as_deref()))
+        }
         Cmd::Gpu { common, mut frameworks, attention, tiny, device, checkpoint, scan, mut loops } => {
             frameworks.retain(|f| !f.is_empty());
             if loops.is_empty() {
@@ -669,29 +678,49 @@ fn gpu(
     Ok(())
 }
 
-fn attention_cmd(iters: usize, reps: usize, python: Option<&std::path::Path>) -> BenchResult<()> {
+/// Every shape with every mask, in order.
+fn attention_cases(shapes: &[String], masks: &[String]) -> BenchResult<Vec<Case>> {
+    let causal = |m: &String| match m.as_str() {
+        "causal" => Ok(true),
+        "none" => Ok(false),
+        _ => Err(format!("--masks: `{m}` is not a mask (causal, none)")),
+    };
+    let masks: Vec<bool> = masks.iter().map(causal).collect::<Result<_, _>>()?;
+    let mut cases = Vec::new();
+    for s in shapes {
+        let dims = Case::parse_dims(s)?;
+        cases.extend(masks.iter().map(|&causal| Case { dims, causal }));
+    }
+    Ok(cases)
+}
+
+fn attention_cmd(cases: &[Case], iters: usize, reps: usize, python: Option<&std::path::Path>) -> BenchResult<()> {
     let python = pyenv::ensure(python)?;
     let dir = scratch()?;
-    let rows = lazuli_bench::attention::run(&python, &dir, iters, reps);
+    let tables: BenchResult<Vec<_>> =
+        cases.iter().map(|&c| Ok((c, lazuli_bench::attention::run(&python, &dir, c, iters, reps)?))).collect();
     let _ = std::fs::remove_dir_all(&dir);
-    let rows = rows?;
+    let tables = tables?;
     println!("## lazuli-bench attention, {}", today());
     println!("- command: `{}`", std::env::args().collect::<Vec<_>>().join(" "));
     println!("- host: {}; lazuli on {}; allocator: {ALLOCATOR}", machine(), lazuli::runtime_info()?);
-    println!("- B=8, T=1024, H=12, D=64, bf16, causal; backward: gradients of sum(out · w) for q, k, v\n");
-    let jax = rows.iter().find(|r| r.name.starts_with("JAX")).map(|r| (r.fwd_ms, r.fwd_bwd_ms));
-    println!("| implementation | forward ms | forward+backward ms | vs JAX forward | vs JAX forward+backward |");
-    println!("|---|---|---|---|---|");
-    for r in &rows {
-        let vs = |ms: f64, j: Option<f64>| j.map(|j| format!("{:.2}", ms / j)).unwrap_or_default();
-        println!(
-            "| {} | {:.3} | {:.3} | {} | {} |",
-            r.name,
-            r.fwd_ms,
-            r.fwd_bwd_ms,
-            vs(r.fwd_ms, jax.map(|j| j.0)),
-            vs(r.fwd_bwd_ms, jax.map(|j| j.1))
-        );
+    println!("- backward: gradients of sum(out · w) for q, k, v; q, k and v apart");
+    for (case, rows) in &tables {
+        println!("\n### {}\n", case.describe());
+        let jax = rows.iter().find(|r| r.name.starts_with("JAX")).map(|r| (r.fwd_ms, r.fwd_bwd_ms));
+        println!("| implementation | forward ms | forward+backward ms | vs JAX forward | vs JAX forward+backward |");
+        println!("|---|---|---|---|---|");
+        for r in rows {
+            let vs = |ms: f64, j: Option<f64>| j.map(|j| format!("{:.2}", ms / j)).unwrap_or_default();
+            println!(
+                "| {} | {:.3} | {:.3} | {} | {} |",
+                r.name,
+                r.fwd_ms,
+                r.fwd_bwd_ms,
+                vs(r.fwd_ms, jax.map(|j| j.0)),
+                vs(r.fwd_bwd_ms, jax.map(|j| j.1))
+            );
+        }
     }
     Ok(())
 }
