@@ -172,6 +172,12 @@ impl Op {
     }
 
     pub fn reference(&self, out: &TensorType, operands: &[&ArrayD<f64>]) -> ArrayD<f64> {
+        // An empty result is known without computing it, and computing it may not be possible: its operands, or a
+        // composite's intermediates (softmax along an empty axis of `[2^40, 0, 5]` reduces to `[2^40, 1, 5]`), can
+        // be vast. Each node is one result with its own type, so this holds for every op.
+        if out.elements() == 0 {
+            return ArrayD::zeros(ndarray::IxDyn(&out.dims));
+        }
         dispatch!(self, o => o.reference(out, operands))
     }
 

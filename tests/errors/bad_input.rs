@@ -37,6 +37,8 @@ fn an_empty_tensor_with_a_vast_dimension_is_computed_at_once() {
         x.max(&[0, 2]),
         x.topk(2, 0).0,
         x.softmax(0),
+        x.softmax(1),
+        x.log_softmax(1),
         x.logsumexp(&[2]),
         x.layer_norm(&[-1], 1e-5),
         x.flip(&[0, 2]),
