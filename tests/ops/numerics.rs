@@ -77,13 +77,23 @@ fn max_and_min_reductions_propagate_nan() {
 }
 
 /// Sums of f16 and bf16 accumulate in f32 and round once: 4,096 ones give 4,096, where a running sum in the
-/// element type stops at 2,048 (f16) or 256 (bf16). The gradient of a broadcast (a bias's) is such a sum.
+/// element type stops at 2,048 (f16) or 256 (bf16). The gradient of a broadcast (a bias's) is such a sum, and
+/// so is each output of a cumulative sum.
 #[test]
 fn sixteen_bit_sums_accumulate_in_f32() {
     let mut c = Checks::default();
     for dt in [DType::F16, DType::BF16] {
         let ones = of(dt, &[1.0; 4096], &[4096]);
         c.push(format!("sum {dt}"), ones.sum(&[0]), &[4096.0]);
+        // A running sum in the element type loses the half: `-big - 0.5` rounds to `-big`, then `+ big` gives 0.
+        let big = if dt == DType::BF16 { 256.0 } else { 2048.0 };
+        let x = of(dt, &[-big, -0.5, big], &[3]);
+        c.push(format!("cumsum {dt}"), x.cumsum(0), &[-big, -big, -0.5]);
+        // The gradient of a cumulative sum is the running sum of the cotangent from the end.
+        let x = of(dt, &[1.0, 2.0, 3.0], &[3]).requires_grad();
+        let w = of(dt, &[big, -0.5, -big], &[3]);
+        let dx = lazuli::grad(&(x.cumsum(0) * &w).to_dtype(DType::F32).sum_all(), &[&x]).remove(0);
+        c.push(format!("cumsum's gradient {dt}"), dx, &[-0.5, -big, -big]);
         c.push(format!("sum kept {dt}"), of(dt, &[1.0; 4096], &[2048, 2]).sum_keepdim(&[0]), &[2048.0, 2048.0]);
         let bias = of(dt, &[0.5, -0.5], &[2]).requires_grad();
         let y = of(dt, &[0.25; 8192], &[4096, 2]) + &bias;

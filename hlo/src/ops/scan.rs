@@ -10,6 +10,7 @@ use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::{i64_array, LowerCx};
 use crate::op::{arity, axis_in_range, Op, OpRules};
+use crate::ops::elementwise::Convert;
 
 /// `x[0], x[0]+x[1], …` along `axis`; with `reverse`, the sums run from the end (`x[n-1], x[n-1]+x[n-2], …`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -39,10 +40,22 @@ impl OpRules for CumSum {
         Ok(t.clone())
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
-        let x = cx.arg_ty(0).clone();
-        let n = x.dims[self.axis];
+        let in_ty = cx.arg_ty(0).clone();
+        let n = in_ty.dims[self.axis];
         if n == 0 {
             return cx.arg(0).to_string(); // nothing to sum; a zero-sized window is not allowed
+        }
+        // 16-bit running sums accumulate in f32, as `Reduce`'s sums do: each output is its window's sum in the
+        // window's type, and a bf16 sum rounds at every addend (`-4.03 - 4.75 + 8.5` gave -0.25, not -0.28).
+        let acc = match in_ty.dtype {
+            DType::BF16 | DType::F16 => DType::F32,
+            dt => dt,
+        };
+        let x = in_ty.with_dtype(acc);
+        let mut operand = cx.arg(0).to_string();
+        if acc != in_ty.dtype {
+            let convert = Op::Convert(Convert { from: in_ty.dtype, to: acc });
+            operand = cx.lower_op(&convert, vec![(operand, &in_ty)], &x);
         }
         // Output i sums the window of n elements ending at i (starting at i when reversed); the n-1 elements of
         // zero padding before (after) the axis make the window see exactly the prefix (suffix).
@@ -66,8 +79,11 @@ impl OpRules for CumSum {
             i64_array(&vec![1; r])
         );
         let region = add_region(&scalar.mlir());
-        let operands = [cx.arg(0).to_string(), init];
-        cx.op("stablehlo.reduce_window", &operands, &[&x, &scalar], &attrs, Some(&region), &x)
+        let sums = cx.op("stablehlo.reduce_window", &[operand, init], &[&x, &scalar], &attrs, Some(&region), &x);
+        if acc == in_ty.dtype {
+            return sums;
+        }
+        cx.lower_op(&Op::Convert(Convert { from: acc, to: in_ty.dtype }), vec![(sums, &x)], &in_ty)
     }
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let mut out = x[0].to_owned();
