@@ -76,7 +76,8 @@ impl fmt::Display for Target {
 /// Which implementation a kernel should use (`LAZULI_ATTENTION`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Implementation {
-    /// The fastest that applies: cuDNN, then Triton, then the composite.
+    /// The fastest that applies: cuDNN or Triton (where both apply, the one measured faster for such a call), then
+    /// the composite.
     #[default]
     Auto,
     /// cuDNN's fused kernel, or an error saying why it does not apply.

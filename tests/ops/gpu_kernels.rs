@@ -267,6 +267,26 @@ fn an_unsupported_head_dim_falls_back_to_the_composite_and_says_why() {
     );
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
+fn auto_takes_triton_where_it_was_measured_faster_than_cudnn_and_says_so() {
+    require_gpu();
+    let q = host_tensor(&data(2 * 256 * 4 * 64, 6), &[2, 256, 4, 64], DType::BF16);
+    lazuli::diagnostics::events::start_capture();
+    let causal = AttentionOptions::causal().layout(AttentionLayout::Bthd);
+    sdpa(&q, &q, &q, &causal).to_dtype(DType::F32).to_vec::<f32>().unwrap();
+    sdpa(&q, &q, &q, &AttentionOptions::new().layout(AttentionLayout::Bthd))
+        .to_dtype(DType::F32)
+        .to_vec::<f32>()
+        .unwrap();
+    let kernels: Vec<String> =
+        lazuli::diagnostics::events::take_captured().into_iter().flat_map(|e| e.kernels).collect();
+    let hopper = kernels.iter().any(|k| k.contains(": triton (") && k.contains("Triton before cuDNN: measured faster"));
+    let elsewhere = kernels.iter().filter(|k| k.contains(": cudnn (")).count() == 2;
+    assert!(hopper || elsewhere, "{kernels:?}");
+    assert!(kernels.iter().any(|k| k.contains(": cudnn (")), "no mask: cuDNN everywhere: {kernels:?}");
+}
+
 /// Losses of 20 AdamW steps of a small GPT of `dtype`, attention by `implementation`.
 fn train(dtype: DType, implementation: Implementation) -> Vec<f64> {
     train_blocks(dtype, implementation, None)

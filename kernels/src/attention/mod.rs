@@ -286,8 +286,9 @@ fn gradient(spec: &AttentionSpec, d: &Dims, backward: &Arc<KernelDef>) -> Result
     })
 }
 
-/// Pick the implementation: the one `want` forces (or an error saying why it does not apply), or for `Auto`
-/// cuDNN, then Triton, then the composite, with the reasons the faster ones were passed over.
+/// Pick the implementation: the one `want` forces (or an error saying why it does not apply), or for `Auto` the
+/// faster of cuDNN and Triton where both apply ([`triton_before_cudnn`]), then the one that applies, then the
+/// composite, with the reasons the others were passed over.
 fn choose(
     spec: &AttentionSpec,
     d: &Dims,
@@ -310,6 +311,9 @@ fn choose(
         },
         Implementation::Auto => {
             let Some(not_cudnn) = cudnn_no() else {
+                if let (Some(faster), None) = (triton_before_cudnn(spec, d, target), triton_no()) {
+                    return Ok((Some(triton::device(spec, d)?), chose("triton", format!("{what}; {faster}"))));
+                }
                 return Ok((Some(cudnn::device(spec, d)?), chose("cudnn", what)));
             };
             let Some(not_triton) = triton_no() else {
@@ -326,6 +330,21 @@ fn choose(
             Ok((None, chose("composite", reason)))
         }
     }
+}
+
+/// Where lazuli's Triton kernels were measured faster than cuDNN's on q, k and v apart, why (`None`: cuDNN first).
+/// On an H200 (bf16, forward and backward, `lazuli-bench attention --shapes … --masks causal,none`,
+/// `docs/perf-log/2026-12-05-attention-by-shape-and-mask.md`), Triton took 0.61–0.78 of cuDNN's time for causal
+/// attention with head dim 64 and 512 or 1,024 keys; cuDNN was as fast or faster elsewhere: 4,096 keys (even),
+/// no mask (even at 1,024 keys, 1.27× at 4,096), head dims 96 and 128 (1.3–2.0×). Other GPUs were not measured.
+fn triton_before_cudnn(spec: &AttentionSpec, d: &Dims, target: &Target) -> Option<String> {
+    let hopper = target.compute_capability().is_some_and(|(major, _)| major == 9);
+    let measured_faster = spec.causal && d.head_dim <= 64 && d.seq_kv <= 1024;
+    (hopper && measured_faster).then(|| {
+        "Triton before cuDNN: measured faster on Hopper for causal attention with head dim up to 64 and up to \
+         1,024 keys"
+            .to_string()
+    })
 }
 
 #[cfg(test)]
