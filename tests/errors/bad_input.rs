@@ -20,9 +20,14 @@ fn a_shape_whose_size_overflows_is_refused_at_the_callers_line() {
     let x = Tensor::zeros(&[1 << 40], DType::U8);
     let msg = panic_message(|| drop(x.broadcast_to(&[1 << 30, 1 << 40])));
     assert!(msg.contains("has more bytes than a 64-bit address space holds"), "{msg}");
+    // An empty tensor reshaped to a shape whose element count wraps to 0 (the fuzz harness, seed 122067).
+    let empty = Tensor::zeros(&[0, 3], DType::I32);
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(empty.reshape(&[1 << 40, 2, 1 << 40])));
+    assert!(msg.contains("its element count overflows"), "{msg}");
+    assert!(msg.contains(&format!("tests/errors/bad_input.rs:{line}:")), "{msg}");
 }
 
-/// Bytes the host can still allocate (the CPU plugin's devices are the host's memory).
 /// An empty tensor with a vast dimension (`[2^40, 0, 5]`, 0 elements) is computed at once, on the device and by the
 /// reference interpreter, which used to walk its 5·2^40 empty lanes for a running sum, a sort or a reduction
 /// (found by the fuzz harness, seeds 51547 and 53965).
@@ -58,6 +63,7 @@ fn an_empty_tensor_with_a_vast_dimension_is_computed_at_once() {
     }
 }
 
+/// Bytes the host can still allocate (the CPU plugin's devices are the host's memory).
 fn available_bytes() -> usize {
     let meminfo = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:")).expect("MemAvailable");

@@ -21,7 +21,13 @@ impl OpRules for Reshape {
     fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, InferError> {
         arity("reshape", operands, 1)?;
         let t = operands[0];
-        let n: usize = self.dims.iter().product();
+        // Checked: an empty tensor reshaped to `[2^40, 2, 2^40]` would otherwise wrap to 0 elements and pass.
+        let Some(n) = self.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
+            return Err(InferError::Shape(format!(
+                "reshape: cannot reshape {t} to {:?}: its element count overflows",
+                self.dims
+            )));
+        };
         if n != t.elements() {
             return Err(InferError::Shape(format!(
                 "reshape: cannot reshape {t} ({} elements) to {:?} ({n} elements)",
