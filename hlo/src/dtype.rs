@@ -288,16 +288,22 @@ impl TensorType {
     }
 
     /// Why no device could hold this type (its bytes overflow 64 bits or exceed `i64::MAX`, XLA's limit), or
-    /// `None`.
+    /// `None`. The bytes are counted over the nonzero dimensions: XLA's CPU compiler counts an empty type's bytes
+    /// so too, and a product past `i64::MAX` (`f32[2^40, 2^21, 0]`) ended the process with an uncaught C++
+    /// exception while compiling.
     pub fn addressable(&self) -> Option<String> {
-        // Every node's type passes here: 64-bit products first, 128-bit ones only where those overflow (a zero
-        // dimension after the overflow still makes the type empty).
-        let small = self.dims.iter().try_fold(self.dtype.byte_size() as u64, |n, &d| n.checked_mul(d as u64));
+        // Every node's type passes here: 64-bit products first, 128-bit ones only where those overflow.
+        let nonzero = || self.dims.iter().filter(|&&d| d != 0);
+        let small = nonzero().try_fold(self.dtype.byte_size() as u64, |n, &d| n.checked_mul(d as u64));
         let bytes = small
             .map(u128::from)
-            .or_else(|| self.dims.iter().try_fold(self.dtype.byte_size() as u128, |n, &d| n.checked_mul(d as u128)));
+            .or_else(|| nonzero().try_fold(self.dtype.byte_size() as u128, |n, &d| n.checked_mul(d as u128)));
         match bytes {
             Some(b) if b <= i64::MAX as u128 => None,
+            _ if self.elements() == 0 => Some(format!(
+                "{self} has no elements, but its nonzero dimensions span more bytes than a 64-bit address space \
+                 holds, which XLA cannot compile"
+            )),
             _ => Some(format!("{self} has more bytes than a 64-bit address space holds")),
         }
     }
@@ -347,6 +353,9 @@ mod tests {
         assert!(TensorType::new(DType::F32, [1 << 31, 1 << 30]).addressable().is_some(), "2^63 bytes");
         assert!(TensorType::new(DType::F32, [1 << 30, 1 << 30]).addressable().is_none(), "2^62 bytes");
         assert!(t(&[1 << 40, 1 << 40]).addressable().is_some(), "past 64 bits");
-        assert!(t(&[1 << 40, 1 << 40, 0]).addressable().is_none(), "empty, though its first dimensions overflow");
+        assert!(t(&[1 << 40, 1 << 40, 0]).addressable().is_some(), "empty, but XLA counts the nonzero dimensions");
+        assert!(TensorType::new(DType::F32, [1 << 40, 1 << 21, 0]).addressable().is_some(), "2^63 bytes, empty");
+        assert!(TensorType::new(DType::F32, [1 << 40, 1 << 20, 0]).addressable().is_none(), "2^62 bytes, empty");
+        assert!(t(&[1 << 40, 0, 5]).addressable().is_none());
     }
 }
