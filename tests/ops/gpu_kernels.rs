@@ -251,16 +251,22 @@ fn fused_attention_reads_packed_q_k_v_in_place() {
     assert!(failures.is_empty(), "packed kernels disagree with the composite:\n{}", failures.join("\n"));
 }
 
+/// The custom kernels the compile events name (with the implementation that ran and why) for self-attention of `q`
+/// under each of `options`, each computed.
+fn kernels_chosen(q: &Tensor, options: &[AttentionOptions]) -> Vec<String> {
+    lazuli::diagnostics::events::start_capture();
+    for o in options {
+        sdpa(q, q, q, o).to_dtype(DType::F32).to_vec::<f32>().unwrap();
+    }
+    lazuli::diagnostics::events::take_captured().into_iter().flat_map(|e| e.kernels).collect()
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: LAZULI_DEVICE=gpu cargo test --release --test ops gpu_kernels -- --ignored"]
 fn an_unsupported_head_dim_falls_back_to_the_composite_and_says_why() {
     require_gpu();
     let q = host_tensor(&data(2 * 2 * 64 * 36, 5), &[2, 2, 64, 36], DType::BF16);
-    lazuli::diagnostics::events::start_capture();
-    let y = sdpa(&q, &q, &q, &AttentionOptions::causal());
-    y.to_dtype(DType::F32).to_vec::<f32>().unwrap();
-    let kernels: Vec<String> =
-        lazuli::diagnostics::events::take_captured().into_iter().flat_map(|e| e.kernels).collect();
+    let kernels = kernels_chosen(&q, &[AttentionOptions::causal()]);
     assert!(
         kernels.iter().any(|k| k.contains(": composite (") && k.contains("head dim 36 is not supported by cuDNN")),
         "{kernels:?}"
@@ -272,15 +278,8 @@ fn an_unsupported_head_dim_falls_back_to_the_composite_and_says_why() {
 fn auto_takes_triton_where_it_was_measured_faster_than_cudnn_and_says_so() {
     require_gpu();
     let q = host_tensor(&data(2 * 256 * 4 * 64, 6), &[2, 256, 4, 64], DType::BF16);
-    lazuli::diagnostics::events::start_capture();
-    let causal = AttentionOptions::causal().layout(AttentionLayout::Bthd);
-    sdpa(&q, &q, &q, &causal).to_dtype(DType::F32).to_vec::<f32>().unwrap();
-    sdpa(&q, &q, &q, &AttentionOptions::new().layout(AttentionLayout::Bthd))
-        .to_dtype(DType::F32)
-        .to_vec::<f32>()
-        .unwrap();
-    let kernels: Vec<String> =
-        lazuli::diagnostics::events::take_captured().into_iter().flat_map(|e| e.kernels).collect();
+    let (causal, no_mask) = (AttentionOptions::causal(), AttentionOptions::new());
+    let kernels = kernels_chosen(&q, &[causal.layout(AttentionLayout::Bthd), no_mask.layout(AttentionLayout::Bthd)]);
     let hopper = kernels.iter().any(|k| k.contains(": triton (") && k.contains("Triton before cuDNN: measured faster"));
     let elsewhere = kernels.iter().filter(|k| k.contains(": cudnn (")).count() == 2;
     assert!(hopper || elsewhere, "{kernels:?}");
