@@ -334,9 +334,9 @@ fn choose(
 
 /// Where lazuli's Triton kernels were measured faster than cuDNN's on q, k and v apart, why (`None`: cuDNN first).
 /// On an H200 (bf16, forward and backward, `lazuli-bench attention --shapes … --masks causal,none`,
-/// `docs/perf-log/2026-12-05-attention-by-shape-and-mask.md`), Triton took 0.61–0.78 of cuDNN's time for causal
-/// attention with head dim 64 and 512 or 1,024 keys; cuDNN was as fast or faster elsewhere: 4,096 keys (even),
-/// no mask (even at 1,024 keys, 1.27× at 4,096), head dims 96 and 128 (1.3–2.0×). Other GPUs were not measured.
+/// `docs/perf-log/2026-12-05-attention-by-shape-and-mask.md`) Triton was clearly faster for causal attention with
+/// head dim 64 and 512 or 1,024 keys; cuDNN was as fast or faster at 4,096 keys, without a mask, and at head dims
+/// 96 and 128. Other GPUs were not measured.
 fn triton_before_cudnn(spec: &AttentionSpec, d: &Dims, target: &Target) -> Option<String> {
     let hopper = target.compute_capability().is_some_and(|(major, _)| major == 9);
     let measured_faster = spec.causal && d.head_dim <= 64 && d.seq_kv <= 1024;
