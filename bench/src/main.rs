@@ -642,7 +642,11 @@ fn gpu(
     v: GpuVariants,
     loops: &[Loop],
 ) -> BenchResult<()> {
-    let python = pyenv::ensure(common.python.as_deref())?;
+    // lazuli alone (`--frameworks ""`) needs no Python: its side writes the weights the others read.
+    let python = match frameworks.is_empty() {
+        true => PathBuf::new(),
+        false => pyenv::ensure(common.python.as_deref())?,
+    };
     let dir = scratch()?;
     let workload = gpu_workload(v.tiny, v.checkpoint, v.scan);
     let command = std::env::args().collect::<Vec<_>>().join(" ");
