@@ -89,6 +89,9 @@ fn sixteen_bit_sums_accumulate_in_f32() {
         let big = if dt == DType::BF16 { 256.0 } else { 2048.0 };
         let x = of(dt, &[-big, -0.5, big], &[3]);
         c.push(format!("cumsum {dt}"), x.cumsum(0), &[-big, -big, -0.5]);
+        // A pool's window sum too: the window [-big, -0.5, big] averages to -0.5 / 3.
+        let x = of(dt, &[-big, -0.5, big], &[1, 1, 1, 3]);
+        c.push(format!("avg_pool2d {dt}"), x.avg_pool2d([1, 3], [1, 3]), &[dt.round(-0.5 / 3.0)]);
         // The gradient of a cumulative sum is the running sum of the cotangent from the end.
         let x = of(dt, &[1.0, 2.0, 3.0], &[3]).requires_grad();
         let w = of(dt, &[big, -0.5, -big], &[3]);

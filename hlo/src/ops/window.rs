@@ -12,6 +12,7 @@ use crate::builder::Builder;
 use crate::dtype::{DType, TensorType};
 use crate::emit::{i64_array, LowerCx};
 use crate::op::{arity, Op, OpRules};
+use crate::ops::elementwise::Convert;
 
 /// `(n - 1) * dilation + 1`: the span of `n` elements `dilation` apart (0 for none).
 pub(crate) fn dilated(n: usize, dilation: usize) -> i64 {
@@ -201,8 +202,18 @@ impl OpRules for ReduceWindow {
         Ok(TensorType::new(t.dtype, self.out_dims(name, &t.dims)?))
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
-        let x = cx.arg_ty(0).clone();
-        let out = cx.out_ty().clone();
+        let (in_ty, out_ty) = (cx.arg_ty(0).clone(), cx.out_ty().clone());
+        // 16-bit window sums accumulate in f32, as `Reduce`'s and `CumSum`'s do.
+        let acc = match (self.kind, in_ty.dtype) {
+            (WindowKind::Sum, DType::BF16 | DType::F16) => DType::F32,
+            (_, dt) => dt,
+        };
+        let (x, out) = (in_ty.with_dtype(acc), out_ty.with_dtype(acc));
+        let mut operand = cx.arg(0).to_string();
+        if acc != in_ty.dtype {
+            let convert = Op::Convert(Convert { from: in_ty.dtype, to: acc });
+            operand = cx.lower_op(&convert, vec![(operand, &in_ty)], &x);
+        }
         let scalar = TensorType::scalar(x.dtype);
         let init = scalar_constant(cx, self.identity(x.dtype), x.dtype);
         let body = match self.kind {
@@ -218,8 +229,12 @@ impl OpRules for ReduceWindow {
         if self.base_dilation.iter().any(|&d| d != 1) {
             attrs.push_str(&format!(", base_dilations = {}", i64_array(&self.base_dilation)));
         }
-        let operands = [cx.arg(0).to_string(), init];
-        cx.op("stablehlo.reduce_window", &operands, &[&x, &scalar], &attrs, Some(&region(body, x.dtype)), &out)
+        let region = region(body, x.dtype);
+        let sums = cx.op("stablehlo.reduce_window", &[operand, init], &[&x, &scalar], &attrs, Some(&region), &out);
+        if acc == in_ty.dtype {
+            return sums;
+        }
+        cx.lower_op(&Op::Convert(Convert { from: acc, to: in_ty.dtype }), vec![(sums, &out)], &out_ty)
     }
     fn reference(&self, out: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let x = x[0];
