@@ -42,6 +42,19 @@ struct Case {
     /// A sum was taken on the way (a reduction, a product, a running sum): in bf16 its error follows the size of
     /// what was added, not of the result, so a sum that cancels is compared at the scale of the largest result.
     summed: bool,
+    /// An exponential was taken of a bf16 sum: XLA's excess precision (the sum's addends kept in f32) and the
+    /// reference's rounding after every op then differ by more than any fixed tolerance of the result, so only
+    /// the kinds of the values are compared (finite, NaN, which infinity).
+    amplified: bool,
+    /// The last op was a product or a quotient (read by the next op).
+    product: bool,
+    /// A softmax of a product or quotient with values beyond 1e20: XLA contracts the product and the subtraction
+    /// of the maximum into one fused multiply-add, whose one rounding leaves the shift off by up to 1e22 there and
+    /// turns the row NaN (`docs/numerics.md`; JAX's jit gives the same). Its values are not compared.
+    contracted: bool,
+    /// A float was converted to an integer: a value that rounding puts on the other side of an integer moves by
+    /// one, so integers are compared within 1.
+    truncated: bool,
     /// The reference values of `argmax_of`'s operand, and its axis (nonnegative), taken before the device's read.
     argmax_values: Option<(ndarray::ArrayD<f64>, usize)>,
 }
@@ -86,10 +99,13 @@ impl Case {
         let rank = x.rank() as isize;
         let axis = self.pick(x.rank() + 2) as isize - 1; // sometimes out of range
         self.argmax_of = None;
-        match self.pick(14) {
+        let product = std::mem::take(&mut self.product);
+        match self.pick(21) {
             0 => {
                 let f = self.pick(6);
                 self.log.push(format!("unary {f}"));
+                // An exponential of a bf16 sum multiplies its rounding error by the sum's size.
+                self.amplified |= f == 0 && self.bf16 && self.summed;
                 match f {
                     0 => x.exp(),
                     1 => x.log(),
@@ -104,6 +120,7 @@ impl Case {
                 let y = self.leaf(&dims, x.dtype());
                 let f = self.pick(6);
                 self.log.push(format!("binary {f} with {dims:?}"));
+                self.product = matches!(f, 2 | 3);
                 match f {
                     0 => x + &y,
                     1 => x - &y,
@@ -161,6 +178,7 @@ impl Case {
                 self.bf16 |= to == DType::BF16;
                 self.f32 |= to == DType::F32;
                 self.log.push(format!("to_dtype {to}"));
+                self.truncated |= x.dtype().is_float() && !to.is_float();
                 x.to_dtype(to)
             }
             10 => {
@@ -176,7 +194,84 @@ impl Case {
             }
             12 => {
                 self.log.push(format!("softmax axis {axis}"));
+                let huge = |a: ndarray::ArrayD<f64>| a.iter().any(|v| v.is_finite() && v.abs() > 1e20);
+                self.contracted |= product && x.evaluate_reference().is_ok_and(huge);
                 x.softmax(axis)
+            }
+            13 => {
+                let k = self.pick(6);
+                if self.pick(2) == 0 {
+                    self.log.push(format!("sort axis {axis}"));
+                    x.sort(axis, k % 2 == 0)
+                } else {
+                    self.log.push(format!("topk {k} axis {axis}"));
+                    x.topk(k, axis).0
+                }
+            }
+            14 => {
+                let n = x.rank() + usize::from(self.pick(5) == 0); // now and then one pair too many
+                let pads: Vec<(usize, usize)> = (0..n).map(|_| (self.pick(3), self.pick(3))).collect();
+                self.log.push(format!("pad {pads:?}"));
+                x.pad(&pads, 0.5)
+            }
+            15 => {
+                let mut dims = x.dims().to_vec();
+                if let Some(d) = dims.get_mut(axis.rem_euclid(rank.max(1)) as usize) {
+                    *d = self.pick(4);
+                }
+                let dims = if self.pick(4) == 0 { self.dims() } else { dims };
+                let y = self.leaf(&dims, x.dtype());
+                self.log.push(format!("concat axis {axis} with {dims:?}"));
+                Tensor::concat(&[x, &y], axis)
+            }
+            16 => {
+                // Indices of the operand's shape (one size sometimes another), some out of range or negative.
+                let mut dims = x.dims().to_vec();
+                if let Some(d) = dims.get_mut(self.pick(rank.max(1) as usize)) {
+                    *d = [*d, 1, 2][self.pick(3)];
+                }
+                let n: usize = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
+                let ids = if n > 1 << 16 {
+                    Tensor::zeros(&dims, DType::I64)
+                } else {
+                    let v: Vec<i64> = (0..n).map(|_| self.pick(9) as i64 - 3).collect();
+                    Tensor::from_slice(&v, &dims)
+                };
+                self.log.push(format!("take_along_axis axis {axis} with {dims:?}"));
+                x.take_along_axis(&ids, axis)
+            }
+            17 => {
+                let (k, st) = ([1 + self.pick(3), 1 + self.pick(3)], [1 + self.pick(3), 1 + self.pick(3)]);
+                self.summed = true;
+                if self.pick(2) == 0 {
+                    self.log.push(format!("max_pool2d {k:?} {st:?}"));
+                    x.max_pool2d(k, st)
+                } else {
+                    self.log.push(format!("avg_pool2d {k:?} {st:?}"));
+                    x.avg_pool2d(k, st)
+                }
+            }
+            18 => {
+                let n = x.dims().get(axis.rem_euclid(rank.max(1)) as usize).copied().unwrap_or(1).min(4);
+                let ids: Vec<i64> = (0..n).map(|_| self.pick(7) as i64 - 2).collect();
+                let mut dims = x.dims().to_vec();
+                if let Some(d) = dims.get_mut(axis.rem_euclid(rank.max(1)) as usize) {
+                    *d = n;
+                }
+                let updates = self.leaf(&dims, x.dtype());
+                self.log.push(format!("index_add axis {axis} {ids:?}"));
+                self.summed = true;
+                x.index_add(axis, &Tensor::from_slice(&ids, &[n]), &updates)
+            }
+            19 => {
+                let (lo, hi) = (self.rng.uniform(-2.0, 1.0), self.rng.uniform(-1.0, 2.0));
+                self.log.push(format!("clamp {lo} {hi}"));
+                x.clamp(lo, hi)
+            }
+            20 => {
+                self.log.push(format!("layer_norm axis {axis}"));
+                self.summed = true;
+                x.layer_norm(&[axis], 0.1)
             }
             _ => {
                 let dims = self.dims();
@@ -250,6 +345,25 @@ fn agree(got: &[f64], want: &[f64], dtype: DType, at_largest: bool) -> bool {
             .all(|(&g, &w)| (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + size(g, w)))
 }
 
+/// Whether each pair of values differs by at most 1 (or both are NaN).
+fn within_one(got: &[f64], want: &[f64]) -> bool {
+    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1.0)
+}
+
+/// Whether each pair of values is of one kind: both finite, both NaN, or the same infinity.
+fn same_kinds(got: &[f64], want: &[f64]) -> bool {
+    let kind = |v: f64| {
+        if v.is_nan() {
+            0.0
+        } else if v.is_infinite() {
+            v
+        } else {
+            1.0
+        }
+    };
+    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| kind(g) == kind(w))
+}
+
 /// Whether an argmax's indices that differ pick values within the tolerance of `dtype` of each other in every lane
 /// of `values` along `axis` (the reference's values of the operand): a near-tie split by rounding. A NaN picked by
 /// one side only is not one.
@@ -273,6 +387,10 @@ fn check(seed: u64, tally: &mut [usize; 3]) -> Option<String> {
         bf16: false,
         f32: false,
         summed: false,
+        amplified: false,
+        product: false,
+        contracted: false,
+        truncated: false,
         argmax_of: None,
         argmax_values: None,
     };
@@ -284,7 +402,10 @@ fn check(seed: u64, tally: &mut [usize; 3]) -> Option<String> {
     }] += 1;
     let problem = match &outcome {
         Outcome::Values { got, want, dtype }
-            if !agree(got, want, tolerance_of(&case, *dtype), case.bf16 && case.summed)
+            if !case.contracted
+                && !agree(got, want, tolerance_of(&case, *dtype), case.bf16 && case.summed)
+                && !(case.amplified && same_kinds(got, want))
+                && !(case.truncated && within_one(got, want))
                 && !case
                     .argmax_values
                     .as_ref()
