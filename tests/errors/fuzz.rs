@@ -46,7 +46,7 @@ struct Case {
     /// reference's rounding after every op then differ by more than any fixed tolerance of the result, so only
     /// the kinds of the values are compared (finite, NaN, which infinity).
     amplified: bool,
-    /// The last op was a product or a quotient (read by the next op).
+    /// The last op was a product (elementwise or matmul) or a quotient (read by the next op).
     product: bool,
     /// A softmax of a product or quotient with values beyond 1e20: XLA contracts the product and the subtraction
     /// of the maximum into one fused multiply-add, whose one rounding leaves the shift off by up to 1e22 there and
@@ -171,6 +171,7 @@ impl Case {
                 let y = self.leaf(&dims, x.dtype());
                 self.log.push(format!("matmul with {dims:?}"));
                 self.summed = true;
+                self.product = true; // a product over one element is an elementwise product to XLA
                 x.matmul(&y)
             }
             9 => {
