@@ -1,11 +1,13 @@
 //! Differential test over generated programs: chains of elementwise ops, broadcasts, reductions, transposes, products
 //! (with full or broadcast operands), the composites a model records (softmax, log-softmax, GELU, layer norm), ops
-//! that move values (slices, reversals, padding, running sums, concatenations, gathers) and control flow (a
-//! checkpointed block, a scan), plus their gradients, compiled by XLA on the real plugin and compared with the IR's
-//! host reference interpreter (each op's own `reference` rule). Sizes reach the tens, where XLA's CPU compiler fuses
-//! the ops around products and hands work to libraries. A lowering that disagrees with its reference rule, or a
-//! compiler that gets a fused program wrong, shows here. Its values have agreed so far (1,200 cases at a time); run
-//! that long in one process, it found that a process ran out of memory mappings after about 870 compiled programs
+//! that move values (slices, reversals, padding, running sums, concatenations, gathers), ops over windows and
+//! indices (convolutions with padding and stride, pools, scatter-adds, take-along-axis, einsum, sort) and control
+//! flow (a checkpointed block, a scan), plus their gradients (a convolution's kernel's too), compiled by XLA on the
+//! real plugin and compared with the IR's host reference interpreter (each op's own `reference` rule). Sizes reach
+//! the tens, where XLA's CPU compiler fuses the ops around products and hands work to libraries. A lowering that
+//! disagrees with its reference rule, or a compiler that gets a fused program wrong, shows here. Its values have
+//! agreed so far (1,200 cases at a time; 400 on each CPU plugin since the windows and indices); run that long in
+//! one process, it found that a process ran out of memory mappings after about 870 compiled programs
 //! (`tests/engine/program_cache.rs`). The YNNPACK miscompile is narrower than what it generates (600 programs passed
 //! under the plugin's own defaults), and `cpu_library_fusions.rs` and `shapes_proptest.rs` hold it.
 
@@ -24,6 +26,8 @@ struct Program {
     /// Every value so far; parameters first.
     pool: Vec<Tensor>,
     params: usize,
+    /// Kernels made on the way (a convolution's), whose gradients are compared too.
+    kernels: Vec<Tensor>,
     /// Whether a later step read each value; the unread ones are the program's outputs.
     used: Vec<bool>,
     /// A max or abs was recorded: at (near) ties, which tie takes the gradient depends on the last bit of values
@@ -68,7 +72,7 @@ impl Program {
         let x = self.pool[i].clone();
         self.used[i] = true;
         let dims = x.dims().to_vec();
-        let (y, what) = match self.pick(10) {
+        let (y, what) = match self.pick(11) {
             0 => {
                 let (y, f) = match self.pick(5) {
                     0 => (x.tanh(), "tanh"),
@@ -138,6 +142,7 @@ impl Program {
             7 if !dims.is_empty() => self.composite(&x, i),
             8 if !dims.is_empty() => self.movement(&x, i),
             9 => self.control(&x, i),
+            10 if dims.len() >= 2 => self.windows_and_indices(&x, i),
             _ => (x.neg(), format!("-v{i}")),
         };
         self.log.push(format!("v{} = {what}: {:?}", self.pool.len(), y.dims()));
@@ -221,6 +226,70 @@ impl Program {
     }
 }
 
+impl Program {
+    /// Ops whose gradients scatter or gather along windows and indices: a convolution (`x` as one or `b` images of
+    /// one channel) with padding and stride, pools, a scatter-add and a take-along-axis with repeated indices, an
+    /// einsum, a sort.
+    fn windows_and_indices(&mut self, x: &Tensor, i: usize) -> (Tensor, String) {
+        let dims = x.dims().to_vec();
+        let (h, w) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let window = |p: &mut Self| [1 + p.pick(h.min(3)), 1 + p.pick(w.min(3))];
+        let axis = self.pick(dims.len());
+        let a = axis as isize;
+        match self.pick(6) {
+            0 => {
+                let images = if dims.len() == 3 { dims[0] } else { 1 };
+                let [kh, kw] = window(self);
+                let outputs = 1 + self.pick(2);
+                let weight = self.param(&[outputs, 1, kh, kw]);
+                self.kernels.push(weight.clone());
+                let (stride, padding) = ([1 + self.pick(2), 1 + self.pick(2)], [self.pick(kh), self.pick(kw)]);
+                let y = x.reshape(&[images as isize, 1, h as isize, w as isize]).conv2d(&weight, stride, padding);
+                let y = y.reshape(&[(images * weight.dims()[0]) as isize, y.dims()[2] as isize, -1]);
+                (y, format!("conv2d(v{i}, {:?}, stride {stride:?}, padding {padding:?})", weight.dims()))
+            }
+            1 => {
+                let (kernel, stride) = (window(self), [1 + self.pick(2), 1 + self.pick(2)]);
+                if self.pick(2) == 0 {
+                    (x.avg_pool2d(kernel, stride), format!("avg_pool2d(v{i}, {kernel:?}, {stride:?})"))
+                } else {
+                    self.kinked = true;
+                    (x.max_pool2d(kernel, stride), format!("max_pool2d(v{i}, {kernel:?}, {stride:?})"))
+                }
+            }
+            2 => {
+                let n = dims[axis];
+                let count = 1 + self.pick(n + 2);
+                let picked: Vec<i64> = (0..count).map(|_| self.pick(n) as i64).collect();
+                let mut update_dims = dims.clone();
+                update_dims[axis] = count;
+                let (updates, desc) = self.operand(&update_dims);
+                let y = x.scatter_add(a, &Tensor::from_slice(&picked, &[count]), &updates);
+                (y, format!("scatter_add(v{i}, {axis}, {picked:?}, {desc})"))
+            }
+            3 => {
+                let n = dims[axis];
+                let count: usize = dims.iter().product();
+                let picked: Vec<i64> = (0..count).map(|_| self.pick(n) as i64).collect();
+                let y = x.take_along_axis(&Tensor::from_slice(&picked, &dims), a);
+                (y, format!("take_along_axis(v{i}, {axis}, random indices)"))
+            }
+            4 => {
+                let n = SIZES[self.pick(SIZES.len())];
+                let (rhs, desc) = self.operand(&[w, n]);
+                let spec = if dims.len() == 3 { "bij,jk->bik" } else { "ij,jk->ik" };
+                let y = lazuli::einsum(spec, &[x, &rhs]) * (1.0 / (w as f64).sqrt());
+                (y.tanh(), format!("tanh(einsum({spec}, v{i}, {desc}) / √{w})"))
+            }
+            _ => {
+                // Ties (from full operands) pick their order by rounding.
+                self.kinked = true;
+                (x.sort(a, self.pick(2) == 0), format!("sort(v{i}, {axis})"))
+            }
+        }
+    }
+}
+
 /// Relative to the largest reference value, or absolute below 1: a gradient that is nearly zero everywhere is
 /// nearly all rounding.
 fn rel_err(got: &[f64], want: &[f64]) -> f64 {
@@ -234,6 +303,7 @@ fn check(seed: u64, f64s: bool, steps: usize) {
         dtype,
         pool: Vec::new(),
         params: 0,
+        kernels: Vec::new(),
         used: Vec::new(),
         kinked: false,
         log: Vec::new(),
@@ -252,7 +322,7 @@ fn check(seed: u64, f64s: bool, steps: usize) {
     // Outputs: every value no step read, and the gradients of the sum of their squares.
     let outs: Vec<Tensor> = p.pool.iter().zip(&p.used).filter(|(_, &u)| !u).map(|(t, _)| t.clone()).collect();
     let loss = outs.iter().fold(Tensor::constant(0.0, dtype), |acc, o| acc + (o * o).sum_all());
-    let params: Vec<&Tensor> = p.pool[..p.params].iter().collect();
+    let params: Vec<&Tensor> = p.pool[..p.params].iter().chain(&p.kernels).collect();
     let grads = if p.kinked { Vec::new() } else { lazuli::grad(&loss, &params) };
     let all: Vec<&Tensor> = outs.iter().chain(grads.iter()).collect();
     let want: Vec<Vec<f64>> = all.iter().map(|t| t.evaluate_reference().unwrap().iter().copied().collect()).collect();
