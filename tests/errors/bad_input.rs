@@ -114,3 +114,70 @@ fn a_graph_recorded_without_a_step_boundary_is_compiled_in_pieces() {
     let report = lazuli::diagnostics::report::render(&lazuli::diagnostics::report::analyse(&events));
     assert!(report.contains("call lazuli::sync() inside the loop"), "{report}");
 }
+
+/// Gradients through ops over empty tensors are empty, on the device and in the reference, and compile: an empty
+/// batch (the last of an epoch) through a model's ops, pools and convolutions included.
+#[test]
+fn gradients_over_empty_tensors_are_empty() {
+    type Op = fn(&Tensor) -> Tensor;
+    let any_rank: &[(&str, Op)] = &[
+        ("sum", |x| x.sum(&[0])),
+        ("mean", |x| x.mean(&[-1])),
+        ("max", |x| x.max(&[0])),
+        ("softmax", |x| x.softmax(0)),
+        ("log_softmax", |x| x.log_softmax(-1)),
+        ("logsumexp", |x| x.logsumexp(&[-1])),
+        ("layer_norm", |x| x.layer_norm(&[-1], 1e-5)),
+        ("cumsum", |x| x.cumsum(-1)),
+        ("sort", |x| x.sort(-1, false)),
+        ("topk", |x| x.topk(0, -1).0),
+        ("flip", |x| x.flip(&[0, -1])),
+        ("pad", |x| x.pad(&vec![(1, 1); x.rank()], 0.0)),
+        ("gelu", |x| x.gelu()),
+        ("tril", |x| x.tril(0)),
+        ("matmul", |x| x.matmul(&Tensor::ones(&[x.dims()[x.rank() - 1], 3], DType::F32))),
+        ("einsum", |x| {
+            lazuli::einsum("...ij,jk->...ik", &[x, &Tensor::ones(&[x.dims()[x.rank() - 1], 2], DType::F32)])
+        }),
+        ("cross_entropy", |x| x.cross_entropy(&Tensor::zeros(&x.dims()[..x.rank() - 1], DType::I64))),
+        ("broadcast", |x| x.unsqueeze(0).broadcast_to(&[&[2][..], x.dims()].concat())),
+        ("concat", |x| Tensor::concat(&[x, x], 0)),
+        // No indices into the last axis, empty or not: nothing read, nothing written.
+        ("index_select", |x| x.index_select(-1, &Tensor::from_slice(&[0i64; 0], &[0]))),
+        ("take_along_axis", |x| {
+            x.take_along_axis(&Tensor::zeros(&[&x.dims()[..x.rank() - 1], &[0]].concat(), DType::I64), -1)
+        }),
+        ("scatter_add", |x| x.scatter_add(-1, &Tensor::from_slice(&[0i64; 0], &[0]), &x.slice(-1, 0, 0))),
+        ("scatter", |x| x.scatter(-1, &Tensor::from_slice(&[0i64; 0], &[0]), &x.slice(-1, 0, 0))),
+        ("scatter_max", |x| x.scatter_max(-1, &Tensor::from_slice(&[0i64; 0], &[0]), &x.slice(-1, 0, 0))),
+    ];
+    let images: &[(&str, Op)] = &[
+        ("conv2d", |x| x.conv2d(&Tensor::ones(&[2, x.dims()[1], 2, 2], DType::F32), [2, 1], [1, 1])),
+        ("max_pool2d", |x| x.max_pool2d([2, 2], [1, 2])),
+        ("avg_pool2d", |x| x.avg_pool2d([2, 1], [2, 2])),
+    ];
+    let shapes: [&[usize]; 6] = [&[0, 3], &[2, 0], &[3, 0, 4], &[2, 1, 0, 4], &[0, 2, 3, 3], &[1, 0, 3, 3]];
+    for dims in shapes {
+        let ops = any_rank.iter().chain(if dims.len() == 4 && dims[2] > 0 { images } else { &[] });
+        for (name, f) in ops {
+            let x = Tensor::zeros(dims, DType::F32).requires_grad();
+            let y = f(&x);
+            let dx = lazuli::grad(&((&y * &y).sum_all() + y.sum_all()), &[&x]).remove(0);
+            assert_eq!(dx.dims(), dims, "{name} {dims:?}");
+            assert_eq!(dx.evaluate_reference().unwrap().len(), 0, "{name} {dims:?}");
+            // The result need not be empty (a sum over an empty axis is 0, a mean NaN, a product 0).
+            let want: Vec<f64> = y.evaluate_reference().unwrap().iter().copied().collect();
+            assert_eq!(dx.to_vec::<f32>().unwrap(), Vec::<f32>::new(), "{name} {dims:?}");
+            let got = y.to_f64_vec().unwrap();
+            let same =
+                got.len() == want.len() && got.iter().zip(&want).all(|(g, w)| g == w || g.is_nan() && w.is_nan());
+            assert!(same, "{name} {dims:?}: device {got:?}, reference {want:?}");
+        }
+    }
+    // An empty image has no pixels to convolve or pool (PyTorch refuses both too): refused at the line.
+    let image = Tensor::zeros(&[2, 1, 0, 4], DType::F32);
+    let msg = panic_message(|| drop(image.conv2d(&Tensor::ones(&[2, 1, 1, 1], DType::F32), [1, 1], [1, 1])));
+    assert!(msg.contains("spatial dimension 0 of f32[2,1,0,4] is empty") && msg.contains("bad_input.rs:"), "{msg}");
+    let msg = panic_message(|| drop(image.max_pool2d([1, 1], [2, 2])));
+    assert!(msg.contains("does not fit dimension 2 of size 0") && msg.contains("bad_input.rs:"), "{msg}");
+}

@@ -116,11 +116,15 @@ impl OpRules for Convolution {
             let (len, n) = (l.dims[self.lhs_spec[2 + k]], r.dims[self.rhs_spec[2 + k]]);
             let input = dilated(len, self.lhs_dilation[k]);
             let window = dilated(n, self.rhs_dilation[k]);
+            if len == 0 {
+                // Every output would read padding alone (PyTorch refuses it too).
+                return Err(InferError::Shape(format!("convolution: spatial dimension {k} of {l} is empty")));
+            }
             dims[self.out_spec[2 + k]] =
-                sweep_len(input, self.padding[k], window, self.strides[k]).filter(|_| len > 0).ok_or_else(|| {
+                sweep_len(input, self.padding[k], window, self.strides[k]).ok_or_else(|| {
                     InferError::Shape(format!(
                         "convolution: a window of {n} (dilation {}) does not fit spatial dimension {k} of size {len} \
-                         padded by {:?} in {l}",
+                     padded by {:?} in {l}",
                         self.rhs_dilation[k], self.padding[k]
                     ))
                 })?;

@@ -22,7 +22,8 @@ fn indexed_dims(x: &TensorType, axis: usize, idx: &TensorType, name: &str) -> Re
     if !idx.dtype.is_int() {
         return Err(InferError::DType(format!("{name}: indices must have an integer dtype, got {idx}")));
     }
-    if x.dims[axis] == 0 {
+    // No index reads an empty dimension; an empty list of them reads nothing (NumPy's `x[:, []]`).
+    if x.dims[axis] == 0 && idx.elements() > 0 {
         return Err(InferError::Shape(format!("{name}: cannot index the empty dimension {axis} of {x}")));
     }
     let mut dims = x.dims[..axis].to_vec();
@@ -73,6 +74,12 @@ impl OpRules for Take {
     }
     fn lower(&self, cx: &mut LowerCx<'_>) -> String {
         let (x, idx) = (cx.arg_ty(0).clone(), cx.arg_ty(1).clone());
+        if x.dims[self.axis] == 0 {
+            // No indices (`infer`), so an empty result; XLA's gather would need a slice of 1 of the empty axis.
+            let out = cx.out_ty().clone();
+            let attrs = format!("value = dense<{}> : {}", out.dtype.literal(0.0), out.mlir());
+            return cx.op("stablehlo.constant", &[], &[], &attrs, None, &out);
+        }
         let fields: Vec<String> = [
             field("offset_dims", &window_dims(x.rank(), self.axis, idx.rank())),
             field("collapsed_slice_dims", &[self.axis]),
@@ -236,6 +243,9 @@ fn scatter_infer(name: &str, axis: usize, operands: &[&TensorType]) -> Result<Te
 /// `stablehlo.scatter` of the node's (x, indices, updates) along `axis`, combining by the binary op `combine`.
 fn lower_scatter(cx: &mut LowerCx<'_>, axis: usize, combine: &str) -> String {
     let (x, idx, upd) = (cx.arg_ty(0).clone(), cx.arg_ty(1).clone(), cx.arg_ty(2).clone());
+    if x.dims[axis] == 0 {
+        return cx.arg(0).to_string(); // no indices (`infer`): nothing is written
+    }
     // Clamp like gather does (see the module comment); the bound saturates at the index type's maximum.
     let it = TensorType::scalar(idx.dtype);
     let hi = ((x.dims[axis] - 1) as f64).min(idx.dtype.highest());

@@ -169,6 +169,12 @@ impl ReduceWindow {
         }
         (0..r)
             .map(|d| {
+                // A dimension the window leaves alone (a pool's batch and channels) keeps its size, 0 included:
+                // pooling an empty batch gives an empty batch.
+                let alone = self.window[d] == 1 && self.strides[d] == 1 && self.base_dilation[d] == 1;
+                if alone && self.padding[d] == (0, 0) {
+                    return Ok(dims[d]);
+                }
                 let input = dilated(dims[d], self.base_dilation[d]);
                 sweep_len(input, self.padding[d], self.window[d] as i64, self.strides[d]).ok_or_else(|| {
                     InferError::Shape(format!(

@@ -49,7 +49,7 @@ fn check_operands(x: &Tensor, axis: usize, idx: &Tensor, upd: &Tensor, loc: Loc)
         return Err(Error::WrongDType { op, dtypes: vec![x.dtype(), idx.dtype(), upd.dtype()], why, at: loc });
     }
     let shapes = vec![x.dims().to_vec(), idx.dims().to_vec(), upd.dims().to_vec()];
-    if x.dims()[axis] == 0 {
+    if x.dims()[axis] == 0 && idx.elements() > 0 {
         let why = format!("{op}: cannot index the empty axis {axis} of {xt}");
         return Err(Error::ShapeMismatch { op, shapes, why, at: loc });
     }
