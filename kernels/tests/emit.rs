@@ -118,6 +118,19 @@ fn auto_takes_the_kernel_measured_faster_where_both_apply() {
     }
 }
 
+/// An empty batch has nothing for a kernel to launch: the composite's, and forcing a kernel says why not.
+#[test]
+fn an_empty_batch_is_the_composites() {
+    let empty = spec(DType::BF16, Layout::Bthd, (0, 1024, 12, 64));
+    let def = attention(&empty, &HOPPER, Implementation::Auto).unwrap();
+    assert_eq!(def.choice.implementation, "composite", "{:?}", def.choice);
+    assert!(def.choice.reason.contains("an empty result"), "{:?}", def.choice);
+    for forced in [Implementation::Cudnn, Implementation::Triton] {
+        let err = attention(&empty, &HOPPER, forced).unwrap_err();
+        assert!(err.contains("was asked for but an empty result"), "{err}");
+    }
+}
+
 #[test]
 fn triton_takes_what_cudnn_does_not_and_passes_all_seven_keys() {
     let def = attention(&spec(DType::F32, Layout::Bhtd, (2, 100, 3, 64)), &HOPPER, Implementation::Auto).unwrap();

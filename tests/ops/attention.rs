@@ -256,6 +256,41 @@ fn bad_attention_input_panics_at_the_callers_line() {
     assert!(msg.contains("a sliding window needs causal attention"), "{msg}");
 }
 
+/// An empty batch, no heads or no queries give an empty result and gradient (the composite's: a kernel has nothing
+/// to launch); queries without keys have nothing to attend to and are refused at the line. A GPT reading an empty
+/// batch gives PyTorch's mean cross-entropy of nothing, NaN, and zero gradients, as the reference does.
+#[test]
+fn empty_attention_is_an_empty_result_and_queries_without_keys_are_refused() {
+    for (dims, causal) in [([0, 2, 3, 4], true), ([1, 0, 3, 4], false), ([2, 2, 0, 4], true)] {
+        let q = Tensor::from_ndarray(&data(31, &dims)).requires_grad();
+        let opts = if causal { AttentionOptions::causal() } else { AttentionOptions::new() };
+        let y = sdpa(&q, &q, &q, &opts.layout(AttentionLayout::Bhtd));
+        assert_eq!(y.dims(), dims);
+        let dq = lazuli::grad(&(&y * &y).sum_all(), &[&q]).remove(0);
+        assert_eq!(dq.evaluate_reference().unwrap().len(), 0);
+        assert_eq!((y.to_vec::<f64>().unwrap(), dq.to_vec::<f64>().unwrap()), (vec![], vec![]), "{dims:?}");
+    }
+    let (q, k) = (Tensor::zeros(&[1, 2, 3, 4], DType::F32), Tensor::zeros(&[1, 2, 0, 4], DType::F32));
+    let line = line!() + 1;
+    let msg = common::panic_message(|| drop(sdpa(&q, &k, &k, &AttentionOptions::new().layout(AttentionLayout::Bhtd))));
+    assert!(msg.contains("queries without keys") && msg.contains(&format!("attention.rs:{line}:")), "{msg}");
+
+    use lazuli::nn::{Gpt, GptConfig, HostRng, Module};
+    let cfg = GptConfig { vocab: 16, block_size: 8, n_layer: 1, n_head: 2, d_model: 8, ..GptConfig::gpt2_small(16) };
+    let gpt = Gpt::new(&mut HostRng::new(1), cfg);
+    let ids = Tensor::zeros(&[0, 8], DType::I64);
+    let loss = gpt.forward(&ids).cross_entropy(&ids);
+    let params: Vec<Tensor> = gpt.params().iter().map(|p| p.get()).collect();
+    let grads = lazuli::grad(&loss, &params.iter().collect::<Vec<_>>());
+    let want: Vec<Vec<f64>> = grads.iter().map(|g| g.evaluate_reference().unwrap().iter().copied().collect()).collect();
+    assert!(loss.evaluate_reference().unwrap().iter().all(|l| l.is_nan()));
+    assert!(loss.item::<f32>().unwrap().is_nan());
+    for ((g, w), p) in grads.iter().zip(&want).zip(&params) {
+        assert_eq!(g.to_f64_vec().unwrap(), vec![0.0; p.elements()]);
+        assert_eq!(w, &vec![0.0; p.elements()]);
+    }
+}
+
 /// Run by `forcing_cudnn_on_the_cpu_is_a_clear_error`, in a process of its own with `LAZULI_ATTENTION=cudnn`.
 #[test]
 #[ignore]

@@ -124,8 +124,9 @@ impl AttentionSpec {
         if v.dims[t] != d.seq_kv {
             return Err(format!("attention: k and v must have the same sequence length, got {k} and {v}"));
         }
-        if d.batch * d.heads * d.seq_q * d.seq_kv * d.head_dim == 0 {
-            return Err(format!("attention: empty operands {q}, {k}, {v}"));
+        // No queries (or no batch, no heads) is an empty result; queries without keys have nothing to attend to.
+        if d.batch * d.heads * d.seq_q > 0 && d.seq_kv * d.head_dim == 0 {
+            return Err(format!("attention: queries without keys or head dims to attend with: {q}, {k}, {v}"));
         }
         if let Some(b) = &self.bias {
             let full = [d.batch, d.heads, d.seq_q, d.seq_kv];
@@ -296,8 +297,10 @@ fn choose(
     want: Implementation,
 ) -> Result<(Option<Device>, Choice), String> {
     let what = spec.describe(d);
-    let cudnn_no = || target.no_gpu_kernels().or_else(|| cudnn::unsupported(spec, d, target));
-    let triton_no = || target.no_gpu_kernels().or_else(|| triton::unsupported(spec, d));
+    // An empty result is the composite's: a kernel has nothing to launch.
+    let empty = || (d.batch * d.heads * d.seq_q == 0).then(|| "an empty result".to_string());
+    let cudnn_no = || target.no_gpu_kernels().or_else(empty).or_else(|| cudnn::unsupported(spec, d, target));
+    let triton_no = || target.no_gpu_kernels().or_else(empty).or_else(|| triton::unsupported(spec, d));
     let chose = |implementation: &'static str, reason: String| Choice { implementation, reason };
     match want {
         Implementation::Composite => Ok((None, chose("composite", "asked for".into()))),
