@@ -134,7 +134,7 @@ impl TokenFile {
             Error::Config(format!(
                 "token file {}, ids {start}..{} (at {at}): {msg}",
                 self.path.display(),
-                start + count
+                start as u128 + count as u128 // past `usize` when the range overflows
             ))
         };
         if !matches!(start.checked_add(count), Some(end) if end <= self.len) {
