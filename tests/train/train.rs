@@ -72,7 +72,17 @@ fn sgd_with_momentum_and_weight_decay_matches_the_host_reference() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let p = problem();
     let (lr, mu, wd) = (0.1, 0.9, 0.01);
-    let got = run_lazuli(&p, |params| Box::new(Sgd::new(params, lr).momentum(mu).weight_decay(wd)), 5);
+    let built = run_lazuli(&p, |params| Box::new(Sgd::new(params, lr).momentum(mu).weight_decay(wd)), 5);
+    // Momentum set through the field, not the builder: its buffers start at the first step.
+    let set = run_lazuli(
+        &p,
+        |params| {
+            let mut sgd = Sgd::new(params, lr).weight_decay(wd);
+            sgd.momentum = mu;
+            Box::new(sgd)
+        },
+        5,
+    );
     let (mut w, mut b) = (p.w.clone(), p.b.clone());
     let (mut bw, mut bb) = (Array2::zeros(w.raw_dim()), Array1::zeros(b.raw_dim()));
     for _ in 0..5 {
@@ -82,7 +92,37 @@ fn sgd_with_momentum_and_weight_decay_matches_the_host_reference() {
         w = &w - &bw * lr;
         b = &b - &bb * lr;
     }
-    assert_same("sgd", &got, &w, &b);
+    assert_same("sgd", &built, &w, &b);
+    assert_same("sgd, momentum set through the field", &set, &w, &b);
+}
+
+/// A learning rate, decay or eps out of range is a programmer error that would make every weight NaN (a beta of 1
+/// divides by a zero bias correction) or move it the wrong way: a panic at the line that set it or that steps.
+#[test]
+fn hyperparameters_out_of_range_panic_at_the_callers_line() {
+    let layer = Linear::from_tensors(Tensor::ones(&[2, 2], DType::F32), None);
+    let line = |l: u32| format!("tests/train/train.rs:{l}:");
+    let (l, msg) = (line!(), common::panic_message(|| drop(AdamW::new(layer.named_params(), -1e-3))));
+    assert!(
+        msg.contains("AdamW: lr is -0.001, but it must be finite and at least 0") && msg.contains(&line(l)),
+        "{msg}"
+    );
+    let adamw = || AdamW::new(layer.named_params(), 1e-3);
+    let (l, msg) = (line!(), common::panic_message(|| drop(adamw().betas(1.0, 0.999))));
+    assert!(msg.contains("AdamW: beta1 is 1, but it must be in [0, 1)") && msg.contains(&line(l)), "{msg}");
+    let (l, msg) = (line!(), common::panic_message(|| drop(adamw().eps(f64::NAN))));
+    assert!(msg.contains("AdamW: eps is NaN") && msg.contains(&line(l)), "{msg}");
+    let (l, msg) = (line!(), common::panic_message(|| drop(Sgd::new(layer.named_params(), 0.1).momentum(-0.5))));
+    assert!(msg.contains("SGD: momentum is -0.5") && msg.contains(&line(l)), "{msg}");
+    // Set later (a schedule gone wrong): the step that would use it says so.
+    let mut opt = adamw();
+    opt.set_lr(f64::INFINITY);
+    let (l, msg) = (line!(), common::panic_message(|| opt.step()));
+    assert!(msg.contains("AdamW: lr is inf") && msg.contains(&line(l)), "{msg}");
+    let mut sgd = Sgd::new(layer.named_params(), 0.1);
+    sgd.weight_decay = -1.0;
+    let (l, msg) = (line!(), common::panic_message(|| sgd.step()));
+    assert!(msg.contains("SGD: weight_decay is -1") && msg.contains(&line(l)), "{msg}");
 }
 
 /// AdamW on the regression problem, `steps` steps, on the host in f64.

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use lazuli_hlo::{DType, Fused, FusedBuilder, Loc, UnaryKind};
 
-use super::{take_state, zeros_like_host, Optimizer, Scalars};
+use super::{check_hyperparameters, take_state, zeros_like_host, Bound, Optimizer, Scalars};
 use crate::error::Result;
 use crate::graph::autodiff::no_grad;
 use crate::graph::record::fused;
@@ -35,11 +35,13 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// Defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    /// Defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01. Panics at the caller's line for a learning rate
+    /// that is negative or not finite (as the builders below do for theirs, and `step()` for values set later).
+    #[track_caller]
     pub fn new(params: Vec<(String, Param)>, lr: f64) -> AdamW {
         let exp_avg = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
         let exp_avg_sq = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
-        AdamW {
+        let adamw = AdamW {
             params,
             exp_avg,
             exp_avg_sq,
@@ -50,25 +52,46 @@ impl AdamW {
             weight_decay: 0.01,
             steps: 0,
             applied: None,
-        }
+        };
+        adamw.check(Loc::caller());
+        adamw
     }
 
-    /// With moment decays `beta1` and `beta2`.
+    /// With moment decays `beta1` and `beta2`, each in `[0, 1)`.
+    #[track_caller]
     pub fn betas(mut self, beta1: f64, beta2: f64) -> AdamW {
         (self.beta1, self.beta2) = (beta1, beta2);
+        self.check(Loc::caller());
         self
     }
 
     /// With `eps` added to the second moment's square root.
+    #[track_caller]
     pub fn eps(mut self, eps: f64) -> AdamW {
         self.eps = eps;
+        self.check(Loc::caller());
         self
     }
 
     /// With decoupled weight decay `wd`.
+    #[track_caller]
     pub fn weight_decay(mut self, wd: f64) -> AdamW {
         self.weight_decay = wd;
+        self.check(Loc::caller());
         self
+    }
+
+    /// Panics at `at` for a hyperparameter out of its bound.
+    #[track_caller]
+    fn check(&self, at: Loc) {
+        let values = [
+            ("lr", self.lr, Bound::NonNegative),
+            ("beta1", self.beta1, Bound::Fraction),
+            ("beta2", self.beta2, Bound::Fraction),
+            ("eps", self.eps, Bound::NonNegative),
+            ("weight_decay", self.weight_decay, Bound::NonNegative),
+        ];
+        check_hyperparameters("AdamW", &values, at);
     }
 }
 
@@ -134,6 +157,7 @@ impl AdamW {
 impl Optimizer for AdamW {
     fn step(&mut self) {
         // Where the step is split (`LAZULI_SPLIT_UPDATE`), the gradients run while the update is recorded.
+        self.check(Loc::caller());
         crate::exec::read::launch_gradients(Loc::caller());
         self.steps += 1;
         let decay = 1.0 - self.lr * self.weight_decay;

@@ -13,7 +13,7 @@ pub mod sgd;
 
 use std::collections::HashMap;
 
-use lazuli_hlo::DType;
+use lazuli_hlo::{DType, Loc};
 
 pub use adamw::AdamW;
 pub use clip::clip_grad_norm;
@@ -63,6 +63,30 @@ impl Scalars {
     #[track_caller]
     pub fn scalar(&mut self, dtype: DType, value: f64) -> Tensor {
         self.0.entry((dtype, value.to_bits())).or_insert_with(|| Tensor::scalar_of(dtype, value)).clone()
+    }
+}
+
+/// What a hyperparameter must be.
+#[derive(Clone, Copy)]
+pub(crate) enum Bound {
+    /// Finite and at least 0 (a learning rate, a weight decay, eps, a momentum).
+    NonNegative,
+    /// In `[0, 1)` (a moment's decay: 1 would divide by a zero bias correction).
+    Fraction,
+}
+
+/// Panic at `at` (the user's line) naming the first of `optimizer`'s hyperparameters outside its bound: a
+/// programmer error that would otherwise make every weight NaN or send it the wrong way at the first step.
+#[track_caller]
+pub(crate) fn check_hyperparameters(optimizer: &str, values: &[(&str, f64, Bound)], at: Loc) {
+    for &(name, value, bound) in values {
+        let (fits, want) = match bound {
+            Bound::NonNegative => (value.is_finite() && value >= 0.0, "finite and at least 0"),
+            Bound::Fraction => ((0.0..1.0).contains(&value), "in [0, 1)"),
+        };
+        if !fits {
+            crate::graph::record::fail(at, format!("{optimizer}: {name} is {value}, but it must be {want}"));
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use lazuli_hlo::{Fused, FusedBuilder, Loc};
 
-use super::{take_state, zeros_like_host, Optimizer, Scalars};
+use super::{check_hyperparameters, take_state, zeros_like_host, Bound, Optimizer, Scalars};
 use crate::error::Result;
 use crate::graph::autodiff::no_grad;
 use crate::graph::record::fused;
@@ -28,25 +28,52 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    /// Plain SGD over `params` (e.g. `model.named_params()`) with learning rate `lr`.
+    /// Plain SGD over `params` (e.g. `model.named_params()`) with learning rate `lr`. Panics at the caller's line
+    /// for a learning rate that is negative or not finite (as the builders below do for theirs, and `step()` for
+    /// values set later).
+    #[track_caller]
     pub fn new(params: Vec<(String, Param)>, lr: f64) -> Sgd {
         let n = params.len();
-        Sgd { params, momentum_buf: vec![None; n], lr, momentum: 0.0, weight_decay: 0.0, steps: 0 }
+        let sgd = Sgd { params, momentum_buf: vec![None; n], lr, momentum: 0.0, weight_decay: 0.0, steps: 0 };
+        sgd.check(Loc::caller());
+        sgd
     }
 
     /// With momentum `m` (its buffers start at zero).
+    #[track_caller]
     pub fn momentum(mut self, m: f64) -> Sgd {
         self.momentum = m;
-        if m != 0.0 {
-            self.momentum_buf = self.params.iter().map(|(_, p)| Some(zeros_like_host(p))).collect();
-        }
+        self.check(Loc::caller());
+        self.start_momentum();
         self
     }
 
     /// With weight decay `wd`.
+    #[track_caller]
     pub fn weight_decay(mut self, wd: f64) -> Sgd {
         self.weight_decay = wd;
+        self.check(Loc::caller());
         self
+    }
+
+    /// Panics at `at` for a hyperparameter out of its bound.
+    #[track_caller]
+    fn check(&self, at: Loc) {
+        let values = [
+            ("lr", self.lr, Bound::NonNegative),
+            ("momentum", self.momentum, Bound::NonNegative),
+            ("weight_decay", self.weight_decay, Bound::NonNegative),
+        ];
+        check_hyperparameters("SGD", &values, at);
+    }
+
+    /// Zero momentum buffers where there are none, when there is momentum: set through the builder or the field.
+    fn start_momentum(&mut self) {
+        if self.momentum != 0.0 {
+            for ((_, p), buf) in self.params.iter().zip(&mut self.momentum_buf) {
+                buf.get_or_insert_with(|| zeros_like_host(p));
+            }
+        }
     }
 }
 
@@ -79,6 +106,8 @@ fn expressions() -> &'static [Fused; 3] {
 
 impl Optimizer for Sgd {
     fn step(&mut self) {
+        self.check(Loc::caller());
+        self.start_momentum();
         // Where the step is split (`LAZULI_SPLIT_UPDATE`), the gradients run while the update is recorded.
         crate::exec::read::launch_gradients(Loc::caller());
         self.steps += 1;
@@ -122,10 +151,14 @@ impl Optimizer for Sgd {
         self.steps
     }
     fn state(&self) -> Vec<(String, Tensor)> {
+        // With momentum set through the field and no step yet, the buffers the first step starts from: zeros.
+        let buffer =
+            |p: &Param, b: &Option<Tensor>| b.clone().or_else(|| (self.momentum != 0.0).then(|| zeros_like_host(p)));
         let bufs = self.params.iter().zip(&self.momentum_buf);
-        bufs.filter_map(|((n, _), b)| b.as_ref().map(|b| (format!("{n}.momentum_buffer"), b.clone()))).collect()
+        bufs.filter_map(|((n, p), b)| buffer(p, b).map(|b| (format!("{n}.momentum_buffer"), b))).collect()
     }
     fn load_state(&mut self, state: &HashMap<String, Tensor>, steps: u64) -> Result<()> {
+        self.start_momentum();
         for (i, (name, p)) in self.params.iter().enumerate() {
             if self.momentum_buf[i].is_some() {
                 self.momentum_buf[i] = Some(take_state(state, &format!("{name}.momentum_buffer"), p)?);
