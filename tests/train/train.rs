@@ -94,6 +94,13 @@ fn sgd_with_momentum_and_weight_decay_matches_the_host_reference() {
     }
     assert_same("sgd", &built, &w, &b);
     assert_same("sgd, momentum set through the field", &set, &w, &b);
+    // Saved before its first step, such an optimizer has the buffers that step would start from.
+    let layer = Linear::from_tensors(Tensor::ones(&[2, 2], DType::F64), None);
+    let mut sgd = Sgd::new(layer.named_params(), lr);
+    sgd.momentum = mu;
+    let state = sgd.state();
+    assert_eq!(state.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["weight.momentum_buffer"]);
+    assert_eq!(state[0].1.to_vec::<f64>().unwrap(), [0.0; 4]);
 }
 
 /// A learning rate, decay or eps out of range is a programmer error that would make every weight NaN (a beta of 1
