@@ -383,3 +383,11 @@ fn repeated_layers_are_found_and_layers_of_other_shapes_are_not() {
     assert_eq!(compiled.len(), 1);
     assert_eq!(compiled[0].repeats, Vec::<String>::new());
 }
+
+/// A run without programs (an empty events file) reports zero times, not "-0.0 ms" (a float sum of nothing).
+#[test]
+fn an_empty_run_reports_zero_times() {
+    let text = report::render(&report::analyse(&[]));
+    assert!(text.contains("time: compile 0.0 ms | execute 0.0 ms | transfer 0.0 ms"), "{text}");
+    assert!(text.contains("no graph breaks, no recompiles after warm-up"), "{text}");
+}

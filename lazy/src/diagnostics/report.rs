@@ -258,9 +258,10 @@ pub fn analyse(events: &[Event]) -> Report {
         steps_with_breaks,
         compiles: programs.iter().filter(|e| !e.cache_hit).count(),
         recompiles: checked.iter().filter(|e| e.recompile).count(),
-        compile_ms: programs.iter().map(|e| e.compile_ms).sum(),
-        execute_ms: programs.iter().map(|e| e.execute_ms).sum(),
-        transfer_ms: events.iter().map(|e| e.transfer_ms).sum(),
+        // From +0: a float sum of nothing is -0, which printed as "-0.0 ms".
+        compile_ms: programs.iter().fold(0.0, |ms, e| ms + e.compile_ms),
+        execute_ms: programs.iter().fold(0.0, |ms, e| ms + e.execute_ms),
+        transfer_ms: events.iter().fold(0.0, |ms, e| ms + e.transfer_ms),
         unchecked_programs: programs.len() - checked.len(),
         breaks,
         recompile_sites,
