@@ -156,7 +156,13 @@ impl Program {
     fn composite(&mut self, x: &Tensor, i: usize) -> (Tensor, String) {
         match self.pick(5) {
             0 => (x.softmax(-1), format!("softmax(v{i})")),
-            1 => (x.log_softmax(-1), format!("log_softmax(v{i})")),
+            // Not of constant rows (a product with a full operand makes them): where the gradient reaching it is
+            // constant along the row too (a product with a full operand after it), the log-softmax's gradient
+            // `g·(1 − n·softmax)` is zero in exact arithmetic and `n` times the rounding of the softmax's sum in
+            // floats, which the sums before and after it multiply past any tolerance (seed 5544456944403280968
+            // with 10 steps: 3e-2 in f32, 1.2e-10 in f64).
+            1 if !rows_constant(x) => (x.log_softmax(-1), format!("log_softmax(v{i})")),
+            1 => (x.gelu(), format!("gelu(v{i}) (its rows are constant)")),
             2 => (x.gelu(), format!("gelu(v{i})")),
             3 => (x.sigmoid(), format!("sigmoid(v{i})")),
             // A large epsilon: a row that is constant in exact arithmetic (a product with a full operand) differs
@@ -290,6 +296,15 @@ impl Program {
     }
 }
 
+/// Whether every row of `x` along its last axis holds one value (within rounding), by the reference interpreter.
+fn rows_constant(x: &Tensor) -> bool {
+    let values = x.evaluate_reference().expect("the reference of a generated value");
+    values.lanes(ndarray::Axis(values.ndim() - 1)).into_iter().all(|row| {
+        let (lo, hi) = row.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        hi - lo <= 1e-6 * (1.0 + hi.abs().max(lo.abs()))
+    })
+}
+
 /// Relative to the largest reference value, or absolute below 1: a gradient that is nearly zero everywhere is
 /// nearly all rounding.
 fn rel_err(got: &[f64], want: &[f64]) -> f64 {
@@ -352,4 +367,12 @@ proptest! {
 #[test]
 fn a_sine_of_a_large_sum_is_no_longer_generated() {
     check(8315349354856070759, false, 7);
+}
+
+/// A generated program that once failed CI: a log-softmax of constant rows whose gradient is all rounding (see
+/// `Program::composite`). Its rows now go through a GELU instead.
+#[test]
+fn a_log_softmax_of_constant_rows_is_no_longer_generated() {
+    check(5544456944403280968, false, 10);
+    check(5544456944403280968, true, 10);
 }
