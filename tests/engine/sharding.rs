@@ -199,6 +199,14 @@ fn bad_specs_and_meshes_are_clear_errors_at_the_users_line() {
     let line = line!() + 1;
     let e = mesh(&[("data", 16)]).unwrap_err().to_string();
     assert!(e.contains("needs 16 devices, the runtime has 8") && e.contains(&format!("{}:{line}", file!())), "{e}");
+    // A value not computed yet, sharded with nothing of its program on the mesh: the read's error names the line.
+    let line = line!() + 1;
+    let zeros = Tensor::zeros(&[8, 2], DType::F32).shard(&m, &p(&[&["data"], &[]]));
+    let e = zeros.to_vec::<f32>().unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("the sharding constraint at {}:{line}:", file!())) && e.contains("`Tensor::from_slice`"),
+        "{e}"
+    );
 }
 
 #[test]

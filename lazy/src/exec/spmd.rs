@@ -4,7 +4,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use lazuli_hlo::{DimShards, Graph, Op, ShardIn, TensorType};
+use lazuli_hlo::{DimShards, Graph, Loc, Op, ShardIn, TensorType};
 use lazuli_pjrt::Buffer;
 use lazuli_sharding::{Mesh, Sharding};
 
@@ -14,7 +14,7 @@ use crate::graph::tensor::{Data, Node};
 use crate::runtime::Runtime;
 
 /// The mesh a traced graph runs on: the one its sharded inputs and constraints share, or `None`.
-pub(crate) fn mesh_of(leaves: &[Rc<Node>], has_constraint: bool) -> Result<Option<Mesh>> {
+pub(crate) fn mesh_of(leaves: &[Rc<Node>], constraint_at: Option<Loc>) -> Result<Option<Mesh>> {
     let mut mesh: Option<Mesh> = None;
     let mut see = |m: &Mesh| -> Result<()> {
         match &mesh {
@@ -32,8 +32,12 @@ pub(crate) fn mesh_of(leaves: &[Rc<Node>], has_constraint: bool) -> Result<Optio
             see(&s.mesh)?;
         }
     }
-    if mesh.is_none() && has_constraint {
-        return Err(Error::Sharding("a sharding constraint needs at least one input placed on its mesh".into()));
+    if let (None, Some(at)) = (&mesh, constraint_at) {
+        return Err(Error::Sharding(format!(
+            "the sharding constraint at {at} (a `shard` of a value not computed yet, or `with_sharding_constraint`) \
+             needs an input of its program placed on the mesh: `shard` host data (`Tensor::from_slice`) or a value \
+             already computed"
+        )));
     }
     Ok(mesh)
 }

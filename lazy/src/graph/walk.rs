@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
-use lazuli_hlo::{Graph, Op};
+use lazuli_hlo::{Graph, Loc, Op};
 
 use crate::graph::tensor::{structure_hasher, Node};
 
@@ -27,8 +27,9 @@ pub(crate) struct Walk {
     pub outputs: Vec<usize>,
     /// Pending nodes to receive the outputs, in output order.
     pub targets: Vec<Rc<Node>>,
-    /// Some node is a sharding constraint (the graph runs on a mesh even without sharded inputs).
-    pub has_constraint: bool,
+    /// The line of the first sharding constraint, if there is one (the graph then runs on a mesh, and needs an
+    /// input placed on it).
+    pub constraint_at: Option<Loc>,
     /// Hash of ops, wiring, types and outputs.
     structure: u64,
     /// `(parameter, output)` buffer donations decided for this program.
@@ -144,7 +145,7 @@ pub(crate) fn walk(targets: &[Rc<Node>]) -> Walk {
         leaves: Vec::with_capacity(last.params),
         outputs: Vec::with_capacity(last.outputs),
         targets: Vec::with_capacity(last.outputs),
-        has_constraint: false,
+        constraint_at: None,
         structure: 0,
         aliases: Vec::new(),
         graph: None,
@@ -189,7 +190,9 @@ pub(crate) fn walk(targets: &[Rc<Node>]) -> Walk {
                     }
                     h.write_u64(node.op_hash);
                     w.operands[first..].hash(&mut h);
-                    w.has_constraint |= matches!(recipe.op, Op::ShardingConstraint(_));
+                    if w.constraint_at.is_none() && matches!(recipe.op, Op::ShardingConstraint(_)) {
+                        w.constraint_at = Some(node.loc);
+                    }
                 }
                 _ => {
                     h.write_u64(u64::MAX);
