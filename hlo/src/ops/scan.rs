@@ -87,9 +87,6 @@ impl OpRules for CumSum {
     }
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let mut out = x[0].to_owned();
-        if out.is_empty() {
-            return out; // an empty array may still have a vast count of empty lanes (`[2^40, 0, 5]`)
-        }
         for mut lane in out.lanes_mut(Axis(self.axis)) {
             let mut acc = 0.0;
             let n = lane.len();

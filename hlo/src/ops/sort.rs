@@ -80,9 +80,6 @@ impl OpRules for Sort {
     }
     fn reference(&self, _: &TensorType, x: &[&ArrayD<f64>]) -> ArrayD<f64> {
         let mut out = x[0].to_owned();
-        if out.is_empty() {
-            return out; // an empty array may still have a vast count of empty lanes (`[2^40, 0, 5]`)
-        }
         for mut lane in out.lanes_mut(Axis(self.axis)) {
             let values: Vec<f64> = lane.iter().copied().collect();
             let mut order: Vec<usize> = (0..values.len()).collect();
