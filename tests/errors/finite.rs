@@ -535,9 +535,16 @@ fn counts_on_the_cpu_plugin(g: &lazuli_hlo::Graph, xs: &[usize], values: &[ndarr
 /// The locator's reductions of watched nodes (`FiniteStats`: the count of non-finite elements and the range; nodes
 /// of one dtype and size stacked into one reduction by rows) compile on the real CPU plugin and give what the
 /// reference interpreter gives: f32, f16, bf16 and f64 nodes, stacked ones, an empty one, one all NaN, and a count
-/// past f32's exact integers (2^24 + 3 infinities).
+/// past f32's exact integers (2^24 + 3 infinities); and the same with 16-bit nodes widened to f32 first, as the CPU's
+/// locator reduces them.
 #[test]
 fn the_locators_stats_on_the_plugin_match_the_reference() {
+    for widen in [false, true] {
+        locators_stats_match_the_reference(widen);
+    }
+}
+
+fn locators_stats_match_the_reference(widen: bool) {
     use lazuli_hlo::finite::stats;
     use lazuli_hlo::{emit, EmitOptions, FiniteStats, Graph, Loc, TensorType};
     use lazuli_pjrt::{provision, Client, ClientOptions, CompileOptions, ElementType, Plugin};
@@ -561,7 +568,7 @@ fn the_locators_stats_on_the_plugin_match_the_reference() {
     ];
     let mut g = Graph::new();
     let xs: Vec<_> = specs.iter().map(|(dt, v)| g.parameter(TensorType::new(*dt, [v.len()]), loc)).collect();
-    let groups = stats(&mut g, &xs, lazuli_hlo::finite::GROUP_TENSORS, usize::MAX, loc).unwrap();
+    let groups = stats(&mut g, &xs, lazuli_hlo::finite::GROUP_TENSORS, usize::MAX, widen, loc).unwrap();
     assert!(groups.iter().any(|(_, of)| of.windows(2).any(|w| w == [xs[0], xs[6]])), "the first f32 nodes stacked");
     g.outputs = groups.iter().map(|&(v, _)| v).collect();
     let values: Vec<ArrayD<f64>> =

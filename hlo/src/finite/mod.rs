@@ -19,7 +19,7 @@ use crate::dtype::{DType, TensorType};
 use crate::graph::{Graph, Loc, NodeId};
 use crate::op::Op;
 use crate::ops::checkpoint::Checkpoint;
-use crate::ops::elementwise::{BinaryKind, Compare, CompareDir, Select, Unary, UnaryKind};
+use crate::ops::elementwise::{BinaryKind, Compare, CompareDir, Convert, Select, Unary, UnaryKind};
 use crate::ops::layout::Reshape;
 use crate::ops::leaf::Constant;
 use crate::ops::reduce::{FiniteStats, Reduce, ReduceKind};
@@ -266,13 +266,16 @@ fn reduce_to_one(g: &mut Graph, x: NodeId, kind: ReduceKind, loc: Loc) -> Result
 /// and its range. Nodes of one dtype and size, of at most `stack_up_to` elements, are stacked, up to `stack` at a time
 /// and in order of first appearance, into one reduction by rows (a reduction per node is a kernel per node: GPT-2's
 /// step watches about 2,500 nodes, which stack into under a hundred reductions); the results are concatenated per
-/// result dtype (f32, and f64 for f64 nodes). Returns each concatenation's node with the nodes it holds three values
-/// of, in its order.
+/// result dtype (f32, and f64 for f64 nodes). With `widen`, f16 and bf16 nodes (and their stacks) are converted to
+/// f32 behind an optimization barrier before they are reduced, which changes no statistic: XLA's CPU compiler would
+/// otherwise fuse the conversion into its reduction loop, which then converts element by element. Returns each
+/// concatenation's node with the nodes it holds three values of, in its order.
 pub fn stats(
     g: &mut Graph,
     of: &[NodeId],
     stack: usize,
     stack_up_to: usize,
+    widen: bool,
     loc: Loc,
 ) -> Result<Vec<(NodeId, Vec<NodeId>)>, String> {
     // Runs of nodes of one dtype and size, at most `stack` long; an empty or a larger node is alone.
@@ -288,7 +291,7 @@ pub fn stats(
     }
     let mut by_dtype: Vec<(DType, Vec<NodeId>, Vec<NodeId>)> = Vec::new();
     for (_, n, xs) in runs {
-        let part = stats_of_run(g, &xs, n, loc)?;
+        let part = stats_of_run(g, &xs, n, widen, loc)?;
         let dtype = g.nodes[part].ty.dtype;
         match by_dtype.iter_mut().find(|(d, _, _)| *d == dtype) {
             Some((_, all, parts)) => {
@@ -310,14 +313,30 @@ pub fn stats(
 }
 
 /// `[3 k]`: the [`FiniteStats`] of `xs` (k nodes of `n` elements each) in order: one node's alone, several
-/// flattened into the rows of one table and reduced by rows.
-fn stats_of_run(g: &mut Graph, xs: &[NodeId], n: usize, loc: Loc) -> Result<NodeId, String> {
-    if let [x] = xs[..] {
+/// flattened into the rows of one table and reduced by rows. With `widen`, 16-bit values are converted to f32
+/// first, behind an optimization barrier (see [`stats`]).
+fn stats_of_run(g: &mut Graph, xs: &[NodeId], n: usize, widen: bool, loc: Loc) -> Result<NodeId, String> {
+    let dtype = g.nodes[xs[0]].ty.dtype;
+    let widen = widen && dtype.byte_size() == 2;
+    let mut values = Vec::with_capacity(xs.len());
+    for &x in xs {
+        values.push(match widen {
+            true => g.push(Op::Convert(Convert { from: dtype, to: DType::F32 }), vec![x], loc)?,
+            false => x,
+        });
+    }
+    let barrier = |g: &mut Graph, x: NodeId| match widen {
+        true => g.push(Op::Checkpoint(Checkpoint::Barrier { index: 0 }), vec![x], loc),
+        false => Ok(x),
+    };
+    if let [x] = values[..] {
+        let x = barrier(g, x)?;
         return g.push(Op::FiniteStats(FiniteStats { rows: false }), vec![x], loc);
     }
-    let rows = xs.iter().map(|&x| g.push(Op::Reshape(Reshape { dims: vec![1, n] }), vec![x], loc));
+    let rows = values.iter().map(|&x| g.push(Op::Reshape(Reshape { dims: vec![1, n] }), vec![x], loc));
     let rows = rows.collect::<Result<Vec<_>, _>>()?;
     let table = g.push(Op::Concatenate(Concatenate { dim: 0 }), rows, loc)?;
+    let table = barrier(g, table)?;
     let three = g.push(Op::FiniteStats(FiniteStats { rows: true }), vec![table], loc)?;
     g.push(Op::Reshape(Reshape { dims: vec![3 * xs.len()] }), vec![three], loc)
 }
@@ -471,7 +490,7 @@ mod tests {
         let b = g.parameter(TensorType::new(DType::F64, []), loc);
         let c = g.parameter(TensorType::new(DType::F16, [0]), loc);
         let d = g.parameter(TensorType::new(DType::BF16, [70_000]), loc);
-        let groups = stats(&mut g, &[a, b, c, d], GROUP_TENSORS, usize::MAX, loc).unwrap();
+        let groups = stats(&mut g, &[a, b, c, d], GROUP_TENSORS, usize::MAX, false, loc).unwrap();
         assert_eq!(groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), vec![vec![a, c, d], vec![b]]);
         g.outputs = groups.iter().map(|&(v, _)| v).collect();
         let av = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.5, -3.0, f64::INFINITY, 2.0]).unwrap();
@@ -511,9 +530,9 @@ mod tests {
                 ArrayD::from_shape_vec(IxDyn(&g.nodes[xs[i]].ty.dims), v).unwrap()
             })
             .collect();
-        let read_all = |stack: usize, up_to: usize| {
+        let read_all_widened = |stack: usize, up_to: usize, widen: bool| {
             let mut g = g.clone();
-            let groups = stats(&mut g, &xs, stack, up_to, loc).unwrap();
+            let groups = stats(&mut g, &xs, stack, up_to, widen, loc).unwrap();
             g.outputs = groups.iter().map(|&(v, _)| v).collect();
             let out = g.evaluate(&values).unwrap();
             let mut by_node = std::collections::BTreeMap::new();
@@ -526,6 +545,7 @@ mod tests {
             }
             (groups.iter().map(|(_, of)| of.clone()).collect::<Vec<_>>(), by_node, g.nodes.len())
         };
+        let read_all = |stack: usize, up_to: usize| read_all_widened(stack, up_to, false);
         let (alone, want, _) = read_all(1, usize::MAX);
         assert_eq!(alone, vec![xs.to_vec()]);
         let (stacked, got, nodes) = read_all(2, usize::MAX);
@@ -540,6 +560,11 @@ mod tests {
         let (capped, got, _) = read_all(2, 5);
         assert_eq!(capped, vec![vec![xs[0], xs[1], xs[5], xs[2], xs[3], xs[4]]]);
         assert_eq!(got, want, "each node's three values under a size cap");
+        // Widened, the bf16 node is reduced as f32 behind a barrier: the same three values.
+        let (_, alone, widened_nodes) = read_all_widened(1, usize::MAX, true);
+        let (_, stacked, _) = read_all_widened(2, usize::MAX, true);
+        assert_eq!((alone, stacked), (want.clone(), want), "widening changes no statistic");
+        assert_eq!(widened_nodes, read_all(1, usize::MAX).2 + 2, "a convert and a barrier for the one bf16 node");
     }
 
     /// Groups are runs of one dtype, at most `GROUP_TENSORS` long; each counts all of its members' elements.

@@ -4,7 +4,9 @@
 //! stacked into one reduction by rows) every floating-point node that can make a non-finite value (not those that
 //! only move values), every output and every floating-point operand of those nodes to its count of non-finite
 //! elements and its range, so that the found node's operand ranges, which the report shows, come from the same
-//! run. It is compiled here and not cached: a trip is rare.
+//! run. It is compiled here and not cached: a trip is rare. On the CPU, 16-bit values are widened to f32 before
+//! they are reduced ([`probe`]), and the program is compiled at an LLVM level chosen by how much it reads
+//! ([`options`]).
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
@@ -107,6 +109,8 @@ pub(crate) struct Probe {
     counted: Vec<NodeId>,
     /// The step's nodes: a probe node at or past this stands for its operand (a barrier before a reduction).
     nodes: usize,
+    /// The elements of the watched nodes: what one run reads at least.
+    watched: usize,
     text: String,
 }
 
@@ -132,13 +136,13 @@ static ASIDE: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
 impl Ahead {
     /// Starts building `graph`'s probe on a thread of its own (stacking only nodes of up to
     /// [`STACK_UP_TO_AHEAD`] elements when it will be compiled ahead); without a thread the trip builds it.
-    pub fn start(graph: Arc<Graph>, to_compile: bool) -> Arc<Ahead> {
+    pub fn start(graph: Arc<Graph>, to_compile: bool, backend: Backend) -> Arc<Ahead> {
         let ahead = Arc::new(Ahead::default());
         let filled = ahead.clone();
         let stack_up_to = if to_compile { STACK_UP_TO_AHEAD } else { usize::MAX };
         // Pure Rust over the IR, no plugin call: nothing to join at exit.
         let spawned = std::thread::Builder::new().name("lazuli-locator".into()).spawn(move || {
-            let _ = filled.probe.set(probe(&graph, stack_up_to).ok().flatten());
+            let _ = filled.probe.set(probe(&graph, stack_up_to, backend).ok().flatten());
         });
         if spawned.is_err() {
             let _ = ahead.probe.set(None);
@@ -221,8 +225,11 @@ pub(crate) fn warm(rt: &Runtime, ahead: &Ahead, inputs: &[Data]) {
 }
 
 /// `graph`'s locating program: `None` when it has no floating-point node to watch. Watched nodes of up to
-/// `stack_up_to` elements are stacked.
-fn probe(graph: &Graph, stack_up_to: usize) -> Result<Option<Probe>> {
+/// `stack_up_to` elements are stacked. On the CPU, 16-bit values are converted to f32 (behind a barrier) before
+/// they are reduced: XLA's CPU compiler reduces a 16-bit value in a loop that converts element by element, which
+/// took three quarters of the run of a bf16 GPT's locating program, and four times as long as converting first
+/// (`docs/perf-log/2026-12-05-locating-run-on-the-cpu.md`).
+fn probe(graph: &Graph, stack_up_to: usize, backend: Backend) -> Result<Option<Probe>> {
     let graph = &on_one_device(graph);
     let floats = lazuli_hlo::finite::floating(graph, 0..graph.nodes.len());
     let counted = counted(graph, &floats);
@@ -234,12 +241,15 @@ fn probe(graph: &Graph, stack_up_to: usize) -> Result<Option<Probe>> {
     let mut probe = graph.clone();
     let loc = graph.nodes.first().map_or(Loc::caller(), |n| n.loc);
     let measured = unfoldable(&mut probe, &watched)?;
-    let stats = lazuli_hlo::finite::stats(&mut probe, &measured, STACK, stack_up_to, loc).map_err(Error::Internal)?;
+    let widen = backend == Backend::Cpu;
+    let stats = lazuli_hlo::finite::stats(&mut probe, &measured, STACK, stack_up_to, widen, loc);
+    let stats = stats.map_err(Error::Internal)?;
     probe.outputs = stats.iter().map(|&(v, _)| v).collect();
     // No aliases: the kept inputs stay the caller's.
     probe.aliases.clear();
     let text = emit(&probe, &EmitOptions::default());
-    Ok(Some(Probe { graph: probe, stats, counted, nodes: graph.nodes.len(), text }))
+    let watched = watched.iter().map(|&id| graph.nodes[id].ty.elements()).sum();
+    Ok(Some(Probe { graph: probe, stats, counted, nodes: graph.nodes.len(), watched, text }))
 }
 
 /// Run `graph` again on `inputs`: its first node that made a non-finite value from finite operands, and its
@@ -257,7 +267,7 @@ pub(crate) fn locate(rt: &Runtime, graph: &Graph, ahead: Option<&Ahead>, inputs:
     let built;
     let probe = match ahead.and_then(Ahead::ready) {
         Some(p) => p,
-        None => match probe(graph, usize::MAX)? {
+        None => match probe(graph, usize::MAX, rt.config.backend)? {
             Some(p) => {
                 built = p;
                 &built
@@ -395,7 +405,7 @@ fn line_of(graph: &Graph) -> Loc {
 
 /// Compile a probe's program (no aliases: the inputs are kept).
 fn compile_probe(rt: &Runtime, probe: &Probe) -> Result<LoadedExecutable> {
-    let options = options(rt);
+    let options = options(rt, probe.watched);
     let at = line_of(&probe.graph);
     let compiling = Instant::now();
     let exe = loop {
@@ -455,18 +465,26 @@ fn join_unloading() {
     }
 }
 
-/// The locator's compile options. The program runs once and compiling it is most of a trip's time, so on the CPU
-/// it is compiled without LLVM's optimizations (`docs/perf-log/2026-12-01-nan-gpt.md`); that option goes first, so
-/// that `LAZULI_XLA_OPTIONS` can still set it. On NVIDIA GPUs it keeps XLA's autotuning: without it the compile was
-/// no shorter and, with the step's program from the persistent cache, the run took about 460 ms instead of 70–90 ms
+/// The locator's compile options. The program runs once, so on the CPU LLVM's optimizations pay only where they
+/// save more of the run than they add to the compile: a program that reads fewer than
+/// [`OPTIMIZED_FROM_ELEMENTS`] is compiled without them (`xla_backend_optimization_level=0`,
+/// `docs/perf-log/2026-12-01-nan-gpt.md`), a larger one at level 1. That option goes first, so that
+/// `LAZULI_XLA_OPTIONS` can still set it. On NVIDIA GPUs it keeps XLA's autotuning: without it the compile was no
+/// shorter and, with the step's program from the persistent cache, the run took about 460 ms instead of 70–90 ms
 /// (`docs/perf-log/2026-12-02-cpu-check-locator-autotuning.md`).
-fn options(rt: &Runtime) -> CompileOptions {
+fn options(rt: &Runtime, watched: usize) -> CompileOptions {
     let mut options = rt.single_device_options();
     if rt.config.backend == Backend::Cpu {
-        options.xla_options.insert(0, ("xla_backend_optimization_level".into(), XlaOption::Int(0)));
+        let level = if watched < OPTIMIZED_FROM_ELEMENTS { 0 } else { 1 };
+        options.xla_options.insert(0, ("xla_backend_optimization_level".into(), XlaOption::Int(level)));
     }
     options
 }
+
+/// On the CPU, a locating program that reads at least this many elements is compiled with LLVM's optimizations:
+/// they made each element's reduction about 4 ns faster and the compile about half a second longer, whatever the
+/// model's size (`docs/perf-log/2026-12-05-locating-run-on-the-cpu.md`).
+const OPTIMIZED_FROM_ELEMENTS: usize = 1 << 26;
 
 /// Device copies of the inputs that are not single device buffers (host data, shards).
 fn upload(rt: &Runtime, graph: &Graph, inputs: &[Data]) -> Result<Vec<Option<Buffer>>> {
@@ -507,7 +525,8 @@ mod tests {
         let bytes: Vec<u8> = [1.0f32, 0.0, -1.0, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         let inputs = [Data::Host(Arc::new(bytes))];
         let rt = crate::runtime::runtime().expect("the CPU runtime");
-        let ahead = Ahead { probe: probe(&g, usize::MAX).expect("a probe").into(), ..Ahead::default() };
+        let backend = rt.config.backend;
+        let ahead = Ahead { probe: probe(&g, usize::MAX, backend).expect("a probe").into(), ..Ahead::default() };
         assert!(ahead.ready().is_some(), "the probe was built");
         let summary = |r: Replayed| {
             let first = r.first.expect("a first non-finite value");

@@ -285,7 +285,12 @@ fn counting(backend: Backend) -> lazuli_hlo::finite::Counting {
 /// built the IR anyway); a cache hit builds none. With `compile` (`LAZULI_LOCATE_AHEAD`) the locating program is also
 /// compiled ahead, on another thread, once the structure is kept a second time. A program recorded from other lines
 /// shares its key (keys hold no lines) and so the lines of the first.
-pub(crate) fn graph_of(key: u64, compile: bool, build: impl FnOnce() -> Graph) -> (Arc<Graph>, Arc<locate::Ahead>) {
+pub(crate) fn graph_of(
+    key: u64,
+    compile: bool,
+    backend: Backend,
+    build: impl FnOnce() -> Graph,
+) -> (Arc<Graph>, Arc<locate::Ahead>) {
     /// More structures than a training loop has; past it the store starts again.
     const MOST: usize = 64;
     type Kept = (Arc<Graph>, Arc<locate::Ahead>);
@@ -302,7 +307,7 @@ pub(crate) fn graph_of(key: u64, compile: bool, build: impl FnOnce() -> Graph) -
         graphs.clear();
     }
     let graph = Arc::new(build());
-    let ahead = locate::Ahead::start(graph.clone(), compile);
+    let ahead = locate::Ahead::start(graph.clone(), compile, backend);
     graphs.entry(key).or_insert((graph, ahead)).clone()
 }
 
