@@ -199,14 +199,40 @@ fn bad_specs_and_meshes_are_clear_errors_at_the_users_line() {
     let line = line!() + 1;
     let e = mesh(&[("data", 16)]).unwrap_err().to_string();
     assert!(e.contains("needs 16 devices, the runtime has 8") && e.contains(&format!("{}:{line}", file!())), "{e}");
-    // A value not computed yet, sharded with nothing of its program on the mesh: the read's error names the line.
+    // A value not computed yet, sharded onto another mesh than its program's inputs: the read's error names the
+    // constraint's line and both meshes.
+    let on_m = Tensor::from_slice(&[1.0f32; 16], &[8, 2]).shard(&m, &p(&[&["data"], &[]]));
+    let other = mesh(&[("data", 8)]).unwrap();
     let line = line!() + 1;
-    let zeros = Tensor::zeros(&[8, 2], DType::F32).shard(&m, &p(&[&["data"], &[]]));
-    let e = zeros.to_vec::<f32>().unwrap_err().to_string();
-    assert!(
-        e.contains(&format!("the sharding constraint at {}:{line}:", file!())) && e.contains("`Tensor::from_slice`"),
-        "{e}"
-    );
+    let elsewhere = (&on_m * 2.0).shard(&other, &p(&[&["data"], &[]]));
+    let e = elsewhere.to_vec::<f32>().unwrap_err().to_string();
+    assert!(e.contains(&format!("the sharding constraint at {}:{line}:", file!())) && e.contains("two meshes"), "{e}");
+}
+
+/// A value its program makes from constants alone (zeros, ones, an arange) and then shards runs on the mesh of its
+/// constraint: the values are right and laid out as asked, and later programs take it as a placed input.
+#[test]
+fn a_value_made_from_constants_runs_on_its_constraints_mesh() {
+    if child::alone(module_path!(), "a_value_made_from_constants_runs_on_its_constraints_mesh") {
+        return; // the runtime (on 8 devices) and the counters are process-wide: alone in a process of its own
+    }
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    eight_devices();
+    let m = mesh(&[("data", 4), ("model", 2)]).unwrap();
+    let rows = p(&[&["data"], &[]]);
+    let zeros = Tensor::zeros(&[8, 2], DType::F32).shard(&m, &rows);
+    assert_eq!(zeros.to_vec::<f32>().unwrap(), vec![0.0; 16]);
+    assert_eq!(zeros.sharding().expect("laid out").spec(), rows);
+    // Made from constants by ops, laid out on both axes, then read by a program with a placed input.
+    let both = p(&[&["data"], &["model"]]);
+    let made = (Tensor::ones(&[8, 4], DType::F32) * 3.0).with_sharding_constraint(&m, &both) + 1.0;
+    let want: Vec<f32> = vec![4.0; 32];
+    assert_eq!(made.to_vec::<f32>().unwrap(), want);
+    let placed = Tensor::from_slice(&(0..32).map(|i| i as f32).collect::<Vec<_>>(), &[8, 4]).shard(&m, &both);
+    let sum = &made + &placed;
+    let want: Vec<f32> = (0..32).map(|i| i as f32 + 4.0).collect();
+    assert_eq!(sum.to_vec::<f32>().unwrap(), want);
+    assert_eq!(sum.sharding().expect("on the mesh").spec(), both);
 }
 
 #[test]

@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::graph::tensor::{Data, Node};
 use crate::runtime::Runtime;
 
-/// The mesh a traced graph runs on: the one its sharded inputs and constraints share, or `None`.
-pub(crate) fn mesh_of(leaves: &[Rc<Node>], constraint_at: Option<Loc>) -> Result<Option<Mesh>> {
+/// The mesh a traced graph runs on: the one its sharded inputs and its first constraint share, or `None`.
+pub(crate) fn mesh_of(leaves: &[Rc<Node>], constraint: Option<&(Loc, Option<Arc<Sharding>>)>) -> Result<Option<Mesh>> {
     let mut mesh: Option<Mesh> = None;
     let mut see = |m: &Mesh| -> Result<()> {
         match &mesh {
@@ -32,14 +32,18 @@ pub(crate) fn mesh_of(leaves: &[Rc<Node>], constraint_at: Option<Loc>) -> Result
             see(&s.mesh)?;
         }
     }
-    if let (None, Some(at)) = (&mesh, constraint_at) {
-        return Err(Error::Sharding(format!(
-            "the sharding constraint at {at} (a `shard` of a value not computed yet, or `with_sharding_constraint`) \
-             needs an input of its program placed on the mesh: `shard` host data (`Tensor::from_slice`) or a value \
-             already computed"
-        )));
+    match (constraint, &mesh) {
+        (Some((at, Some(s))), Some(inputs)) if s.mesh != *inputs => Err(Error::Sharding(format!(
+            "the sharding constraint at {at} lays its value out on {}, but its program's inputs are on {inputs}: one \
+             program cannot span two meshes",
+            s.mesh
+        ))),
+        (Some((_, Some(s))), None) => Ok(Some(s.mesh.clone())),
+        (Some((at, None)), None) => Err(Error::Sharding(format!(
+            "the sharding constraint at {at} has no mesh, and no input of its program is placed on one"
+        ))),
+        _ => Ok(mesh),
     }
-    Ok(mesh)
 }
 
 /// Annotate `graph` for SPMD on `mesh`: parameters keep their placement (replicated when they have none), and

@@ -68,8 +68,9 @@ pub(crate) struct Node {
     pub loc: Loc,
     /// The accumulated gradient of a gradient leaf.
     pub grad: RefCell<Option<Tensor>>,
-    /// Where a leaf's data should live on a mesh (set by `Tensor::shard`).
-    pub placement: Option<Arc<Sharding>>,
+    /// Where a leaf's data should live on a mesh (set by `Tensor::shard`), or how a sharding constraint lays out
+    /// the value it computes (its mesh is then the mesh of the program that computes it).
+    pub placement: OnceCell<Arc<Sharding>>,
     /// The value that replaces this one (a parameter's or an optimizer state's next value): donation gives this
     /// node's buffer to that output, so XLA can update it in place instead of copying around a mismatched pair.
     pub successor: OnceCell<Weak<Node>>,
@@ -142,7 +143,7 @@ impl Node {
             grad_path,
             grad: RefCell::new(None),
             backward_done: Cell::new(false),
-            placement: None,
+            placement: OnceCell::new(),
             visit: Cell::new(0),
             grad_visit: Cell::new(0),
             successor: OnceCell::new(),
@@ -177,7 +178,7 @@ impl Node {
 
     /// How this node's data is (or is to be) split over a mesh, if at all.
     pub fn sharding(&self) -> Option<Arc<Sharding>> {
-        if let Some(p) = &self.placement {
+        if let Some(p) = self.placement.get() {
             return Some(p.clone());
         }
         match &self.lock().data {
@@ -351,7 +352,7 @@ impl Tensor {
         let mut node = t.node.clone();
         drop(t);
         let n = Rc::get_mut(&mut node).expect("a fresh node");
-        n.placement = Some(placement);
+        let _ = n.placement.set(placement);
         n.handles.set(1);
         Tensor { node }
     }

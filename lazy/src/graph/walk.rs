@@ -7,8 +7,10 @@
 use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use lazuli_hlo::{Graph, Loc, Op};
+use lazuli_sharding::Sharding;
 
 use crate::graph::tensor::{structure_hasher, Node};
 
@@ -27,9 +29,9 @@ pub(crate) struct Walk {
     pub outputs: Vec<usize>,
     /// Pending nodes to receive the outputs, in output order.
     pub targets: Vec<Rc<Node>>,
-    /// The line of the first sharding constraint, if there is one (the graph then runs on a mesh, and needs an
-    /// input placed on it).
-    pub constraint_at: Option<Loc>,
+    /// The line of the first sharding constraint, if there is one (the graph then runs on a mesh), and its layout
+    /// (whose mesh the program runs on when no input is placed on one).
+    pub constraint_at: Option<(Loc, Option<Arc<Sharding>>)>,
     /// Hash of ops, wiring, types and outputs.
     structure: u64,
     /// `(parameter, output)` buffer donations decided for this program.
@@ -191,7 +193,7 @@ pub(crate) fn walk(targets: &[Rc<Node>]) -> Walk {
                     h.write_u64(node.op_hash);
                     w.operands[first..].hash(&mut h);
                     if w.constraint_at.is_none() && matches!(recipe.op, Op::ShardingConstraint(_)) {
-                        w.constraint_at = Some(node.loc);
+                        w.constraint_at = Some((node.loc, node.placement.get().cloned()));
                     }
                 }
                 _ => {

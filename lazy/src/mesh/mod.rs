@@ -66,8 +66,12 @@ impl Tensor {
         self.constrain(Arc::new(sharding), at)
     }
 
+    /// The constraint's node carries its sharding: a program with no input on the mesh (a value made from
+    /// constants, as `Tensor::zeros`) runs on the constraint's mesh.
     fn constrain(&self, s: Arc<Sharding>, at: Loc) -> Tensor {
-        apply(Op::ShardingConstraint(ShardingConstraint { attr: s.hlo(), dims: s.dims.clone() }), &[self], at)
+        let t = apply(Op::ShardingConstraint(ShardingConstraint { attr: s.hlo(), dims: s.dims.clone() }), &[self], at);
+        let _ = t.node.placement.set(s);
+        t
     }
 
     /// How this tensor's value is split over a mesh, if it is (pending values: decided when they are computed).

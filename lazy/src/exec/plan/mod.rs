@@ -86,7 +86,7 @@ pub(crate) fn plan_walk(rt: &Runtime, walk: Walk, flag: Option<&Rc<Node>>) -> Re
 /// guarded state stays whole for the locator to run the step again (`exec/finite/`). `Log` donates nothing. A
 /// checked program has a key of its own.
 pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Option<&Rc<Node>>) -> Result<Plan> {
-    let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.constraint_at)?;
+    let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.constraint_at.as_ref())?;
     let checked = crate::exec::finite::enabled(check);
     let mesh = mesh.map(|m| {
         let leaves = walk.leaves.clone();
