@@ -118,8 +118,9 @@ fn point(
 /// The fused-attention GPT's `lazuli-side` in a new process with `args` added, one repetition of `steps` steps
 /// after one warm-up step, without the persistent compile cache.
 pub fn lazuli_side(args: &[String], device: &str, steps: usize, dir: &std::path::Path) -> BenchResult<Point> {
+    let workload = if args.iter().any(|a| a == "--tiny") { "gpt2-tiny" } else { "gpt2-small" };
     let out = Command::new(std::env::current_exe()?)
-        .args(["lazuli-side", "--workload", "gpt2-small", "--attention", "fused", "--weights"])
+        .args(["lazuli-side", "--workload", workload, "--attention", "fused", "--weights"])
         .arg(dir.join("weights.safetensors"))
         .args(["--reps", "1", "--warmup", "1", "--steps", &steps.to_string()])
         .args(args)
