@@ -145,6 +145,18 @@ fn check(args: &Args) -> Result<(), String> {
     if args.nproc == 0 {
         return Err("--nproc must be at least 1".into());
     }
+    if args.nproc > MOST_PER_HOST {
+        return Err(format!(
+            "--nproc {}: at most {MOST_PER_HOST} processes on one host (each is a process and two threads here)",
+            args.nproc
+        ));
+    }
+    if args.hosts.checked_mul(args.nproc).is_none() {
+        return Err(format!(
+            "--hosts {} × --nproc {} processes is more than a group can number",
+            args.hosts, args.nproc
+        ));
+    }
     if args.hosts == 0 || args.host_rank >= args.hosts {
         return Err(format!("--host-rank {} is out of range for --hosts {}", args.host_rank, args.hosts));
     }
@@ -153,6 +165,10 @@ fn check(args: &Args) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The most processes `lazuli-run` starts on one host: far above one per accelerator or core, and below what a
+/// host's limits on processes and threads refuse (a typo of 100,000 had started thousands before the host did).
+const MOST_PER_HOST: u32 = 1024;
 
 /// The line to run on each other host.
 fn print_other_hosts(args: &Args) {
@@ -211,9 +227,17 @@ fn run_group(args: &Args, coordinator: &str) -> std::io::Result<Outcome> {
         };
         groups::add(child.id());
         let prefix = format!("[p{process_id}] ");
-        streams.push(stream(child.stdout.take().expect("piped"), prefix.clone(), false));
-        streams.push(stream(child.stderr.take().expect("piped"), prefix, true));
+        let out = stream(child.stdout.take().expect("piped"), prefix.clone(), false);
+        let err = stream(child.stderr.take().expect("piped"), prefix, true);
         children.push((process_id, child));
+        match (out, err) {
+            (Ok(out), Ok(err)) => streams.extend([out, err]),
+            (Err(e), _) | (_, Err(e)) => {
+                // Without its output copied a process could block on a full pipe: the group stops here.
+                stop_all(&mut children);
+                return Err(e);
+            }
+        }
     }
     let outcome = wait_group(&mut children, coordinator);
     // What the processes left running in the background would hold their output open.
@@ -270,9 +294,13 @@ fn stop_all(children: &mut [(u32, Child)]) {
     }
 }
 
-/// Copies a child's output line by line with its prefix.
-fn stream(from: impl Read + Send + 'static, prefix: String, stderr: bool) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+/// Copies a child's output line by line with its prefix, on a thread of its own (an error if none can start).
+fn stream(
+    from: impl Read + Send + 'static,
+    prefix: String,
+    stderr: bool,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("lazuli-run-output".into()).spawn(move || {
         let mut reader = BufReader::new(from);
         let mut line = Vec::new();
         while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {

@@ -75,8 +75,12 @@ fn host_0_prints_the_command_for_the_other_hosts() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--nproc", "0", "--", "true"], "--nproc must be at least 1"),
+        // A typo of 100,000 aborted once the host refused a thread, after starting thousands of processes. One
+        // over the limit: without it, 1,025 processes that exit at once.
+        (&["--nproc", "1025", "--", "true"], "--nproc 1025: at most 1024 processes on one host"),
+        (&["--nproc", "1000", "--hosts", "5000000", "--coordinator", "127.0.0.1:1", "--", "true"], "more than a group"),
         (&["--nproc", "1", "--hosts", "2", "--host-rank", "2", "--", "true"], "--host-rank 2 is out of range"),
         (&["--nproc", "1", "--hosts", "2", "--", "true"], "several hosts need --coordinator"),
     ];
