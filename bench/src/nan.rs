@@ -151,7 +151,7 @@ fn python_child(python: &Path, dir: &Path, framework: &str, cfg: NanConfig) -> B
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.lines().last().unwrap_or(""))
-        .map_err(|_| format!("{framework} side failed ({})", out.status).into())
+        .map_err(|_| format!("failed: the {framework} side exited with {}", out.status).into())
 }
 
 /// The whole comparison, printed as a table.
@@ -161,7 +161,15 @@ pub fn run(cfg: NanConfig, python: &Path, device: &str) -> BenchResult<()> {
     let plain = lazuli_child(cfg, "off", device);
     let checked = lazuli_child(cfg, "stop", device);
     let skipping = lazuli_child(cfg, "skip", device);
-    let torch = python_child(python, &dir, "torch", cfg);
+    // The harness's own environment has no PyTorch: PyPI's Linux wheel brings the CUDA libraries (gigabytes).
+    let torch = match crate::pyenv::imports(python, "torch") {
+        true => python_child(python, &dir, "torch", cfg),
+        false => Err(format!(
+            "not run: {} has no PyTorch (the harness does not install it; --python a Python that has it)",
+            python.display()
+        )
+        .into()),
+    };
     let jax = python_child(python, &dir, "jax", cfg);
     let _ = std::fs::remove_dir_all(&dir);
     println!("## lazuli-bench nan, {}", today());
@@ -224,7 +232,7 @@ pub fn run(cfg: NanConfig, python: &Path, device: &str) -> BenchResult<()> {
                     v["message"].as_str().unwrap_or("")
                 );
             }
-            Err(e) => println!("| (python side) | failed: {} | | | | | |", e.to_string().lines().next().unwrap_or("")),
+            Err(e) => println!("| (python side) | {} | | | | | |", e.to_string().lines().next().unwrap_or("")),
         }
     }
     Ok(())

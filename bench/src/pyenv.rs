@@ -22,7 +22,8 @@ fn venv_python(dir: &Path) -> PathBuf {
 }
 
 /// Whether `python` imports everything in `modules`.
-fn imports(python: &Path, modules: &str) -> bool {
+/// Whether `python` imports `modules` (a comma-separated list).
+pub fn imports(python: &Path, modules: &str) -> bool {
     Command::new(python)
         .args(["-c", &format!("import {modules}")])
         .stdout(Stdio::null())
