@@ -65,6 +65,24 @@ fn typed_reads_check_the_dtype_and_the_element_count() {
     assert_eq!(Tensor::zeros(&[2], DType::I64).to_vec::<i64>().unwrap(), vec![0, 0]);
 }
 
+/// Printing a tensor: magnitudes past 1e8 or under 1e-4 in exponents (not forty digits), the rest as before, in
+/// every float dtype; an empty tensor as `[]` (ndarray wrote `[[]]` for `[0, 3]`, as if there were one row).
+#[test]
+fn printing_shows_extremes_in_exponents_and_empty_tensors_as_empty() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let x = Tensor::from_slice(&[f32::NAN, f32::INFINITY, 1e-45, 3.4e38], &[4]);
+    assert_eq!(format!("{x}"), "[NaN, inf, 1e-45, 3.4e38] : f32[4]");
+    let plain = Tensor::from_slice(&[0.5f64, -2.0, 1e-4, 9.9e7], &[2, 2]);
+    assert_eq!(format!("{plain}"), "[[0.5, -2],\n [0.0001, 99000000]] : f64[2,2]");
+    let half = Tensor::from_slice(&[2e-5f32, 1.0], &[2]).to_dtype(DType::F16);
+    assert_eq!(format!("{half}"), "[2.002716e-5, 1e0] : f16[2]"); // f16's nearest to 2e-5, a subnormal
+    let bf = Tensor::from_slice(&[1e9f32, 3.0], &[2]).to_dtype(DType::BF16);
+    assert_eq!(format!("{bf}"), "[9.9824435e8, 3e0] : bf16[2]"); // bf16 holds 998244352 for 1e9
+    assert_eq!(format!("{}", Tensor::zeros(&[0, 3], DType::F32)), "[] : f32[0,3]");
+    assert_eq!(format!("{}", Tensor::zeros(&[2, 0], DType::I32)), "[] : i32[2,0]");
+    assert_eq!(format!("{}", Tensor::from_slice(&[7i32, -1], &[2])), "[7, -1] : i32[2]");
+}
+
 /// A test or `main` that returns `lazuli::Result` prints its error's `Debug`: that is the message as `Display`
 /// writes it, lines and all, not the variant's fields. The child returns the error of a `try_scan` whose body
 /// changes its carry's shape.

@@ -224,17 +224,24 @@ impl fmt::Display for Tensor {
             Err(e) => return write!(f, "<{}: error: {e}>", self.node.ty),
         };
         let shape = IxDyn(self.dims());
+        // Long runs of zeros in positional notation read badly: such values print as `1e-45`, `3.4e38`.
+        let exponents = self.dtype().is_float() && scientific(&bytes_to_f64(self.dtype(), &bytes));
         macro_rules! show {
-            ($t:ty) => {{
+            ($t:ty $(, $exp:ident)?) => {{
                 let a = ArrayD::from_shape_vec(shape, from_bytes::<$t>(&bytes)).expect("buffer matches type");
-                write!(f, "{a}")
+                match a.is_empty() {
+                    // ndarray shows `[[]]` for `[0, 3]`, as if there were one row.
+                    true => write!(f, "[]"),
+                    $(false if $exp => write!(f, "{a:e}"),)?
+                    false => write!(f, "{a}"),
+                }
             }};
         }
         match self.dtype() {
-            DType::F32 => show!(f32),
-            DType::F64 => show!(f64),
-            DType::F16 => show!(half::f16),
-            DType::BF16 => show!(half::bf16),
+            DType::F32 => show!(f32, exponents),
+            DType::F64 => show!(f64, exponents),
+            DType::F16 => show!(half::f16, exponents),
+            DType::BF16 => show!(half::bf16, exponents),
             DType::I32 => show!(i32),
             DType::I64 => show!(i64),
             DType::U8 => show!(u8),
@@ -244,6 +251,12 @@ impl fmt::Display for Tensor {
         }?;
         write!(f, " : {}", self.node.ty)
     }
+}
+
+/// Whether floating-point values print in scientific notation: when a finite nonzero magnitude reaches 1e8 or falls
+/// under 1e-4, where positional notation runs to long strings of zeros (PyTorch switches at the same bounds).
+fn scientific(values: &[f64]) -> bool {
+    values.iter().map(|v| v.abs()).any(|m| m.is_finite() && m != 0.0 && !(1e-4..1e8).contains(&m))
 }
 
 /// `if loss > 1.0 { … }`: comparing a one-element tensor with a number reads its value, which materializes it
