@@ -50,6 +50,14 @@ fn shape_mismatch_names_the_users_line() {
     let line = line!() + 1;
     let msg = panic_message(|| drop(Tensor::from_slice(&[1.0f32; 5], &[2, 3])));
     assert!(msg.contains("5 values") && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+
+    // A layer norm's eps below 0 or not finite (a constant row's scale would be NaN, or every row's).
+    for eps in [-1e-5, f64::NAN, f64::INFINITY] {
+        let line = line!() + 1;
+        let msg = panic_message(|| drop(a.layer_norm(&[-1], eps)));
+        assert!(msg.contains(&format!("eps = {eps}")) && msg.contains(&format!("{}:{line}:", file!())), "{msg}");
+    }
+    assert_eq!((lazuli::metrics() - before).compiles, 0, "nothing reached XLA");
 }
 
 #[test]

@@ -33,6 +33,13 @@ impl NormSpec {
 
     /// `x`'s type, checked: axes in range.
     fn check(&self, name: &str, x: &TensorType) -> Result<TensorType, InferError> {
+        // A negative eps makes a constant row's scale NaN, a NaN or infinite one every row's.
+        if !(self.eps().is_finite() && self.eps() >= 0.0) {
+            return Err(InferError::Attribute(format!(
+                "{name}: eps = {} is not a finite number ≥ 0 (the variance's guard against dividing by zero)",
+                self.eps()
+            )));
+        }
         if self.axes.is_empty() {
             return Err(InferError::Attribute(format!(
                 "{name} needs at least one axis to normalize over, got none for {x}"
