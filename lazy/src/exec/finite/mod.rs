@@ -165,9 +165,15 @@ pub(crate) fn note_counted(mode: CheckFinite, outputs: &[Data], guards: &[(usize
         return;
     }
     let epoch = flag::epoch();
+    // A step guards hundreds of outputs: marked once, not searched for per output.
+    let mut guarded = vec![false; outputs.len()];
+    for &(_, j) in guards {
+        if let Some(g) = guarded.get_mut(j) {
+            *g = true;
+        }
+    }
     for (j, out) in outputs.iter().enumerate() {
-        let guarded = guards.iter().any(|&(_, g)| g == j);
-        if let (Data::Device(v), false, true) = (out, guarded, floating[j]) {
+        if let (Data::Device(v), false, true) = (out, guarded[j], floating[j]) {
             v.set_counted(epoch);
         }
     }
