@@ -34,6 +34,34 @@ fn a_shape_whose_size_overflows_is_refused_at_the_callers_line() {
     assert!(msg.contains(&format!("tests/errors/bad_input.rs:{line}:")), "{msg}");
 }
 
+/// A layer too large for the host (a typo in its sizes) is refused at the line that made it, with its type and
+/// what the host has: the host allocation of its initial values would have ended the process without a word. A
+/// size past the address space, a dropout probability past 1 likewise.
+#[test]
+fn a_layer_the_host_cannot_hold_is_refused_at_the_callers_line() {
+    use lazuli::nn::{Dropout, Embedding, HostRng, Linear, Mlp};
+    let mut rng = HostRng::new(0);
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(Linear::new(&mut rng, 1 << 20, 1 << 21, true, DType::F32)));
+    assert!(msg.contains("f32[1048576,2097152] needs 8192.0 GiB on the host, which has"), "{msg}");
+    assert!(msg.contains(&format!("tests/errors/bad_input.rs:{line}:")), "{msg}");
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(Mlp::new(&mut rng, &[4, 1 << 40, 4], lazuli::nn::Activation::Relu, DType::F32)));
+    assert!(msg.contains("needs 16384.0 GiB on the host") && msg.contains(&format!(":{line}:")), "{msg}");
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(Embedding::new(&mut rng, 1 << 62, 1 << 4, 0.02, DType::F32)));
+    assert!(msg.contains("has more bytes than a 64-bit address space holds"), "{msg}");
+    assert!(msg.contains(&format!("tests/errors/bad_input.rs:{line}:")), "{msg}");
+    let line = line!() + 2;
+    let msg = panic_message(|| {
+        let _ = Dropout::new(1.5);
+    });
+    assert!(msg.contains("p = 1.5 is not a probability") && msg.contains(&format!(":{line}:")), "{msg}");
+    // What fits is made as before.
+    let small = Linear::new(&mut rng, 3, 2, true, DType::F32);
+    assert_eq!(small.weight.get().dims(), &[3, 2]);
+}
+
 /// An empty tensor with a vast dimension (`[2^40, 0, 5]`, 0 elements) is computed at once, on the device and by the
 /// reference interpreter, which used to walk its 5·2^40 empty lanes for a running sum, a sort or a reduction
 /// (found by the fuzz harness, seeds 51547 and 53965).

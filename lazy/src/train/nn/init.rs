@@ -1,8 +1,9 @@
 //! Parameter initialisation on the host, from a seeded generator: reproducible across runs and plugins.
 
-use lazuli_hlo::DType;
+use lazuli_hlo::{DType, TensorType};
 
 use crate::graph::element::put_scalar;
+use crate::graph::record::fail;
 use crate::graph::tensor::Tensor;
 
 /// A small, fast, seedable host generator (splitmix64) for initial weights and synthetic data.
@@ -42,11 +43,39 @@ impl HostRng {
     }
 }
 
+/// The bytes of a host tensor of these dimensions, or a panic at the caller's line where the host cannot hold them:
+/// a size past the address space, or (from [`CHECKED_FROM_BYTES`]) more than the host has available. A failed
+/// allocation would end the process without a word of where it was asked for.
+#[track_caller]
+fn host_bytes(dims: &[usize], dtype: DType) -> usize {
+    let ty = TensorType::new(dtype, dims);
+    let loc = crate::Loc::caller();
+    if let Some(why) = ty.addressable() {
+        fail(loc, why);
+    }
+    let bytes = ty.byte_size();
+    if bytes >= CHECKED_FROM_BYTES {
+        if let Some(free) = crate::runtime::host_available_memory().filter(|&free| bytes > free) {
+            let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+            fail(
+                loc,
+                format!("{ty} needs {:.1} GiB on the host, which has {:.1} GiB available", gib(bytes), gib(free)),
+            );
+        }
+    }
+    bytes
+}
+
+/// Host tensors of at least this many bytes are checked against the host's available memory (reading it costs a
+/// file read; smaller ones are every model's biases and norms).
+const CHECKED_FROM_BYTES: usize = 1 << 30;
+
 /// A host tensor of `dtype` with values from `f`.
 #[track_caller]
 pub fn host_tensor(dims: &[usize], dtype: DType, mut f: impl FnMut() -> f64) -> Tensor {
+    // Checked first: past it the element count cannot overflow.
+    let mut bytes = Vec::with_capacity(host_bytes(dims, dtype));
     let n: usize = dims.iter().product();
-    let mut bytes = Vec::with_capacity(n * dtype.byte_size());
     for _ in 0..n {
         put_scalar(dtype, f(), &mut bytes);
     }
@@ -58,8 +87,7 @@ pub fn host_tensor(dims: &[usize], dtype: DType, mut f: impl FnMut() -> f64) -> 
 /// read, which the upload does once.
 #[track_caller]
 pub fn host_zeros(dims: &[usize], dtype: DType) -> Tensor {
-    let n: usize = dims.iter().product();
-    let bytes = vec![0u8; n * dtype.byte_size()];
+    let bytes = vec![0u8; host_bytes(dims, dtype)];
     Tensor::host(lazuli_hlo::TensorType::new(dtype, dims), bytes, crate::Loc::caller())
 }
 

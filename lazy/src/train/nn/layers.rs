@@ -19,13 +19,13 @@ pub struct Linear {
 
 impl Linear {
     /// PyTorch's default initialisation: uniform(±1/√in) for weight and bias.
+    #[track_caller]
     pub fn new(rng: &mut HostRng, d_in: usize, d_out: usize, bias: bool, dtype: DType) -> Linear {
         let bound = 1.0 / (d_in as f64).sqrt();
-        Linear {
-            weight: Param::new(uniform(rng, &[d_in, d_out], bound, dtype)),
-            bias: bias.then(|| Param::new(uniform(rng, &[d_out], bound, dtype))),
-            matmul_dtype: None,
-        }
+        let weight = Param::new(uniform(rng, &[d_in, d_out], bound, dtype));
+        // Not in a closure: the caller's line is where a size the host cannot hold is named.
+        let bias = if bias { Some(Param::new(uniform(rng, &[d_out], bound, dtype))) } else { None };
+        Linear { weight, bias, matmul_dtype: None }
     }
 
     /// A layer with given initial values (for tests and ports).
@@ -120,8 +120,12 @@ pub struct Mlp {
 
 impl Mlp {
     /// `sizes = [in, hidden…, out]`.
+    #[track_caller]
     pub fn new(rng: &mut HostRng, sizes: &[usize], activation: Activation, dtype: DType) -> Mlp {
-        let layers = sizes.windows(2).map(|w| Linear::new(rng, w[0], w[1], true, dtype)).collect();
+        let mut layers = Vec::with_capacity(sizes.len().saturating_sub(1));
+        for w in sizes.windows(2) {
+            layers.push(Linear::new(rng, w[0], w[1], true, dtype));
+        }
         Mlp { layers, activation }
     }
 
@@ -155,6 +159,7 @@ pub struct Embedding {
 
 impl Embedding {
     /// Normal(0, std²) initialisation (GPT-2 uses 0.02).
+    #[track_caller]
     pub fn new(rng: &mut HostRng, vocab: usize, dim: usize, std: f64, dtype: DType) -> Embedding {
         Embedding { weight: Param::new(super::init::normal(rng, &[vocab, dim], std, dtype)) }
     }
@@ -184,6 +189,7 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     /// Normalization over a last dimension of size `dim`.
+    #[track_caller]
     pub fn new(dim: usize, eps: f64, dtype: DType) -> LayerNorm {
         let ones = super::init::host_tensor(&[dim], dtype, || 1.0);
         let zeros = super::init::host_zeros(&[dim], dtype);
@@ -235,8 +241,12 @@ pub struct Dropout {
 }
 
 impl Dropout {
-    /// Dropout with probability `p`, in training mode.
+    /// Dropout with probability `p`, in training mode. Panics at the caller's line when `p` is not in `[0, 1]`.
+    #[track_caller]
     pub fn new(p: f64) -> Dropout {
+        if !(0.0..=1.0).contains(&p) {
+            crate::graph::record::fail(crate::Loc::caller(), format!("Dropout: p = {p} is not a probability"));
+        }
         Dropout { p, training: std::sync::atomic::AtomicBool::new(true) }
     }
 
@@ -277,6 +287,7 @@ pub struct Conv2d {
 impl Conv2d {
     /// PyTorch's default initialisation: uniform(±1/√(in·kh·kw)).
     #[allow(clippy::too_many_arguments)]
+    #[track_caller]
     pub fn new(
         rng: &mut HostRng,
         c_in: usize,
@@ -288,12 +299,9 @@ impl Conv2d {
         dtype: DType,
     ) -> Conv2d {
         let bound = 1.0 / ((c_in * kernel[0] * kernel[1]) as f64).sqrt();
-        Conv2d {
-            weight: Param::new(uniform(rng, &[c_out, c_in, kernel[0], kernel[1]], bound, dtype)),
-            bias: bias.then(|| Param::new(uniform(rng, &[c_out], bound, dtype))),
-            stride,
-            padding,
-        }
+        let weight = Param::new(uniform(rng, &[c_out, c_in, kernel[0], kernel[1]], bound, dtype));
+        let bias = if bias { Some(Param::new(uniform(rng, &[c_out], bound, dtype))) } else { None };
+        Conv2d { weight, bias, stride, padding }
     }
 
     /// `x: [N, C_in, H, W]` → `[N, C_out, H', W']`.
