@@ -169,7 +169,7 @@ pub enum Error {
          (valid: 0 to {size} exclusive); {count} of the {total} indices are out of range\n  recorded at {at}"
     )]
     IndexOutOfRange {
-        /// The op (`index_select`, `embedding`).
+        /// The op (`index_select`, `embedding`, `cross_entropy`: its targets index the logits' class axis).
         op: &'static str,
         /// The first bad index, in the indices' row-major order.
         index: i64,

@@ -123,7 +123,12 @@ pub const VARIABLES: &[Variable] = &[
         "1, 0",
         "0",
     ),
-    v("LAZULI_CHECK_INDICES", "index_select and embedding checked like index_select_checked", "1, 0", "0"),
+    v(
+        "LAZULI_CHECK_INDICES",
+        "index_select, embedding and cross-entropy targets checked like index_select_checked",
+        "1, 0",
+        "0",
+    ),
     v("LAZULI_COORDINATOR", "the coordinator of a multi-process group (`lazuli-run` sets it)", "host:port", "unset"),
     v("LAZULI_PROCESS_ID", "this process's id in its group", "0 to N-1", "unset"),
     v("LAZULI_NUM_PROCESSES", "the group's number of processes", "1 or more", "unset"),

@@ -430,4 +430,21 @@ fn check_indices_setting_checks_index_select_and_embedding() {
     let err = table.index_select(1, &Tensor::from_slice(&[-3i64], &[1])).to_vec::<f32>().unwrap_err();
     assert!(matches!(err, lazuli::Error::IndexOutOfRange { op: "index_select", index: -3, .. }), "{err}");
     assert_eq!(table.index_select(0, &Tensor::from_slice(&[1i64], &[1])).to_vec::<f32>().unwrap(), [2.0, 3.0]);
+    // Cross-entropy targets are class indices: one past the classes is named with its position; `ignore_index`
+    // is not out of range; targets in range give the loss as unchecked.
+    let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0, 3.0, 2.0, 1.0], &[2, 2, 3]);
+    let line = line!() + 1;
+    let loss = logits.cross_entropy(&Tensor::from_slice(&[2i64, 0, 1, 3], &[2, 2]));
+    let err = loss.item::<f32>().unwrap_err();
+    assert!(
+        matches!(&err, lazuli::Error::IndexOutOfRange { op: "cross_entropy", index: 3, axis: 2, size: 3, position, .. }
+            if position == &[1, 1]),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&format!("{}:{line}:", file!())), "{err}");
+    let opts = lazuli::CrossEntropyOptions::default().ignore_index(-100);
+    let ignored = logits.cross_entropy_with(&Tensor::from_slice(&[2i64, -100, 1, 0], &[2, 2]), &opts);
+    let lse = |r: [f64; 3]| r.iter().map(|v| v.exp()).sum::<f64>().ln();
+    let want = ((lse([0.0, 1.0, 2.0]) - 2.0) + (lse([1.0, 0.0, 0.0]) - 0.0) + (lse([3.0, 2.0, 1.0]) - 3.0)) / 3.0;
+    assert!((ignored.item::<f32>().unwrap() as f64 - want).abs() < 1e-5);
 }

@@ -1,4 +1,5 @@
-//! Checked indexing (`Tensor::index_select_checked`; `index_select` and `embedding` under `LAZULI_CHECK_INDICES=1`)
+//! Checked indexing (`Tensor::index_select_checked`; `index_select`, `embedding` and cross-entropy targets under
+//! `LAZULI_CHECK_INDICES=1`)
 //! without a host sync per call. The indexing op records beside its gather a small report computed in the same
 //! program: how many indices are out of range, the first bad one's position and its value (`i64[3]`). The report
 //! is watched on this thread; every materialization while it is pending computes it along with its targets, and

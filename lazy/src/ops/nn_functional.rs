@@ -134,6 +134,25 @@ fn narrow_source(x: &Tensor) -> Option<Tensor> {
 /// them it stays one: ignored positions get target -1, which that node counts as 0 (value and gradient), its mean
 /// is scaled from `N` to the positions kept, and the smoothing term `Σ_i (lse_i - mean_c x_ic)` over kept
 /// positions is added as a composite.
+/// Under `LAZULI_CHECK_INDICES`, the targets are checked as indices into the logits' class axis (`classes`: the
+/// axis and its size), as an embedding's ids are: a target outside it that is not `ignore_index` is an
+/// `Error::IndexOutOfRange` naming the loss's line and the target's position, where unchecked it silently adds
+/// nothing to the loss.
+fn check_targets(targets: &Tensor, ignore_index: Option<i64>, classes: (usize, usize), loc: Loc) {
+    let checked = match ignore_index {
+        // Ignored positions are checked as class 0, which is in range.
+        Some(ignored) => {
+            let (dtype, dims) = (targets.dtype(), targets.dims());
+            let ignored = constant_like(ignored as f64, dtype, dims, loc);
+            let is_ignored = apply(Op::Compare(lazuli_hlo::Compare { dir: CompareDir::Eq }), &[targets, &ignored], loc);
+            apply(Op::Select(lazuli_hlo::Select), &[&is_ignored, &constant_like(0.0, dtype, dims, loc), targets], loc)
+        }
+        None => targets.clone(),
+    };
+    let (axis, size) = classes;
+    crate::exec::index_check::watch("cross_entropy", &checked, axis, size, loc).unwrap_or_else(|e| raise(e));
+}
+
 fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, loc: Loc) -> Tensor {
     need_float(x, "cross_entropy", loc);
     let r = x.rank();
@@ -163,6 +182,9 @@ fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, lo
             apply(Op::Reshape(lazuli_hlo::Reshape { dims }), &[t], loc)
         }
     };
+    if crate::exec::index_check::checking_all(loc) {
+        check_targets(targets, opts.ignore_index, (r - 1, c), loc);
+    }
     let (x2, t2) = (reshape(x, vec![n, c]), reshape(targets, vec![n]));
     let ce = |t: &Tensor| cross_entropy_node(&x2, t, loc);
     if opts.ignore_index.is_none() && eps == 0.0 {
