@@ -208,4 +208,8 @@ fn gradients_over_empty_tensors_are_empty() {
     assert!(msg.contains("spatial dimension 0 of f32[2,1,0,4] is empty") && msg.contains("bad_input.rs:"), "{msg}");
     let msg = panic_message(|| drop(image.max_pool2d([1, 1], [2, 2])));
     assert!(msg.contains("does not fit dimension 2 of size 0") && msg.contains("bad_input.rs:"), "{msg}");
+    // Nor has an empty kernel anything to multiply: refused as such (it said a window of 0 did not fit).
+    let image = Tensor::zeros(&[2, 1, 4, 4], DType::F32);
+    let msg = panic_message(|| drop(image.conv2d(&Tensor::ones(&[2, 1, 0, 3], DType::F32), [1, 1], [0, 0])));
+    assert!(msg.contains("spatial dimension 0 of the kernel f32[2,1,0,3] is empty"), "{msg}");
 }

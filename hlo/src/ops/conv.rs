@@ -120,6 +120,12 @@ impl OpRules for Convolution {
                 // Every output would read padding alone (PyTorch refuses it too).
                 return Err(InferError::Shape(format!("convolution: spatial dimension {k} of {l} is empty")));
             }
+            if n == 0 {
+                // Every output would be an empty sum: 0, whatever the input.
+                return Err(InferError::Shape(format!(
+                    "convolution: spatial dimension {k} of the kernel {r} is empty"
+                )));
+            }
             dims[self.out_spec[2 + k]] =
                 sweep_len(input, self.padding[k], window, self.strides[k]).ok_or_else(|| {
                     InferError::Shape(format!(
