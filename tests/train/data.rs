@@ -141,6 +141,12 @@ fn bad_files_are_clear_errors_naming_the_callers_line() {
     assert!(e.contains("tests/train/data.rs:"), "names the caller: {e}");
     assert!(Batches::new(&file, 2, 3, 0).is_ok(), "one window of 3 + 1 fits");
     assert!(Batches::new(&file, 0, 3, 0).is_err());
+    // A batch the host cannot hold is refused here, not by an aborted allocation at the first batch.
+    let line = line!() + 1;
+    let e = Batches::new(&file, 1 << 40, 3, 0).unwrap_err().to_string();
+    assert!(e.contains("GiB on the host, which has") && e.contains(&format!("data.rs:{line}:")), "{e}");
+    let e = Batches::new(&file, usize::MAX / 2, 3, 0).unwrap_err().to_string();
+    assert!(e.contains("more than an address space holds"), "{e}");
 
     let e = TokenFile::write(scratch("big.bin"), &[1, 70_000], TokenWidth::U16).unwrap_err().to_string();
     assert!(e.contains("token 1 is 70000"), "{e}");
