@@ -57,6 +57,15 @@ fn a_layer_the_host_cannot_hold_is_refused_at_the_callers_line() {
         let _ = Dropout::new(1.5);
     });
     assert!(msg.contains("p = 1.5 is not a probability") && msg.contains(&format!(":{line}:")), "{msg}");
+    // An optimizer's zero state is host data too: a parameter still pending on the device (4 TiB, never computed)
+    // is refused at the optimizer's line, for AdamW's moments and SGD's momentum buffers alike.
+    let vast = || vec![("w".to_string(), lazuli::nn::Param::new(Tensor::zeros(&[1 << 40], DType::F32)))];
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(lazuli::optim::AdamW::new(vast(), 1e-3)));
+    assert!(msg.contains("f32[1099511627776] needs 4096.0 GiB") && msg.contains(&format!(":{line}:")), "{msg}");
+    let line = line!() + 1;
+    let msg = panic_message(|| drop(lazuli::optim::Sgd::new(vast(), 0.1).momentum(0.9)));
+    assert!(msg.contains("needs 4096.0 GiB") && msg.contains(&format!(":{line}:")), "{msg}");
     // What fits is made as before.
     let small = Linear::new(&mut rng, 3, 2, true, DType::F32);
     assert_eq!(small.weight.get().dims(), &[3, 2]);

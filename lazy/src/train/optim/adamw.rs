@@ -39,8 +39,12 @@ impl AdamW {
     /// that is negative or not finite (as the builders below do for theirs, and `step()` for values set later).
     #[track_caller]
     pub fn new(params: Vec<(String, Param)>, lr: f64) -> AdamW {
-        let exp_avg = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
-        let exp_avg_sq = params.iter().map(|(_, p)| zeros_like_host(p)).collect();
+        // Loops, not closures: a state the host cannot hold is refused at the caller's line.
+        let (mut exp_avg, mut exp_avg_sq) = (Vec::with_capacity(params.len()), Vec::with_capacity(params.len()));
+        for (_, p) in &params {
+            exp_avg.push(zeros_like_host(p));
+            exp_avg_sq.push(zeros_like_host(p));
+        }
         let adamw = AdamW {
             params,
             exp_avg,

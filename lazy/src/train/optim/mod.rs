@@ -99,6 +99,7 @@ pub(crate) fn replace(slot: &mut Tensor, next: Tensor) {
 
 /// A zero state tensor like `p`, as host data (so it is a program parameter from the first step on, and step 2
 /// has the same structure as step 1).
+#[track_caller]
 pub(crate) fn zeros_like_host(p: &Param) -> Tensor {
     let v = p.get();
     crate::train::nn::init::host_zeros(v.dims(), v.dtype())

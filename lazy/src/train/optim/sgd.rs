@@ -68,10 +68,13 @@ impl Sgd {
     }
 
     /// Zero momentum buffers where there are none, when there is momentum: set through the builder or the field.
+    #[track_caller]
     fn start_momentum(&mut self) {
         if self.momentum != 0.0 {
             for ((_, p), buf) in self.params.iter().zip(&mut self.momentum_buf) {
-                buf.get_or_insert_with(|| zeros_like_host(p));
+                if buf.is_none() {
+                    *buf = Some(zeros_like_host(p));
+                }
             }
         }
     }
