@@ -21,8 +21,7 @@ fn venv_python(dir: &Path) -> PathBuf {
     dir.join("bin").join("python")
 }
 
-/// Whether `python` imports everything in `modules`.
-/// Whether `python` imports `modules` (a comma-separated list).
+/// Whether `python` imports everything in `modules` (a comma-separated list).
 pub fn imports(python: &Path, modules: &str) -> bool {
     Command::new(python)
         .args(["-c", &format!("import {modules}")])

@@ -38,18 +38,13 @@ impl Tensor {
 /// The interpreter holds every value of the graph as f64 at once; a graph with one larger than the host's available
 /// memory is refused (naming the line that recorded it) instead of aborting on a failed allocation.
 fn fits_on_the_host(graph: &lazuli_hlo::Graph) -> Result<()> {
-    let Some(free) = crate::runtime::host_available_memory() else { return Ok(()) };
     let f64_bytes = |n: &lazuli_hlo::Node| n.ty.elements().saturating_mul(8);
     let Some(largest) = graph.nodes.iter().max_by_key(|n| f64_bytes(n)) else { return Ok(()) };
-    if f64_bytes(largest) <= free {
-        return Ok(());
+    match crate::runtime::host_shortfall(f64_bytes(largest)) {
+        None => Ok(()),
+        Some(short) => Err(Error::OutOfMemory(format!(
+            "the reference interpreter would hold {} recorded at {} as f64: {short}",
+            largest.ty, largest.loc
+        ))),
     }
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    Err(Error::OutOfMemory(format!(
-        "the reference interpreter would hold {} recorded at {} as {:.2} GiB of f64; the host has {:.2} GiB available",
-        largest.ty,
-        largest.loc,
-        gib(f64_bytes(largest)),
-        gib(free)
-    )))
 }

@@ -130,10 +130,6 @@ fn narrow_source(x: &Tensor) -> Option<Tensor> {
     node.looked_through(widening).map(Tensor::from_node)
 }
 
-/// Cross-entropy of `[..., C]` logits flattened to `[N, C]`. Without options it is the `CrossEntropy` node; with
-/// them it stays one: ignored positions get target -1, which that node counts as 0 (value and gradient), its mean
-/// is scaled from `N` to the positions kept, and the smoothing term `Σ_i (lse_i - mean_c x_ic)` over kept
-/// positions is added as a composite.
 /// Under `LAZULI_CHECK_INDICES`, the targets are checked as indices into the logits' class axis (`classes`: the
 /// axis and its size), as an embedding's ids are: a target outside it that is not `ignore_index` is an
 /// `Error::IndexOutOfRange` naming the loss's line and the target's position, where unchecked it silently adds
@@ -153,6 +149,10 @@ fn check_targets(targets: &Tensor, ignore_index: Option<i64>, classes: (usize, u
     crate::exec::index_check::watch("cross_entropy", &checked, axis, size, loc).unwrap_or_else(|e| raise(e));
 }
 
+/// Cross-entropy of `[..., C]` logits flattened to `[N, C]`. Without options it is the `CrossEntropy` node; with
+/// them it stays one: ignored positions get target -1, which that node counts as 0 (value and gradient), its mean
+/// is scaled from `N` to the positions kept, and the smoothing term `Σ_i (lse_i - mean_c x_ic)` over kept
+/// positions is added as a composite.
 fn cross_entropy_at(x: &Tensor, targets: &Tensor, opts: &CrossEntropyOptions, loc: Loc) -> Tensor {
     need_float(x, "cross_entropy", loc);
     let r = x.rank();

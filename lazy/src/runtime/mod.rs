@@ -372,6 +372,15 @@ impl Runtime {
     }
 }
 
+/// What the host lacks to hold `bytes` more (`"3.0 GiB on the host, which has 1.2 GiB available"`), or `None` where
+/// they fit or the available memory cannot be read: what the callers that would otherwise abort on a failed
+/// allocation refuse with, naming their own line.
+pub(crate) fn host_shortfall(bytes: usize) -> Option<String> {
+    let free = host_available_memory().filter(|&free| bytes > free)?;
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    Some(format!("{:.1} GiB on the host, which has {:.1} GiB available", gib(bytes), gib(free)))
+}
+
 /// The host's available memory (Linux's `MemAvailable`), or `None` where it cannot be read.
 pub(crate) fn host_available_memory() -> Option<usize> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -265,18 +265,11 @@ impl Batches {
         // Each batch is two host arrays of batch × seq ids: sizes the host cannot hold are refused here, where a
         // failed allocation at the first batch would end the process.
         let bytes = batch.checked_mul(seq).and_then(|ids| ids.checked_mul(2 * std::mem::size_of::<i32>()));
-        let free = crate::runtime::host_available_memory();
-        match (bytes, free) {
-            (None, _) => return Err(err(format!("{batch} × {seq} ids a batch are more than an address space holds"))),
-            (Some(b), Some(free)) if b > free => {
-                let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-                return Err(err(format!(
-                    "a batch of {batch} × {seq} ids needs {:.1} GiB on the host, which has {:.1} GiB available",
-                    gib(b),
-                    gib(free)
-                )));
-            }
-            _ => {}
+        let Some(bytes) = bytes else {
+            return Err(err(format!("{batch} × {seq} ids a batch are more than an address space holds")));
+        };
+        if let Some(short) = crate::runtime::host_shortfall(bytes) {
+            return Err(err(format!("a batch of {batch} × {seq} ids needs {short}")));
         }
         let base = HostRng::new(seed).next_u64();
         Ok(Batches { sampler: Sampler { file: file.clone(), batch, seq, base, at }, next: 0 })

@@ -54,14 +54,8 @@ fn host_bytes(dims: &[usize], dtype: DType) -> usize {
         fail(loc, why);
     }
     let bytes = ty.byte_size();
-    if bytes >= CHECKED_FROM_BYTES {
-        if let Some(free) = crate::runtime::host_available_memory().filter(|&free| bytes > free) {
-            let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-            fail(
-                loc,
-                format!("{ty} needs {:.1} GiB on the host, which has {:.1} GiB available", gib(bytes), gib(free)),
-            );
-        }
+    if let Some(short) = (bytes >= CHECKED_FROM_BYTES).then(|| crate::runtime::host_shortfall(bytes)).flatten() {
+        fail(loc, format!("{ty} needs {short}"));
     }
     bytes
 }
