@@ -130,7 +130,7 @@ impl OpRules for Convolution {
                 sweep_len(input, self.padding[k], window, self.strides[k]).ok_or_else(|| {
                     InferError::Shape(format!(
                         "convolution: a window of {n} (dilation {}) does not fit spatial dimension {k} of size {len} \
-                     padded by {:?} in {l}",
+                         padded by {:?} in {l}",
                         self.rhs_dilation[k], self.padding[k]
                     ))
                 })?;
