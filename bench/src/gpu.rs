@@ -261,6 +261,7 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
         peak_bytes = r.peak_bytes;
     }
     let profile = if opts.profile { crate::profile::lazuli(&mut lz, steps, opts.pipelined) } else { None };
+    report_locator_ahead();
     let s = split_median(&splits).unwrap_or_default();
     let warmup_losses = [first.losses, rest.losses].concat();
     Ok(json!({
@@ -271,6 +272,22 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
         "split": {"record": s.record, "record_parts": s.record_parts, "execute": s.execute, "programs_per_step": s.programs_per_step,
                   "compiles": s.compiles, "boundary": s.boundary, "upload": s.upload, "finish": s.finish, "wait": s.wait},
     }))
+}
+
+/// Under `LAZULI_LOCATE_AHEAD`, whether the locating program's compile and its warm run fell within this side's
+/// steps (the peak memory then holds the warm run), and how long each took.
+fn report_locator_ahead() {
+    let m = lazuli::metrics();
+    if m.locate_ahead > 0 {
+        eprintln!(
+            "lazuli-bench: locator ahead: {} started, {} compiled ({:.1} s), {} warm runs ({:.1} ms)",
+            m.locate_ahead,
+            m.locate_compiles,
+            m.locate_compile_ms / 1e3,
+            m.locate_warm_runs,
+            m.locate_warm_ms
+        );
+    }
 }
 
 fn lazuli_side_from_json(name: String, v: &Value) -> Side {

@@ -6,7 +6,8 @@
 
 use std::process::Command;
 
-use lazuli::Tensor;
+use lazuli::nn::{Activation, HostRng, Mlp};
+use lazuli::{AdamW, CheckFinite, Config, DType, Module, Optimizer, Tensor};
 
 const CHILD: &str = "LAZULI_TEST_EXIT_CHILD";
 
@@ -56,5 +57,49 @@ fn exiting_right_after_sync_is_clean() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+    }
+}
+
+const AHEAD_CHILD: &str = "LAZULI_TEST_EXIT_AHEAD_CHILD";
+
+/// Under `LAZULI_LOCATE_AHEAD` a training step's locating program is compiled on a thread of its own once the
+/// step runs again. A process that ends within that compile must wait for it and exit cleanly: it crashed in the
+/// CPU plugin, whose compile used statics that the exit had already destroyed.
+#[test]
+fn exiting_within_a_locator_compile_ahead_is_clean() {
+    if std::env::var_os(AHEAD_CHILD).is_some() {
+        let config = Config { check_finite: CheckFinite::Stop, locate_ahead: true, ..Config::from_env().unwrap() };
+        lazuli::init(config).unwrap();
+        let mlp = Mlp::new(&mut HostRng::new(7), &[64, 256, 256, 256, 10], Activation::Tanh, DType::F32);
+        let mut opt = AdamW::new(mlp.named_params(), 1e-3);
+        let x = Tensor::from_slice(&vec![0.25f32; 32 * 64], &[32, 64]);
+        for _ in 0..3 {
+            let y = mlp.forward(&x);
+            (&y * &y).mean_all().backward();
+            opt.step();
+            opt.zero_grad();
+            lazuli::sync().expect("step");
+        }
+        let m = lazuli::metrics();
+        // The compile ahead started at the second step; end the process before it is done.
+        assert_eq!((m.locate_ahead, m.locate_compiles), (1, 0), "the compile ahead is under way: {m:?}");
+        return;
+    }
+    let test = crate::common::child::test_name(module_path!(), "exiting_within_a_locator_compile_ahead_is_clean");
+    for _ in 0..3 {
+        let out = crate::common::child::command(&test)
+            .env(AHEAD_CHILD, "1")
+            .env_remove("LAZULI_CHECK_FINITE")
+            .env_remove("LAZULI_LOCATE_AHEAD")
+            .output()
+            .expect("run the child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the child exited with {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("1 passed"), "the child ran the test");
     }
 }

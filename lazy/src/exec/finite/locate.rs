@@ -133,6 +133,24 @@ pub(crate) struct Ahead {
 /// The threads compiling probes ahead: joined at exit ([`join_aside`]), before the plugin is torn down.
 static ASIDE: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
 
+/// Joins the compiles started ahead when the thread that started them ends, and so, on the main thread, when
+/// the process exits: the C library runs a thread's thread-local destructors before any exit-time callback. The
+/// exit hook ([`join_aside`]) runs too late for a compile still under way: the plugin registers exit-time
+/// destructors for statics that a compile creates, so those of a compile that started after the hook was
+/// registered are destroyed before the hook runs, under the compile that uses them (a process ending within an
+/// ahead compile crashed so).
+struct JoinBeforeExit;
+
+impl Drop for JoinBeforeExit {
+    fn drop(&mut self) {
+        join_aside();
+    }
+}
+
+thread_local! {
+    static JOIN_BEFORE_EXIT: JoinBeforeExit = const { JoinBeforeExit };
+}
+
 impl Ahead {
     /// Starts building `graph`'s probe on a thread of its own (stacking only nodes of up to
     /// [`STACK_UP_TO_AHEAD`] elements when it will be compiled ahead); without a thread the trip builds it.
@@ -169,6 +187,7 @@ impl Ahead {
             Counters::add(&COUNTERS.locate_ahead, 1);
             self.compiling.store(true, Relaxed);
             ASIDE.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+            JOIN_BEFORE_EXIT.with(|_| ());
         }
     }
 
