@@ -133,12 +133,12 @@ pub(crate) struct Ahead {
 /// The threads compiling probes ahead: joined at exit ([`join_aside`]), before the plugin is torn down.
 static ASIDE: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
 
-/// Joins the compiles started ahead when the thread that started them ends, and so, on the main thread, when
-/// the process exits: the C library runs a thread's thread-local destructors before any exit-time callback. The
-/// exit hook ([`join_aside`]) runs too late for a compile still under way: the plugin registers exit-time
-/// destructors for statics that a compile creates, so those of a compile that started after the hook was
-/// registered are destroyed before the hook runs, under the compile that uses them (a process ending within an
-/// ahead compile crashed so).
+/// Joins the compiles started ahead (and an unload started aside) when the thread that started them ends, and so,
+/// on the main thread, when the process exits: the C library runs a thread's thread-local destructors before any
+/// exit-time callback. The exit hook ([`join_aside`]) runs too late for a compile still under way: the plugin
+/// registers exit-time destructors for statics that a compile creates, so those of a compile that started after
+/// the hook was registered are destroyed before the hook runs, under the compile that uses them (a process ending
+/// within an ahead compile crashed so).
 struct JoinBeforeExit;
 
 impl Drop for JoinBeforeExit {
@@ -464,6 +464,7 @@ fn unload_aside(unload: impl FnOnce() + Send + 'static) {
     let handle = std::thread::Builder::new().name("lazuli-unload".into()).spawn(unload);
     // Without a thread, `unload` was dropped unrun by the failed spawn: the program is unloaded here, as before.
     *UNLOADING.lock().unwrap_or_else(|e| e.into_inner()) = handle.ok();
+    JOIN_BEFORE_EXIT.with(|_| ());
 }
 
 /// At exit, before the plugin is torn down: waits for the compiles started ahead (a run that ends within one waits
