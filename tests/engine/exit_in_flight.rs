@@ -101,5 +101,8 @@ fn exiting_within_a_locator_compile_ahead_is_clean() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(stdout.contains("1 passed"), "the child ran the test");
+        // The wait at exit is as long as a compile: it says so rather than look like a hang.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("waiting for the NaN locator's compile ahead to finish before exit"), "{stderr}");
     }
 }

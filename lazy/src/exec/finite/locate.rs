@@ -471,6 +471,13 @@ fn unload_aside(unload: impl FnOnce() + Send + 'static) {
 /// for its end) and for an unload started by [`unload_aside`].
 pub(crate) fn join_aside() {
     let compiles = std::mem::take(&mut *ASIDE.lock().unwrap_or_else(|e| e.into_inner()));
+    if compiles.iter().any(|h| !h.is_finished()) {
+        // A wait as long as a compile, which would otherwise look like a hang.
+        eprintln!(
+            "lazuli: waiting for the NaN locator's compile ahead to finish before exit \
+             (LAZULI_LOCATE_AHEAD=0 compiles it only at a trip)"
+        );
+    }
     for handle in compiles {
         let _ = handle.join();
     }
