@@ -102,7 +102,7 @@ pub use lazuli_lazy::metrics::{metrics, Metrics};
 pub use lazuli_lazy::profile;
 pub use lazuli_lazy::{
     init, memory_stats, platform, program_memory, runtime_info, Backend, BlockScan, CheckFinite, CompileCache,
-    CompiledMemoryStats, Config, CpuLauncher, MemoryStats, RuntimeInfo, SplitUpdate, XlaOption,
+    CompiledMemoryStats, Config, CpuLauncher, LocateAhead, MemoryStats, RuntimeInfo, SplitUpdate, XlaOption,
 };
 // Errors and the source locations they name.
 pub use lazuli_lazy::{Cause, Error, Loc, Result};

@@ -274,8 +274,8 @@ pub fn lazuli_side(w: &Workload, weights: &Path, opts: &Options) -> BenchResult<
     }))
 }
 
-/// Under `LAZULI_LOCATE_AHEAD`, whether the locating program's compile and its warm run fell within this side's
-/// steps (the peak memory then holds the warm run), and how long each took.
+/// With the locator ahead (`LAZULI_LOCATE_AHEAD`), whether the locating program's compile and its warm run fell
+/// within this side's steps (the peak memory then holds the warm run), and how long each took.
 fn report_locator_ahead() {
     let m = lazuli::metrics();
     if m.locate_ahead > 0 {

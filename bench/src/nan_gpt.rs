@@ -9,8 +9,9 @@
 //! step's own loss read, which has waited for it, reads its check), split by the runtime's metrics into waiting
 //! for the check, building the locator's program (its graph and IR), its compile, its run (uploads, execution,
 //! reading back) and the rest (the bad step, the report); whether the error names the planted op and line; and the
-//! issue's goal, (trip − one compile) / step ≤ 3. With `LAZULI_LOCATE_AHEAD=1` each process first steps until the
-//! locating program compiled ahead has run once, and a trip compiles nothing.
+//! issue's goal, (trip − one compile) / step ≤ 3. With the locator ahead (`LAZULI_LOCATE_AHEAD`, on by default on
+//! NVIDIA GPUs) each process first steps until the locating program compiled ahead has run once, and a trip
+//! compiles nothing.
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -128,9 +129,10 @@ pub fn side(cfg: GptNanConfig, trip: bool) -> BenchResult<Value> {
             "first_compile_s": first.compile_ms / 1e3, "first_from_disk": first.disk_cache_hits > 0,
             "params": params, "runtime": runtime }));
     }
-    // `LAZULI_LOCATE_AHEAD=1`: more steps until the locating programs compiled on threads are done, and three more
-    // (the next check read runs the step's once), so that the trip is timed as a long run has it.
-    let ahead = matches!(std::env::var("LAZULI_LOCATE_AHEAD").as_deref(), Ok("1" | "true" | "on"));
+    // The locator ahead (`LAZULI_LOCATE_AHEAD`, on by default on NVIDIA GPUs; its compiles started with the timed
+    // steps): more steps until the locating programs compiled on threads are done, and three more (the next check
+    // read runs the step's once), so that the trip is timed as a long run has it.
+    let ahead = lazuli::metrics().locate_ahead > 0;
     let (waiting, mut ahead_steps) = (Instant::now(), 0);
     let compiling = || {
         let m = lazuli::metrics();

@@ -120,8 +120,8 @@ pub const VARIABLES: &[Variable] = &[
     v(
         "LAZULI_LOCATE_AHEAD",
         "the program locating a trip compiled on a thread and run once before any trip (stop and log)",
-        "1, 0",
-        "0",
+        "auto (on for NVIDIA GPUs), 1, 0",
+        "auto",
     ),
     v(
         "LAZULI_CHECK_INDICES",
@@ -251,6 +251,24 @@ pub enum BlockScan {
     Unrolled,
 }
 
+/// Where the check locates trips (`LAZULI_CHECK_FINITE=stop` or `log`): whether each training step structure's
+/// locating program is compiled on a thread of its own once the structure runs a second time, and run once on a
+/// finite step, so that a trip names its op without a compile (`LAZULI_LOCATE_AHEAD`). The price: a compile as
+/// long as the locator's on a host thread while the run trains, one locating run (its memory beside the state),
+/// and, for a process that ends within the compile, a wait for it at exit. Measured on an H200 in
+/// `docs/perf-log/2026-12-05-locator-ahead-by-default.md`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LocateAhead {
+    /// On NVIDIA GPUs, where a trip's compile is many steps' time and the host has cores to spare (the default);
+    /// off on the CPU, whose few cores run the step's kernels.
+    #[default]
+    Auto,
+    /// On every device.
+    On,
+    /// A trip compiles its locating program.
+    Off,
+}
+
 /// What a step whose values hold NaN or infinities does (`LAZULI_CHECK_FINITE`). When on, every program computes
 /// one more, tiny output (counts of non-finite elements). Under `Skip` and `Stop` the program also keeps its state:
 /// each parameter and optimizer state output becomes the value it replaces when what enters the update is
@@ -266,8 +284,8 @@ pub enum CheckFinite {
     /// parameters and optimizer state as they were before it (a sticky flag on the device), so the check is read
     /// once two later programs are launched (or at `wait()`, or at a read of a result of the thread's latest
     /// program: a loop reading its loss gets the error from the bad step's own read), never waiting for the device,
-    /// and the step is run again on exactly its inputs to locate the op (compiled ahead with
-    /// `LAZULI_LOCATE_AHEAD`). A non-finite value that an update makes from finite inputs
+    /// and the step is run again on exactly its inputs to locate the op (compiled ahead on NVIDIA GPUs, see
+    /// [`LocateAhead`]). A non-finite value that an update makes from finite inputs
     /// shows at the next step, as a non-finite input named with its line.
     Stop,
     /// A step whose loss or gradients (what enters the update) are not all finite leaves the state as it was
@@ -453,8 +471,16 @@ pub(crate) fn split_update() -> Result<SplitUpdate> {
     }
 }
 
-pub(crate) fn locate_ahead() -> Result<bool> {
-    switch("LAZULI_LOCATE_AHEAD", false)
+pub(crate) fn locate_ahead() -> Result<LocateAhead> {
+    match var("LAZULI_LOCATE_AHEAD") {
+        None => Ok(LocateAhead::Auto),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "auto" => Ok(LocateAhead::Auto),
+            "1" | "on" | "true" => Ok(LocateAhead::On),
+            "0" | "off" | "false" => Ok(LocateAhead::Off),
+            _ => Err(bad("LAZULI_LOCATE_AHEAD", &v, "auto, 1 or 0")),
+        },
+    }
 }
 
 /// A directory lazuli can create (it is created here).

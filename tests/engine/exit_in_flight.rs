@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use lazuli::nn::{Activation, HostRng, Mlp};
-use lazuli::{AdamW, CheckFinite, Config, DType, Module, Optimizer, Tensor};
+use lazuli::{AdamW, CheckFinite, Config, DType, LocateAhead, Module, Optimizer, Tensor};
 
 const CHILD: &str = "LAZULI_TEST_EXIT_CHILD";
 
@@ -68,7 +68,8 @@ const AHEAD_CHILD: &str = "LAZULI_TEST_EXIT_AHEAD_CHILD";
 #[test]
 fn exiting_within_a_locator_compile_ahead_is_clean() {
     if std::env::var_os(AHEAD_CHILD).is_some() {
-        let config = Config { check_finite: CheckFinite::Stop, locate_ahead: true, ..Config::from_env().unwrap() };
+        let config =
+            Config { check_finite: CheckFinite::Stop, locate_ahead: LocateAhead::On, ..Config::from_env().unwrap() };
         lazuli::init(config).unwrap();
         let mlp = Mlp::new(&mut HostRng::new(7), &[64, 256, 256, 256, 10], Activation::Tanh, DType::F32);
         let mut opt = AdamW::new(mlp.named_params(), 1e-3);

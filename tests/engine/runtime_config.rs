@@ -136,6 +136,20 @@ fn scanned_blocks_are_written_out_on_gpus_unless_told() {
     assert!(!unrolls(Backend::Gpu, BlockScan::Loop));
 }
 
+/// `LAZULI_LOCATE_AHEAD` takes auto, 1 or 0; auto compiles the NaN locator ahead on NVIDIA GPUs only.
+#[test]
+fn the_locator_is_compiled_ahead_on_gpus_unless_told() {
+    let name = "the_locator_is_compiled_ahead_on_gpus_unless_told";
+    a_bad_setting_is_a_clear_error(name, "LAZULI_LOCATE_AHEAD", "early", "expected auto, 1 or 0");
+    use lazuli::{Backend, LocateAhead};
+    let ahead = |backend, locate_ahead| Config { backend, locate_ahead, ..Config::default() }.locates_ahead();
+    assert!(ahead(Backend::Gpu, LocateAhead::Auto));
+    assert!(!ahead(Backend::Cpu, LocateAhead::Auto));
+    assert!(!ahead(Backend::Tpu, LocateAhead::Auto));
+    assert!(ahead(Backend::Cpu, LocateAhead::On));
+    assert!(!ahead(Backend::Gpu, LocateAhead::Off));
+}
+
 /// The step is split on NVIDIA GPUs by default, or where asked; under the finite check only with `stop`, whose
 /// sticky flag carries the gradients' trip into the update.
 #[test]

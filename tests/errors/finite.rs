@@ -5,7 +5,8 @@
 use lazuli::diagnostics::{events, EventKind};
 use lazuli::nn::{Activation, HostRng, Mlp, Param};
 use lazuli::{
-    checkpoint, mesh, AdamW, CheckFinite, Config, DType, Error, Loc, Module, Optimizer, PartitionSpec, Tensor,
+    checkpoint, mesh, AdamW, CheckFinite, Config, DType, Error, Loc, LocateAhead, Module, Optimizer, PartitionSpec,
+    Tensor,
 };
 
 use crate::common::child;
@@ -326,7 +327,7 @@ fn sharded_trip(ahead: bool) {
     let config = Config {
         check_finite: CheckFinite::Stop,
         cpu_device_count: 4,
-        locate_ahead: ahead,
+        locate_ahead: if ahead { LocateAhead::On } else { LocateAhead::Off },
         ..Config::from_env().unwrap()
     };
     lazuli::init(config).unwrap();

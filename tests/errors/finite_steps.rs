@@ -6,7 +6,7 @@
 //! step sooner than with one program a step.
 
 use lazuli::nn::{Activation, HostRng, Mlp};
-use lazuli::{AdamW, CheckFinite, Config, DType, Module, Optimizer, Param, SplitUpdate, Tensor};
+use lazuli::{AdamW, CheckFinite, Config, DType, LocateAhead, Module, Optimizer, Param, SplitUpdate, Tensor};
 
 use super::finite::{init as init_one_program, located, state_bits, step_until_compiled_ahead};
 use crate::common::child;
@@ -16,7 +16,7 @@ fn init(locate_ahead: bool) {
     let config = Config {
         check_finite: CheckFinite::Stop,
         split_update: SplitUpdate::On,
-        locate_ahead,
+        locate_ahead: if locate_ahead { LocateAhead::On } else { LocateAhead::Off },
         ..Config::from_env().unwrap()
     };
     lazuli::init(config).unwrap();
@@ -185,7 +185,8 @@ fn a_locator_compiled_ahead_locates_without_a_compile_at_the_trip() {
     if child::alone(module_path!(), "a_locator_compiled_ahead_locates_without_a_compile_at_the_trip") {
         return; // the runtime's configuration is process-wide
     }
-    let config = Config { check_finite: CheckFinite::Stop, locate_ahead: true, ..Config::from_env().unwrap() };
+    let config =
+        Config { check_finite: CheckFinite::Stop, locate_ahead: LocateAhead::On, ..Config::from_env().unwrap() };
     lazuli::init(config).unwrap();
     // One program a step: the bad step's check is read once two later steps are launched.
     a_locator_ahead_trip(1, 2);

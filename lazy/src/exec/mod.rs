@@ -222,7 +222,7 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, cause: Cause, at: Loc) -
         }
         // Ahead only for a training step's programs, not a model's initialization.
         let rt = runtime()?;
-        let ahead_compile = rt.config.locate_ahead && of_step;
+        let ahead_compile = rt.config.locates_ahead() && of_step;
         let build = || plan.walk.graph().clone();
         let (graph, ahead) = finite::graph_of(plan.key, ahead_compile, rt.config.backend, build);
         Some(finite::Replay { graph, ahead, inputs, input_locs })

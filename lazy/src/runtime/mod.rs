@@ -9,7 +9,7 @@ use lazuli_pjrt::{provision, AttrValue, Client, ClientOptions, CompileOptions, D
 
 use crate::error::{Error, Result};
 use crate::settings::{self, MAX_CPU_DEVICES};
-pub use crate::settings::{Backend, BlockScan, CheckFinite, CompileCache, CpuLauncher, SplitUpdate};
+pub use crate::settings::{Backend, BlockScan, CheckFinite, CompileCache, CpuLauncher, LocateAhead, SplitUpdate};
 use lazuli_pjrt::provision::Sources;
 
 pub(crate) mod compile_cache;
@@ -76,12 +76,9 @@ pub struct Config {
     /// Count each step's non-finite output values in the step's own program, and skip the step, stop or log on a
     /// trip (`LAZULI_CHECK_FINITE`, default off; see `CheckFinite`).
     pub check_finite: CheckFinite,
-    /// Where the check locates trips (`stop`, `log`): compile each step structure's locating program on a thread
-    /// of its own as soon as the structure is first run, and run it once on a finite step, so that a trip names
-    /// its op without a compile (`LAZULI_LOCATE_AHEAD`, default off: a compile as long as the step's, paid by every
-    /// run, a process that ends within it waits for it at exit, and the one run holds the locating program's
-    /// memory beside a step that may still be running).
-    pub locate_ahead: bool,
+    /// Whether the check (`stop`, `log`) compiles each training step structure's locating program ahead of any
+    /// trip (`LAZULI_LOCATE_AHEAD`, see [`LocateAhead`] and [`Config::locates_ahead`]).
+    pub locate_ahead: LocateAhead,
     /// Whether an optimizer's `step()` launches the gradients before recording its update (`LAZULI_SPLIT_UPDATE`,
     /// see [`SplitUpdate`] and [`Config::splits_update`]).
     pub split_update: SplitUpdate,
@@ -119,7 +116,7 @@ impl Default for Config {
             compile_cache_limit: 2 << 30,
             program_cache_limit: program_cache::DEFAULT_LIMIT,
             check_finite: CheckFinite::Off,
-            locate_ahead: false,
+            locate_ahead: LocateAhead::Auto,
             split_update: SplitUpdate::Auto,
             block_scan: BlockScan::Auto,
             wait_spin: None,
@@ -188,6 +185,17 @@ impl Config {
             }
             SplitUpdate::On => matches!(self.check_finite, CheckFinite::Off | CheckFinite::Stop),
             SplitUpdate::Off => false,
+        }
+    }
+
+    /// Whether a training step structure's locating program is compiled ahead of any trip: as
+    /// [`Config::locate_ahead`] says; `Auto` on NVIDIA GPUs, where a trip's compile is many steps' time and the
+    /// host has cores to spare.
+    pub fn locates_ahead(&self) -> bool {
+        match self.locate_ahead {
+            LocateAhead::Auto => self.backend == Backend::Gpu,
+            LocateAhead::On => true,
+            LocateAhead::Off => false,
         }
     }
 
