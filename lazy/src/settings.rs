@@ -460,25 +460,31 @@ pub(crate) fn block_scan() -> Result<BlockScan> {
 }
 
 pub(crate) fn split_update() -> Result<SplitUpdate> {
-    match var("LAZULI_SPLIT_UPDATE") {
-        None => Ok(SplitUpdate::Auto),
-        Some(v) => match v.to_ascii_lowercase().as_str() {
-            "auto" => Ok(SplitUpdate::Auto),
-            "1" | "on" => Ok(SplitUpdate::On),
-            "0" | "off" => Ok(SplitUpdate::Off),
-            _ => Err(bad("LAZULI_SPLIT_UPDATE", &v, "auto, on or off")),
-        },
-    }
+    Ok(match auto_switch("LAZULI_SPLIT_UPDATE", "auto, on or off")? {
+        None => SplitUpdate::Auto,
+        Some(true) => SplitUpdate::On,
+        Some(false) => SplitUpdate::Off,
+    })
 }
 
 pub(crate) fn locate_ahead() -> Result<LocateAhead> {
-    match var("LAZULI_LOCATE_AHEAD") {
-        None => Ok(LocateAhead::Auto),
+    Ok(match auto_switch("LAZULI_LOCATE_AHEAD", "auto, 1 or 0")? {
+        None => LocateAhead::Auto,
+        Some(true) => LocateAhead::On,
+        Some(false) => LocateAhead::Off,
+    })
+}
+
+/// A switch that may also be `auto` (or unset): `None` then, else whether it is on, in [`switch`]'s words. A bad
+/// value is an error that names `expected`.
+fn auto_switch(name: &'static str, expected: &str) -> Result<Option<bool>> {
+    match var(name) {
+        None => Ok(None),
         Some(v) => match v.to_ascii_lowercase().as_str() {
-            "auto" => Ok(LocateAhead::Auto),
-            "1" | "on" | "true" => Ok(LocateAhead::On),
-            "0" | "off" | "false" => Ok(LocateAhead::Off),
-            _ => Err(bad("LAZULI_LOCATE_AHEAD", &v, "auto, 1 or 0")),
+            "auto" => Ok(None),
+            "1" | "on" | "true" => Ok(Some(true)),
+            "0" | "off" | "false" => Ok(Some(false)),
+            _ => Err(bad(name, &v, expected)),
         },
     }
 }
