@@ -58,6 +58,31 @@ fn an_optimizer_update_is_named_at_the_next_step_when_split() {
     an_update_that_makes_nan_is_named_at_the_next_step();
 }
 
+/// A trip in the split step's update (AdamW's step size, `lr / (1 − β₁)`, overflows f64 at `lr = f64::MAX`): the
+/// update keeps no gradients for its locator, so the gradients' program runs again on its kept inputs and feeds
+/// the update's locator, which names the division at the optimizer's line; the weight keeps its value.
+#[test]
+fn a_trip_in_the_update_is_located_from_gradients_made_again_when_split() {
+    if child::alone(module_path!(), "a_trip_in_the_update_is_located_from_gradients_made_again_when_split") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(false);
+    let w = Param::new(Tensor::from_slice(&[1.0f32, -2.0, 3.0], &[3]));
+    let mut opt = AdamW::new(vec![("w".into(), w.clone())], f64::MAX).weight_decay(0.0);
+    let loss = (&w.get() * &w.get()).sum_all();
+    loss.backward();
+    let before = lazuli::metrics();
+    let line = line!() + 1;
+    opt.step();
+    lazuli::sync().unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("div", file!(), line), "{report}");
+    assert!(report.contains("f64[]") && report.contains("1 of 1 non-finite"), "{report}");
+    assert_eq!((lazuli::metrics() - before).gradients_remade, 1, "{report}");
+    assert_eq!(w.get().to_vec::<f32>().unwrap(), [1.0, -2.0, 3.0]);
+}
+
 /// `LAZULI_LOCATE_AHEAD` with the split step: the gradients' program, which updates no state itself, has its
 /// locating program compiled ahead too, and the trip runs it without a compile.
 #[test]

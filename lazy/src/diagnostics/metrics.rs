@@ -28,6 +28,7 @@ pub(crate) struct Counters {
     pub locate_ahead: AtomicU64,
     pub locate_warm_runs: AtomicU64,
     pub locate_warm_ns: AtomicU64,
+    pub gradients_remade: AtomicU64,
     pub backward_replays: AtomicU64,
     pub programs_evicted: AtomicU64,
 }
@@ -57,6 +58,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     locate_ahead: AtomicU64::new(0),
     locate_warm_runs: AtomicU64::new(0),
     locate_warm_ns: AtomicU64::new(0),
+    gradients_remade: AtomicU64::new(0),
     backward_replays: AtomicU64::new(0),
     programs_evicted: AtomicU64::new(0),
 };
@@ -124,6 +126,9 @@ pub struct Metrics {
     /// first run; and the time of those runs.
     pub locate_warm_runs: u64,
     pub locate_warm_ms: f64,
+    /// Runs of a split step's gradients' program again, to feed its update's locator (a trip of the update, or
+    /// that locator's warm run): the update keeps what makes its gradients, not the gradients themselves.
+    pub gradients_remade: u64,
     /// Backward passes whose gradient ops were made from a template kept from an earlier pass over a forward of
     /// the same shape, without running the gradient rules (`LAZULI_BACKWARD_REPLAY`).
     pub backward_replays: u64,
@@ -160,6 +165,7 @@ pub fn metrics() -> Metrics {
         locate_ahead: c.locate_ahead.load(Relaxed),
         locate_warm_runs: c.locate_warm_runs.load(Relaxed),
         locate_warm_ms: c.locate_warm_ns.load(Relaxed) as f64 / 1e6,
+        gradients_remade: c.gradients_remade.load(Relaxed),
         backward_replays: c.backward_replays.load(Relaxed),
         programs_evicted: c.programs_evicted.load(Relaxed),
     }
@@ -193,6 +199,7 @@ impl std::ops::Sub for Metrics {
             locate_ahead: self.locate_ahead - b.locate_ahead,
             locate_warm_runs: self.locate_warm_runs - b.locate_warm_runs,
             locate_warm_ms: self.locate_warm_ms - b.locate_warm_ms,
+            gradients_remade: self.gradients_remade - b.gradients_remade,
             backward_replays: self.backward_replays - b.backward_replays,
             programs_evicted: self.programs_evicted - b.programs_evicted,
         }

@@ -23,9 +23,11 @@ pub(crate) mod spmd;
 pub(crate) mod upload;
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lazuli_hlo::Loc;
+use lazuli_pjrt::LoadedExecutable;
 
 pub use plan::MAX_GRAPH_NODES;
 pub use profile::profile;
@@ -73,7 +75,9 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         None => targets,
     };
     let flag_node = flag.as_ref().map(|f| &f.next.node);
-    let Some(mut plan) = plan::plan(rt, targets, flag_node, at)? else { return finite::after_launch(previous) };
+    let Some(mut plan) = plan::plan(rt, targets, flag_node, (cause, at))? else {
+        return finite::after_launch(previous);
+    };
     let hit = plan.cached.is_some();
     // Strict mode may refuse here, before anything is uploaded, compiled or donated. Diagnostics compare a new
     // program's IR with earlier ones; a cache hit needs no IR at all.
@@ -103,7 +107,7 @@ pub(crate) fn materialize(targets: &[Rc<Node>], cause: Cause, at: Loc) -> Result
         Counters::add(&COUNTERS.execute_ns, (t3 - t2).as_nanos() as u64);
     }
     let times = Times { transfer: t1 - t0, compile: t2 - t1, execute: t3 - t2 };
-    finish(plan, outputs, check, cause, at, times, uploaded)?;
+    finish(plan, outputs, (&exe, check), cause, at, times, uploaded)?;
     if let Some(f) = flag {
         finite::flag::launched(f);
     }
@@ -145,14 +149,14 @@ struct Times {
 fn finish(
     mut plan: Plan,
     mut outputs: Vec<Data>,
-    check: ProgramCheck,
+    (exe, check): (&Arc<LoadedExecutable>, ProgramCheck),
     cause: Cause,
     at: Loc,
     times: Times,
     uploaded: u64,
 ) -> Result<()> {
     if plan.checked {
-        keep_check(&mut plan, &mut outputs, cause, at)?;
+        keep_check(&mut plan, exe, &mut outputs, cause, at)?;
     }
     for &i in &plan.donated {
         // The buffer now belongs to an output; nothing may read this node again.
@@ -197,7 +201,13 @@ fn at_exit() {
 /// trip is the input's own; the pairs of donated inputs and outputs let earlier steps' kept inputs follow theirs.
 /// The gradients' program of a split step updates no state itself, but its trip keeps the state: the update after
 /// it reads the flag it hands on.
-fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, cause: Cause, at: Loc) -> Result<()> {
+fn keep_check(
+    plan: &mut Plan,
+    exe: &Arc<LoadedExecutable>,
+    outputs: &mut Vec<Data>,
+    cause: Cause,
+    at: Loc,
+) -> Result<()> {
     let internal = |m: &str| crate::error::Error::Internal(m.into());
     let counts = outputs.pop().ok_or_else(|| internal("a checked program without its check"))?;
     let mode = runtime()?.config.check_finite;
@@ -225,7 +235,10 @@ fn keep_check(plan: &mut Plan, outputs: &mut Vec<Data>, cause: Cause, at: Loc) -
         let ahead_compile = rt.config.locates_ahead() && of_step;
         let build = || plan.walk.graph().clone();
         let (graph, ahead) = finite::graph_of(plan.key, ahead_compile, rt.config.backend, build);
-        Some(finite::Replay { graph, ahead, inputs, input_locs })
+        // What the update after it is fed from, in place of the gradients themselves (`finite::chain`).
+        let remakes = cause == Cause::Gradients && plan.mesh.is_none() && plan.donated.is_empty();
+        let source = remakes.then(|| finite::chain::Source::new(exe.clone(), graph.clone(), inputs.clone(), outputs));
+        Some(finite::Replay { graph, ahead, inputs, input_locs, source, fed: None })
     } else {
         None
     };

@@ -10,6 +10,7 @@
 //! A step partitioned over a mesh runs again whole on one device, its kept shards gathered: the same ops in the
 //! same order, without a partitioned compile per trip (the model must then fit on one device).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -230,14 +231,16 @@ fn once_set<T>(cell: &OnceLock<T>) -> &T {
 /// inputs), its results dropped: a new program's first run loads its kernels (on an H200 some 15–50 ms for GPT-2's
 /// locating program), which then does not fall on a trip. A failed run is not tried again; a trip then runs the
 /// program as it is.
-pub(crate) fn warm(rt: &Runtime, ahead: &Ahead, inputs: &[Data]) {
+pub(crate) fn warm<'a>(rt: &Runtime, ahead: &Ahead, inputs: impl FnOnce() -> Result<Cow<'a, [Data]>>) {
     let (Some(p), Some(exe)) = (ahead.ready(), ahead.compiled()) else { return };
     if ahead.warmed.swap(true, Relaxed) {
         return;
     }
+    // Before the lock: a split step's update has its gradients made again, a program run of its own.
+    let Ok(inputs) = inputs() else { return };
     let _one = crate::exec::one_at_a_time();
     let running = Instant::now();
-    if execute(rt, &p.graph, exe, inputs).is_ok() {
+    if execute(rt, &p.graph, exe, &inputs).is_ok() {
         Counters::add(&COUNTERS.locate_warm_runs, 1);
         Counters::add(&COUNTERS.locate_warm_ns, running.elapsed().as_nanos() as u64);
     }

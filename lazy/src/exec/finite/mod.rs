@@ -29,11 +29,13 @@
 //!
 //! A split step (`read::launch_gradients`, under `stop` on GPUs by default) is two checked programs: the gradients'
 //! counts the loss and the gradients and hands its trip on in the flag; the update's leaves those values out of its
-//! count ([`counted_leaves`]) and guards the state by the flag. A trip is located in the gradients' program.
+//! count ([`counted_leaves`]) and guards the state by the flag. A trip is located in the gradients' program, or in
+//! the update's, whose kept inputs leave out the gradients: [`chain`] makes them again for its locator.
 //!
 //! `log` keeps the first program: every output counted per group, nothing guarded or donated, the step's IR and
 //! inputs kept, its check read at the next materialization before anything is launched.
 
+pub(crate) mod chain;
 pub(crate) mod flag;
 mod locate;
 
@@ -78,6 +80,10 @@ pub(crate) struct Replay {
     pub ahead: Arc<locate::Ahead>,
     pub inputs: Vec<Data>,
     pub input_locs: Vec<Loc>,
+    /// A split step's gradients' program: what makes its outputs again, for the update after it.
+    pub source: Option<Arc<chain::Source>>,
+    /// A split step's update: its inputs that the gradients' program made, not kept (placeholders in `inputs`).
+    pub fed: Option<chain::Fed>,
 }
 
 impl Replay {
@@ -93,6 +99,22 @@ impl Replay {
             own.nodes[p].loc = loc;
         }
         std::borrow::Cow::Owned(own)
+    }
+
+    /// The inputs to run the step again on, the fed ones made again.
+    fn run_inputs(&self, rt: &crate::runtime::Runtime) -> Result<std::borrow::Cow<'_, [Data]>> {
+        chain::inputs(rt, &self.inputs, self.fed.as_ref())
+    }
+
+    /// Every input this replay alone holds: its own, and its source's once no other check shares it.
+    fn into_inputs(self) -> Vec<Data> {
+        let mut inputs = self.inputs;
+        for source in [self.source, self.fed.map(|f| f.source)].into_iter().flatten() {
+            if let Ok(source) = Arc::try_unwrap(source) {
+                inputs.extend(source.inputs.into_inner().unwrap_or_else(|e| e.into_inner()));
+            }
+        }
+        inputs
     }
 
     /// The floating-point outputs' types and lines, in output order: what the report names.
@@ -335,10 +357,27 @@ pub(crate) fn keep(
     if !donated.is_empty() {
         // Both sides are alive here (held by `donated` and the kept inputs): equal addresses are one value.
         let taken: HashMap<usize, &Data> = donated.iter().map(|(from, to)| (value_id(from), to)).collect();
-        for input in queue.iter_mut().filter_map(|p| p.replay.as_mut()).flat_map(|r| r.inputs.iter_mut()) {
-            if let Some(&to) = taken.get(&value_id(input)) {
-                *input = to.clone();
+        let follow = |inputs: &mut [Data]| {
+            for input in inputs {
+                if let Some(&to) = taken.get(&value_id(input)) {
+                    *input = to.clone();
+                }
             }
+        };
+        for r in queue.iter_mut().filter_map(|p| p.replay.as_mut()) {
+            follow(&mut r.inputs);
+            // A source is shared by a gradients' program's check and its update's: following twice changes
+            // nothing more.
+            for source in r.source.iter().chain(r.fed.as_ref().map(|f| &f.source)) {
+                follow(&mut source.inputs.lock().unwrap_or_else(|e| e.into_inner()));
+            }
+        }
+    }
+    let mut pending = pending;
+    if let Some(r) = pending.replay.as_mut().filter(|r| r.source.is_none()) {
+        // A split step's update, right after its gradients' program: what that program made is made again.
+        if let Some(source) = queue.back().and_then(|p| p.replay.as_ref()).and_then(|r| r.source.as_ref()) {
+            r.fed = chain::feed(source, &mut r.inputs);
         }
     }
     queue.push_back(pending);
@@ -459,10 +498,10 @@ fn read(mut pending: Pending, after: usize) -> Result<()> {
         }
         if let Some(r) = pending.replay.take() {
             let rt = runtime()?;
-            locate::warm(rt, &r.ahead, &r.inputs);
+            locate::warm(rt, &r.ahead, || r.run_inputs(rt));
             // On a GPU the host reads this right after the device finished, before it records the next step.
             if rt.config.backend != Backend::Cpu {
-                crate::exec::in_flight::reaper::release_later(r.inputs);
+                crate::exec::in_flight::reaper::release_later(r.into_inputs());
             }
         }
         return Ok(());
@@ -485,7 +524,8 @@ fn read(mut pending: Pending, after: usize) -> Result<()> {
     let first = !REPORTED.swap(true, Relaxed);
     let located = match &pending.replay {
         Some(r) if first || mode == CheckFinite::Stop => {
-            Some(locate::locate(runtime()?, &r.own_graph(), Some(&r.ahead), &r.inputs))
+            let rt = runtime()?;
+            Some(r.run_inputs(rt).and_then(|inputs| locate::locate(rt, &r.own_graph(), Some(&r.ahead), &inputs)))
         }
         _ => None,
     };

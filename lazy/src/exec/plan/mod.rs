@@ -63,18 +63,26 @@ impl Plan {
 
 /// Plan the program that computes `targets`, or `None` when nothing under them is pending. A graph larger than
 /// [`MAX_GRAPH_NODES`] has pieces of it computed first (each a program of its own, cause `GraphSize`).
-/// `flag`, one of the targets, is the finite check's sticky flag under `stop`.
-pub(crate) fn plan(rt: &Runtime, targets: &[Rc<Node>], flag: Option<&Rc<Node>>, at: Loc) -> Result<Option<Plan>> {
+/// `flag`, one of the targets, is the finite check's sticky flag under `stop`. Under `stop` a split step's
+/// gradients' program (`cause`) donates nothing: its kept inputs make its outputs again for its update's locator
+/// (`exec/finite/chain.rs`), and it updates no state but the random generator's, a few bytes.
+pub(crate) fn plan(
+    rt: &Runtime,
+    targets: &[Rc<Node>],
+    flag: Option<&Rc<Node>>,
+    (cause, at): (Cause, Loc),
+) -> Result<Option<Plan>> {
     let walk = bounded_walk(targets, at)?;
     if walk.targets.is_empty() {
         return Ok(None);
     }
-    Ok(Some(plan_walk(rt, walk, flag)?))
+    let remade = cause == Cause::Gradients && rt.config.check_finite == CheckFinite::Stop;
+    Ok(Some(plan_walk(rt, walk, flag, rt.config.donate && !remade)?))
 }
 
-/// Layouts, donations, key and cache lookup of a walked graph.
-pub(crate) fn plan_walk(rt: &Runtime, walk: Walk, flag: Option<&Rc<Node>>) -> Result<Plan> {
-    let mut plan = prepare(walk, rt.config.donate, rt.config.check_finite, flag)?;
+/// Layouts, donations (where `donate`), key and cache lookup of a walked graph.
+pub(crate) fn plan_walk(rt: &Runtime, walk: Walk, flag: Option<&Rc<Node>>, donate: bool) -> Result<Plan> {
+    let mut plan = prepare(walk, donate, rt.config.check_finite, flag)?;
     lookup(rt, &mut plan);
     Ok(plan)
 }
