@@ -280,12 +280,14 @@ fn report_locator_ahead() {
     let m = lazuli::metrics();
     if m.locate_ahead > 0 {
         eprintln!(
-            "lazuli-bench: locator ahead: {} started, {} compiled ({:.1} s), {} warm runs ({:.1} ms)",
+            "lazuli-bench: locator ahead: {} started, {} compiled ({:.1} s), {} warm runs ({:.1} ms, {} with the \
+             gradients made again)",
             m.locate_ahead,
             m.locate_compiles,
             m.locate_compile_ms / 1e3,
             m.locate_warm_runs,
-            m.locate_warm_ms
+            m.locate_warm_ms,
+            m.gradients_remade
         );
     }
 }
