@@ -13,11 +13,10 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex, Weak};
 
 use lazuli_hlo::Graph;
-use lazuli_pjrt::{Buffer, LoadedExecutable};
+use lazuli_pjrt::LoadedExecutable;
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::error::{Error, Result};
-use crate::exec::upload::element_type;
 use crate::graph::tensor::Data;
 use crate::runtime::value::DeviceValue;
 use crate::runtime::Runtime;
@@ -53,31 +52,10 @@ impl Source {
 
     /// Runs the program again on its kept inputs: its outputs, counts and flag included.
     fn run(&self, rt: &Runtime) -> Result<Vec<Data>> {
-        let at = self.graph.outputs.first().map_or(lazuli_hlo::Loc::caller(), |&o| self.graph.nodes[o].loc);
         let inputs = self.inputs.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut uploaded: Vec<Option<Buffer>> = Vec::with_capacity(inputs.len());
-        for (data, &p) in inputs.iter().zip(&self.graph.params) {
-            uploaded.push(match data {
-                Data::Device(_) => None,
-                _ => {
-                    let ty = &self.graph.nodes[p].ty;
-                    let dims: Vec<i64> = ty.dims.iter().map(|&d| d as i64).collect();
-                    let bytes = data.to_host(ty)?;
-                    Some(rt.client.buffer_from_host(&bytes, element_type(ty.dtype), &dims, &rt.device)?)
-                }
-            });
-        }
-        let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
-        for (data, up) in inputs.iter().zip(&uploaded) {
-            args.push(match (data, up) {
-                (_, Some(b)) => b,
-                (Data::Device(v), None) => v.buffer()?,
-                _ => return Err(Error::Internal("a gradients' program's kept input has no buffer".into())),
-            });
-        }
         let outs = {
             let _one = crate::exec::one_at_a_time();
-            self.exe.execute(&args).map_err(|source| Error::Execute { at, source })?
+            super::locate::run(rt, &self.graph, &self.exe, &inputs)?
         };
         Counters::add(&COUNTERS.gradients_remade, 1);
         Ok(outs.into_iter().map(|b| Data::Device(DeviceValue::ready(b, 0))).collect())

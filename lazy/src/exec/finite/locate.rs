@@ -443,6 +443,12 @@ fn compile_probe(rt: &Runtime, probe: &Probe) -> Result<LoadedExecutable> {
 
 /// Run `exe`, `graph`'s program, on `inputs`; each output's bytes.
 fn execute(rt: &Runtime, graph: &Graph, exe: &LoadedExecutable, inputs: &[Data]) -> Result<Vec<Vec<u8>>> {
+    let outs = run(rt, graph, exe, inputs)?;
+    outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>().map_err(Error::from)
+}
+
+/// Run `exe`, `graph`'s program, on `inputs` (uploading those not on the device); its outputs.
+pub(super) fn run(rt: &Runtime, graph: &Graph, exe: &LoadedExecutable, inputs: &[Data]) -> Result<Vec<Buffer>> {
     let at = line_of(graph);
     let uploaded = upload(rt, graph, inputs)?;
     let mut args: Vec<&Buffer> = Vec::with_capacity(inputs.len());
@@ -453,8 +459,7 @@ fn execute(rt: &Runtime, graph: &Graph, exe: &LoadedExecutable, inputs: &[Data])
             _ => return Err(Error::Internal("a kept input has no buffer".into())),
         });
     }
-    let outs = exe.execute(&args).map_err(|source| Error::Execute { at, source })?;
-    outs.iter().map(Buffer::to_host).collect::<lazuli_pjrt::Result<_>>().map_err(Error::from)
+    exe.execute(&args).map_err(|source| Error::Execute { at, source })
 }
 
 /// The thread unloading the last locating program, if one was started.
