@@ -59,8 +59,9 @@ fn an_optimizer_update_is_named_at_the_next_step_when_split() {
 }
 
 /// A trip in the split step's update (AdamW's step size, `lr / (1 − β₁)`, overflows f64 at `lr = f64::MAX`): the
-/// update keeps no gradients for its locator, so the gradients' program runs again on its kept inputs and feeds
-/// the update's locator, which names the division at the optimizer's line; the weight keeps its value.
+/// update keeps no gradients for its locator (the weight's bf16 copy's gradient is donated to the new copy, as
+/// without the check), so the gradients' program runs again on its kept inputs and feeds the update's locator,
+/// which names the division at the optimizer's line; the weight keeps its value.
 #[test]
 fn a_trip_in_the_update_is_located_from_gradients_made_again_when_split() {
     if child::alone(module_path!(), "a_trip_in_the_update_is_located_from_gradients_made_again_when_split") {
@@ -69,12 +70,16 @@ fn a_trip_in_the_update_is_located_from_gradients_made_again_when_split() {
     init(false);
     let w = Param::new(Tensor::from_slice(&[1.0f32, -2.0, 3.0], &[3]));
     let mut opt = AdamW::new(vec![("w".into(), w.clone())], f64::MAX).weight_decay(0.0);
-    let loss = (&w.get() * &w.get()).sum_all();
+    let copy = w.get_as(DType::BF16).to_dtype(DType::F32);
+    let loss = (&copy * &copy).sum_all();
     loss.backward();
     let before = lazuli::metrics();
     let line = line!() + 1;
     opt.step();
     lazuli::sync().unwrap();
+    // The weight and its two moments (12 bytes each) to their new values, and the copy's bf16 gradient (6 bytes),
+    // which the update no longer keeps, to the new copy.
+    assert_eq!((lazuli::metrics() - before).bytes_donated, 3 * 12 + 6);
     let e = lazuli::wait().unwrap_err();
     let (op, at, report) = located(&e);
     assert_eq!((op, at.file, at.line), ("div", file!(), line), "{report}");

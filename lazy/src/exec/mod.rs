@@ -223,6 +223,11 @@ fn keep_check(
         for (leaf, to) in plan.walk.leaves.iter().zip(donated_to) {
             let data = leaf.lock().data.clone().ok_or_else(|| internal("a checked step's input has no value"))?;
             match to {
+                // A gradient of a split step's update taken by an output: fed from its program again instead.
+                Some(j) if of_step && finite::made_by_last_gradients(leaf) => {
+                    inputs.push(data.clone());
+                    donated.push((data, outputs[j].clone()));
+                }
                 Some(j) => {
                     inputs.push(outputs[j].clone());
                     donated.push((data, outputs[j].clone()));

@@ -50,6 +50,12 @@ impl Source {
         Arc::new(Source { exe, graph, inputs: Mutex::new(inputs), made })
     }
 
+    /// Which of its outputs `d` is, if any.
+    pub fn made(&self, d: &Data) -> Option<usize> {
+        let Data::Device(v) = d else { return None };
+        self.made.iter().position(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(v)))
+    }
+
     /// Runs the program again on its kept inputs: its outputs, counts and flag included.
     fn run(&self, rt: &Runtime) -> Result<Vec<Data>> {
         let inputs = self.inputs.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -67,8 +73,7 @@ impl Source {
 pub(crate) fn feed(source: &Arc<Source>, inputs: &mut [Data]) -> Option<Fed> {
     let mut from = Vec::new();
     for (i, input) in inputs.iter_mut().enumerate() {
-        let Data::Device(v) = input else { continue };
-        if let Some(j) = source.made.iter().position(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(v))) {
+        if let Some(j) = source.made(input) {
             from.push((i, j));
             *input = placeholder();
         }

@@ -384,6 +384,18 @@ pub(crate) fn keep(
     HAS_PENDING.store(true, Relaxed);
 }
 
+/// Whether `leaf`'s value was made by the split step's gradients' program whose check was kept last: its update
+/// keeps no such input for its locator ([`chain`]), so it may be donated to any output.
+pub(crate) fn made_by_last_gradients(leaf: &crate::graph::tensor::Node) -> bool {
+    if !HAS_PENDING.load(Relaxed) {
+        return false;
+    }
+    let Some(data) = leaf.lock().data.clone() else { return false };
+    let queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let source = queue.back().and_then(|p| p.replay.as_ref()).and_then(|r| r.source.as_ref());
+    source.is_some_and(|s| s.made(&data).is_some())
+}
+
 /// The address of a value's buffer holder: the same for every clone of one value.
 fn value_id(d: &Data) -> usize {
     match d {

@@ -110,7 +110,13 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Op
         CheckFinite::Stop if donate => Donation::Successors,
         _ => Donation::None,
     };
-    let donated = plan_donation(&mut walk, donation);
+    // Under `stop` a split step's update keeps no gradients for its locator (`finite::chain` makes them again),
+    // so a dying one may take any output, as without the check (a new bf16 copy of a weight).
+    let remade: Vec<bool> = match donation {
+        Donation::Successors => walk.leaves.iter().map(|l| crate::exec::finite::made_by_last_gradients(l)).collect(),
+        _ => Vec::new(),
+    };
+    let donated = plan_donation(&mut walk, donation, &remade);
     let counted = crate::exec::finite::counted_leaves(check, &walk.leaves);
     let key = if checked { crate::exec::finite::key(walk.key(), check, &guards, &counted) } else { walk.key() };
     let flag = flag.filter(|_| checked).and_then(|f| walk.targets.iter().position(|t| Rc::ptr_eq(t, f)));
@@ -121,7 +127,8 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Op
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Donation {
     None,
-    /// A dying leaf only to its successor (old state to its new value).
+    /// A dying leaf only to its successor (old state to its new value), or to any output where `plan_donation`'s
+    /// `to_any` says so.
     Successors,
     /// Any dying leaf to an output of its type and layout.
     Any,
@@ -190,7 +197,7 @@ fn first_piece(traced: &Walk) -> Vec<Rc<Node>> {
 /// reference to it comes from a recipe dropped after the step: a target's (unless it keeps its recipe for a later
 /// `backward()`), or a dying node's. Users come after their operands in the graph, so one backward sweep decides.
 /// `Config::donate` (`LAZULI_DONATE=0`) turns donation off. Returns the donated parameter indices.
-fn plan_donation(w: &mut Walk, donation: Donation) -> Vec<usize> {
+fn plan_donation(w: &mut Walk, donation: Donation, to_any: &[bool]) -> Vec<usize> {
     if donation == Donation::None {
         return Vec::new();
     }
@@ -245,7 +252,8 @@ fn plan_donation(w: &mut Walk, donation: Donation) -> Vec<usize> {
             aliases.push((i, j));
         }
     }
-    for &i in dying_leaves.iter().filter(|_| donation == Donation::Any) {
+    let any = |i: usize| donation == Donation::Any || to_any.get(i).copied().unwrap_or(false);
+    for &i in dying_leaves.iter().filter(|&&i| any(i)) {
         if donated[i] {
             continue;
         }
