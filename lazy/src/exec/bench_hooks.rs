@@ -38,7 +38,7 @@ pub fn time_boundary() -> Result<BoundaryTimes> {
     let t1 = Instant::now();
     let traced = walk(&live);
     let t2 = Instant::now();
-    let mut planned = plan::prepare(traced, rt.config.donate, rt.config.check_finite, None)?;
+    let mut planned = plan::prepare(traced, (rt.config.donate, false), rt.config.check_finite, None)?;
     let t3 = Instant::now();
     plan::lookup(rt, &mut planned);
     let t4 = Instant::now();

@@ -220,11 +220,12 @@ fn keep_check(
         let mut donated_to = vec![None; plan.walk.leaves.len()];
         plan.walk.aliases.iter().for_each(|&(p, j)| donated_to[p] = Some(j));
         let input_locs = plan.walk.leaves.iter().map(|leaf| leaf.loc).collect();
-        for (leaf, to) in plan.walk.leaves.iter().zip(donated_to) {
+        let remade = plan.remade.as_ref();
+        for (i, (leaf, to)) in plan.walk.leaves.iter().zip(donated_to).enumerate() {
             let data = leaf.lock().data.clone().ok_or_else(|| internal("a checked step's input has no value"))?;
             match to {
                 // A gradient of a split step's update taken by an output: fed from its program again instead.
-                Some(j) if of_step && finite::made_by_last_gradients(leaf) => {
+                Some(j) if remade.is_some_and(|(_, made)| made[i]) => {
                     inputs.push(data.clone());
                     donated.push((data, outputs[j].clone()));
                 }
@@ -247,7 +248,7 @@ fn keep_check(
     } else {
         None
     };
-    finite::keep(counts, replay, &donated, at, mode, of_step);
+    finite::keep(counts, replay, &donated, at, (mode, of_step), plan.remade.as_ref().map(|(source, _)| source));
     Ok(())
 }
 

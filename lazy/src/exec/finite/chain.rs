@@ -1,6 +1,6 @@
 //! A split step's update keeps no copy of what its gradients' program made. Kept for the update's locator, the
 //! gradients (as large as the weights) stayed alive beside the next step's until the update's check was read, two
-//! launches later: on GPT-2 small on an H200 `stop`'s peak was 0.5–0.7 GiB above `off`'s. The update keeps instead
+//! launches later (`docs/perf-log/2026-12-05-update-keeps-no-gradients.md`). The update keeps instead
 //! what makes them again: the gradients' program and its inputs (the weights, which the update donates and the flag
 //! keeps on a trip, the batch and scalars, all kept by the gradients' own check anyway). A trip of the update, or the
 //! one warm run of its locator ahead, runs the gradients' program again on them and feeds its outputs to the
@@ -8,6 +8,8 @@
 //!
 //! Only a program on one device that donated nothing has a [`Source`]: under `stop` a split step's gradients'
 //! program donates nothing (`exec/plan/`), so that its inputs stay its own. On a mesh the update keeps its inputs.
+//! The update's plan names the source and the inputs it made (`super::remade`): those may be donated to any output,
+//! and its check feeds exactly those.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, Weak};

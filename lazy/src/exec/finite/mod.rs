@@ -348,8 +348,8 @@ pub(crate) fn keep(
     replay: Option<Replay>,
     donated: &[(Data, Data)],
     at: Loc,
-    mode: CheckFinite,
-    guarded: bool,
+    (mode, guarded): (CheckFinite, bool),
+    remade: Option<&Arc<chain::Source>>,
 ) {
     let read = start_read(&counts);
     let pending = Pending { read, counts, replay, at, step: diagnostics::current_step(), mode, guarded };
@@ -374,26 +374,26 @@ pub(crate) fn keep(
         }
     }
     let mut pending = pending;
-    if let Some(r) = pending.replay.as_mut().filter(|r| r.source.is_none()) {
-        // A split step's update, right after its gradients' program: what that program made is made again.
-        if let Some(source) = queue.back().and_then(|p| p.replay.as_ref()).and_then(|r| r.source.as_ref()) {
-            r.fed = chain::feed(source, &mut r.inputs);
-        }
+    // A split step's update: what its gradients' program made is made again.
+    if let (Some(r), Some(source)) = (pending.replay.as_mut(), remade) {
+        r.fed = chain::feed(source, &mut r.inputs);
     }
     queue.push_back(pending);
     HAS_PENDING.store(true, Relaxed);
 }
 
-/// Whether `leaf`'s value was made by the split step's gradients' program whose check was kept last: its update
-/// keeps no such input for its locator ([`chain`]), so it may be donated to any output.
-pub(crate) fn made_by_last_gradients(leaf: &crate::graph::tensor::Node) -> bool {
+/// The split step's gradients' program, among the pending checks (the latest first), that made some of `leaves`'
+/// values, and which: the update after it keeps none of them for its locator ([`chain`]).
+pub(crate) fn remade(leaves: &[std::rc::Rc<crate::graph::tensor::Node>]) -> Option<(Arc<chain::Source>, Vec<bool>)> {
     if !HAS_PENDING.load(Relaxed) {
-        return false;
+        return None;
     }
-    let Some(data) = leaf.lock().data.clone() else { return false };
+    let values: Vec<Option<Data>> = leaves.iter().map(|l| l.lock().data.clone()).collect();
     let queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    let source = queue.back().and_then(|p| p.replay.as_ref()).and_then(|r| r.source.as_ref());
-    source.is_some_and(|s| s.made(&data).is_some())
+    queue.iter().rev().filter_map(|p| p.replay.as_ref()?.source.as_ref()).find_map(|source| {
+        let made: Vec<bool> = values.iter().map(|v| v.as_ref().is_some_and(|d| source.made(d).is_some())).collect();
+        made.contains(&true).then(|| (source.clone(), made))
+    })
 }
 
 /// The address of a value's buffer holder: the same for every clone of one value.

@@ -45,6 +45,9 @@ pub(crate) struct Plan {
     /// Under `Stop`: parameters that an earlier program of the flag's chain counted, left out of this one's count
     /// (`finite::counted_leaves`).
     pub counted: Vec<usize>,
+    /// Under `Stop`: the split step's gradients' program that made some of the leaves, and which
+    /// (`finite::chain`): the check keeps none of those, and they may be donated to any output.
+    pub remade: Option<(Arc<crate::exec::finite::chain::Source>, Vec<bool>)>,
 }
 
 /// A sharded program's mesh, with each parameter's and each output's layout.
@@ -76,13 +79,13 @@ pub(crate) fn plan(
     if walk.targets.is_empty() {
         return Ok(None);
     }
-    let remade = cause == Cause::Gradients && rt.config.check_finite == CheckFinite::Stop;
-    Ok(Some(plan_walk(rt, walk, flag, rt.config.donate && !remade)?))
+    Ok(Some(plan_walk(rt, walk, flag, cause == Cause::Gradients)?))
 }
 
-/// Layouts, donations (where `donate`), key and cache lookup of a walked graph.
-pub(crate) fn plan_walk(rt: &Runtime, walk: Walk, flag: Option<&Rc<Node>>, donate: bool) -> Result<Plan> {
-    let mut plan = prepare(walk, donate, rt.config.check_finite, flag)?;
+/// Layouts, donations, key and cache lookup of a walked graph (of a split step's gradients' program where
+/// `gradients`).
+pub(crate) fn plan_walk(rt: &Runtime, walk: Walk, flag: Option<&Rc<Node>>, gradients: bool) -> Result<Plan> {
+    let mut plan = prepare(walk, (rt.config.donate, gradients), rt.config.check_finite, flag)?;
     lookup(rt, &mut plan);
     Ok(plan)
 }
@@ -91,9 +94,16 @@ pub(crate) fn plan_walk(rt: &Runtime, walk: Walk, flag: Option<&Rc<Node>>, donat
 /// shardings the ops' rules propagate), the donations, and the key they all enter. With the finite check on, the
 /// program counts non-finite values; under `Skip` and `Stop` it guards its state (see `CheckFinite`), so it still
 /// donates: all it can under `Skip`, under `Stop` only old state to its successor, so that every input that is not
-/// guarded state stays whole for the locator to run the step again (`exec/finite/`). `Log` donates nothing. A
-/// checked program has a key of its own.
-pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Option<&Rc<Node>>) -> Result<Plan> {
+/// guarded state stays whole for the locator to run the step again (`exec/finite/`), but for what a split step's
+/// gradients' program made, which the locator makes again (`finite/chain.rs`), and which that program (`gradients`)
+/// does not donate. `Log` donates nothing. A checked program has a key of its own.
+pub(crate) fn prepare(
+    mut walk: Walk,
+    (donate, gradients): (bool, bool),
+    check: CheckFinite,
+    flag: Option<&Rc<Node>>,
+) -> Result<Plan> {
+    let donate = donate && !(gradients && check == CheckFinite::Stop);
     let mesh = crate::exec::spmd::mesh_of(&walk.leaves, walk.constraint_at.as_ref())?;
     let checked = crate::exec::finite::enabled(check);
     let mesh = mesh.map(|m| {
@@ -112,15 +122,16 @@ pub(crate) fn prepare(mut walk: Walk, donate: bool, check: CheckFinite, flag: Op
     };
     // Under `stop` a split step's update keeps no gradients for its locator (`finite::chain` makes them again),
     // so a dying one may take any output, as without the check (a new bf16 copy of a weight).
-    let remade: Vec<bool> = match donation {
-        Donation::Successors => walk.leaves.iter().map(|l| crate::exec::finite::made_by_last_gradients(l)).collect(),
-        _ => Vec::new(),
+    let remade = match check {
+        CheckFinite::Stop if !gradients => crate::exec::finite::remade(&walk.leaves),
+        _ => None,
     };
-    let donated = plan_donation(&mut walk, donation, &remade);
+    let to_any = remade.as_ref().map_or(&[][..], |(_, made)| &made[..]);
+    let donated = plan_donation(&mut walk, donation, to_any);
     let counted = crate::exec::finite::counted_leaves(check, &walk.leaves);
     let key = if checked { crate::exec::finite::key(walk.key(), check, &guards, &counted) } else { walk.key() };
     let flag = flag.filter(|_| checked).and_then(|f| walk.targets.iter().position(|t| Rc::ptr_eq(t, f)));
-    Ok(Plan { walk, mesh, donated, key, cached: None, evicted: false, checked, guards, flag, counted })
+    Ok(Plan { walk, mesh, donated, key, cached: None, evicted: false, checked, guards, flag, counted, remade })
 }
 
 /// Which buffers a program may donate.
