@@ -225,7 +225,7 @@ fn keep_check(
             let data = leaf.lock().data.clone().ok_or_else(|| internal("a checked step's input has no value"))?;
             match to {
                 // A gradient of a split step's update taken by an output: fed from its program again instead.
-                Some(j) if remade.is_some_and(|(_, made)| made[i]) => {
+                Some(j) if remade.is_some_and(|(_, made)| made[i].is_some()) => {
                     inputs.push(data.clone());
                     donated.push((data, outputs[j].clone()));
                 }
@@ -248,7 +248,14 @@ fn keep_check(
     } else {
         None
     };
-    finite::keep(counts, replay, &donated, at, (mode, of_step), plan.remade.as_ref().map(|(source, _)| source));
+    finite::keep(
+        counts,
+        replay,
+        &donated,
+        at,
+        (mode, of_step),
+        plan.remade.as_ref().map(|(source, made)| (source, &made[..])),
+    );
     Ok(())
 }
 

@@ -12,6 +12,7 @@
 //! and its check feeds exactly those.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use lazuli_hlo::Graph;
@@ -29,8 +30,10 @@ pub(crate) struct Source {
     graph: Arc<Graph>,
     /// Followed from output to output as later programs take them (`super::keep`).
     pub inputs: Mutex<Vec<Data>>,
-    /// Its outputs, by output index, weakly: an update's input that is one of them is fed from here.
-    made: Vec<Weak<DeviceValue>>,
+    /// Its outputs' addresses and output indices: an update's input that is one of them is fed from here.
+    made: HashMap<usize, usize>,
+    /// Its outputs, weakly: an address in `made` is not taken by another value while the source lives.
+    _pinned: Vec<Weak<DeviceValue>>,
 }
 
 /// An update's inputs that a gradients' program made: `(update input, gradients' output)`.
@@ -42,20 +45,23 @@ pub(crate) struct Fed {
 impl Source {
     /// The source of a program's `outputs` (without its check's counts), run on `inputs`.
     pub fn new(exe: Arc<LoadedExecutable>, graph: Arc<Graph>, inputs: Vec<Data>, outputs: &[Data]) -> Arc<Source> {
-        let made = outputs
+        let device: Vec<(usize, &Arc<DeviceValue>)> = outputs
             .iter()
-            .map(|d| match d {
-                Data::Device(v) => Arc::downgrade(v),
-                Data::Host(_) | Data::Sharded { .. } => Weak::new(),
+            .enumerate()
+            .filter_map(|(j, d)| match d {
+                Data::Device(v) => Some((j, v)),
+                Data::Host(_) | Data::Sharded { .. } => None,
             })
             .collect();
-        Arc::new(Source { exe, graph, inputs: Mutex::new(inputs), made })
+        let made = device.iter().map(|&(j, v)| (Arc::as_ptr(v) as usize, j)).collect();
+        let _pinned = device.iter().map(|(_, v)| Arc::downgrade(v)).collect();
+        Arc::new(Source { exe, graph, inputs: Mutex::new(inputs), made, _pinned })
     }
 
     /// Which of its outputs `d` is, if any.
     pub fn made(&self, d: &Data) -> Option<usize> {
         let Data::Device(v) = d else { return None };
-        self.made.iter().position(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(v)))
+        self.made.get(&(Arc::as_ptr(v) as usize)).copied()
     }
 
     /// Runs the program again on its kept inputs: its outputs, counts and flag included.
@@ -70,12 +76,12 @@ impl Source {
     }
 }
 
-/// Of an update's `inputs`, those that `source` made: each is let go here (a placeholder takes its place) and
-/// named in the returned [`Fed`]; `None` when there is none.
-pub(crate) fn feed(source: &Arc<Source>, inputs: &mut [Data]) -> Option<Fed> {
+/// Of an update's `inputs`, those that `source` made (`made[i]`, its output index, as the plan found them): each
+/// is let go here (a placeholder takes its place) and named in the returned [`Fed`]; `None` when there is none.
+pub(crate) fn feed(source: &Arc<Source>, made: &[Option<usize>], inputs: &mut [Data]) -> Option<Fed> {
     let mut from = Vec::new();
-    for (i, input) in inputs.iter_mut().enumerate() {
-        if let Some(j) = source.made(input) {
+    for (i, (input, &j)) in inputs.iter_mut().zip(made).enumerate() {
+        if let Some(j) = j {
             from.push((i, j));
             *input = placeholder();
         }

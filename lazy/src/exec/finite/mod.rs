@@ -349,7 +349,7 @@ pub(crate) fn keep(
     donated: &[(Data, Data)],
     at: Loc,
     (mode, guarded): (CheckFinite, bool),
-    remade: Option<&Arc<chain::Source>>,
+    remade: Option<(&Arc<chain::Source>, &[Option<usize>])>,
 ) {
     let read = start_read(&counts);
     let pending = Pending { read, counts, replay, at, step: diagnostics::current_step(), mode, guarded };
@@ -375,24 +375,29 @@ pub(crate) fn keep(
     }
     let mut pending = pending;
     // A split step's update: what its gradients' program made is made again.
-    if let (Some(r), Some(source)) = (pending.replay.as_mut(), remade) {
-        r.fed = chain::feed(source, &mut r.inputs);
+    if let (Some(r), Some((source, made))) = (pending.replay.as_mut(), remade) {
+        r.fed = chain::feed(source, made, &mut r.inputs);
     }
     queue.push_back(pending);
     HAS_PENDING.store(true, Relaxed);
 }
 
 /// The split step's gradients' program, among the pending checks (the latest first), that made some of `leaves`'
-/// values, and which: the update after it keeps none of them for its locator ([`chain`]).
-pub(crate) fn remade(leaves: &[std::rc::Rc<crate::graph::tensor::Node>]) -> Option<(Arc<chain::Source>, Vec<bool>)> {
+/// values, and for each leaf the output it made: the update after it keeps none of them for its locator ([`chain`]).
+pub(crate) fn remade(
+    leaves: &[std::rc::Rc<crate::graph::tensor::Node>],
+) -> Option<(Arc<chain::Source>, Vec<Option<usize>>)> {
     if !HAS_PENDING.load(Relaxed) {
         return None;
     }
-    let values: Vec<Option<Data>> = leaves.iter().map(|l| l.lock().data.clone()).collect();
-    let queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    queue.iter().rev().filter_map(|p| p.replay.as_ref()?.source.as_ref()).find_map(|source| {
-        let made: Vec<bool> = values.iter().map(|v| v.as_ref().is_some_and(|d| source.made(d).is_some())).collect();
-        made.contains(&true).then(|| (source.clone(), made))
+    let sources: Vec<Arc<chain::Source>> = {
+        let queue = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+        queue.iter().rev().filter_map(|p| p.replay.as_ref()?.source.clone()).collect()
+    };
+    sources.into_iter().find_map(|source| {
+        let made: Vec<Option<usize>> =
+            leaves.iter().map(|l| l.lock().data.as_ref().and_then(|d| source.made(d))).collect();
+        made.iter().any(Option::is_some).then_some((source, made))
     })
 }
 

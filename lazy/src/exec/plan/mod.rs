@@ -45,9 +45,9 @@ pub(crate) struct Plan {
     /// Under `Stop`: parameters that an earlier program of the flag's chain counted, left out of this one's count
     /// (`finite::counted_leaves`).
     pub counted: Vec<usize>,
-    /// Under `Stop`: the split step's gradients' program that made some of the leaves, and which
-    /// (`finite::chain`): the check keeps none of those, and they may be donated to any output.
-    pub remade: Option<(Arc<crate::exec::finite::chain::Source>, Vec<bool>)>,
+    /// Under `Stop`: the split step's gradients' program that made some of the leaves, and per leaf the output it
+    /// made (`finite::chain`): the check keeps none of those, and they may be donated to any output.
+    pub remade: Option<(Arc<crate::exec::finite::chain::Source>, Vec<Option<usize>>)>,
 }
 
 /// A sharded program's mesh, with each parameter's and each output's layout.
@@ -139,7 +139,7 @@ pub(crate) fn prepare(
 enum Donation {
     None,
     /// A dying leaf only to its successor (old state to its new value), or to any output where `plan_donation`'s
-    /// `to_any` says so.
+    /// `to_any` has a value for it.
     Successors,
     /// Any dying leaf to an output of its type and layout.
     Any,
@@ -208,7 +208,7 @@ fn first_piece(traced: &Walk) -> Vec<Rc<Node>> {
 /// reference to it comes from a recipe dropped after the step: a target's (unless it keeps its recipe for a later
 /// `backward()`), or a dying node's. Users come after their operands in the graph, so one backward sweep decides.
 /// `Config::donate` (`LAZULI_DONATE=0`) turns donation off. Returns the donated parameter indices.
-fn plan_donation(w: &mut Walk, donation: Donation, to_any: &[bool]) -> Vec<usize> {
+fn plan_donation(w: &mut Walk, donation: Donation, to_any: &[Option<usize>]) -> Vec<usize> {
     if donation == Donation::None {
         return Vec::new();
     }
@@ -263,7 +263,7 @@ fn plan_donation(w: &mut Walk, donation: Donation, to_any: &[bool]) -> Vec<usize
             aliases.push((i, j));
         }
     }
-    let any = |i: usize| donation == Donation::Any || to_any.get(i).copied().unwrap_or(false);
+    let any = |i: usize| donation == Donation::Any || to_any.get(i).is_some_and(Option::is_some);
     for &i in dying_leaves.iter().filter(|&&i| any(i)) {
         if donated[i] {
             continue;
