@@ -18,7 +18,7 @@ use crate::{losses_agree, BenchResult};
 /// The comparison frameworks `--frameworks` accepts; lazuli always runs.
 pub const PYTHON_FRAMEWORKS: [&str; 2] = ["jax", "torch"];
 
-/// The H200's dense bf16 peak, FLOP/s: what MFU divides by.
+/// The dense bf16 peak of an H100 or H200 (SXM: the same tensor cores), FLOP/s: what MFU divides by.
 const PEAK_FLOPS: f64 = 989e12;
 
 /// The goal of the fused rows: lazuli (fused attention) ≤ this × torch.compile (SDPA).
@@ -433,7 +433,7 @@ impl GpuRun {
             per_token / 1e6,
             per_step / 1e12
         );
-        println!("- MFU: FLOPs per step ÷ step time ÷ 989 TFLOP/s (the H200's dense bf16 peak)");
+        println!("- MFU: FLOPs per step ÷ step time ÷ 989 TFLOP/s (the dense bf16 peak of an H100 or H200 SXM)");
     }
 
     fn print_table(&self) {

@@ -199,6 +199,24 @@ impl Config {
         }
     }
 
+    /// Settings forced on that the check's mode leaves without effect, each in words for a notice at start: the run
+    /// is correct either way, but a user who asked for them should not believe they are working.
+    pub fn settings_without_effect(&self) -> Vec<&'static str> {
+        let mut idle = Vec::new();
+        if self.locate_ahead == LocateAhead::On && !crate::exec::finite::replays(self.check_finite) {
+            idle.push(
+                "LAZULI_LOCATE_AHEAD=1 has no effect: the locator runs only under LAZULI_CHECK_FINITE=stop or log",
+            );
+        }
+        if self.split_update == SplitUpdate::On && !self.splits_update() {
+            idle.push(
+                "LAZULI_SPLIT_UPDATE=on has no effect under LAZULI_CHECK_FINITE=skip or log, which guard or read each \
+                 step as a whole",
+            );
+        }
+        idle
+    }
+
     /// Whether scanned blocks whose model does not say are written out in the program: as
     /// [`Config::block_scan`] says; `Auto` on GPUs, where the compile grows little with depth and a loop's
     /// state costs a large part of the step.
@@ -280,6 +298,9 @@ static INIT: Mutex<()> = Mutex::new(());
 impl Runtime {
     fn new(config: Config) -> Result<Runtime> {
         check_settings(&config)?;
+        for notice in config.settings_without_effect() {
+            eprintln!("lazuli: {notice}");
+        }
         lazuli_pjrt::set_spin_before_sleeping(config.wait_spin());
         let mut opts = ClientOptions::new();
         if config.backend == Backend::Cpu {
@@ -444,6 +465,33 @@ fn unknown_default(config: &Config, plugin_defaults: impl Iterator<Item = String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forced_setting_the_check_leaves_idle_is_noticed() {
+        let with = |check_finite, locate_ahead, split_update| {
+            Config { check_finite, locate_ahead, split_update, ..Config::default() }.settings_without_effect()
+        };
+        let ahead = "LAZULI_LOCATE_AHEAD=1 has no effect";
+        let split = "LAZULI_SPLIT_UPDATE=on has no effect";
+        let noticed = |notices: Vec<&str>, what: &str| notices.iter().any(|n| n.starts_with(what));
+        for mode in [CheckFinite::Off, CheckFinite::Skip] {
+            assert!(noticed(with(mode, LocateAhead::On, SplitUpdate::Auto), ahead), "{mode:?}");
+        }
+        for mode in [CheckFinite::Stop, CheckFinite::Log] {
+            assert!(with(mode, LocateAhead::On, SplitUpdate::Auto).is_empty(), "{mode:?}");
+        }
+        for mode in [CheckFinite::Skip, CheckFinite::Log] {
+            assert!(noticed(with(mode, LocateAhead::Auto, SplitUpdate::On), split), "{mode:?}");
+        }
+        for mode in [CheckFinite::Off, CheckFinite::Stop] {
+            assert!(with(mode, LocateAhead::Auto, SplitUpdate::On).is_empty(), "{mode:?}");
+        }
+        // Left to its default (auto) or turned off, a setting is never noticed.
+        for mode in [CheckFinite::Off, CheckFinite::Skip, CheckFinite::Log] {
+            assert!(with(mode, LocateAhead::Off, SplitUpdate::Off).is_empty(), "{mode:?}");
+            assert!(with(mode, LocateAhead::Auto, SplitUpdate::Auto).is_empty(), "{mode:?}");
+        }
+    }
 
     #[test]
     fn only_an_unknown_backend_default_is_dropped() {
