@@ -85,6 +85,8 @@ fn a_trip_in_the_update_is_located_from_gradients_made_again_when_split() {
     assert_eq!((op, at.file, at.line), ("div", file!(), line), "{report}");
     assert!(report.contains("f64[]") && report.contains("1 of 1 non-finite"), "{report}");
     assert_eq!((lazuli::metrics() - before).gradients_remade, 1, "{report}");
+    // The gradients' program ran again on the new copy, which the guard wrote from the kept weight.
+    assert_eq!((lazuli::metrics() - before).copies_followed, 1, "{report}");
     assert_eq!(w.get().to_vec::<f32>().unwrap(), [1.0, -2.0, 3.0]);
 }
 
@@ -102,7 +104,9 @@ fn a_locator_compiled_ahead_locates_a_split_step_without_a_compile() {
 
 /// A weight read through a bf16 copy: the split step's update makes the new copy from the new weight, and the old
 /// copy is no input of that program, so the copy has no old value of its own to keep. On a trip it is made from
-/// the kept weight instead: after the error both hold their values from before the bad step.
+/// the kept weight instead: after the error both hold their values from before the bad step. So the gradients'
+/// check, which kept the old copy, follows it to the new one when the update is launched (once a step), and the
+/// bad step is still located from the values it read.
 #[test]
 fn a_weights_bf16_copy_is_kept_with_the_weight_when_split() {
     if child::alone(module_path!(), "a_weights_bf16_copy_is_kept_with_the_weight_when_split") {
@@ -121,20 +125,24 @@ fn a_weights_bf16_copy_is_kept_with_the_weight_when_split() {
         opt.zero_grad();
         lazuli::sync()
     };
+    let start = lazuli::metrics();
     for _ in 0..3 {
         step(1.0).unwrap();
     }
     lazuli::wait().unwrap();
+    assert_eq!((lazuli::metrics() - start).copies_followed, 3);
     let read = |w: &Param| {
         let copy = w.get_as(DType::BF16).to_dtype(DType::F32).to_vec::<f32>().unwrap();
         (w.get().to_vec::<f32>().unwrap(), copy)
     };
     let before = read(&w);
     assert!(before.0.iter().chain(&before.1).all(|v| v.is_finite()), "{before:?}");
+    let bad = lazuli::metrics();
     step(0.0).unwrap();
     let e = lazuli::wait().unwrap_err();
     let (op, _, report) = located(&e);
     assert_eq!(op, "log", "{report}");
+    assert_eq!((lazuli::metrics() - bad).copies_followed, 1, "{report}");
     assert_eq!(read(&w), before, "{report}");
 }
 

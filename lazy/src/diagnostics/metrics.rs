@@ -29,6 +29,7 @@ pub(crate) struct Counters {
     pub locate_warm_runs: AtomicU64,
     pub locate_warm_ns: AtomicU64,
     pub gradients_remade: AtomicU64,
+    pub copies_followed: AtomicU64,
     pub backward_replays: AtomicU64,
     pub programs_evicted: AtomicU64,
 }
@@ -59,6 +60,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     locate_warm_runs: AtomicU64::new(0),
     locate_warm_ns: AtomicU64::new(0),
     gradients_remade: AtomicU64::new(0),
+    copies_followed: AtomicU64::new(0),
     backward_replays: AtomicU64::new(0),
     programs_evicted: AtomicU64::new(0),
 };
@@ -129,6 +131,10 @@ pub struct Metrics {
     /// Runs of a split step's gradients' program again, to feed its update's locator (a trip of the update, or
     /// that locator's warm run): the update keeps what makes its gradients, not the gradients themselves.
     pub gradients_remade: u64,
+    /// Weights' old low-precision copies still held when the update that writes their new values was launched
+    /// (under `stop` with the split step, by the gradients' program's check): kept inputs follow them to the new
+    /// copies, which hold the old values on a trip, so the old copies are let go instead of living beside the new.
+    pub copies_followed: u64,
     /// Backward passes whose gradient ops were made from a template kept from an earlier pass over a forward of
     /// the same shape, without running the gradient rules (`LAZULI_BACKWARD_REPLAY`).
     pub backward_replays: u64,
@@ -166,6 +172,7 @@ pub fn metrics() -> Metrics {
         locate_warm_runs: c.locate_warm_runs.load(Relaxed),
         locate_warm_ms: c.locate_warm_ns.load(Relaxed) as f64 / 1e6,
         gradients_remade: c.gradients_remade.load(Relaxed),
+        copies_followed: c.copies_followed.load(Relaxed),
         backward_replays: c.backward_replays.load(Relaxed),
         programs_evicted: c.programs_evicted.load(Relaxed),
     }
@@ -200,6 +207,7 @@ impl std::ops::Sub for Metrics {
             locate_warm_runs: self.locate_warm_runs - b.locate_warm_runs,
             locate_warm_ms: self.locate_warm_ms - b.locate_warm_ms,
             gradients_remade: self.gradients_remade - b.gradients_remade,
+            copies_followed: self.copies_followed - b.copies_followed,
             backward_replays: self.backward_replays - b.backward_replays,
             programs_evicted: self.programs_evicted - b.programs_evicted,
         }

@@ -236,6 +236,12 @@ fn keep_check(
                 None => inputs.push(data),
             }
         }
+        // Weights' copies this program writes anew: earlier checks' kept old copies follow them (`finite::chain`).
+        if finite::guards(mode) {
+            for (old, j) in finite::chain::copies_replaced(&plan.walk.targets, &plan.guards) {
+                donated.push((old, outputs[j].clone()));
+            }
+        }
         // Ahead only for a training step's programs, not a model's initialization.
         let rt = runtime()?;
         let ahead_compile = rt.config.locates_ahead() && of_step;

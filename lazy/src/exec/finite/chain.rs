@@ -10,9 +10,18 @@
 //! program donates nothing (`exec/plan/`), so that its inputs stay its own. On a mesh the update keeps its inputs.
 //! The update's plan names the source and the inputs it made (`super::remade`): those may be donated to any output,
 //! and its check feeds exactly those.
+//!
+//! The gradients' program also reads the weights' low-precision copies, which no later program reads: the update
+//! writes the new copies from the new weights. Kept until the gradients' check was read (after the next step's
+//! gradients' program was launched, on a GPU), the old copies lived beside the new ones at that program's peak. But
+//! the update's guard writes each copy from the kept weight on a trip (`lazuli_hlo::finite::guard`), so the new
+//! copy then holds the old one's value bit for bit, as a guarded output holds its input's: the kept inputs follow
+//! the old copies to the new ones ([`note_copy`], [`copies_replaced`]), as they follow donated inputs.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::{Rc, Weak as NodeWeak};
 use std::sync::{Arc, Mutex, Weak};
 
 use lazuli_hlo::Graph;
@@ -20,7 +29,7 @@ use lazuli_pjrt::LoadedExecutable;
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::error::{Error, Result};
-use crate::graph::tensor::Data;
+use crate::graph::tensor::{Data, Node};
 use crate::runtime::value::DeviceValue;
 use crate::runtime::Runtime;
 
@@ -104,4 +113,53 @@ pub(crate) fn inputs<'a>(rt: &Runtime, inputs: &'a [Data], fed: Option<&Fed>) ->
             made.get(j).cloned().ok_or_else(|| Error::Internal("a fed input past its program's outputs".into()))?;
     }
     Ok(Cow::Owned(all))
+}
+
+/// A weight's copy replaced by a pending one ([`note_copy`]): the old copy's value, and the nodes of the new copy and
+/// of the new weight it converts.
+struct ReplacedCopy {
+    old: Weak<DeviceValue>,
+    copy: NodeWeak<Node>,
+    weight: NodeWeak<Node>,
+}
+
+thread_local! {
+    /// Copies replaced on this thread whose new value no program has computed yet.
+    static REPLACED: RefCell<Vec<ReplacedCopy>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Note that `copy`, pending, converts the pending new value `weight` and replaces `old`, a weight's computed copy:
+/// under `stop` with the split step (where the old copy is an input of the gradients' program only), so that the
+/// program that computes `copy` lets kept inputs follow `old` to it ([`copies_replaced`]).
+pub(crate) fn note_copy(old: &Node, copy: &Rc<Node>, weight: &Rc<Node>) {
+    let Some(Data::Device(v)) = old.lock().data.clone() else { return };
+    let entry = ReplacedCopy { old: Arc::downgrade(&v), copy: Rc::downgrade(copy), weight: Rc::downgrade(weight) };
+    REPLACED.with(|r| r.borrow_mut().push(entry));
+}
+
+/// Of a guarded program's `targets`, the new copies noted by [`note_copy`] whose weight is a guarded output
+/// (`guards`, `(input, output)` pairs): `(old copy, output index)`. On a trip the guard writes such a copy from the
+/// kept weight, the old copy's value. Copies computed elsewhere, or no longer pending, are forgotten.
+pub(crate) fn copies_replaced(targets: &[Rc<Node>], guards: &[(usize, usize)]) -> Vec<(Data, usize)> {
+    REPLACED.with(|r| {
+        let mut noted = r.borrow_mut();
+        if noted.is_empty() {
+            return Vec::new();
+        }
+        let index: HashMap<*const Node, usize> = targets.iter().enumerate().map(|(j, t)| (Rc::as_ptr(t), j)).collect();
+        let guarded = |j: usize| guards.iter().any(|&(_, o)| o == j);
+        let mut pairs = Vec::new();
+        noted.retain(|c| {
+            let Some(copy) = c.copy.upgrade() else { return false };
+            let (Some(&j), Some(&w)) = (index.get(&Rc::as_ptr(&copy)), index.get(&c.weight.as_ptr())) else {
+                return copy.is_pending();
+            };
+            if let (true, Some(old)) = (guarded(w), c.old.upgrade()) {
+                Counters::add(&COUNTERS.copies_followed, 1);
+                pairs.push((Data::Device(old), j));
+            }
+            false
+        });
+        pairs
+    })
 }

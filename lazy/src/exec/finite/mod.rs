@@ -157,6 +157,12 @@ pub(crate) fn replays(mode: CheckFinite) -> bool {
     matches!(mode, CheckFinite::Stop | CheckFinite::Log)
 }
 
+/// Whether a weight's replaced copy is noted for the program that computes its new one ([`chain::note_copy`]): under
+/// `stop` with the split step, where the old copy is read only by the gradients' program, which keeps it.
+pub(crate) fn notes_copies() -> bool {
+    runtime().is_ok_and(|rt| rt.config.check_finite == CheckFinite::Stop && rt.config.splits_update())
+}
+
 /// The executable-cache key of a checked program: another program than the unchecked one of the same structure,
 /// than one checked under another mode, than one with other guards, and than one that counts other parameters.
 pub(crate) fn key(key: u64, mode: CheckFinite, guards: &[(usize, usize)], counted: &[usize]) -> u64 {

@@ -186,7 +186,11 @@ impl Slot {
             return;
         }
         let next: Vec<Tensor> = self.copies.iter().map(|c| self.copy_of_value(c.dtype(), at)).collect();
+        let noted = !self.copies.is_empty() && crate::exec::finite::notes_copies();
         for (old, new) in self.copies.iter_mut().zip(next) {
+            if noted {
+                crate::exec::finite::chain::note_copy(&old.node, &new.node, &self.value.node);
+            }
             crate::train::optim::replace(old, new);
         }
     }
