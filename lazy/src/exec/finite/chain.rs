@@ -20,7 +20,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::{Rc, Weak as NodeWeak};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -146,15 +146,28 @@ pub(crate) fn copies_replaced(targets: &[Rc<Node>], guards: &[(usize, usize)]) -
         if noted.is_empty() {
             return Vec::new();
         }
-        let index: HashMap<*const Node, usize> = targets.iter().enumerate().map(|(j, t)| (Rc::as_ptr(t), j)).collect();
-        let guarded = |j: usize| guards.iter().any(|&(_, o)| o == j);
+        // The noted nodes' output indices, found in one pass over the targets (a step's update has hundreds; the
+        // notes are a few per weight).
+        let mut at: HashMap<*const Node, Option<usize>> =
+            noted.iter().flat_map(|c| [(c.copy.as_ptr(), None), (c.weight.as_ptr(), None)]).collect();
+        for (j, t) in targets.iter().enumerate() {
+            if let Some(slot) = at.get_mut(&Rc::as_ptr(t)) {
+                *slot = Some(j);
+            }
+        }
+        let index = |node: *const Node| at.get(&node).copied().flatten();
+        let guarded: HashSet<usize> = guards
+            .iter()
+            .map(|&(_, o)| o)
+            .filter(|&o| targets.get(o).is_some_and(|t| at.contains_key(&Rc::as_ptr(t))))
+            .collect();
         let mut pairs = Vec::new();
         noted.retain(|c| {
             let Some(copy) = c.copy.upgrade() else { return false };
-            let (Some(&j), Some(&w)) = (index.get(&Rc::as_ptr(&copy)), index.get(&c.weight.as_ptr())) else {
+            let (Some(j), Some(w)) = (index(c.copy.as_ptr()), index(c.weight.as_ptr())) else {
                 return copy.is_pending();
             };
-            if let (true, Some(old)) = (guarded(w), c.old.upgrade()) {
+            if let (true, Some(old)) = (guarded.contains(&w), c.old.upgrade()) {
                 Counters::add(&COUNTERS.copies_followed, 1);
                 pairs.push((Data::Device(old), j));
             }
