@@ -12,11 +12,12 @@
 //! and its check feeds exactly those.
 //!
 //! The gradients' program also reads the weights' low-precision copies, which no later program reads: the update
-//! writes the new copies from the new weights. Kept until the gradients' check was read (after the next step's
-//! gradients' program was launched, on a GPU), the old copies lived beside the new ones at that program's peak. But
-//! the update's guard writes each copy from the kept weight on a trip (`lazuli_hlo::finite::guard`), so the new
-//! copy then holds the old one's value bit for bit, as a guarded output holds its input's: the kept inputs follow
-//! the old copies to the new ones ([`note_copy`], [`copies_replaced`]), as they follow donated inputs.
+//! writes the new copies from the new weights. Kept until the gradients' check was read, often a step later, the
+//! old copies outlived the point where the optimizer drops them without the check (perf log
+//! `2026-12-05-stop-peak-measured.md`). But the update's guard writes each copy from the kept weight on a trip
+//! (`lazuli_hlo::finite::guard`), so the new copy then holds the old one's value bit for bit, as a guarded output
+//! holds its input's: the kept inputs follow the old copies to the new ones ([`note_copy`], [`copies_replaced`]),
+//! as they follow donated inputs.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
