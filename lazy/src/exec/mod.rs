@@ -224,13 +224,11 @@ fn keep_check(
         for (i, (leaf, to)) in plan.walk.leaves.iter().zip(donated_to).enumerate() {
             let data = leaf.lock().data.clone().ok_or_else(|| internal("a checked step's input has no value"))?;
             match to {
-                // A gradient of a split step's update taken by an output: fed from its program again instead.
-                Some(j) if remade.is_some_and(|(_, made)| made[i].is_some()) => {
-                    inputs.push(data.clone());
-                    donated.push((data, outputs[j].clone()));
-                }
                 Some(j) => {
-                    inputs.push(outputs[j].clone());
+                    // A gradient of a split step's update is kept as itself, to be fed from its program again
+                    // instead (`finite::chain::feed`); other donated state as the guarded output that took it.
+                    let fed = remade.is_some_and(|(_, made)| made[i].is_some());
+                    inputs.push(if fed { data.clone() } else { outputs[j].clone() });
                     donated.push((data, outputs[j].clone()));
                 }
                 None => inputs.push(data),
