@@ -103,6 +103,7 @@ pub use lazuli_lazy::profile;
 pub use lazuli_lazy::{
     init, memory_stats, platform, program_memory, runtime_info, Backend, BlockScan, CheckFinite, CompileCache,
     CompiledMemoryStats, Config, CpuLauncher, LocateAhead, MemoryStats, RuntimeInfo, SplitUpdate, XlaOption,
+    LOCATE_AHEAD_AFTER,
 };
 // Errors and the source locations they name.
 pub use lazuli_lazy::{Cause, Error, Loc, Result};

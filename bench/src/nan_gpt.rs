@@ -129,10 +129,12 @@ pub fn side(cfg: GptNanConfig, trip: bool) -> BenchResult<Value> {
             "first_compile_s": first.compile_ms / 1e3, "first_from_disk": first.disk_cache_hits > 0,
             "params": params, "runtime": runtime }));
     }
-    // The locator ahead (`LAZULI_LOCATE_AHEAD`, on by default on NVIDIA GPUs; its compiles started with the timed
-    // steps): more steps until the locating programs compiled on threads are done, and three more (the next check
-    // read runs the step's once), so that the trip is timed as a long run has it.
-    let ahead = lazuli::metrics().locate_ahead > 0;
+    // The locator ahead (`LAZULI_LOCATE_AHEAD`, on by default on NVIDIA GPUs once a step has trained for
+    // `lazuli::LOCATE_AHEAD_AFTER`): more steps until the locating programs compiled on threads are done, and three
+    // more (the next check read runs the step's once), so that the trip is timed as a long run has it.
+    let config = lazuli::Config::from_env()?;
+    let locates = matches!(config.check_finite, lazuli::CheckFinite::Stop | lazuli::CheckFinite::Log);
+    let ahead = locates && config.locate_ahead_after().is_some();
     let (waiting, mut ahead_steps) = (Instant::now(), 0);
     let compiling = || {
         let m = lazuli::metrics();

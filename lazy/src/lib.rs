@@ -50,5 +50,7 @@ pub use ops::indexing::AxisSlice;
 pub use ops::nn_functional::CrossEntropyOptions;
 pub use ops::random::{manual_seed, rng_state, set_rng_state};
 pub use runtime::{init, memory_stats, platform, program_memory, runtime_info, Config, RuntimeInfo};
-pub use settings::{Backend, BlockScan, CheckFinite, CompileCache, CpuLauncher, LocateAhead, SplitUpdate};
+pub use settings::{
+    Backend, BlockScan, CheckFinite, CompileCache, CpuLauncher, LocateAhead, SplitUpdate, LOCATE_AHEAD_AFTER,
+};
 pub use train::{checkpoint, data, nn, optim, safetensors};

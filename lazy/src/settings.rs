@@ -120,7 +120,7 @@ pub const VARIABLES: &[Variable] = &[
     v(
         "LAZULI_LOCATE_AHEAD",
         "the program locating a trip compiled on a thread and run once before any trip (stop and log)",
-        "auto (on for NVIDIA GPUs), 1, 0",
+        "auto (on for NVIDIA GPUs, after 10 s of training), 1, 0",
         "auto",
     ),
     v(
@@ -251,19 +251,26 @@ pub enum BlockScan {
     Unrolled,
 }
 
+/// Under [`LocateAhead::Auto`], how long a step structure trains (from its first checked run) before its locating
+/// program is compiled ahead: a script of a few steps then ends without waiting at exit for a compile it never
+/// used, while a run long enough to trip late has it ready (the compile itself takes some 15 s for GPT-2 small on
+/// an H200). A trip before it compiles its locating program.
+pub const LOCATE_AHEAD_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where the check locates trips (`LAZULI_CHECK_FINITE=stop` or `log`): whether each training step structure's
-/// locating program is compiled on a thread of its own once the structure runs a second time, and run once on a
-/// finite step, so that a trip names its op without a compile (`LAZULI_LOCATE_AHEAD`). The price: a compile as
-/// long as the locator's on a host thread while the run trains, one locating run (its memory beside the state),
-/// and, for a process that ends within the compile, a wait for it at exit. Measured on an H200 in
+/// locating program is compiled on a thread of its own once the structure runs again, and run once on a finite
+/// step, so that a trip names its op without a compile (`LAZULI_LOCATE_AHEAD`). The price: a compile as long as
+/// the locator's on a host thread while the run trains, one locating run (its memory beside the state), and, for a
+/// process that ends within the compile, a wait for it at exit. Measured on an H200 in
 /// `docs/perf-log/2026-12-05-locator-ahead-by-default.md`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LocateAhead {
-    /// On NVIDIA GPUs, where a trip's compile is many steps' time and the host has cores to spare (the default);
-    /// off on the CPU, whose few cores run the step's kernels.
+    /// On NVIDIA GPUs, where a trip's compile is many steps' time and the host has cores to spare (the default),
+    /// once a structure has been trained for [`LOCATE_AHEAD_AFTER`]: a shorter run would wait at exit for a compile
+    /// it never used. Off on the CPU, whose few cores run the step's kernels.
     #[default]
     Auto,
-    /// On every device.
+    /// On every device, from a structure's second run.
     On,
     /// A trip compiles its locating program.
     Off,

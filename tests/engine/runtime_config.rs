@@ -136,7 +136,8 @@ fn scanned_blocks_are_written_out_on_gpus_unless_told() {
     assert!(!unrolls(Backend::Gpu, BlockScan::Loop));
 }
 
-/// `LAZULI_LOCATE_AHEAD` takes auto, 1 or 0; auto compiles the NaN locator ahead on NVIDIA GPUs only.
+/// `LAZULI_LOCATE_AHEAD` takes auto, 1 or 0; auto compiles the NaN locator ahead on NVIDIA GPUs only, once a step
+/// structure has trained for `LOCATE_AHEAD_AFTER` (10 s); 1 from a structure's second run.
 #[test]
 fn the_locator_is_compiled_ahead_on_gpus_unless_told() {
     let name = "the_locator_is_compiled_ahead_on_gpus_unless_told";
@@ -148,6 +149,14 @@ fn the_locator_is_compiled_ahead_on_gpus_unless_told() {
     assert!(!ahead(Backend::Tpu, LocateAhead::Auto));
     assert!(ahead(Backend::Cpu, LocateAhead::On));
     assert!(!ahead(Backend::Gpu, LocateAhead::Off));
+    let after = |backend, locate_ahead| Config { backend, locate_ahead, ..Config::default() }.locate_ahead_after();
+    let ten_seconds = std::time::Duration::from_secs(10);
+    assert_eq!((lazuli::LOCATE_AHEAD_AFTER, after(Backend::Gpu, LocateAhead::Auto)), (ten_seconds, Some(ten_seconds)));
+    assert_eq!(after(Backend::Cpu, LocateAhead::Auto), None);
+    for backend in [Backend::Cpu, Backend::Gpu] {
+        assert_eq!(after(backend, LocateAhead::On), Some(std::time::Duration::ZERO), "{backend:?}");
+        assert_eq!(after(backend, LocateAhead::Off), None, "{backend:?}");
+    }
 }
 
 /// The step is split on NVIDIA GPUs by default, or where asked; under the finite check only with `stop`, whose

@@ -242,9 +242,9 @@ fn keep_check(
         }
         // Ahead only for a training step's programs, not a model's initialization.
         let rt = runtime()?;
-        let ahead_compile = rt.config.locates_ahead() && of_step;
+        let ahead_after = rt.config.locate_ahead_after().filter(|_| of_step);
         let build = || plan.walk.graph().clone();
-        let (graph, ahead) = finite::graph_of(plan.key, ahead_compile, rt.config.backend, build);
+        let (graph, ahead) = finite::graph_of(plan.key, ahead_after, rt.config.backend, build);
         // What the update after it is fed from, in place of the gradients themselves (`finite::chain`).
         let remakes = cause == Cause::Gradients && plan.mesh.is_none() && plan.donated.is_empty();
         let source = remakes.then(|| finite::chain::Source::new(exe.clone(), graph.clone(), inputs.clone(), outputs));

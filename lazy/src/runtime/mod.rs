@@ -192,10 +192,17 @@ impl Config {
     /// [`Config::locate_ahead`] says; `Auto` on NVIDIA GPUs, where a trip's compile is many steps' time and the
     /// host has cores to spare.
     pub fn locates_ahead(&self) -> bool {
+        self.locate_ahead_after().is_some()
+    }
+
+    /// How long a training step structure trains, from its first checked run, before its locating program is
+    /// compiled ahead (on its next run after that), or `None` where it is not: `Auto`
+    /// [`LOCATE_AHEAD_AFTER`](crate::LOCATE_AHEAD_AFTER) on NVIDIA GPUs, `On` from its second run.
+    pub fn locate_ahead_after(&self) -> Option<std::time::Duration> {
         match self.locate_ahead {
-            LocateAhead::Auto => self.backend == Backend::Gpu,
-            LocateAhead::On => true,
-            LocateAhead::Off => false,
+            LocateAhead::Auto => (self.backend == Backend::Gpu).then_some(crate::settings::LOCATE_AHEAD_AFTER),
+            LocateAhead::On => Some(std::time::Duration::ZERO),
+            LocateAhead::Off => None,
         }
     }
 

@@ -120,8 +120,9 @@ pub(crate) struct Probe {
 /// `LAZULI_LOCATE_AHEAD` another thread compiles it once the structure runs again ([`Ahead::compile`]), and the
 /// first finite check of the structure read after that runs it once ([`warm`]), so that a trip neither compiles
 /// nor pays a new program's first run.
-#[derive(Default)]
 pub(crate) struct Ahead {
+    /// When the structure was first kept: `Auto` compiles ahead only once it has trained a while.
+    born: Instant,
     probe: OnceLock<Option<Probe>>,
     /// The compiled probe; `None` in it when the compile failed (a trip then compiles again, and reports why).
     program: OnceLock<Option<LoadedExecutable>>,
@@ -152,6 +153,19 @@ thread_local! {
     static JOIN_BEFORE_EXIT: JoinBeforeExit = const { JoinBeforeExit };
 }
 
+impl Default for Ahead {
+    /// Nothing built yet, its structure first kept now.
+    fn default() -> Ahead {
+        Ahead {
+            born: Instant::now(),
+            probe: OnceLock::new(),
+            program: OnceLock::new(),
+            compiling: AtomicBool::new(false),
+            warmed: AtomicBool::new(false),
+        }
+    }
+}
+
 impl Ahead {
     /// Starts building `graph`'s probe on a thread of its own (stacking only nodes of up to
     /// [`STACK_UP_TO_AHEAD`] elements when it will be compiled ahead); without a thread the trip builds it.
@@ -169,8 +183,9 @@ impl Ahead {
         ahead
     }
 
-    /// Starts compiling the probe on a thread of its own, once: called when its step structure runs again, so that
-    /// a structure that runs once (a first step) costs no compile. Without a thread the trip compiles it.
+    /// Starts compiling the probe on a thread of its own, once: called when its step structure runs again (under
+    /// `Auto`, once it has trained for `LOCATE_AHEAD_AFTER`), so that a structure that runs once (a first step)
+    /// costs no compile. Without a thread the trip compiles it.
     pub fn compile(self: &Arc<Ahead>) {
         if self.compiling.load(Relaxed) {
             return;
@@ -190,6 +205,11 @@ impl Ahead {
             ASIDE.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
             JOIN_BEFORE_EXIT.with(|_| ());
         }
+    }
+
+    /// How long ago its structure was first kept.
+    pub fn age(&self) -> std::time::Duration {
+        self.born.elapsed()
     }
 
     /// The probe once its thread is done: `None` when there is nothing to watch or the build failed.

@@ -321,7 +321,7 @@ fn counting(backend: Backend) -> lazuli_hlo::finite::Counting {
 /// shares its key (keys hold no lines) and so the lines of the first.
 pub(crate) fn graph_of(
     key: u64,
-    compile: bool,
+    compile_after: Option<std::time::Duration>,
     backend: Backend,
     build: impl FnOnce() -> Graph,
 ) -> (Arc<Graph>, Arc<locate::Ahead>) {
@@ -332,7 +332,7 @@ pub(crate) fn graph_of(
     let mut graphs = GRAPHS.lock().unwrap_or_else(|e| e.into_inner());
     let graphs = graphs.get_or_insert_with(HashMap::new);
     if let Some(kept) = graphs.get(&key) {
-        if compile {
+        if compile_after.is_some_and(|after| kept.1.age() >= after) {
             kept.1.compile();
         }
         return kept.clone();
@@ -341,7 +341,7 @@ pub(crate) fn graph_of(
         graphs.clear();
     }
     let graph = Arc::new(build());
-    let ahead = locate::Ahead::start(graph.clone(), compile, backend);
+    let ahead = locate::Ahead::start(graph.clone(), compile_after.is_some(), backend);
     graphs.entry(key).or_insert((graph, ahead)).clone()
 }
 
