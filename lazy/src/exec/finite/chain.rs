@@ -21,7 +21,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::{Rc, Weak as NodeWeak};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -30,7 +30,7 @@ use lazuli_pjrt::LoadedExecutable;
 
 use crate::diagnostics::metrics::{Counters, COUNTERS};
 use crate::error::{Error, Result};
-use crate::graph::tensor::{Data, Node};
+use crate::graph::tensor::{Data, Node, NodeMap};
 use crate::runtime::value::DeviceValue;
 use crate::runtime::Runtime;
 
@@ -149,7 +149,7 @@ pub(crate) fn copies_replaced(targets: &[Rc<Node>], guards: &[(usize, usize)]) -
         }
         // The noted nodes' output indices, found in one pass over the targets (a step's update has hundreds; the
         // notes are a few per weight).
-        let mut at: HashMap<*const Node, Option<usize>> =
+        let mut at: NodeMap<Option<usize>> =
             noted.iter().flat_map(|c| [(c.copy.as_ptr(), None), (c.weight.as_ptr(), None)]).collect();
         for (j, t) in targets.iter().enumerate() {
             if let Some(slot) = at.get_mut(&Rc::as_ptr(t)) {
@@ -157,18 +157,17 @@ pub(crate) fn copies_replaced(targets: &[Rc<Node>], guards: &[(usize, usize)]) -
             }
         }
         let index = |node: *const Node| at.get(&node).copied().flatten();
-        let guarded: HashSet<usize> = guards
-            .iter()
-            .map(|&(_, o)| o)
-            .filter(|&o| targets.get(o).is_some_and(|t| at.contains_key(&Rc::as_ptr(t))))
-            .collect();
+        let mut guarded = vec![false; targets.len()];
+        for &(_, o) in guards {
+            guarded[o] = at.contains_key(&Rc::as_ptr(&targets[o]));
+        }
         let mut pairs = Vec::new();
         noted.retain(|c| {
             let Some(copy) = c.copy.upgrade() else { return false };
             let (Some(j), Some(w)) = (index(c.copy.as_ptr()), index(c.weight.as_ptr())) else {
                 return copy.is_pending();
             };
-            if let (true, Some(old)) = (guarded.contains(&w), c.old.upgrade()) {
+            if let (true, Some(old)) = (guarded[w], c.old.upgrade()) {
                 Counters::add(&COUNTERS.copies_followed, 1);
                 pairs.push((Data::Device(old), j));
             }
