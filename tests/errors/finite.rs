@@ -6,7 +6,7 @@ use lazuli::diagnostics::{events, EventKind};
 use lazuli::nn::{Activation, HostRng, Mlp, Param};
 use lazuli::{
     checkpoint, mesh, AdamW, CheckFinite, Config, DType, Error, Loc, LocateAhead, Module, Optimizer, PartitionSpec,
-    Tensor,
+    Sgd, Tensor,
 };
 
 use crate::common::child;
@@ -91,6 +91,33 @@ fn a_gradient_op_is_located_at_the_forward_line() {
     lazuli::wait().unwrap();
     assert_eq!(g.to_vec::<f32>().unwrap(), vec![f32::INFINITY, 0.25]);
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
+}
+
+/// A weight's gradient from a batch of one, `xᵀ · dh`, is a matrix product larger than its operands, which the check
+/// counts in its place (`hlo::finite::update_inputs`): a gradient op that makes an infinity in `dh` still trips the
+/// step, is located at its forward line, and the weight keeps its value.
+#[test]
+fn a_gradient_counted_by_its_products_operands_trips_and_keeps_the_weight() {
+    if child::alone(module_path!(), "a_gradient_counted_by_its_products_operands_trips_and_keeps_the_weight") {
+        return; // the runtime's configuration is process-wide
+    }
+    init(CheckFinite::Stop);
+    let start: Vec<f32> = (0..12).map(|i| i as f32 / 4.0).collect();
+    let w = Param::new(Tensor::from_slice(&start, &[4, 3]));
+    let mut opt = Sgd::new(vec![("w".into(), w.clone())], 0.1);
+    // h = x · w is w's first row, [0, 0.25, 0.5]: sqrt is finite at 0, its gradient is not.
+    let x = Tensor::from_slice(&[1.0f32, 0.0, 0.0, 0.0], &[1, 4]);
+    let line = line!() + 1;
+    let loss = x.matmul(&w.get()).sqrt().sum_all();
+    loss.backward();
+    opt.step();
+    lazuli::sync().unwrap();
+    let e = lazuli::wait().unwrap_err();
+    let (op, at, report) = located(&e);
+    assert_eq!((op, at.file, at.line), ("div", file!(), line), "{report}");
+    assert!(report.contains("kept: parameters and optimizer state hold their values"), "{report}");
+    let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(w.get().to_vec::<f32>().unwrap()), bits(start));
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::dtype::DType;
 use crate::graph::{Graph, Loc, NodeId};
 use crate::op::Op;
 use crate::ops::elementwise::Select;
@@ -123,22 +124,122 @@ fn keep_old(g: &mut Graph, tripped: NodeId, old: NodeId, new: NodeId, loc: Loc) 
 /// of guarded state (the loss). The guard's select then depends on nothing the update computes, so XLA can fuse it
 /// into the update's kernels; a non-finite value that the update itself makes from these is not caught by it (a
 /// copy that overflows its narrower type, for one: the next step's loss says so). Counting an unpaired copy would
-/// compute the update a second time inside the count's kernel.
+/// compute the update a second time inside the count's kernel. A gradient that is a matrix product larger than its
+/// operands is counted by its operands ([`through_smaller_products`]).
 pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
     let guarded: Vec<NodeId> = pairs.iter().map(|&(_, j)| g.outputs[j]).collect();
     let copies: Vec<usize> = copies_of_state(g, pairs).into_iter().map(|(j, _)| j).collect();
     let old: Vec<NodeId> = pairs.iter().map(|&(i, _)| g.params[i]).collect();
+    let neither = |x: &NodeId| !guarded.contains(x) && !old.contains(x);
+    let entering = guarded.iter().flat_map(|&o| g.nodes[o].operands.iter().copied()).filter(neither).collect();
+    let unguarded = (0..g.outputs.len()).filter(|j| !copies.contains(j)).map(|j| g.outputs[j]).filter(neither);
     let mut seen = vec![false; g.nodes.len()];
     let mut out = Vec::new();
-    let operands = guarded.iter().flat_map(|&o| g.nodes[o].operands.iter().copied());
-    let unguarded = (0..g.outputs.len()).filter(|j| !copies.contains(j)).map(|j| g.outputs[j]);
-    let unguarded = unguarded.filter(|o| !guarded.contains(o));
-    for x in operands.chain(unguarded) {
-        let skip = seen[x] || guarded.contains(&x) || old.contains(&x);
-        if !skip && g.nodes[x].ty.dtype.is_float() {
+    for x in through_smaller_products(g, entering).into_iter().chain(unguarded) {
+        if !std::mem::replace(&mut seen[x], true) && g.nodes[x].ty.dtype.is_float() {
             out.push(x);
         }
-        seen[x] = true;
     }
     out
+}
+
+/// `of`, with each matrix product among them (seen through ops that only move its values) replaced by its
+/// operands where those hold fewer elements, and so on for their own products: a product of finite values is
+/// finite unless it overflows its type, which with f32's exponent range (f32, bf16, f64) a training step's values
+/// do not reach (such an overflow would show in the next step's loss, as one in the update's own arithmetic does).
+/// f16's range is narrow enough to overflow in practice: its products are counted themselves. A weight's gradient
+/// from a small batch is a product much larger than its operands (the batch's activations and their gradients),
+/// which are also ready before it: the count then reads fewer values, and the guard's updates wait for it less.
+fn through_smaller_products(g: &Graph, of: Vec<NodeId>) -> Vec<NodeId> {
+    let mut seen = vec![false; g.nodes.len()];
+    let mut out = Vec::with_capacity(of.len());
+    let mut todo: Vec<NodeId> = of.into_iter().rev().collect();
+    while let Some(x) = todo.pop() {
+        if std::mem::replace(&mut seen[x], true) {
+            continue;
+        }
+        match smaller_product_operands(g, x) {
+            Some(operands) => todo.extend(operands.into_iter().rev()),
+            None => out.push(x),
+        }
+    }
+    out
+}
+
+/// The floating-point operands of the product that `x` moves the values of (or is), where they hold fewer elements
+/// than `x` and the product has f32's exponent range.
+fn smaller_product_operands(g: &Graph, x: NodeId) -> Option<Vec<NodeId>> {
+    let mut at = x;
+    while g.nodes[at].operands.len() == 1 && g.nodes[at].op.only_moves_values() {
+        at = g.nodes[at].operands[0];
+    }
+    let product = &g.nodes[at];
+    let wide = matches!(product.ty.dtype, DType::F32 | DType::BF16 | DType::F64);
+    if !matches!(product.op, Op::DotGeneral(_)) || !wide {
+        return None;
+    }
+    let operands: Vec<NodeId> = product.operands.iter().copied().filter(|&o| g.nodes[o].ty.dtype.is_float()).collect();
+    let elements: usize = operands.iter().map(|&o| g.nodes[o].ty.elements()).sum();
+    (elements < g.nodes[x].ty.elements()).then_some(operands)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::TensorType;
+    use crate::ops::dot::DotGeneral;
+    use crate::ops::elementwise::{Binary, BinaryKind};
+    use crate::ops::layout::Transpose;
+
+    /// A weight `f32[4,3]` updated by the gradient `xᵀ · dy` of a batch of `batch` (through a transpose, as
+    /// autodiff may record it), in `dtype`; returns the graph and its nodes `x`, `dy`, the gradient and the loss.
+    fn step(batch: usize, dtype: DType) -> (Graph, [NodeId; 4]) {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let mut g = Graph::new();
+        let w = g.parameter(TensorType::new(dtype, [4, 3]), loc);
+        let x = g.parameter(TensorType::new(dtype, [batch, 4]), loc);
+        let dy = g.parameter(TensorType::new(dtype, [batch, 3]), loc);
+        let loss = g.parameter(TensorType::new(DType::F32, []), loc);
+        let product = g.push(Op::DotGeneral(DotGeneral::new(&[], &[], &[0], &[0])), vec![dy, x], loc).unwrap();
+        let grad = g.push(Op::Transpose(Transpose { perm: vec![1, 0] }), vec![product], loc).unwrap();
+        let new_w = g.push(Op::Binary(Binary { kind: BinaryKind::Sub }), vec![w, grad], loc).unwrap();
+        g.outputs = vec![new_w, loss];
+        (g, [x, dy, grad, loss])
+    }
+
+    /// A gradient that is a product larger than its operands is counted by them; a product no larger than its
+    /// operands, or in f16 (whose range a product of finite values overflows in practice), by itself.
+    #[test]
+    fn a_gradient_larger_than_its_product_operands_is_counted_by_them() {
+        let (g, [x, dy, _, loss]) = step(1, DType::F32);
+        assert_eq!(update_inputs(&g, &[(0, 0)]), vec![dy, x, loss]);
+        let (g, [x, dy, _, loss]) = step(1, DType::BF16);
+        assert_eq!(update_inputs(&g, &[(0, 0)]), vec![dy, x, loss]);
+        let (g, [_, _, grad, loss]) = step(2, DType::F32);
+        assert_eq!(update_inputs(&g, &[(0, 0)]), vec![grad, loss], "14 operand values against 12");
+        let (g, [_, _, grad, loss]) = step(1, DType::F16);
+        assert_eq!(update_inputs(&g, &[(0, 0)]), vec![grad, loss]);
+    }
+
+    /// The guard decided by the operands' count keeps the weight when an operand of its gradient is not finite, and
+    /// updates it otherwise (the reference interpreter).
+    #[test]
+    fn a_guard_by_the_operands_count_keeps_the_weight_on_their_trip() {
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let (mut g, _) = step(1, DType::F32);
+        let entering = update_inputs(&g, &[(0, 0)]);
+        let total = super::super::count_total_by_rows(&mut g, &entering, 4, loc).unwrap();
+        let trip = super::super::tripped(&mut g, total, loc).unwrap();
+        guard(&mut g, trip, &[(0, 0)], false, loc).unwrap();
+        let run = |dy0: f64| {
+            let w = ndarray::ArrayD::from_elem(ndarray::IxDyn(&[4, 3]), 1.0);
+            let x = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, 4]), vec![1.0, 0.0, 2.0, 0.0]).unwrap();
+            let dy = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[1, 3]), vec![dy0, 1.0, 0.0]).unwrap();
+            let out = g.evaluate(&[w, x, dy, ndarray::ArrayD::from_elem(ndarray::IxDyn(&[]), 0.5)]).unwrap();
+            out[0].iter().copied().collect::<Vec<f64>>()
+        };
+        assert_eq!(run(1.0), vec![0.0, 0.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0]);
+        assert_eq!(run(f64::INFINITY), vec![1.0; 12]);
+        assert_eq!(run(f64::NAN), vec![1.0; 12]);
+    }
 }
