@@ -143,7 +143,7 @@ pub fn update_inputs(g: &Graph, pairs: &[(usize, usize)]) -> Vec<NodeId> {
     out
 }
 
-/// `of`, with each matrix product among them (seen through ops that only move its values) replaced by its
+/// `of`, with each matrix product among them (seen through ops that keep all its values) replaced by its
 /// operands where those hold fewer elements, and so on for their own products: a product of finite values is
 /// finite unless it overflows its type, which with f32's exponent range (f32, bf16, f64) a training step's values
 /// do not reach (such an overflow would show in the next step's loss, as one in the update's own arithmetic does).
@@ -166,11 +166,20 @@ fn through_smaller_products(g: &Graph, of: Vec<NodeId>) -> Vec<NodeId> {
     out
 }
 
-/// The floating-point operands of the product that `x` moves the values of (or is), where they hold fewer elements
-/// than `x` and the product has f32's exponent range.
+/// The floating-point operands of the product whose values `x` holds all of (or is), where they hold fewer
+/// elements than `x` and the product has f32's exponent range. Every operand value enters some value of a product,
+/// so a non-finite operand makes the product non-finite: the operands trip exactly when the product does (but for
+/// an overflow). A slice of a product is counted itself: a non-finite operand value may enter only values the slice
+/// leaves out.
 fn smaller_product_operands(g: &Graph, x: NodeId) -> Option<Vec<NodeId>> {
+    let keeps_every_value = |op: &Op| {
+        matches!(
+            op,
+            Op::Reshape(_) | Op::Transpose(_) | Op::BroadcastInDim(_) | Op::Reverse(_) | Op::ShardingConstraint(_)
+        )
+    };
     let mut at = x;
-    while g.nodes[at].operands.len() == 1 && g.nodes[at].op.only_moves_values() {
+    while g.nodes[at].operands.len() == 1 && keeps_every_value(&g.nodes[at].op) {
         at = g.nodes[at].operands[0];
     }
     let product = &g.nodes[at];
@@ -190,6 +199,7 @@ mod tests {
     use crate::ops::dot::DotGeneral;
     use crate::ops::elementwise::{Binary, BinaryKind};
     use crate::ops::layout::Transpose;
+    use crate::ops::slicing::Slice;
 
     /// A weight `f32[4,3]` updated by the gradient `xᵀ · dy` of a batch of `batch` (through a transpose, as
     /// autodiff may record it), in `dtype`; returns the graph and its nodes `x`, `dy`, the gradient and the loss.
@@ -219,6 +229,17 @@ mod tests {
         assert_eq!(update_inputs(&g, &[(0, 0)]), vec![grad, loss], "14 operand values against 12");
         let (g, [_, _, grad, loss]) = step(1, DType::F16);
         assert_eq!(update_inputs(&g, &[(0, 0)]), vec![grad, loss]);
+        // A slice of a larger product: its operands' values may enter only the rows it leaves out.
+        let loc = Loc { file: "t.rs", line: 1, col: 1 };
+        let (mut g, [_, dy, _, _]) = step(1, DType::F32);
+        let wide = g.parameter(TensorType::new(DType::F32, [1, 8]), loc);
+        let product = g.push(Op::DotGeneral(DotGeneral::new(&[], &[], &[0], &[0])), vec![wide, dy], loc).unwrap();
+        let part = Slice { start: vec![0, 0], limit: vec![4, 3], stride: vec![1, 1] };
+        let part = g.push(Op::Slice(part), vec![product], loc).unwrap();
+        let w = g.params[0];
+        let new_w = g.push(Op::Binary(Binary { kind: BinaryKind::Sub }), vec![w, part], loc).unwrap();
+        g.outputs = vec![new_w];
+        assert_eq!(update_inputs(&g, &[(0, 0)]), vec![part], "11 operand values against the slice's 12");
     }
 
     /// The guard decided by the operands' count keeps the weight when an operand of its gradient is not finite, and
