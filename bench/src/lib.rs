@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attention;
+pub mod check_cost;
 pub mod compare;
 pub mod compile;
 pub mod depth;

@@ -2,6 +2,7 @@
 //!
 //!   cargo run --release -p lazuli-bench -- cpu                 # the CPU table: every workload, with ratios
 //!   cargo run --release -p lazuli-bench -- trace               # the trace workload alone
+//!   cargo run --release -p lazuli-bench -- check-cost          # the finite check's cost on the CPU workloads
 //!   lazuli-bench gpu --python python3                          # GPT-2 small on a GPU: lazuli, JAX, torch.compile,
 //!                                                              # attention fused and written out
 //!
@@ -70,6 +71,31 @@ enum Cmd {
         /// Only these workloads (comma-separated).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+    },
+    /// What the finite check costs the CPU workloads: `LAZULI_CHECK_FINITE=off` against each of `--modes`, one
+    /// process per setting a round, and each round's cost by lazuli's medians and by lazuli ÷ JAX in its process.
+    CheckCost {
+        #[arg(long, default_value_t = 6)]
+        rounds: usize,
+        #[arg(long, default_value_t = 9)]
+        reps: usize,
+        /// The settings measured against `off`.
+        #[arg(long, value_delimiter = ',', default_values_t = ["stop".to_string()])]
+        modes: Vec<String>,
+        /// Only these workloads (comma-separated; default: mlp-tiny, mlp-mnist, gpt-tiny).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        #[arg(long)]
+        python: Option<PathBuf>,
+    },
+    /// (internal) One process of `check-cost`, under the process's `LAZULI_CHECK_FINITE`; one JSON line a workload.
+    CpuCheckSide {
+        #[arg(long)]
+        reps: usize,
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        #[arg(long)]
+        python: Option<PathBuf>,
     },
     /// Host-side cost of a GPT-2-small-sized step (record, autodiff, walk, hash, lookup) without executing it.
     Trace {
@@ -326,6 +352,14 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Cpu { common, only } => cpu(&common, &only),
+        Cmd::CheckCost { rounds, reps, modes, only, python } => {
+            lazuli_bench::check_cost::run(&only, &modes, rounds, reps, python)
+        }
+        Cmd::CpuCheckSide { reps, only, python } => scratch().and_then(|dir| {
+            let r = lazuli_bench::check_cost::side(&only, reps, python.as_deref(), &dir);
+            let _ = std::fs::remove_dir_all(&dir);
+            r.map(|lines| lines.iter().for_each(|l| println!("{l}")))
+        }),
         Cmd::Trace { layers, iters, pause_ms, json } => trace_cmd(&layers, iters, pause_ms, json),
         Cmd::Head { trace, marks, window } => lazuli_bench::head::report(&trace, &marks, window),
         Cmd::Compile { reps } => scratch().and_then(|dir| {
