@@ -13,14 +13,13 @@ use std::process::{Command, Stdio};
 use serde_json::{json, Value};
 
 use crate::compare::{self, Options};
-use crate::stats::{machine, median, today};
+use crate::stats::{duration, machine, median, today, Spread};
 use crate::workloads::Workload;
 use crate::{pyenv, worker, BenchResult};
 
 /// The CPU workloads by name, in table order.
 fn workloads(only: &[String]) -> Vec<Workload> {
-    let all = [Workload::mlp_tiny(), Workload::mlp_mnist(), Workload::gpt_tiny()];
-    all.into_iter().filter(|w| only.is_empty() || only.contains(&w.name)).collect()
+    Workload::cpu_workloads().into_iter().filter(|w| only.is_empty() || only.contains(&w.name)).collect()
 }
 
 /// One process's side: each workload of `only` timed against JAX under this process's check; one JSON line each
@@ -77,9 +76,8 @@ pub fn run(only: &[String], modes: &[String], rounds: usize, reps: usize, python
             let by_jax: Vec<f64> = on.iter().zip(off).map(|(s, o)| (s.0 / s.1) / (o.0 / o.1)).collect();
             let list = |v: &[f64]| v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
             let range = |v: &[(f64, f64)]| {
-                let l: Vec<f64> = v.iter().map(|t| t.0).collect();
-                let (lo, hi) = (l.iter().cloned().fold(f64::INFINITY, f64::min), l.iter().cloned().fold(0.0, f64::max));
-                format!("{}–{}", crate::stats::duration(lo), crate::stats::duration(hi))
+                let lazuli = Spread { values: v.iter().map(|t| t.0).collect() };
+                format!("{}–{}", duration(lazuli.min()), duration(lazuli.max()))
             };
             let pct = |r: f64| format!("{:+.1}%", (r - 1.0) * 100.0);
             println!(

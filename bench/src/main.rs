@@ -562,7 +562,7 @@ fn cpu(common: &Common, only: &[String]) -> BenchResult<()> {
     let script = worker::write_script(&dir)?;
     let opts = options(common);
     let mut rows = Vec::new();
-    for w in [Workload::mlp_tiny(), Workload::mlp_mnist(), Workload::gpt_tiny()] {
+    for w in Workload::cpu_workloads() {
         if wanted(&w.name) {
             eprintln!("lazuli-bench: {} ...", w.name);
             rows.push(compare::cpu_row(&w, &python, &script, &dir, &opts)?);

@@ -88,6 +88,11 @@ impl Workload {
         Workload::mlp("mlp-mnist", &[784, 512, 512, 10], 128)
     }
 
+    /// The CPU workloads, in table order: `mlp-tiny`, `mlp-mnist`, `gpt-tiny`.
+    pub fn cpu_workloads() -> [Workload; 3] {
+        [Workload::mlp_tiny(), Workload::mlp_mnist(), Workload::gpt_tiny()]
+    }
+
     /// A GPT training step with AdamW sized to run in about 10 ms on a 2-core CPU.
     pub fn gpt_tiny() -> Workload {
         let config = GptConfig {
