@@ -6,9 +6,9 @@
 //! instead that kernel's, one launch over every tensor ([`count_by_kernel`]).
 //!
 //! `skip` and `stop` count only what enters the update (`hlo::finite::update_inputs`: the loss, the gradients, or a
-//! product's smaller operands for a gradient that is one, the outputs that are not state), one total, and guard the state (`hlo::finite::guard`): each parameter or optimizer
-//! state output becomes `select(tripped, old, new)`, so a tripped step hands back the values it was given, old state is
-//! still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched
+//! product's smaller operands for a gradient that is one, the outputs that are not state), one total, and guard the
+//! state (`hlo::finite::guard`): each parameter or optimizer state output becomes `select(tripped, old, new)`, so a
+//! tripped step hands back the values it was given, old state is still donated to it, and nothing waits for the host. Their checks are read once two later programs are launched
 //! (or at `wait()` once their counts are on the host), when the in-flight bound has waited for that step anyway, or
 //! by a read that has waited for a result of that program or a later one of its thread ([`after_read`]: a loop that
 //! reads its loss). Under `stop` the guard is
